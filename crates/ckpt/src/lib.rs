@@ -1,0 +1,1 @@
+//! Torch zip archives and the safetensors bridge (not yet implemented: see the checkpoints issue).

@@ -1,0 +1,1 @@
+//! Safe torch-pickle reader and writer (not yet implemented: see the checkpoints issue).

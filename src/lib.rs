@@ -1,0 +1,1 @@
+pub use pmstate_norm as norm;
