@@ -192,6 +192,17 @@ impl RunningMeanStd {
         Ok(())
     }
 
+    /// Creates fresh buffers of `shape` for a lazy normalizer, as
+    /// `materialize_lazy_running_stats_from_state_dict` does before a load;
+    /// returns false (and changes nothing) when it already has buffers.
+    pub fn materialize(&mut self, shape: &[usize]) -> Result<bool> {
+        if self.stats.is_some() {
+            return Ok(false);
+        }
+        self.stats = Some(Stats::fresh(&Shape::from(shape.to_vec()), &self.device, self.config.epsilon)?);
+        Ok(true)
+    }
+
     /// Switches between Welford (`None`) and EMA (`Some(d)`), as resuming
     /// with another config does. Welford->EMA starts the EMA from the current
     /// mean/var and ignores count; EMA->Welford resumes with the count as it
