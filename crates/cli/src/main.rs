@@ -1,1 +1,122 @@
-fn main() {}
+//! `pmstate`: ProtoMotions normalizer state and checkpoints from the command line.
+//!
+//! Exit codes: 0 fine, 1 a difference or a refusal, 2 an error.
+
+mod bench;
+
+/// mimalloc keeps freed large blocks for reuse: glibc returns every block
+/// over its 32 MiB mmap threshold to the OS, so each 32 MiB+ output (and
+/// torch's too) pays a page fault per 4 KiB on its first write.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+use std::process::ExitCode;
+
+use candle_core::Device;
+use clap::{Parser, Subcommand, ValueEnum};
+
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    #[error("{0}")]
+    Usage(String),
+    #[error(transparent)]
+    Norm(#[from] pmstate_norm::NormError),
+    #[error("candle: {0}")]
+    Candle(#[from] candle_core::Error),
+    #[error("writing output: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("encoding JSON: {0}")]
+    Json(#[from] serde_json::Error),
+}
+
+#[derive(Parser)]
+#[command(name = "pmstate", version, about = "ProtoMotions normalizer state and checkpoints, in Rust")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum DeviceArg {
+    Cpu,
+    Cuda,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Time normalize, record_moments (Welford and EMA) and a plain copy on f32
+    /// batches of 4096x358, 16384x512 and 65536x64.
+    Bench {
+        /// One JSON object per line: op, rows, cols, device, threads, seconds (median per call), gbps.
+        #[arg(long)]
+        json: bool,
+        /// Worker threads (default: all cores).
+        #[arg(long)]
+        threads: Option<usize>,
+        #[arg(long, value_enum, default_value = "cpu")]
+        device: DeviceArg,
+        /// Seconds to keep timing each op (after at least 7 calls).
+        #[arg(long, default_value_t = 0.5)]
+        min_time: f64,
+        /// Only these shapes, as ROWSxCOLS (repeatable).
+        #[arg(long = "shape", value_parser = parse_shape)]
+        shapes: Vec<(usize, usize)>,
+    },
+}
+
+fn parse_shape(s: &str) -> Result<(usize, usize), String> {
+    let (r, c) = s.split_once('x').ok_or_else(|| format!("{s:?}: expected ROWSxCOLS, e.g. 4096x358"))?;
+    let p = |v: &str| v.parse::<usize>().map_err(|e| format!("{s:?}: {e}")).and_then(|n| if n == 0 { Err(format!("{s:?}: sizes must be > 0")) } else { Ok(n) });
+    Ok((p(r)?, p(c)?))
+}
+
+fn device(arg: DeviceArg) -> Result<(Device, String), CliError> {
+    match arg {
+        DeviceArg::Cpu => Ok((Device::Cpu, "cpu".into())),
+        DeviceArg::Cuda if cfg!(feature = "cuda") => Ok((Device::new_cuda(0)?, "cuda:0".into())),
+        DeviceArg::Cuda => Err(CliError::Usage("this pmstate was built without the `cuda` feature".into())),
+    }
+}
+
+fn run(cli: Cli) -> Result<ExitCode, CliError> {
+    match cli.command {
+        Command::Bench { json, threads, device: dev, min_time, shapes } => {
+            let threads = threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+            if threads == 0 {
+                return Err(CliError::Usage("--threads must be at least 1".into()));
+            }
+            let (device, device_name) = device(dev)?;
+            let shapes = if shapes.is_empty() { bench::SHAPES.to_vec() } else { shapes };
+            let opts = bench::Options { threads, device, device_name, min_time, shapes };
+            let mut rows = vec![];
+            bench::run(&opts, |r| {
+                if json {
+                    println!("{}", serde_json::to_string(r).expect("a Record always serializes"));
+                } else {
+                    rows.push(format!(
+                        "{:<20} {:>6}x{:<4} {:>7} {:>3} {:>12.1} {:>8.2}",
+                        r.op, r.rows, r.cols, r.device, r.threads, r.seconds * 1e6, r.gbps
+                    ));
+                }
+            })?;
+            if !json {
+                println!("{:<20} {:>11} {:>7} {:>3} {:>12} {:>8}", "op", "shape", "device", "thr", "median µs", "GB/s");
+                for r in rows {
+                    println!("{r}");
+                }
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("pmstate: error: {e}");
+            ExitCode::from(2)
+        }
+    }
+}

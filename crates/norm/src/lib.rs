@@ -33,11 +33,18 @@ mod collective;
 mod combine;
 mod config;
 mod error;
-mod kernels;
+pub(crate) mod kernels;
 mod promote;
 mod reward;
 mod running;
 mod tensor_io;
+
+/// Kernels exposed for benchmarks (`pmstate bench`, criterion): not part
+/// of the stable API.
+#[doc(hidden)]
+pub mod bench_support {
+    pub use crate::kernels::cpu::copy;
+}
 
 pub use collective::{Collective, SingleProcess};
 pub use combine::{combine_moments, Moments};

@@ -6,15 +6,17 @@ use rayon::prelude::*;
 
 use super::Direction;
 
-/// Rows per task: small enough to spread work over threads, large enough
-/// that a task's overhead is noise. Fixed, so that results never depend on
-/// the number of threads.
-const ROWS_PER_TASK_TARGET_ELEMS: usize = 1 << 16;
-/// Rows per block inside a task: a block is summed twice while it sits in L1/L2.
-const BLOCK_TARGET_ELEMS: usize = 1 << 13;
+/// Elements per task: small enough to spread work over threads, large
+/// enough that a task's overhead is noise. Fixed, so that results never
+/// depend on the number of threads.
+const ROWS_PER_TASK_TARGET_ELEMS: usize = 1 << 18;
+/// Rows per shifted block in `moments`: the one-pass formula inside a block
+/// loses at most a factor of this many f64 ulps (see `block_moments`), and
+/// each block costs one Chan merge of all columns.
+const BLOCK_ROWS: usize = 256;
 
 /// An input element type: f32 or f64.
-pub(crate) trait Elem: Copy + Send + Sync + 'static {
+pub trait Elem: Copy + Send + Sync + 'static {
     fn to_f64(self) -> f64;
     fn sub(self, o: Self) -> Self;
     fn div(self, o: Self) -> Self;
@@ -100,36 +102,80 @@ impl Partial {
     }
 }
 
-/// Moments of one block of rows by two passes while it is hot in cache.
-fn block_moments<T: Elem>(block: &[T], cols: usize, sum: &mut [f64], out: &mut Partial) {
+/// Columns per register tile of [`shifted_sums`]: four AVX-512 registers of f64.
+const TILE: usize = 32;
+/// Rows summed into a register tile before it goes back to memory: few
+/// enough that the rows stream through the prefetcher side by side.
+const GROUP: usize = 8;
+
+/// Sums of `x - shift` and `(x - shift)^2` per column over a block of rows,
+/// in f64, in row order, with `mul_add` (fused on every variant, so every
+/// ISA variant gives the same bits; the baseline variant calls libm). For
+/// each group of GROUP rows, tiles of TILE columns are summed down the group
+/// in registers and stored once.
+#[multiversion::multiversion(targets("x86_64+avx512f+avx512vl+avx2+fma", "x86_64+avx2+fma"))]
+fn shifted_sums<T: Elem>(block: &[T], cols: usize, shift: &[f64], s1: &mut [f64], s2: &mut [f64]) {
+    let tiled = cols / TILE * TILE;
+    for group in block.chunks(GROUP * cols) {
+        for j in (0..tiled).step_by(TILE) {
+            let mut a = [0f64; TILE];
+            let mut q = [0f64; TILE];
+            let mut k = [0f64; TILE];
+            a.copy_from_slice(&s1[j..j + TILE]);
+            q.copy_from_slice(&s2[j..j + TILE]);
+            k.copy_from_slice(&shift[j..j + TILE]);
+            for row in group.chunks_exact(cols) {
+                let xs = &row[j..j + TILE];
+                for i in 0..TILE {
+                    let d = xs[i].to_f64() - k[i];
+                    a[i] += d;
+                    q[i] = d.mul_add(d, q[i]);
+                }
+            }
+            s1[j..j + TILE].copy_from_slice(&a);
+            s2[j..j + TILE].copy_from_slice(&q);
+        }
+        if tiled < cols {
+            let (s1, s2, shift) = (&mut s1[tiled..], &mut s2[tiled..], &shift[tiled..]);
+            for row in group.chunks_exact(cols) {
+                for (((a, q), &k), &v) in s1.iter_mut().zip(s2.iter_mut()).zip(shift).zip(&row[tiled..]) {
+                    let d = v.to_f64() - k;
+                    *a += d;
+                    *q = d.mul_add(d, *q);
+                }
+            }
+        }
+    }
+}
+
+/// Moments of one block of rows in one pass, shifted by the block's first
+/// row. The shift keeps the one-pass formula stable: a sample lies within
+/// sqrt(n) population std devs of its block's mean, so
+/// M2 = s2 - s1^2/n cancels at most a factor n (<= the block's rows) of f64
+/// precision.
+fn block_moments<T: Elem>(block: &[T], cols: usize, scratch: &mut [f64], out: &mut Partial) {
     let rows = block.len() / cols;
-    sum.iter_mut().for_each(|s| *s = 0.0);
-    for row in block.chunks_exact(cols) {
-        for (s, &v) in sum.iter_mut().zip(row) {
-            *s += v.to_f64();
-        }
+    for (k, &v) in scratch.iter_mut().zip(&block[..cols]) {
+        *k = v.to_f64();
     }
-    let inv = 1.0 / rows as f64;
-    for (m, s) in out.mean.iter_mut().zip(sum.iter()) {
-        *m = s * inv;
+    out.mean.iter_mut().for_each(|s| *s = 0.0);
+    out.m2.iter_mut().for_each(|s| *s = 0.0);
+    shifted_sums(block, cols, scratch, &mut out.mean, &mut out.m2);
+    let n = rows as f64;
+    for ((m, q), &k) in out.mean.iter_mut().zip(out.m2.iter_mut()).zip(scratch.iter()) {
+        let s1 = *m;
+        *m = k + s1 / n;
+        *q = (*q - s1 * s1 / n).max(0.0);
     }
-    out.m2.iter_mut().for_each(|q| *q = 0.0);
-    for row in block.chunks_exact(cols) {
-        for ((q, &m), &v) in out.m2.iter_mut().zip(&out.mean).zip(row) {
-            let d = v.to_f64() - m;
-            *q += d * d;
-        }
-    }
-    out.n = rows as f64;
+    out.n = n;
 }
 
 fn task_moments<T: Elem>(rows: &[T], cols: usize) -> Partial {
-    let block_rows = (BLOCK_TARGET_ELEMS / cols).max(1);
     let mut acc = Partial::empty(cols);
     let mut blk = Partial::empty(cols);
-    let mut sum = vec![0.0; cols];
-    for block in rows.chunks(block_rows * cols) {
-        block_moments(block, cols, &mut sum, &mut blk);
+    let mut scratch = vec![0.0; cols];
+    for block in rows.chunks(BLOCK_ROWS * cols) {
+        block_moments(block, cols, &mut scratch, &mut blk);
         acc.merge(&blk);
     }
     acc
@@ -208,26 +254,52 @@ fn row_kernel<T: Elem>(x: &[T], out: &mut [MaybeUninit<T>], p: &Affine<'_, T>) {
     }
 }
 
-/// `out = f(x)` row by row, where a row has `p.std.len()` elements. One
-/// read of x, one write of out, nothing else allocated.
-pub(crate) fn normalize<T: Elem>(x: &[T], p: &Affine<'_, T>) -> Vec<T> {
-    let cols = p.std.len();
+/// A new vector of x's length, filled task by task in parallel by `task`
+/// (which must write every element of its output chunk). One read of x,
+/// one write of the output, nothing else allocated.
+fn map_tasks<T: Elem>(x: &[T], cols: usize, task: impl Fn(&[T], &mut [MaybeUninit<T>]) + Sync) -> Vec<T> {
     debug_assert!(cols > 0 && x.len() % cols == 0);
     let mut out: Vec<T> = Vec::with_capacity(x.len());
-    let task = rows_per_task(cols) * cols;
+    let chunk = rows_per_task(cols) * cols;
     out.spare_capacity_mut()[..x.len()]
-        .par_chunks_mut(task)
-        .zip(x.par_chunks(task))
-        .for_each(|(o, xs)| {
-            for (orow, xrow) in o.chunks_exact_mut(cols).zip(xs.chunks_exact(cols)) {
-                row_kernel(xrow, orow, p);
-            }
-        });
-    // SAFETY: the chunks above cover spare_capacity_mut()[..x.len()] exactly
-    // (same length as x, same chunking, chunks_exact with cols dividing both),
-    // and row_kernel writes every element of each output row.
+        .par_chunks_mut(chunk)
+        .zip(x.par_chunks(chunk))
+        .for_each(|(o, xs)| task(xs, o));
+    // SAFETY: the zipped chunks cover spare_capacity_mut()[..x.len()]
+    // exactly (same length and chunking as x), and every `task` passed here
+    // writes each element of its output chunk (normalize_task and copy_task
+    // zip output with input rows of equal length; the tests
+    // `map_tasks_initializes_every_element` and
+    // `normalize_writes_every_element` check it).
     unsafe { out.set_len(x.len()) };
     out
+}
+
+#[multiversion::multiversion(targets("x86_64+avx512f+avx512vl+avx2+fma", "x86_64+avx2+fma"))]
+fn normalize_task<T: Elem>(xs: &[T], out: &mut [MaybeUninit<T>], p: &Affine<'_, T>) {
+    let cols = p.std.len();
+    for (orow, xrow) in out.chunks_exact_mut(cols).zip(xs.chunks_exact(cols)) {
+        row_kernel(xrow, orow, p);
+    }
+}
+
+#[multiversion::multiversion(targets("x86_64+avx512f+avx512vl+avx2+fma", "x86_64+avx2+fma"))]
+fn copy_task<T: Elem>(xs: &[T], out: &mut [MaybeUninit<T>]) {
+    for (o, &v) in out.iter_mut().zip(xs) {
+        o.write(v);
+    }
+}
+
+/// normalize / un_norm of a row-major matrix whose rows have `p.std.len()`
+/// elements, in one fused pass.
+pub(crate) fn normalize<T: Elem>(x: &[T], p: &Affine<'_, T>) -> Vec<T> {
+    map_tasks(x, p.std.len(), |xs, o| normalize_task(xs, o, p))
+}
+
+/// A plain parallel copy through the same allocation and threading as
+/// [`normalize`]: the bandwidth limit that normalize is measured against.
+pub fn copy<T: Elem>(x: &[T], cols: usize) -> Vec<T> {
+    map_tasks(x, cols, |xs, o| copy_task(xs, o))
 }
 
 #[cfg(test)]
@@ -271,6 +343,14 @@ mod tests {
         assert_eq!(y.len(), x.len());
         for (a, b) in x.iter().zip(&y) {
             assert_eq!(*b, (a - 1.0) / 2.0);
+        }
+    }
+
+    #[test]
+    fn map_tasks_initializes_every_element() {
+        for (rows, cols) in [(1, 1), (3, 1), (1, 5), (100_003, 3), (7, 70_000)] {
+            let x: Vec<f64> = (0..rows * cols).map(|i| i as f64 + 0.5).collect();
+            assert_eq!(copy(&x, cols), x);
         }
     }
 

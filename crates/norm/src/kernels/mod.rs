@@ -4,7 +4,7 @@
 //! device goes through candle's own ops (`generic`), which gives the same
 //! elementwise results and lets `--features cuda` run on the GPU.
 
-pub(crate) mod cpu;
+pub mod cpu;
 pub(crate) mod generic;
 
 /// What `normalize` computes per element, with `m` = mean as f32 and `s` = std as f32.

@@ -1,0 +1,116 @@
+//! `pmstate bench`: times the normalizer's hot paths against a plain copy.
+
+use std::time::Instant;
+
+use candle_core::{Device, Tensor};
+use pmstate_norm::{NormConfig, RunningMeanStd};
+use serde::Serialize;
+
+use crate::CliError;
+
+/// The shapes ProtoMotions-sized observation batches come in.
+pub const SHAPES: [(usize, usize); 3] = [(4096, 358), (16384, 512), (65536, 64)];
+
+/// One timing: `seconds` is the median per call, `gbps` the bytes the op
+/// must move (read and written) per second.
+#[derive(Debug, Serialize)]
+pub struct Record {
+    pub op: &'static str,
+    pub rows: usize,
+    pub cols: usize,
+    pub device: String,
+    pub threads: usize,
+    pub seconds: f64,
+    pub gbps: f64,
+}
+
+pub struct Options {
+    pub threads: usize,
+    pub device: Device,
+    pub device_name: String,
+    pub min_time: f64,
+    pub shapes: Vec<(usize, usize)>,
+}
+
+/// Deterministic observation-like data: offset features, spread ~1.
+fn data(rows: usize, cols: usize) -> Vec<f32> {
+    let mut s: u64 = 0x9E37_79B9_7F4A_7C15;
+    (0..rows * cols)
+        .map(|i| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            let u = (s >> 40) as f32 / (1u64 << 24) as f32;
+            (i % cols) as f32 * 0.01 + 3.0 * (u - 0.5)
+        })
+        .collect()
+}
+
+/// Median seconds per call: 2 warm-up calls, then calls until `min_time`
+/// has passed and at least 7 were timed.
+fn time(min_time: f64, device: &Device, mut f: impl FnMut() -> Result<(), CliError>) -> Result<f64, CliError> {
+    for _ in 0..2 {
+        f()?;
+    }
+    device.synchronize()?;
+    let mut samples = vec![];
+    let start = Instant::now();
+    while samples.len() < 7 || (start.elapsed().as_secs_f64() < min_time && samples.len() < 10_000) {
+        let t = Instant::now();
+        f()?;
+        device.synchronize()?;
+        samples.push(t.elapsed().as_secs_f64());
+    }
+    samples.sort_by(f64::total_cmp);
+    Ok(samples[samples.len() / 2])
+}
+
+pub fn run(opts: &Options, mut on_record: impl FnMut(&Record) + Send) -> Result<(), CliError> {
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(opts.threads)
+        .build()
+        .map_err(|e| CliError::Usage(format!("--threads {}: {e}", opts.threads)))?;
+    pool.install(|| {
+        for &(rows, cols) in &opts.shapes {
+            let host = data(rows, cols);
+            let x = Tensor::from_vec(host.clone(), (rows, cols), &Device::Cpu)?.to_device(&opts.device)?;
+            let bytes = (rows * cols * 4) as f64;
+            let obs = NormConfig { clamp_value: Some(5.0), ..NormConfig::default() };
+            let ema = NormConfig { ema_decay: Some(0.999), ..obs };
+            let mut welford = RunningMeanStd::new(obs, Some(&[cols]), &opts.device)?;
+            let mut ema_rms = RunningMeanStd::new(ema, Some(&[cols]), &opts.device)?;
+            welford.record_moments(&x)?;
+            let ops: [(&'static str, f64); 4] =
+                [("normalize", 2.0), ("record_moments", 1.0), ("record_moments_ema", 1.0), ("copy", 2.0)];
+            for (op, passes) in ops {
+                eprintln!("bench: {op} {rows}x{cols} on {} ({} threads)...", opts.device_name, opts.threads);
+                let seconds = match op {
+                    "normalize" => time(opts.min_time, &opts.device, || {
+                        std::hint::black_box(welford.normalize(&x)?);
+                        Ok(())
+                    })?,
+                    "record_moments" => time(opts.min_time, &opts.device, || Ok(welford.record_moments(&x)?))?,
+                    "record_moments_ema" => time(opts.min_time, &opts.device, || Ok(ema_rms.record_moments(&x)?))?,
+                    _ if opts.device.is_cpu() => time(opts.min_time, &opts.device, || {
+                        std::hint::black_box(pmstate_norm::bench_support::copy(&host, cols));
+                        Ok(())
+                    })?,
+                    _ => time(opts.min_time, &opts.device, || {
+                        std::hint::black_box(x.copy()?);
+                        Ok(())
+                    })?,
+                };
+                on_record(&Record {
+                    op,
+                    rows,
+                    cols,
+                    device: opts.device_name.clone(),
+                    threads: opts.threads,
+                    seconds,
+                    gbps: passes * bytes / seconds / 1e9,
+                });
+            }
+        }
+        Ok(())
+    })
+}
