@@ -1,1 +1,29 @@
+//! pmstate: the state of ProtoMotions policies in Rust.
+//!
+//! A facade over the workspace crates:
+//! - [`norm`]: ProtoMotions-exact running normalizers on candle tensors
+//!   (CPU and CUDA): [`RunningMeanStd`], [`RewardRunningMeanStd`],
+//!   [`combine_moments`], distributed aggregation over a [`Collective`].
+//! - [`pickle`], [`ckpt`], [`trace`]: torch pickles, checkpoints and
+//!   pm-trace replay (in progress; see the issues).
+//!
+//! ```
+//! use candle_core::{Device, Tensor};
+//! use pmstate::{NormConfig, RunningMeanStd};
+//! let dev = Device::Cpu;
+//! let mut rms = RunningMeanStd::new(NormConfig { clamp_value: Some(5.0), ..Default::default() }, None, &dev)?;
+//! rms.record_moments(&Tensor::new(&[[1f32, 2.], [3., 4.]], &dev)?)?;
+//! let z = rms.normalize(&Tensor::new(&[[2f32, 3.]], &dev)?)?;
+//! assert_eq!(z.dims(), &[1, 2]);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+pub use pmstate_ckpt as ckpt;
 pub use pmstate_norm as norm;
+pub use pmstate_pickle as pickle;
+pub use pmstate_trace as trace;
+
+pub use pmstate_norm::{
+    batch_moments, combine_moments, Arithmetic, Collective, Moments, NormConfig, NormError, NormState,
+    RewardRunningMeanStd, RunningMeanStd, SingleProcess,
+};
