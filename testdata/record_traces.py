@@ -22,7 +22,6 @@ import sys
 import tempfile
 
 import torch
-from safetensors.torch import save_file
 
 REF = None  # the reference module, loaded in every process
 
@@ -168,6 +167,37 @@ class Recorder:
         out = REF.combine_moments(*a)
         self.combine_calls.clear()
         return out
+
+
+ST_DTYPES = {torch.float32: "F32", torch.float64: "F64", torch.int64: "I64", torch.bool: "BOOL", torch.uint8: "U8",
+             torch.int32: "I32", torch.float16: "F16", torch.bfloat16: "BF16"}
+
+
+def write_safetensors(path, tensors, metadata):
+    """A safetensors file with a deterministic header (safetensors' own
+    writer keeps __metadata__ in a hash map, whose order changes from run to
+    run). Data sorted by element size (largest first, so every tensor is
+    aligned), then name; header padded with spaces to a multiple of 8."""
+    names = sorted(tensors, key=lambda k: (-tensors[k].element_size(), k))
+    header = {"__metadata__": dict(sorted(metadata.items()))}
+    blobs, offset = [], 0
+    for k in names:
+        t = tensors[k].contiguous()
+        data = t.view(torch.uint8).numpy().tobytes() if t.numel() else b""
+        if t.dtype == torch.bool:
+            data = t.to(torch.uint8).numpy().tobytes()
+        header[k] = {"dtype": ST_DTYPES[t.dtype], "shape": list(t.shape), "data_offsets": [offset, offset + len(data)]}
+        blobs.append(data)
+        offset += len(data)
+    h = json.dumps(header, separators=(",", ":")).encode()
+    h += b" " * (-len(h) % 8)
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as f:
+        f.write(len(h).to_bytes(8, "little"))
+        f.write(h)
+        for b in blobs:
+            f.write(b)
+    os.replace(tmp, path)
 
 
 def gen(seed):
@@ -404,13 +434,8 @@ def record(scenario, root, outdir, meta):
         "world_size": world,
         "steps": steps,
     }
-    for k, v in list(tensors.items()):
-        if v.dtype == torch.bool:
-            tensors[k] = v.clone()
     path = os.path.join(outdir, f"{name}.pmtrace.safetensors")
-    tmp_path = path + ".tmp"
-    save_file(dict(sorted(tensors.items())), tmp_path, metadata={"format": "pm-trace", "trace": json.dumps(doc)})
-    os.replace(tmp_path, path)
+    write_safetensors(path, tensors, {"format": "pm-trace", "trace": json.dumps(doc)})
     print(f"wrote {path}: {len(steps)} steps, world size {world}")
 
 
