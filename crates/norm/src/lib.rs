@@ -46,7 +46,7 @@ pub mod bench_support {
     pub use crate::kernels::cpu::copy;
 }
 
-pub use collective::{Collective, SingleProcess};
+pub use collective::{Collective, InProcessGroup, SingleProcess};
 pub use combine::{combine_moments, Moments};
 pub use config::{Arithmetic, NormConfig};
 pub use error::{NormError, Result};

@@ -80,11 +80,31 @@ impl RewardRunningMeanStd {
 
     /// record_reward with precomputed moments of the new discounted return
     /// (pinned replay); the return itself is still computed here.
-    pub fn record_reward_with_moments(&mut self, reward: &Tensor, terminated: &Tensor, m: Moments) -> Result<Tensor> {
+    /// Returns the new discounted return and (rank 0, W > 1) the combined
+    /// moments.
+    pub fn record_reward_with_moments(
+        &mut self,
+        reward: &Tensor,
+        terminated: &Tensor,
+        m: Moments,
+    ) -> Result<(Tensor, Option<Moments>)> {
         let g = self.next_discounted(reward, terminated)?;
-        self.rms.record_batch_moments(m)?;
+        let combined = self.rms.record_batch_moments(m)?;
         self.discounted = Some(g.clone());
-        Ok(g)
+        Ok((g, combined))
+    }
+
+    /// record_reward, returning the new discounted return, its batch moments
+    /// and (rank 0, W > 1) the combined moments, for replay to compare.
+    pub fn record_reward_traced(
+        &mut self,
+        reward: &Tensor,
+        terminated: &Tensor,
+    ) -> Result<(Tensor, Moments, Option<Moments>)> {
+        let g = self.next_discounted(reward, terminated)?;
+        let (m, combined) = self.rms.record_moments_traced(&g)?;
+        self.discounted = Some(g.clone());
+        Ok((g, m, combined))
     }
 
     /// The discounted return this step would produce.

@@ -216,9 +216,16 @@ impl RunningMeanStd {
     /// Records a batch `x` of shape `[N, *shape]`: its moments, then the
     /// (possibly distributed) update.
     pub fn record_moments(&mut self, x: &Tensor) -> Result<()> {
+        self.record_moments_traced(x).map(|_| ())
+    }
+
+    /// record_moments, returning this rank's batch moments and (rank 0, W > 1)
+    /// the combined moments, for replay to compare.
+    pub fn record_moments_traced(&mut self, x: &Tensor) -> Result<(Moments, Option<Moments>)> {
         const OP: &str = "record_moments";
         let m = self.batch_moments_checked(OP, x)?;
-        self.record_batch_moments(m)
+        let combined = self.record_batch_moments(m.clone())?;
+        Ok((m, combined))
     }
 
     pub(crate) fn batch_moments_checked(&self, op: &'static str, x: &Tensor) -> Result<Moments> {
@@ -245,7 +252,9 @@ impl RunningMeanStd {
     /// Records precomputed batch moments (`count` rows): the update, with the
     /// gather/combine/broadcast when the world size is > 1. This is what
     /// pinned replay drives; `record_moments` computes the moments first.
-    pub fn record_batch_moments(&mut self, m: Moments) -> Result<()> {
+    /// Returns, on rank 0 of a world larger than 1, the cross-rank combined
+    /// moments the update used.
+    pub fn record_batch_moments(&mut self, m: Moments) -> Result<Option<Moments>> {
         const OP: &str = "record_batch_moments";
         for (what, t) in [("batch_mean", &m.mean), ("batch_var", &m.var)] {
             self.check_device(OP, what, t)?;
@@ -267,19 +276,22 @@ impl RunningMeanStd {
         let coll = Arc::clone(&self.collective);
         if coll.world_size() <= 1 {
             self.stats = Some(self.updated(&current, &m)?);
-            return Ok(());
+            return Ok(None);
         }
         let means = coll.all_gather(&m.mean)?;
         let vars = coll.all_gather(&m.var)?;
         let counts_t = coll.all_gather(&Tensor::new(m.count, &self.device)?)?;
-        let mut outcome = Ok(());
+        let mut outcome = Ok(None);
         let mut next = current.clone();
         if coll.rank() == 0 {
             let counts = counts_t.iter().map(|c| c.to_scalar::<i64>()).collect::<Result<Vec<_>, _>>()?;
             match combine_moments(&means, &vars, &counts, self.config.arithmetic)
-                .and_then(|c| self.updated(&current, &c))
+                .and_then(|c| Ok((self.updated(&current, &c)?, c)))
             {
-                Ok(s) => next = s,
+                Ok((s, c)) => {
+                    next = s;
+                    outcome = Ok(Some(c));
+                }
                 // Rank 0 still broadcasts (its unchanged state), so that no
                 // peer waits forever; the error is reported here.
                 Err(e) => outcome = Err(e),

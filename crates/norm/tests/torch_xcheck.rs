@@ -138,7 +138,7 @@ fn every_recorded_case_replays_bit_exactly() {
                 }
                 "reward" => {
                     let r = rew.as_mut().unwrap();
-                    let g = r
+                    let (g, _) = r
                         .record_reward_with_moments(&tensor(&step["reward"]), &tensor(&step["terminated"]), moments(step))
                         .unwrap();
                     assert_eq!(bits(&g), bits(&tensor(&step["discounted"])), "{ctx}: discounted");
