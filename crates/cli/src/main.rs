@@ -3,6 +3,7 @@
 //! Exit codes: 0 fine, 1 a difference or a refusal, 2 an error.
 
 mod bench;
+mod replay;
 
 /// mimalloc keeps freed large blocks for reuse: glibc returns every block
 /// over its 32 MiB mmap threshold to the OS, so each 32 MiB+ output (and
@@ -42,8 +43,30 @@ enum DeviceArg {
     Cuda,
 }
 
+#[derive(Clone, Copy, ValueEnum)]
+enum ModeArg {
+    Pinned,
+    Free,
+}
+
 #[derive(Subcommand)]
 enum Command {
+    /// Replay pm-trace files (or folders of them) and compare every recorded
+    /// result. Exit 0 iff every trace passes.
+    Replay {
+        /// pinned: torch's batch moments and std fed in, results bit for bit;
+        /// free: computed here, results within the documented bounds.
+        #[arg(long, value_enum, default_value = "pinned")]
+        mode: ModeArg,
+        /// One JSON object per trace, then a summary object.
+        #[arg(long)]
+        json: bool,
+        /// Seconds a rank waits for its peers before the replay fails.
+        #[arg(long, default_value_t = 60.0)]
+        timeout: f64,
+        #[arg(required = true)]
+        paths: Vec<std::path::PathBuf>,
+    },
     /// Time normalize, record_moments (Welford and EMA) and a plain copy on f32
     /// batches of 4096x358, 16384x512 and 65536x64.
     Bench {
@@ -80,6 +103,17 @@ fn device(arg: DeviceArg) -> Result<(Device, String), CliError> {
 
 fn run(cli: Cli) -> Result<ExitCode, CliError> {
     match cli.command {
+        Command::Replay { mode, json, timeout, paths } => {
+            if !(timeout > 0.0 && timeout.is_finite()) {
+                return Err(CliError::Usage(format!("--timeout {timeout}: must be a positive number of seconds")));
+            }
+            let mode = match mode {
+                ModeArg::Pinned => pmstate_trace::Mode::Pinned,
+                ModeArg::Free => pmstate_trace::Mode::Free,
+            };
+            let code = replay::run(&paths, mode, json, std::time::Duration::from_secs_f64(timeout))?;
+            Ok(ExitCode::from(code))
+        }
         Command::Bench { json, threads, device: dev, min_time, shapes } => {
             let threads = threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
             if threads == 0 {

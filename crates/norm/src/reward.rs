@@ -205,4 +205,14 @@ impl RewardRunningMeanStd {
     pub fn record_moments(&mut self, x: &Tensor) -> Result<()> {
         self.rms.record_moments(x)
     }
+
+    /// See [`RunningMeanStd::record_moments_traced`].
+    pub fn record_moments_traced(&mut self, x: &Tensor) -> Result<(Moments, Option<Moments>)> {
+        self.rms.record_moments_traced(x)
+    }
+
+    /// See [`RunningMeanStd::record_batch_moments`].
+    pub fn record_batch_moments(&mut self, m: Moments) -> Result<Option<Moments>> {
+        self.rms.record_batch_moments(m)
+    }
 }

@@ -1,1 +1,21 @@
-//! pm-trace v1 reader, writer and replay (not yet implemented: see the conformance issue).
+//! pm-trace v1 (`../shared/TRACE_FORMAT.md`): traces recorded from
+//! ProtoMotions' normalizers on PyTorch, their reader and writer, and the
+//! replay engine that runs them on [`pmstate_norm`] and compares every
+//! recorded result (pinned: bit for bit; free: within derived bounds).
+
+mod compare;
+mod error;
+mod model;
+mod read;
+mod record;
+mod replay;
+pub mod tolerance;
+mod write;
+
+pub use compare::{compare, FieldReport};
+pub use error::{Result, TraceError};
+pub use model::*;
+pub use read::{read_bytes, read_file};
+pub use record::Recorder;
+pub use replay::{replay, Mode, ReplayOptions, Report};
+pub use write::{to_bytes, write_file};
