@@ -1,0 +1,107 @@
+//! Structural errors name the step and field; nothing panics.
+
+use candle_core::{Device, Tensor};
+use pmstate_trace::{read_bytes, to_bytes, ModuleClass, ModuleSpec, Recorder, TraceError};
+use serde_json::Value;
+
+/// A small valid trace's bytes.
+fn valid() -> Vec<u8> {
+    let spec = ModuleSpec {
+        class: ModuleClass::RunningMeanStd,
+        shape: Some(vec![2]),
+        epsilon: 1e-5,
+        clamp_value: None,
+        ema_decay: None,
+        gamma: None,
+    };
+    let mut r = Recorder::new(spec, "structure").unwrap();
+    r.record_moments(&Tensor::new(&[[1f32, 2.], [3., 5.]], &Device::Cpu).unwrap()).unwrap();
+    r.normalize(&Tensor::new(&[[1f32, 2.]], &Device::Cpu).unwrap(), false).unwrap();
+    to_bytes(&r.finish()).unwrap()
+}
+
+/// Rewrites the trace JSON inside a safetensors file.
+fn with_doc(bytes: &[u8], edit: impl FnOnce(&mut Value)) -> Vec<u8> {
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let mut header: Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    let mut doc: Value = serde_json::from_str(header["__metadata__"]["trace"].as_str().unwrap()).unwrap();
+    edit(&mut doc);
+    header["__metadata__"]["trace"] = Value::String(doc.to_string());
+    let mut h = header.to_string().into_bytes();
+    h.resize(h.len().next_multiple_of(8), b' ');
+    let mut out = (h.len() as u64).to_le_bytes().to_vec();
+    out.extend(h);
+    out.extend(&bytes[8 + n..]);
+    out
+}
+
+fn field_err(bytes: &[u8]) -> (usize, String, String) {
+    match read_bytes(bytes) {
+        Err(TraceError::Field { step, field, reason, .. }) => (step, field, reason),
+        other => panic!("expected a field error, got {other:?}"),
+    }
+}
+
+#[test]
+fn the_valid_trace_reads() {
+    assert_eq!(read_bytes(&valid()).unwrap().steps.len(), 2);
+}
+
+#[test]
+fn a_missing_tensor_names_step_and_field() {
+    let b = with_doc(&valid(), |d| d["steps"][1]["out"] = Value::String("nope".into()));
+    let (step, field, reason) = field_err(&b);
+    assert_eq!((step, field.as_str()), (1, "out"));
+    assert!(reason.contains("nope"), "{reason}");
+}
+
+#[test]
+fn a_wrong_dtype_names_the_field() {
+    // state.mean must be F64: point it at an F32 tensor.
+    let b = with_doc(&valid(), |d| {
+        let x = d["steps"][0]["batch_mean"][0].clone();
+        d["steps"][0]["state"]["mean"] = x;
+    });
+    let (step, field, reason) = field_err(&b);
+    assert_eq!((step, field.as_str()), (0, "state.mean"));
+    assert!(reason.contains("F64"), "{reason}");
+}
+
+#[test]
+fn a_wrong_shape_names_the_field() {
+    let b = with_doc(&valid(), |d| {
+        let x = d["steps"][1]["out"].clone(); // [1, 2], not the module's [2]
+        d["steps"][1]["std"] = x;
+    });
+    let (step, field, _) = field_err(&b);
+    assert_eq!((step, field.as_str()), (1, "std"));
+}
+
+#[test]
+fn per_rank_lists_must_match_the_world_size() {
+    let b = with_doc(&valid(), |d| d["world_size"] = Value::from(2));
+    let (step, field, reason) = field_err(&b);
+    assert_eq!((step, field.as_str()), (0, "x"));
+    assert!(reason.contains("world size 2"), "{reason}");
+}
+
+#[test]
+fn unknown_ops_versions_and_missing_results_are_errors() {
+    let (step, field, _) = field_err(&with_doc(&valid(), |d| d["steps"][0]["op"] = Value::from("explode")));
+    assert_eq!((step, field.as_str()), (0, "op"));
+    assert!(matches!(read_bytes(&with_doc(&valid(), |d| d["version"] = Value::from(2))), Err(TraceError::Version(2))));
+    let b = with_doc(&valid(), |d| {
+        d["steps"][0].as_object_mut().unwrap().remove("state");
+    });
+    let (step, field, _) = field_err(&b);
+    assert_eq!((step, field.as_str()), (0, "state"));
+    let b = with_doc(&valid(), |d| d["module"]["class"] = Value::from("Other"));
+    assert!(matches!(read_bytes(&b), Err(TraceError::Header { .. })));
+}
+
+#[test]
+fn not_a_trace_is_an_error() {
+    assert!(matches!(read_bytes(b"hello"), Err(TraceError::Container(_))));
+    let b = with_doc(&valid(), |d| d["format"] = Value::from("x"));
+    assert!(matches!(read_bytes(&b), Err(TraceError::Header { .. })));
+}
