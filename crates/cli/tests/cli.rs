@@ -1,0 +1,88 @@
+//! The `pmstate` binary end to end: output, JSON and exit codes.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+fn pmstate() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_pmstate"))
+}
+
+fn testdata() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata")
+}
+
+#[test]
+fn replay_passes_every_committed_trace_in_both_modes() {
+    for mode in ["pinned", "free"] {
+        let out = pmstate().args(["replay", "--mode", mode]).arg(testdata().join("traces")).output().unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{mode}: {stdout}{}", String::from_utf8_lossy(&out.stderr));
+        assert!(stdout.lines().filter(|l| l.starts_with("PASS ")).count() >= 18, "{stdout}");
+        assert!(stdout.contains(" passed, 0 failed"), "{stdout}");
+    }
+}
+
+#[test]
+fn replay_json_is_one_object_per_trace_and_a_summary() {
+    let out = pmstate().args(["replay", "--json"]).arg(testdata().join("traces")).output().unwrap();
+    assert!(out.status.success());
+    let lines: Vec<serde_json::Value> =
+        String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let (summary, traces) = lines.split_last().unwrap();
+    assert_eq!(summary["summary"], true);
+    assert_eq!(summary["passed"].as_u64().unwrap() as usize, traces.len());
+    for t in traces {
+        assert_eq!(t["pass"], true);
+        assert!(t["steps"].as_u64().unwrap() > 0 && t["world_size"].as_u64().unwrap() >= 1);
+        assert!(t["worst"]["max_ulps"].is_u64());
+    }
+}
+
+#[test]
+fn replay_exit_codes_tell_mismatch_from_unreadable() {
+    let dir = std::env::temp_dir().join(format!("pmstate-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    // A trace whose recorded count was changed: a mismatch, exit 1.
+    let src = std::fs::read(testdata().join("traces/no_clamp.pmtrace.safetensors")).unwrap();
+    let n = u64::from_le_bytes(src[..8].try_into().unwrap()) as usize;
+    let header: serde_json::Value = serde_json::from_slice(&src[8..8 + n]).unwrap();
+    let off = header["s0000.state.count"]["data_offsets"][0].as_u64().unwrap() as usize;
+    let mut tampered = src.clone();
+    tampered[8 + n + off] ^= 1;
+    let bad = dir.join("tampered.pmtrace.safetensors");
+    std::fs::write(&bad, &tampered).unwrap();
+    let out = pmstate().arg("replay").arg(&bad).output().unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stdout));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("state.count"));
+    // Not a trace at all: exit 2, with the reason.
+    let junk = dir.join("junk.pmtrace.safetensors");
+    std::fs::write(&junk, b"not a safetensors file").unwrap();
+    let out = pmstate().arg("replay").arg(&junk).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("ERROR"));
+    // A path that does not exist: a usage error, exit 2.
+    let out = pmstate().args(["replay", "/no/such/trace"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no such file"));
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn bench_json_has_the_documented_fields() {
+    let out = pmstate()
+        .args(["bench", "--json", "--threads", "1", "--min-time", "0", "--shape", "64x8"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let rows: Vec<serde_json::Value> =
+        String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let ops: Vec<&str> = rows.iter().map(|r| r["op"].as_str().unwrap()).collect();
+    assert_eq!(ops, ["normalize", "record_moments", "record_moments_ema", "copy"]);
+    for r in &rows {
+        assert_eq!((r["rows"].as_u64(), r["cols"].as_u64(), r["threads"].as_u64()), (Some(64), Some(8), Some(1)));
+        assert_eq!(r["device"], "cpu");
+        assert!(r["seconds"].as_f64().unwrap() > 0.0 && r["gbps"].as_f64().unwrap() > 0.0);
+    }
+    let out = pmstate().args(["bench", "--threads", "0"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+}
