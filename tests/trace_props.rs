@@ -1,25 +1,13 @@
 //! Property tests of pm-trace: write/read round trips, self-replay, the
 //! free-mode bound against a float32 reduction, hostile bytes.
 
-use candle_core::{DType, Device, Tensor};
+use candle_core::{Device, Tensor};
 use pmstate::trace::{
     read_bytes, replay, to_bytes, ModuleClass, ModuleSpec, Mode, Op, RecordedMoments, Recorder, ReplayOptions, Trace,
     UpdateResult,
 };
 use pmstate::{Moments, NormConfig, RunningMeanStd};
 use proptest::prelude::*;
-
-fn bits(t: &Tensor) -> (DType, Vec<usize>, Vec<u64>) {
-    let f = t.flatten_all().unwrap();
-    let b = match t.dtype() {
-        DType::F32 => f.to_vec1::<f32>().unwrap().iter().map(|v| v.to_bits() as u64).collect(),
-        DType::F64 => f.to_vec1::<f64>().unwrap().iter().map(|v| v.to_bits()).collect(),
-        DType::I64 => f.to_vec1::<i64>().unwrap().iter().map(|v| *v as u64).collect(),
-        DType::U8 => f.to_vec1::<u8>().unwrap().iter().map(|v| *v as u64).collect(),
-        d => panic!("{d:?}"),
-    };
-    (t.dtype(), t.dims().to_vec(), b)
-}
 
 fn data(seed: u64, n: usize, scale: f64, offset: f64) -> Vec<f32> {
     let mut s = seed | 1;

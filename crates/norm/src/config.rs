@@ -65,6 +65,8 @@ impl NormConfig {
             });
         }
         if let Some(c) = self.clamp_value {
+            // Written so that NaN fails too.
+            #[allow(clippy::neg_cmp_op_on_partial_ord)]
             if !(c > 0.0) {
                 return Err(NormError::InvalidConfig {
                     field: "clamp_value",

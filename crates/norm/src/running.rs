@@ -510,8 +510,8 @@ impl FlatF32 for Tensor {
 pub(crate) fn all_finite(t: &Tensor) -> Result<bool> {
     if t.device().is_cpu() {
         return match t.dtype() {
-            DType::F32 => with_cpu_slice::<f32, _>(t, |s| cpu::all_finite(s)),
-            DType::F64 => with_cpu_slice::<f64, _>(t, |s| cpu::all_finite(s)),
+            DType::F32 => with_cpu_slice::<f32, _>(t, cpu::all_finite),
+            DType::F64 => with_cpu_slice::<f64, _>(t, cpu::all_finite),
             _ => Ok(true),
         };
     }

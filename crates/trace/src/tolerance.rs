@@ -73,6 +73,7 @@ fn at(v: &[f64], i: usize) -> f64 {
 /// Bounds on the cross-rank `combine_moments` of W parts (ours vs torch's),
 /// given each part's bounds. `u_c` is the unit roundoff of the combine's
 /// arithmetic (float32 for float32 parts).
+#[allow(clippy::needless_range_loop)] // j indexes several per-feature vectors
 pub fn combined(parts: &[(Vec<f64>, Vec<f64>, i64)], tols: &[MomentTol], mean: &[f64], u_c: f64) -> MomentTol {
     let n: f64 = parts.iter().map(|p| p.2 as f64).sum();
     let levels = (parts.len() as f64).log2().ceil() + 1.0;
@@ -154,6 +155,7 @@ pub struct NormalizeTol {
     pub mean32: Vec<f64>,
 }
 
+#[allow(clippy::needless_range_loop)]
 pub fn normalize_terms(state: &MomentTol, mean: &[f64], var: &[f64], std: &[f64]) -> NormalizeTol {
     let d = std.len();
     let mut out = NormalizeTol { std: vec![0.0; d], mean32: vec![0.0; d] };
@@ -167,6 +169,7 @@ pub fn normalize_terms(state: &MomentTol, mean: &[f64], var: &[f64], std: &[f64]
 
 /// Per-element bounds on the output for input values `x` (flattened, the
 /// state's shape repeating), output `y`, un_norm or not, offset or not.
+#[allow(clippy::too_many_arguments)] // each is one term of the bound
 pub fn normalize_output(
     t: &NormalizeTol,
     x: &[f64],
