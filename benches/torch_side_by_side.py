@@ -13,29 +13,19 @@ parallel copy through the same allocation path as its normalize. Prints a
 Markdown table for the README.
 """
 import argparse
-import importlib.util
 import json
 import os
 import statistics
 import subprocess
+import sys
 import time
 
 import torch
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "testdata"))
+from pm_reference import Fabric1, load_reference  # noqa: E402
+
 SHAPES = [(4096, 358), (16384, 512), (65536, 64)]
-
-
-class Fabric1:
-    world_size = 1
-    global_rank = 0
-
-
-def load_reference(root):
-    path = os.path.join(root, "protomotions", "agents", "utils", "normalization.py")
-    spec = importlib.util.spec_from_file_location("pm_normalization", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def median_seconds(fn, min_time):

@@ -11,12 +11,14 @@ bits. Each update step records the batch moments torch computed, so that the
 Rust replay can feed the same moments and compare the state bit for bit.
 """
 import argparse
-import importlib.util
 import json
 import os
-import subprocess
+import sys
 
 import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from pm_reference import Fabric1, load_reference, reference_commit  # noqa: E402
 
 DT = {torch.float32: "f32", torch.float64: "f64", torch.int64: "i64", torch.uint8: "u8", torch.bool: "u8"}
 
@@ -26,25 +28,6 @@ def enc(t):
     if t.dtype == torch.bool:
         t = t.to(torch.uint8)
     return {"dtype": DT[t.dtype], "shape": list(t.shape), "hex": t.numpy().tobytes().hex()}
-
-
-def load_reference(root, commit=None):
-    path = os.path.join(root, "protomotions", "agents", "utils", "normalization.py")
-    spec = importlib.util.spec_from_file_location("pm_normalization", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    if commit is None:
-        try:
-            commit = subprocess.check_output(["git", "-C", root, "rev-parse", "HEAD"], text=True,
-                                             stderr=subprocess.DEVNULL).strip()
-        except Exception:
-            commit = "unknown (not a git checkout; pass --reference-commit)"
-    return mod, commit
-
-
-class Fabric1:
-    world_size = 1
-    global_rank = 0
 
 
 def state(m):
@@ -155,7 +138,7 @@ def main():
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "torch", "norm_xcheck.json"))
     a = ap.parse_args()
     torch.set_num_threads(1)
-    ref, commit = load_reference(a.protomotions, a.reference_commit)
+    ref, commit = load_reference(a.protomotions), reference_commit(a.protomotions, a.reference_commit)
     g = torch.Generator().manual_seed(20261129)
     doc = {"format": "pmstate-norm-xcheck", "torch": torch.__version__, "reference": commit,
            "cases": cases(ref, g), "combine": combines(ref, g)}

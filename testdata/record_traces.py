@@ -14,29 +14,17 @@ merges them into one trace. Seeds are fixed: re-running with the same torch
 version writes the same bytes.
 """
 import argparse
-import importlib.util
 import json
 import os
-import subprocess
 import sys
 import tempfile
 
 import torch
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from pm_reference import Fabric1, load_reference, reference_commit  # noqa: E402
+
 REF = None  # the reference module, loaded in every process
-
-
-def load_reference(root):
-    path = os.path.join(root, "protomotions", "agents", "utils", "normalization.py")
-    spec = importlib.util.spec_from_file_location("pm_normalization", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-class Fabric1:
-    world_size = 1
-    global_rank = 0
 
 
 class Recorder:
@@ -183,9 +171,10 @@ def write_safetensors(path, tensors, metadata):
     blobs, offset = [], 0
     for k in names:
         t = tensors[k].contiguous()
-        data = t.view(torch.uint8).numpy().tobytes() if t.numel() else b""
+        flat = t.reshape(-1)
         if t.dtype == torch.bool:
-            data = t.to(torch.uint8).numpy().tobytes()
+            flat = flat.to(torch.uint8)
+        data = flat.view(torch.uint8).numpy().tobytes()
         header[k] = {"dtype": ST_DTYPES[t.dtype], "shape": list(t.shape), "data_offsets": [offset, offset + len(data)]}
         blobs.append(data)
         offset += len(data)
@@ -449,13 +438,7 @@ def main():
     a = ap.parse_args()
     root = os.path.abspath(a.protomotions)
     REF = load_reference(root)
-    source = a.reference_commit
-    if source is None:
-        try:
-            source = subprocess.check_output(["git", "-C", root, "rev-parse", "HEAD"], text=True,
-                                             stderr=subprocess.DEVNULL).strip()
-        except Exception:
-            sys.exit("PATH is not a git work tree: pass --reference-commit")
+    source = reference_commit(root, a.reference_commit)
     os.makedirs(a.out, exist_ok=True)
     for sc in SCENARIOS:
         if a.only and sc[0] not in a.only:
