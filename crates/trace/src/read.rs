@@ -120,22 +120,7 @@ impl Ctx<'_, '_, '_> {
         self.check(field, t, kind)
     }
 
-    fn per_rank(&self, field: &str, kind: Kind) -> Result<Vec<Tensor>> {
-        let list = self.v.get(field).and_then(Value::as_array).ok_or_else(|| self.err(field, "missing, or not a list of per-rank tensor names"))?;
-        if list.len() != self.world {
-            return Err(self.err(field, format!("{} names for world size {}", list.len(), self.world)));
-        }
-        list.iter()
-            .enumerate()
-            .map(|(r, n)| {
-                let f = format!("{field}[{r}]");
-                let name = self.name_of(&f, Some(n))?;
-                let t = self.t.get(name).map_err(|e| self.err(&f, e))?;
-                self.check(&f, t, kind)
-            })
-            .collect()
-    }
-
+    /// A list of tensor names, each checked as `kind`.
     fn list(&self, field: &str, kind: Kind) -> Result<Vec<Tensor>> {
         let list = self.v.get(field).and_then(Value::as_array).ok_or_else(|| self.err(field, "missing, or not a list of tensor names"))?;
         list.iter()
@@ -147,6 +132,15 @@ impl Ctx<'_, '_, '_> {
                 self.check(&f, t, kind)
             })
             .collect()
+    }
+
+    /// A per-rank list: one name per rank, index = rank.
+    fn per_rank(&self, field: &str, kind: Kind) -> Result<Vec<Tensor>> {
+        let n = self.v.get(field).and_then(Value::as_array).map_or(0, Vec::len);
+        if n != self.world {
+            return Err(self.err(field, format!("{n} names for world size {}: need one per rank", self.world)));
+        }
+        self.list(field, kind)
     }
 
     fn count(&self, field: &str, t: &Tensor) -> Result<i64> {
