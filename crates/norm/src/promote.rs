@@ -3,7 +3,7 @@
 //! Bit-exactness with the reference depends less on the formulas than on the
 //! dtype each intermediate has. Torch's rule for two float tensors: a 0-dim
 //! tensor never widens a dimensioned one of the same category, so
-//! `f32[D] * f32[]` stays f32 while `f32[D] * f64[]` ... also stays f32, and
+//! `f32[D] * f64[]` stays f32 (the count in `var_b * count_b`), while
 //! `f32[D] - f64[D]` is f64. A Python scalar is a "wrapped number": it never
 //! widens a tensor and is cast to the tensor's dtype first. These helpers
 //! apply those rules and then run one IEEE operation per element, on any

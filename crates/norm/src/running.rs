@@ -474,15 +474,20 @@ pub(crate) fn apply(
     }
     let out = match x.dtype() {
         DType::F32 => {
-            let std = std_f32.to_vec_flat_f32()?;
-            let mean = mean_f32.map(|m| m.to_vec_flat_f32()).transpose()?;
-            let p = cpu::Affine {
-                mean: mean.as_deref(),
-                std: &std,
-                clamp: clamp.map(|c| ((-c) as f32, c as f32)),
-                direction,
-            };
-            let v = with_cpu_slice::<f32, _>(&x, |xs| cpu::normalize(xs, &p))?;
+            // Borrow mean and std in place: no per-call copies on the hot path.
+            let std_c = std_f32.to_dtype(DType::F32)?;
+            let mean_c = mean_f32.map(|m| m.to_dtype(DType::F32)).transpose()?;
+            let clamp = clamp.map(|c| ((-c) as f32, c as f32));
+            let v = with_cpu_slice::<f32, _>(&std_c, |std| match &mean_c {
+                Some(m) => with_cpu_slice::<f32, _>(m, |mean| {
+                    let p = cpu::Affine { mean: Some(mean), std, clamp, direction };
+                    with_cpu_slice::<f32, _>(&x, |xs| cpu::normalize(xs, &p))
+                }),
+                None => {
+                    let p = cpu::Affine { mean: None, std, clamp, direction };
+                    Ok(with_cpu_slice::<f32, _>(&x, |xs| cpu::normalize(xs, &p)))
+                }
+            })???;
             Tensor::from_vec(v, x.shape(), &Device::Cpu)?
         }
         _ => {

@@ -102,3 +102,24 @@ fn reward_shape_changes_are_errors_and_keep_the_return() {
     let err = rew.record_reward(&Tensor::zeros(3, DType::I64, &cpu()).unwrap(), &no(3)).unwrap_err();
     assert!(matches!(err, NormError::UnsupportedDType { what: "reward", .. }), "{err}");
 }
+
+#[test]
+fn combine_moments_rejects_parts_that_do_not_line_up() {
+    use pmstate_norm::{combine_moments, Arithmetic};
+    let m = |v: &[f32]| Tensor::new(v, &cpu()).unwrap();
+    let cases: Vec<(Vec<Tensor>, Vec<Tensor>, Vec<i64>, &str)> = vec![
+        (vec![], vec![], vec![], "no parts"),
+        (vec![m(&[1.0])], vec![m(&[1.0]), m(&[1.0])], vec![1], "one of each"),
+        (vec![m(&[1.0]), m(&[1.0, 2.0])], vec![m(&[1.0]), m(&[1.0, 2.0, 3.0])], vec![1, 1], "broadcast"),
+        (vec![m(&[1.0])], vec![m(&[1.0])], vec![-3], "negative count"),
+        (vec![Tensor::new(&[1i64], &cpu()).unwrap()], vec![m(&[1.0])], vec![1], "dtype"),
+    ];
+    for (means, vars, counts, what) in cases {
+        for arith in [Arithmetic::Compat, Arithmetic::Exact] {
+            match combine_moments(&means, &vars, &counts, arith) {
+                Err(NormError::InvalidParts { reason }) => assert!(reason.contains(what), "{what}: {reason}"),
+                other => panic!("{what}: {other:?}"),
+            }
+        }
+    }
+}

@@ -301,8 +301,7 @@ fn judge(trace: &Trace, mode: Mode, obs: &[Vec<Obs>]) -> Report {
         }
         match (&step.op, o0) {
             (Op::RecordMoments { result: Some(u), x }, Obs::Update { .. }) => {
-                let inputs: Vec<Tensor> = x.clone();
-                judge_update(&mut j, i, op, u, obs, &inputs, None, &mut tol, before.as_ref(), ema);
+                judge_update(&mut j, i, op, u, obs, x, &mut tol, before.as_ref(), ema);
             }
             (Op::RecordReward { result: Some((disc, u)), .. }, Obs::Update { .. }) => {
                 for (r, d) in disc.iter().enumerate() {
@@ -310,7 +309,7 @@ fn judge(trace: &Trace, mode: Mode, obs: &[Vec<Obs>]) -> Report {
                         j.exact(i, op, &format!("discounted_reward[{r}]"), g, d);
                     }
                 }
-                judge_update(&mut j, i, op, u, obs, disc, Some(()), &mut tol, before.as_ref(), ema);
+                judge_update(&mut j, i, op, u, obs, disc, &mut tol, before.as_ref(), ema);
             }
             (Op::Normalize { x, un_norm, result: Some(r) }, Obs::Normalize { out, std, state }) => {
                 let mean = f64s(&state.mean);
@@ -388,7 +387,6 @@ fn judge_update(
     u: &UpdateResult,
     obs: &[Vec<Obs>],
     inputs: &[Tensor],
-    _reward: Option<()>,
     tol: &mut MomentTol,
     before: Option<&NormState>,
     ema: Option<f64>,
@@ -432,14 +430,11 @@ fn judge_update(
         }
     };
     if j.mode == Mode::Free {
-        let d = state.mean.elem_count();
-        let zeros = vec![0.0; d];
-        let ones = vec![1.0; d];
+        // A lazy normalizer's first update starts from the fresh buffers (mean 0, count 1).
         let (mean_before, count_before) = match before {
             Some(s) => (f64s(&s.mean), s.count),
-            None => (zeros.clone(), 1),
+            None => (vec![0.0; state.mean.elem_count()], 1),
         };
-        let _ = ones;
         let terms = tolerance::UpdateTerms {
             ema_decay: ema,
             exact: false,
