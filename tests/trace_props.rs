@@ -3,7 +3,7 @@
 
 use candle_core::{Device, Tensor};
 use pmstate::trace::{
-    read_bytes, replay, to_bytes, ModuleClass, ModuleSpec, Mode, Op, RecordedMoments, Recorder, ReplayOptions, Trace,
+    read_bytes, replay, to_bytes, Mode, ModuleClass, ModuleSpec, Op, RecordedMoments, Recorder, ReplayOptions, Trace,
     UpdateResult,
 };
 use pmstate::{Moments, NormConfig, RunningMeanStd};
@@ -56,15 +56,22 @@ fn recorded(d: usize, lazy: bool, clamp: Option<f64>, ema: Option<f64>, seed: u6
     for (k, a) in steps.iter().enumerate() {
         let seed = seed.wrapping_add(k as u64 * 7919);
         match a {
-            Act::Record(n, s, o) => rec.record_moments(&Tensor::from_vec(data(seed, n * d, *s, *o), (*n, d), &dev).unwrap()).unwrap(),
-            Act::Normalize(n, u) => rec.normalize(&Tensor::from_vec(data(seed, n * d, 10.0, 0.0), (*n, d), &dev).unwrap(), *u).unwrap(),
+            Act::Record(n, s, o) => {
+                rec.record_moments(&Tensor::from_vec(data(seed, n * d, *s, *o), (*n, d), &dev).unwrap()).unwrap()
+            }
+            Act::Normalize(n, u) => {
+                rec.normalize(&Tensor::from_vec(data(seed, n * d, 10.0, 0.0), (*n, d), &dev).unwrap(), *u).unwrap()
+            }
             Act::Ema(e) => rec.set_ema_decay(*e).unwrap(),
-            Act::Load(m, v, c) => rec
-                .load_state(&Tensor::full(*m, d, &dev).unwrap(), &Tensor::full(*v, d, &dev).unwrap(), *c)
-                .unwrap(),
+            Act::Load(m, v, c) => {
+                rec.load_state(&Tensor::full(*m, d, &dev).unwrap(), &Tensor::full(*v, d, &dev).unwrap(), *c).unwrap()
+            }
             Act::Combine(k) => {
-                let means: Vec<Tensor> = (0..*k).map(|i| Tensor::from_vec(data(seed + i as u64, d, 4.0, 1.0), d, &dev).unwrap()).collect();
-                let vars: Vec<Tensor> = (0..*k).map(|i| Tensor::from_vec(data(seed + 99 + i as u64, d, 2.0, 1.0), d, &dev).unwrap()).collect();
+                let means: Vec<Tensor> =
+                    (0..*k).map(|i| Tensor::from_vec(data(seed + i as u64, d, 4.0, 1.0), d, &dev).unwrap()).collect();
+                let vars: Vec<Tensor> = (0..*k)
+                    .map(|i| Tensor::from_vec(data(seed + 99 + i as u64, d, 2.0, 1.0), d, &dev).unwrap())
+                    .collect();
                 let counts: Vec<i64> = (0..*k).map(|i| 1 + (seed as i64 + i as i64).rem_euclid(50)).collect();
                 rec.combine(&means, &vars, &counts).unwrap()
             }

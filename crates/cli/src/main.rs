@@ -89,7 +89,15 @@ enum Command {
 
 fn parse_shape(s: &str) -> Result<(usize, usize), String> {
     let (r, c) = s.split_once('x').ok_or_else(|| format!("{s:?}: expected ROWSxCOLS, e.g. 4096x358"))?;
-    let p = |v: &str| v.parse::<usize>().map_err(|e| format!("{s:?}: {e}")).and_then(|n| if n == 0 { Err(format!("{s:?}: sizes must be > 0")) } else { Ok(n) });
+    let p = |v: &str| {
+        v.parse::<usize>().map_err(|e| format!("{s:?}: {e}")).and_then(|n| {
+            if n == 0 {
+                Err(format!("{s:?}: sizes must be > 0"))
+            } else {
+                Ok(n)
+            }
+        })
+    };
     Ok((p(r)?, p(c)?))
 }
 
@@ -129,7 +137,13 @@ fn run(cli: Cli) -> Result<ExitCode, CliError> {
                 } else {
                     rows.push(format!(
                         "{:<20} {:>6}x{:<4} {:>7} {:>3} {:>12.1} {:>8.2}",
-                        r.op, r.rows, r.cols, r.device, r.threads, r.seconds * 1e6, r.gbps
+                        r.op,
+                        r.rows,
+                        r.cols,
+                        r.device,
+                        r.threads,
+                        r.seconds * 1e6,
+                        r.gbps
                     ));
                 }
             })?;

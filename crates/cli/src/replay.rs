@@ -74,7 +74,16 @@ pub fn run(paths: &[PathBuf], mode: Mode, json: bool, timeout: Duration) -> Resu
                     worst: r.worst(),
                     error: None,
                 },
-                Err(e) => Line { path: name(f), pass: false, mode, world_size: 0, steps: 0, fields: 0, worst: None, error: Some(e.clone()) },
+                Err(e) => Line {
+                    path: name(f),
+                    pass: false,
+                    mode,
+                    world_size: 0,
+                    steps: 0,
+                    fields: 0,
+                    worst: None,
+                    error: Some(e.clone()),
+                },
             };
             println!("{}", serde_json::to_string(&line)?);
         } else {
@@ -107,7 +116,10 @@ pub fn run(paths: &[PathBuf], mode: Mode, json: bool, timeout: Duration) -> Resu
     }
     let summary = format!("{passed} passed, {} failed", failed + broken);
     if json {
-        println!("{}", serde_json::json!({"summary": true, "mode": mode, "passed": passed, "failed": failed, "unreadable": broken}));
+        println!(
+            "{}",
+            serde_json::json!({"summary": true, "mode": mode, "passed": passed, "failed": failed, "unreadable": broken})
+        );
     } else {
         println!("replay ({}): {summary}", if mode == Mode::Pinned { "pinned" } else { "free" });
     }

@@ -69,10 +69,8 @@ fn replay_exit_codes_tell_mismatch_from_unreadable() {
 
 #[test]
 fn bench_json_has_the_documented_fields() {
-    let out = pmstate()
-        .args(["bench", "--json", "--threads", "1", "--min-time", "0", "--shape", "64x8"])
-        .output()
-        .unwrap();
+    let out =
+        pmstate().args(["bench", "--json", "--threads", "1", "--min-time", "0", "--shape", "64x8"]).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let rows: Vec<serde_json::Value> =
         String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();

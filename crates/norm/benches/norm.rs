@@ -22,11 +22,14 @@ fn benches(c: &mut Criterion) {
         let bytes = (rows * cols * 4) as u64;
         let obs = NormConfig { clamp_value: Some(5.0), ..NormConfig::default() };
         let mut welford = RunningMeanStd::new(obs, Some(&[cols]), &Device::Cpu).unwrap();
-        let mut ema = RunningMeanStd::new(NormConfig { ema_decay: Some(0.999), ..obs }, Some(&[cols]), &Device::Cpu).unwrap();
+        let mut ema =
+            RunningMeanStd::new(NormConfig { ema_decay: Some(0.999), ..obs }, Some(&[cols]), &Device::Cpu).unwrap();
         welford.record_moments(&x).unwrap();
 
         g.throughput(Throughput::Bytes(2 * bytes));
-        g.bench_function(BenchmarkId::new("normalize", &id), |b| b.iter(|| welford.normalize_frozen(&x, false).unwrap()));
+        g.bench_function(BenchmarkId::new("normalize", &id), |b| {
+            b.iter(|| welford.normalize_frozen(&x, false).unwrap())
+        });
         g.bench_function(BenchmarkId::new("copy", &id), |b| b.iter(|| pmstate_norm::bench_support::copy(&host, cols)));
         g.throughput(Throughput::Bytes(bytes));
         g.bench_function(BenchmarkId::new("record_moments", &id), |b| b.iter(|| welford.record_moments(&x).unwrap()));

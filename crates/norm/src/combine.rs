@@ -38,12 +38,7 @@ pub struct Moments {
 /// assert_eq!(m.count, 4);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
-pub fn combine_moments(
-    means: &[Tensor],
-    vars: &[Tensor],
-    counts: &[i64],
-    arithmetic: Arithmetic,
-) -> Result<Moments> {
+pub fn combine_moments(means: &[Tensor], vars: &[Tensor], counts: &[i64], arithmetic: Arithmetic) -> Result<Moments> {
     check_parts(means, vars, counts)?;
     match arithmetic {
         Arithmetic::Compat => combine_compat(means, vars, counts),
@@ -180,10 +175,5 @@ fn combine_exact(means: &[Tensor], vars: &[Tensor], counts: &[i64]) -> Result<Mo
         }
         (means, vars, counts) = (nm, nv, nc);
     }
-    Ok(Moments {
-        mean: means.remove(0),
-        var: promote::clamp_min(&vars[0], 0.0)?,
-        count: counts[0],
-    })
+    Ok(Moments { mean: means.remove(0), var: promote::clamp_min(&vars[0], 0.0)?, count: counts[0] })
 }
-

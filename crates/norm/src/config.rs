@@ -94,10 +94,6 @@ pub(crate) fn validate_gamma(gamma: f64) -> Result<()> {
     if (0.0..=1.0).contains(&gamma) {
         Ok(())
     } else {
-        Err(NormError::InvalidConfig {
-            field: "gamma",
-            value: gamma,
-            reason: "must lie in [0, 1]",
-        })
+        Err(NormError::InvalidConfig { field: "gamma", value: gamma, reason: "must lie in [0, 1]" })
     }
 }

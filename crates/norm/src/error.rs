@@ -11,36 +11,20 @@ use candle_core::DType;
 pub enum NormError {
     /// A configuration value outside its domain.
     #[error("invalid config: {field} = {value}: {reason}")]
-    InvalidConfig {
-        field: &'static str,
-        value: f64,
-        reason: &'static str,
-    },
+    InvalidConfig { field: &'static str, value: f64, reason: &'static str },
     /// An input whose shape does not fit the normalizer (or another input).
     #[error("{op}: shape mismatch: {what} has shape {got:?}, expected {expected}")]
-    ShapeMismatch {
-        op: &'static str,
-        what: &'static str,
-        got: Vec<usize>,
-        expected: String,
-    },
+    ShapeMismatch { op: &'static str, what: &'static str, got: Vec<usize>, expected: String },
     /// An input of a dtype the operation does not take.
     #[error("{op}: {what} has dtype {dtype:?}; {expected}")]
-    UnsupportedDType {
-        op: &'static str,
-        what: &'static str,
-        dtype: DType,
-        expected: &'static str,
-    },
+    UnsupportedDType { op: &'static str, what: &'static str, dtype: DType, expected: &'static str },
     /// A batch with no rows: the reference would silently turn the state into NaN.
     #[error("{op}: empty batch ({what} has shape {shape:?}); the state is unchanged")]
-    EmptyBatch {
-        op: &'static str,
-        what: &'static str,
-        shape: Vec<usize>,
-    },
+    EmptyBatch { op: &'static str, what: &'static str, shape: Vec<usize> },
     /// Non-finite data rejected by the opt-in guard (`NormConfig::reject_non_finite`).
-    #[error("{op}: {what} contains a non-finite value (NaN or infinity); the batch was rejected and the state is unchanged")]
+    #[error(
+        "{op}: {what} contains a non-finite value (NaN or infinity); the batch was rejected and the state is unchanged"
+    )]
     NonFinite { op: &'static str, what: &'static str },
     /// A lazy normalizer used before its shape is known.
     #[error("{op}: the normalizer has no state yet (lazy shape, nothing recorded or loaded)")]
@@ -64,12 +48,7 @@ pub enum NormError {
     },
     /// A collective operation that failed on this rank.
     #[error("collective {op} on rank {rank} of {world_size}: {reason}")]
-    Collective {
-        op: &'static str,
-        rank: usize,
-        world_size: usize,
-        reason: String,
-    },
+    Collective { op: &'static str, rank: usize, world_size: usize, reason: String },
     /// An error from candle itself (allocation, device, backend).
     #[error("candle: {0}")]
     Candle(#[from] candle_core::Error),

@@ -111,7 +111,12 @@ impl RewardRunningMeanStd {
     pub fn next_discounted(&self, reward: &Tensor, terminated: &Tensor) -> Result<Tensor> {
         const OP: &str = "record_reward";
         if !matches!(reward.dtype(), DType::F32 | DType::F64) {
-            return Err(NormError::UnsupportedDType { op: OP, what: "reward", dtype: reward.dtype(), expected: "need F32 or F64" });
+            return Err(NormError::UnsupportedDType {
+                op: OP,
+                what: "reward",
+                dtype: reward.dtype(),
+                expected: "need F32 or F64",
+            });
         }
         for (what, t) in [("reward", reward), ("terminated", terminated)] {
             if !t.device().same_device(self.rms.device()) {
@@ -144,10 +149,8 @@ impl RewardRunningMeanStd {
             });
         }
         // discounted * gamma * (1 - terminated.float()) + reward, op by op.
-        let keep = promote::sub(
-            &promote::scalar(1.0, DType::F32, reward.device())?,
-            &terminated.to_dtype(DType::F32)?,
-        )?;
+        let keep =
+            promote::sub(&promote::scalar(1.0, DType::F32, reward.device())?, &terminated.to_dtype(DType::F32)?)?;
         let decayed = promote::mul(&promote::scalar_mul(self.gamma, prev)?, &keep)?;
         promote::add(&decayed, reward)
     }

@@ -259,7 +259,12 @@ impl RunningMeanStd {
         for (what, t) in [("batch_mean", &m.mean), ("batch_var", &m.var)] {
             self.check_device(OP, what, t)?;
             if !matches!(t.dtype(), DType::F32 | DType::F64) {
-                return Err(NormError::UnsupportedDType { op: OP, what, dtype: t.dtype(), expected: "need F32 or F64" });
+                return Err(NormError::UnsupportedDType {
+                    op: OP,
+                    what,
+                    dtype: t.dtype(),
+                    expected: "need F32 or F64",
+                });
             }
             self.check_fits(OP, what, t.dims())?;
         }

@@ -18,4 +18,3 @@ pub(crate) fn with_cpu_slice<T: WithDType, R>(t: &Tensor, f: impl FnOnce(&[T]) -
         .ok_or_else(|| NormError::Candle(candle_core::Error::Msg("layout not contiguous".into())))?;
     Ok(f(&all[start..end]))
 }
-

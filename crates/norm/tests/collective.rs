@@ -7,7 +7,11 @@ use std::time::Duration;
 use candle_core::{Device, Tensor};
 use pmstate_norm::{Collective, InProcessGroup, NormConfig, NormError, RunningMeanStd};
 
-fn run<T: Send + 'static>(w: usize, timeout: Duration, f: impl Fn(InProcessGroup) -> T + Send + Sync + 'static) -> Vec<T> {
+fn run<T: Send + 'static>(
+    w: usize,
+    timeout: Duration,
+    f: impl Fn(InProcessGroup) -> T + Send + Sync + 'static,
+) -> Vec<T> {
     let f = Arc::new(f);
     let hs: Vec<_> = InProcessGroup::new(w, timeout)
         .into_iter()
@@ -45,7 +49,8 @@ fn gathers_in_rank_order_and_broadcasts_from_the_source_many_times() {
 fn every_rank_ends_with_rank_zeros_state() {
     let states = run(3, Duration::from_secs(30), |c| {
         let rank = c.rank();
-        let mut rms = RunningMeanStd::new(NormConfig::default(), None, &Device::Cpu).unwrap().with_collective(Arc::new(c));
+        let mut rms =
+            RunningMeanStd::new(NormConfig::default(), None, &Device::Cpu).unwrap().with_collective(Arc::new(c));
         for step in 0..5 {
             let n = 1 + (rank + step) % 4;
             let x: Vec<f32> = (0..n * 2).map(|i| (i + rank * 7 + step) as f32 * 0.3).collect();

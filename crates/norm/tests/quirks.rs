@@ -80,7 +80,7 @@ fn ema_blends_in_float32_for_the_batch_term() {
     let s = rms.state().unwrap();
     assert_eq!(f64s(&s.mean), [0.30000001192092896]);
     assert_ne!(0.30000001192092896, (1.0 - 0.9) * 3.0); // the f64-only answer differs
-    // var: 0.9 * 1.0 (f64) + (0.1f32 * 0f32) = 0.9
+                                                        // var: 0.9 * 1.0 (f64) + (0.1f32 * 0f32) = 0.9
     assert_eq!(f64s(&s.var), [0.9]);
     assert_eq!(s.count, 1);
 }

@@ -97,9 +97,8 @@ impl Collective for FakeFabric {
 #[test]
 fn running_mean_std_records_distributed_moments_and_broadcasts() {
     let fabric = Arc::new(FakeFabric { gathers: AtomicUsize::new(0), broadcasts: Mutex::new(vec![]) });
-    let mut rms = RunningMeanStd::new(NormConfig::default(), Some(&[1]), &cpu())
-        .unwrap()
-        .with_collective(fabric.clone());
+    let mut rms =
+        RunningMeanStd::new(NormConfig::default(), Some(&[1]), &cpu()).unwrap().with_collective(fabric.clone());
     // rms.count.zero_()
     let s = rms.state().unwrap();
     rms.load_state(NormState { count: 0, ..s }).unwrap();

@@ -93,7 +93,12 @@ fn assert_moments_close(ctx: &str, x: &Tensor, ours: &Moments, torch_m: &Moments
     for c in 0..cols {
         let abs_mean: f64 = (0..n).map(|r| xs[r * cols + c].abs()).sum::<f64>() / n as f64;
         let tol_m = levels * u * abs_mean + 2.0 * u * om[c].abs();
-        assert!((om[c] - tm[c]).abs() <= tol_m, "{ctx}: batch mean col {c}: ours {} torch {} tol {tol_m}", om[c], tm[c]);
+        assert!(
+            (om[c] - tm[c]).abs() <= tol_m,
+            "{ctx}: batch mean col {c}: ours {} torch {} tol {tol_m}",
+            om[c],
+            tm[c]
+        );
         let dev2: f64 = (0..n).map(|r| (xs[r * cols + c] - om[c]).powi(2)).sum::<f64>() / n as f64;
         // torch's var also carries its mean's error into every deviation.
         let tol_v = 3.0 * levels * u * (dev2 + abs_mean * tol_m) + 2.0 * u * ov[c].abs() + tol_m * tol_m;
@@ -117,11 +122,16 @@ fn every_recorded_case_replays_bit_exactly() {
         let dev = Device::Cpu;
         let reward = case["kind"] == "reward";
         let mut rms = RunningMeanStd::new(cfg, shape.as_deref(), &dev).unwrap();
-        let mut rew = reward.then(|| RewardRunningMeanStd::new(cfg, case["gamma"].as_f64().unwrap(), shape.as_deref(), &dev).unwrap());
+        let mut rew = reward
+            .then(|| RewardRunningMeanStd::new(cfg, case["gamma"].as_f64().unwrap(), shape.as_deref(), &dev).unwrap());
         if !case["init"].is_null() {
             let s = &case["init"];
-            rms.load_state(NormState { mean: tensor(&s["mean"]), var: tensor(&s["var"]), count: s["count"].as_i64().unwrap() })
-                .unwrap();
+            rms.load_state(NormState {
+                mean: tensor(&s["mean"]),
+                var: tensor(&s["var"]),
+                count: s["count"].as_i64().unwrap(),
+            })
+            .unwrap();
         }
         for (i, step) in case["steps"].as_array().unwrap().iter().enumerate() {
             let ctx = format!("{name} step {i} ({})", step["op"]);
@@ -139,7 +149,11 @@ fn every_recorded_case_replays_bit_exactly() {
                 "reward" => {
                     let r = rew.as_mut().unwrap();
                     let (g, _) = r
-                        .record_reward_with_moments(&tensor(&step["reward"]), &tensor(&step["terminated"]), moments(step))
+                        .record_reward_with_moments(
+                            &tensor(&step["reward"]),
+                            &tensor(&step["terminated"]),
+                            moments(step),
+                        )
                         .unwrap();
                     assert_eq!(bits(&g), bits(&tensor(&step["discounted"])), "{ctx}: discounted");
                     assert_state(&ctx, &r.state().unwrap(), &step["state"]);
@@ -149,7 +163,9 @@ fn every_recorded_case_replays_bit_exactly() {
                     let std = tensor(&step["std"]);
                     let un = step["un_norm"].as_bool().unwrap();
                     let (out, own_std) = match rew.as_mut() {
-                        Some(r) => (r.normalize_with_std(&x, &std, un).unwrap(), r.running().std_f32().unwrap().clone()),
+                        Some(r) => {
+                            (r.normalize_with_std(&x, &std, un).unwrap(), r.running().std_f32().unwrap().clone())
+                        }
                         None => (rms.normalize_with_std(&x, &std, un).unwrap(), rms.std_f32().unwrap().clone()),
                     };
                     assert_eq!(bits(&out), bits(&tensor(&step["out"])), "{ctx}: out");

@@ -46,11 +46,19 @@ fn ordered_bits(v: f64, dtype: DType) -> i64 {
     match dtype {
         DType::F32 => {
             let b = (v as f32).to_bits() as i32 as i64;
-            if b < 0 { i32::MIN as i64 - b } else { b }
+            if b < 0 {
+                i32::MIN as i64 - b
+            } else {
+                b
+            }
         }
         _ => {
             let b = v.to_bits() as i64;
-            if b < 0 { i64::MIN - b } else { b }
+            if b < 0 {
+                i64::MIN - b
+            } else {
+                b
+            }
         }
     }
 }
@@ -62,7 +70,14 @@ fn values(t: &Tensor) -> candle_core::Result<Vec<f64>> {
 /// Compares `got` with the recorded `want`: dtype and shape must agree;
 /// then each element must be within `tol` (per element, broadcast from a
 /// shorter vector by repetition; `None`: bit for bit). NaN matches NaN.
-pub fn compare(step: usize, op: &'static str, field: &str, got: &Tensor, want: &Tensor, tol: Option<&[f64]>) -> FieldReport {
+pub fn compare(
+    step: usize,
+    op: &'static str,
+    field: &str,
+    got: &Tensor,
+    want: &Tensor,
+    tol: Option<&[f64]>,
+) -> FieldReport {
     if got.dtype() != want.dtype() || got.dims() != want.dims() {
         return FieldReport::note(
             step,
@@ -108,7 +123,12 @@ pub fn compare(step: usize, op: &'static str, field: &str, got: &Tensor, want: &
             rep.bound_used = rep.bound_used.max(abs / t);
         }
         let ok = match tol {
-            None => ulps == 0 && (a.to_bits() == b.to_bits() || both_nan || (*a == 0.0 && *b == 0.0 && a.is_sign_negative() == b.is_sign_negative())),
+            None => {
+                ulps == 0
+                    && (a.to_bits() == b.to_bits()
+                        || both_nan
+                        || (*a == 0.0 && *b == 0.0 && a.is_sign_negative() == b.is_sign_negative()))
+            }
             Some(_) => both_nan || abs <= t || a == b,
         };
         if !ok && rep.first_mismatch.is_none() {

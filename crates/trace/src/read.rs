@@ -50,8 +50,7 @@ impl Tensors<'_, '_> {
             Dtype::I32 => DType::I32,
             other => return Err(format!("tensor {name:?} has dtype {other:?}, which traces do not use")),
         };
-        Tensor::from_raw_buffer(v.data(), dtype, v.shape(), &Device::Cpu)
-            .map_err(|e| format!("tensor {name:?}: {e}"))
+        Tensor::from_raw_buffer(v.data(), dtype, v.shape(), &Device::Cpu).map_err(|e| format!("tensor {name:?}: {e}"))
     }
 }
 
@@ -122,7 +121,11 @@ impl Ctx<'_, '_, '_> {
 
     /// A list of tensor names, each checked as `kind`.
     fn list(&self, field: &str, kind: Kind) -> Result<Vec<Tensor>> {
-        let list = self.v.get(field).and_then(Value::as_array).ok_or_else(|| self.err(field, "missing, or not a list of tensor names"))?;
+        let list = self
+            .v
+            .get(field)
+            .and_then(Value::as_array)
+            .ok_or_else(|| self.err(field, "missing, or not a list of tensor names"))?;
         list.iter()
             .enumerate()
             .map(|(i, n)| {
@@ -154,7 +157,9 @@ impl Ctx<'_, '_, '_> {
         let var = sub.tensor("var", Kind::F64).map_err(|e| rename(e, "state."))?;
         let count_t = sub.tensor("count", Kind::Count).map_err(|e| rename(e, "state."))?;
         if mean.dims() != var.dims() {
-            return Err(self.err("state.var", format!("shape {:?} differs from state.mean's {:?}", var.dims(), mean.dims())));
+            return Err(
+                self.err("state.var", format!("shape {:?} differs from state.mean's {:?}", var.dims(), mean.dims()))
+            );
         }
         let count = self.count("state.count", &count_t)?;
         Ok(State { mean, var, count })
@@ -171,7 +176,10 @@ impl Ctx<'_, '_, '_> {
             .enumerate()
             .map(|(r, ((mean, var), c))| {
                 if mean.dims() != var.dims() {
-                    return Err(self.err(&format!("batch_var[{r}]"), format!("shape {:?} differs from batch_mean's {:?}", var.dims(), mean.dims())));
+                    return Err(self.err(
+                        &format!("batch_var[{r}]"),
+                        format!("shape {:?} differs from batch_mean's {:?}", var.dims(), mean.dims()),
+                    ));
                 }
                 Ok(RecordedMoments { mean, var, count: self.count(&format!("batch_count[{r}]"), &c)? })
             })
@@ -195,7 +203,9 @@ impl Ctx<'_, '_, '_> {
 
 fn rename(e: TraceError, prefix: &str) -> TraceError {
     match e {
-        TraceError::Field { step, op, field, reason } => TraceError::Field { step, op, field: format!("{prefix}{field}"), reason },
+        TraceError::Field { step, op, field, reason } => {
+            TraceError::Field { step, op, field: format!("{prefix}{field}"), reason }
+        }
         e => e,
     }
 }
@@ -212,14 +222,20 @@ fn opt_f64(v: &Value, field: &str) -> Result<Option<f64>> {
 }
 
 fn string(v: &Value, field: &str) -> Result<String> {
-    v.get(field).and_then(Value::as_str).map(str::to_string).ok_or_else(|| header_err(field, "missing, or not a string"))
+    v.get(field)
+        .and_then(Value::as_str)
+        .map(str::to_string)
+        .ok_or_else(|| header_err(field, "missing, or not a string"))
 }
 
 fn parse_doc(doc: &Value, t: &Tensors<'_, '_>) -> Result<Trace> {
     if doc.get("format").and_then(Value::as_str) != Some("pm-trace") {
         return Err(header_err("format", "missing, or not \"pm-trace\""));
     }
-    let version = doc.get("version").and_then(Value::as_u64).ok_or_else(|| header_err("version", "missing, or not an integer"))?;
+    let version = doc
+        .get("version")
+        .and_then(Value::as_u64)
+        .ok_or_else(|| header_err("version", "missing, or not an integer"))?;
     if version != 1 {
         return Err(TraceError::Version(version));
     }
@@ -235,13 +251,22 @@ fn parse_doc(doc: &Value, t: &Tensors<'_, '_>) -> Result<Trace> {
     let class = match m.get("class").and_then(Value::as_str) {
         Some("RunningMeanStd") => ModuleClass::RunningMeanStd,
         Some("RewardRunningMeanStd") => ModuleClass::RewardRunningMeanStd,
-        other => return Err(header_err("module.class", format!("{other:?}: expected RunningMeanStd or RewardRunningMeanStd"))),
+        other => {
+            return Err(header_err(
+                "module.class",
+                format!("{other:?}: expected RunningMeanStd or RewardRunningMeanStd"),
+            ))
+        }
     };
     let shape = match m.get("shape") {
         None | Some(Value::Null) => None,
         Some(Value::Array(a)) => Some(
             a.iter()
-                .map(|d| d.as_u64().map(|d| d as usize).ok_or_else(|| header_err("module.shape", format!("{d} is not a size"))))
+                .map(|d| {
+                    d.as_u64()
+                        .map(|d| d as usize)
+                        .ok_or_else(|| header_err("module.shape", format!("{d} is not a size")))
+                })
                 .collect::<Result<Vec<_>>>()?,
         ),
         Some(x) => return Err(header_err("module.shape", format!("{x} is not null or a list"))),
@@ -258,16 +283,26 @@ fn parse_doc(doc: &Value, t: &Tensors<'_, '_>) -> Result<Trace> {
     if class == ModuleClass::RewardRunningMeanStd && module.gamma.is_none() {
         return Err(header_err("module.gamma", "RewardRunningMeanStd needs a number"));
     }
-    let world = doc.get("world_size").and_then(Value::as_u64).ok_or_else(|| header_err("world_size", "missing, or not an integer"))? as usize;
+    let world = doc
+        .get("world_size")
+        .and_then(Value::as_u64)
+        .ok_or_else(|| header_err("world_size", "missing, or not an integer"))? as usize;
     if world == 0 || world > 4096 {
         return Err(header_err("world_size", format!("{world} is not in 1..=4096")));
     }
-    let raw_steps = doc.get("steps").and_then(Value::as_array).ok_or_else(|| header_err("steps", "missing, or not a list"))?;
+    let raw_steps =
+        doc.get("steps").and_then(Value::as_array).ok_or_else(|| header_err("steps", "missing, or not a list"))?;
     let mut steps = Vec::with_capacity(raw_steps.len());
     for (i, s) in raw_steps.iter().enumerate() {
         steps.push(parse_step(i, s, t, world)?);
     }
-    Ok(Trace { description: doc.get("description").and_then(Value::as_str).unwrap_or_default().to_string(), reference, module, world_size: world, steps })
+    Ok(Trace {
+        description: doc.get("description").and_then(Value::as_str).unwrap_or_default().to_string(),
+        reference,
+        module,
+        world_size: world,
+        steps,
+    })
 }
 
 fn rename_header(e: TraceError, prefix: &str) -> TraceError {
@@ -304,13 +339,16 @@ fn parse_step(i: usize, s: &Value, t: &Tensors<'_, '_>, world: usize) -> Result<
         }
         "normalize" => {
             let x = c.tensor("x", Kind::Float)?;
-            let un_norm = s.get("un_norm").and_then(Value::as_bool).ok_or_else(|| c.err("un_norm", "missing, or not a bool"))?;
+            let un_norm =
+                s.get("un_norm").and_then(Value::as_bool).ok_or_else(|| c.err("un_norm", "missing, or not a bool"))?;
             let result = if ok {
                 let out = c.tensor("out", Kind::Float)?;
                 let std = c.tensor("std", Kind::F32)?;
                 let state = c.state()?;
                 if std.dims() != state.mean.dims() {
-                    return Err(c.err("std", format!("shape {:?}; the module's is {:?}", std.dims(), state.mean.dims())));
+                    return Err(
+                        c.err("std", format!("shape {:?}; the module's is {:?}", std.dims(), state.mean.dims()))
+                    );
                 }
                 Some(NormalizeResult { out, std, state })
             } else {
@@ -331,11 +369,17 @@ fn parse_step(i: usize, s: &Value, t: &Tensors<'_, '_>, world: usize) -> Result<
             let means = c.list("means", Kind::Float)?;
             let vars = c.list("vars", Kind::Float)?;
             if means.len() != vars.len() || means.is_empty() {
-                return Err(c.err("vars", format!("{} means and {} vars: need the same number, at least 1", means.len(), vars.len())));
+                return Err(c.err(
+                    "vars",
+                    format!("{} means and {} vars: need the same number, at least 1", means.len(), vars.len()),
+                ));
             }
             let ct = c.raw("counts")?;
             if ct.dtype() != DType::I64 || ct.dims() != [means.len()] {
-                return Err(c.err("counts", format!("{:?} of shape {:?}; expected I64 of shape [{}]", ct.dtype(), ct.dims(), means.len())));
+                return Err(c.err(
+                    "counts",
+                    format!("{:?} of shape {:?}; expected I64 of shape [{}]", ct.dtype(), ct.dims(), means.len()),
+                ));
             }
             let counts = ct.to_vec1::<i64>().map_err(|e| c.err("counts", e.to_string()))?;
             let result = if ok {

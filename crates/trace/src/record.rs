@@ -40,11 +40,19 @@ fn err(e: pmstate_norm::NormError) -> TraceError {
 
 impl Recorder {
     pub fn new(spec: ModuleSpec, description: &str) -> Result<Self> {
-        let cfg = NormConfig { epsilon: spec.epsilon, clamp_value: spec.clamp_value, ema_decay: spec.ema_decay, ..NormConfig::default() };
+        let cfg = NormConfig {
+            epsilon: spec.epsilon,
+            clamp_value: spec.clamp_value,
+            ema_decay: spec.ema_decay,
+            ..NormConfig::default()
+        };
         let module = match spec.class {
-            ModuleClass::RunningMeanStd => Module::Obs(RunningMeanStd::new(cfg, spec.shape.as_deref(), &Device::Cpu).map_err(err)?),
+            ModuleClass::RunningMeanStd => {
+                Module::Obs(RunningMeanStd::new(cfg, spec.shape.as_deref(), &Device::Cpu).map_err(err)?)
+            }
             ModuleClass::RewardRunningMeanStd => Module::Reward(
-                RewardRunningMeanStd::new(cfg, spec.gamma.unwrap_or(1.0), spec.shape.as_deref(), &Device::Cpu).map_err(err)?,
+                RewardRunningMeanStd::new(cfg, spec.gamma.unwrap_or(1.0), spec.shape.as_deref(), &Device::Cpu)
+                    .map_err(err)?,
             ),
         };
         Ok(Self { module, spec, description: description.to_string(), steps: vec![] })
@@ -72,7 +80,13 @@ impl Recorder {
             Ok((b, _)) => {
                 let state = self.state().ok_or_else(|| TraceError::Replay("no state after record_moments".into()))?;
                 let batch = vec![RecordedMoments { mean: b.mean, var: b.var, count: b.count }];
-                self.push(Op::RecordMoments { x: vec![x.clone()], result: Some(UpdateResult { batch, combined: None, state }) }, None)
+                self.push(
+                    Op::RecordMoments {
+                        x: vec![x.clone()],
+                        result: Some(UpdateResult { batch, combined: None, state }),
+                    },
+                    None,
+                )
             }
             Err(e) => self.push(Op::RecordMoments { x: vec![x.clone()], result: None }, Some(e.to_string())),
         }
@@ -84,7 +98,8 @@ impl Recorder {
         let Module::Reward(m) = &mut self.module else {
             return Err(TraceError::Replay("record_reward needs a RewardRunningMeanStd".into()));
         };
-        let op = |result| Op::RecordReward { reward: vec![reward.clone()], terminated: vec![terminated.clone()], result };
+        let op =
+            |result| Op::RecordReward { reward: vec![reward.clone()], terminated: vec![terminated.clone()], result };
         match m.record_reward_traced(reward, terminated) {
             Ok((g, b, _)) => {
                 let state = self.state().ok_or_else(|| TraceError::Replay("no state after record_reward".into()))?;
@@ -112,7 +127,10 @@ impl Recorder {
                 }
                 .ok_or_else(|| TraceError::Replay("no std after normalize".into()))?;
                 let state = self.state().ok_or_else(|| TraceError::Replay("no state after normalize".into()))?;
-                self.push(Op::Normalize { x: x.clone(), un_norm, result: Some(NormalizeResult { out, std, state }) }, None)
+                self.push(
+                    Op::Normalize { x: x.clone(), un_norm, result: Some(NormalizeResult { out, std, state }) },
+                    None,
+                )
             }
             Err(e) => self.push(Op::Normalize { x: x.clone(), un_norm, result: None }, Some(e.to_string())),
         }
@@ -146,7 +164,8 @@ impl Recorder {
 
     /// combine_moments called directly (compat arithmetic).
     pub fn combine(&mut self, means: &[Tensor], vars: &[Tensor], counts: &[i64]) -> Result<()> {
-        let op = |result| Op::CombineMoments { means: means.to_vec(), vars: vars.to_vec(), counts: counts.to_vec(), result };
+        let op =
+            |result| Op::CombineMoments { means: means.to_vec(), vars: vars.to_vec(), counts: counts.to_vec(), result };
         match combine_moments(means, vars, counts, Arithmetic::Compat) {
             Ok(m) => self.push(op(Some(RecordedMoments { mean: m.mean, var: m.var, count: m.count })), None),
             Err(e) => self.push(op(None), Some(e.to_string())),

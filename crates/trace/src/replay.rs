@@ -104,14 +104,21 @@ fn state_of(m: &Module) -> std::result::Result<NormState, String> {
 }
 
 /// One rank's pass over the steps.
-fn run_rank(trace: &Trace, mode: Mode, rank: usize, coll: Arc<dyn Collective>, group: Option<Arc<InProcessGroup>>) -> Vec<Obs> {
+fn run_rank(
+    trace: &Trace,
+    mode: Mode,
+    rank: usize,
+    coll: Arc<dyn Collective>,
+    group: Option<Arc<InProcessGroup>>,
+) -> Vec<Obs> {
     let spec = &trace.module;
     let built = match spec.class {
-        ModuleClass::RunningMeanStd => {
-            RunningMeanStd::new(config(spec), spec.shape.as_deref(), &Device::Cpu).map(|m| Module::Obs(m.with_collective(coll)))
+        ModuleClass::RunningMeanStd => RunningMeanStd::new(config(spec), spec.shape.as_deref(), &Device::Cpu)
+            .map(|m| Module::Obs(m.with_collective(coll))),
+        ModuleClass::RewardRunningMeanStd => {
+            RewardRunningMeanStd::new(config(spec), spec.gamma.unwrap_or(1.0), spec.shape.as_deref(), &Device::Cpu)
+                .map(|m| Module::Reward(m.with_collective(coll)))
         }
-        ModuleClass::RewardRunningMeanStd => RewardRunningMeanStd::new(config(spec), spec.gamma.unwrap_or(1.0), spec.shape.as_deref(), &Device::Cpu)
-            .map(|m| Module::Reward(m.with_collective(coll))),
     };
     let mut module = match built {
         Ok(m) => m,
@@ -295,7 +302,9 @@ fn judge(trace: &Trace, mode: Mode, obs: &[Vec<Obs>]) -> Report {
             j.fields.push(FieldReport::note(i, op, "error", pass, note));
             continue;
         }
-        if let Some((r, Obs::Failed(e))) = obs.iter().enumerate().map(|(r, o)| (r, &o[i])).find(|(_, o)| matches!(o, Obs::Failed(_))) {
+        if let Some((r, Obs::Failed(e))) =
+            obs.iter().enumerate().map(|(r, o)| (r, &o[i])).find(|(_, o)| matches!(o, Obs::Failed(_)))
+        {
             j.fields.push(FieldReport::note(i, op, "error", false, format!("rank {r} raised: {e}")));
             break;
         }
@@ -353,7 +362,13 @@ fn judge(trace: &Trace, mode: Mode, obs: &[Vec<Obs>]) -> Report {
                 j.exact(i, op, "count", &count_tensor(got.count), &count_tensor(want.count));
             }
             (_, o) => {
-                j.fields.push(FieldReport::note(i, op, "result", false, format!("the trace has no result for this step, or the replay observed {o:?}")));
+                j.fields.push(FieldReport::note(
+                    i,
+                    op,
+                    "result",
+                    false,
+                    format!("the trace has no result for this step, or the replay observed {o:?}"),
+                ));
             }
         }
         // Every rank ends each step with rank 0's state.
@@ -417,7 +432,9 @@ fn judge_update(
             j.exact(i, op, "combined_count", &count_tensor(got.count), &count_tensor(want.count));
             (got.clone(), ct, u_c)
         }
-        (None, None) => (batch.clone(), btols.first().cloned().unwrap_or_default(), tolerance::unit_roundoff(batch.mean.dtype())),
+        (None, None) => {
+            (batch.clone(), btols.first().cloned().unwrap_or_default(), tolerance::unit_roundoff(batch.mean.dtype()))
+        }
         (want, got) => {
             j.fields.push(FieldReport::note(
                 i,

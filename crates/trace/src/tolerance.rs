@@ -28,7 +28,11 @@ pub const U32: f64 = 5.960_464_477_539_063e-8;
 pub const U64: f64 = 1.110_223_024_625_156_5e-16;
 
 pub fn unit_roundoff(d: DType) -> f64 {
-    if d == DType::F64 { U64 } else { U32 }
+    if d == DType::F64 {
+        U64
+    } else {
+        U32
+    }
 }
 
 /// Per-feature bounds on |recorded - replayed| for moments.
@@ -67,7 +71,11 @@ pub fn batch(x: &Tensor) -> MomentTol {
 }
 
 fn at(v: &[f64], i: usize) -> f64 {
-    if v.is_empty() { 0.0 } else { v[i % v.len()] }
+    if v.is_empty() {
+        0.0
+    } else {
+        v[i % v.len()]
+    }
 }
 
 /// Bounds on the cross-rank `combine_moments` of W parts (ours vs torch's),
@@ -125,7 +133,11 @@ pub fn update(state: &MomentTol, batch: &MomentTol, t: &UpdateTerms<'_>) -> Mome
         Some(dcy) => (dcy, 1.0 - dcy),
         None => {
             let n = (t.count_before + t.batch_count) as f64;
-            if n == 0.0 { (1.0, 0.0) } else { (t.count_before as f64 / n, t.batch_count as f64 / n) }
+            if n == 0.0 {
+                (1.0, 0.0)
+            } else {
+                (t.count_before as f64 / n, t.batch_count as f64 / n)
+            }
         }
     };
     for j in 0..d {

@@ -43,8 +43,12 @@ impl Names {
         let vars: Vec<Tensor> = u.batch.iter().map(|m| m.var.clone()).collect();
         o.insert("batch_mean".into(), self.per_rank(step, "batch_mean", &means));
         o.insert("batch_var".into(), self.per_rank(step, "batch_var", &vars));
-        let counts: Vec<Value> =
-            u.batch.iter().enumerate().map(|(r, m)| self.count(format!("s{step:04}.batch_count.r{r}"), m.count)).collect();
+        let counts: Vec<Value> = u
+            .batch
+            .iter()
+            .enumerate()
+            .map(|(r, m)| self.count(format!("s{step:04}.batch_count.r{r}"), m.count))
+            .collect();
         o.insert("batch_count".into(), Value::Array(counts));
         if let Some(c) = &u.combined {
             o.insert("combined_mean".into(), self.add(format!("s{step:04}.combined_mean"), &c.mean));
@@ -75,8 +79,11 @@ fn document(trace: &Trace) -> (Value, Names) {
             }
             Op::RecordReward { reward, terminated, result } => {
                 o.insert("reward".into(), n.per_rank(i, "reward", reward));
-                let t: Vec<Value> =
-                    terminated.iter().enumerate().map(|(r, t)| n.add_mask(format!("s{i:04}.terminated.r{r}"), t)).collect();
+                let t: Vec<Value> = terminated
+                    .iter()
+                    .enumerate()
+                    .map(|(r, t)| n.add_mask(format!("s{i:04}.terminated.r{r}"), t))
+                    .collect();
                 o.insert("terminated".into(), Value::Array(t));
                 if let Some((d, u)) = result {
                     o.insert("discounted_reward".into(), n.per_rank(i, "discounted_reward", d));
@@ -102,8 +109,10 @@ fn document(trace: &Trace) -> (Value, Names) {
                 }
             }
             Op::CombineMoments { means, vars, counts, result } => {
-                let m: Vec<Value> = means.iter().enumerate().map(|(k, t)| n.add(format!("s{i:04}.means.{k}"), t)).collect();
-                let v: Vec<Value> = vars.iter().enumerate().map(|(k, t)| n.add(format!("s{i:04}.vars.{k}"), t)).collect();
+                let m: Vec<Value> =
+                    means.iter().enumerate().map(|(k, t)| n.add(format!("s{i:04}.means.{k}"), t)).collect();
+                let v: Vec<Value> =
+                    vars.iter().enumerate().map(|(k, t)| n.add(format!("s{i:04}.vars.{k}"), t)).collect();
                 o.insert("means".into(), Value::Array(m));
                 o.insert("vars".into(), Value::Array(v));
                 let ct = Tensor::new(counts.as_slice(), &candle_core::Device::Cpu).expect("a CPU vector");
@@ -147,7 +156,10 @@ fn document(trace: &Trace) -> (Value, Names) {
 }
 
 fn raw(name: &str, t: &Tensor, mask: bool) -> Result<(&'static str, Vec<u8>)> {
-    let t = t.flatten_all().and_then(|t| t.to_device(&candle_core::Device::Cpu)).map_err(|e| TraceError::Write(format!("{name}: {e}")))?;
+    let t = t
+        .flatten_all()
+        .and_then(|t| t.to_device(&candle_core::Device::Cpu))
+        .map_err(|e| TraceError::Write(format!("{name}: {e}")))?;
     let err = |e: candle_core::Error| TraceError::Write(format!("{name}: {e}"));
     Ok(match t.dtype() {
         DType::F32 => ("F32", t.to_vec1::<f32>().map_err(err)?.iter().flat_map(|v| v.to_le_bytes()).collect()),
@@ -175,7 +187,10 @@ pub fn to_bytes(trace: &Trace) -> Result<Vec<u8>> {
     header.insert("__metadata__".into(), json!({"format": "pm-trace", "trace": doc.to_string()}));
     let mut offset = 0usize;
     for (_, name, dtype, shape, data) in &items {
-        header.insert(name.clone(), json!({"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + data.len()]}));
+        header.insert(
+            name.clone(),
+            json!({"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + data.len()]}),
+        );
         offset += data.len();
     }
     // serde_json's map keeps keys sorted, which fixes the order.

@@ -261,10 +261,7 @@ fn map_tasks<T: Elem>(x: &[T], cols: usize, task: impl Fn(&[T], &mut [MaybeUnini
     debug_assert!(cols > 0 && x.len() % cols == 0);
     let mut out: Vec<T> = Vec::with_capacity(x.len());
     let chunk = rows_per_task(cols) * cols;
-    out.spare_capacity_mut()[..x.len()]
-        .par_chunks_mut(chunk)
-        .zip(x.par_chunks(chunk))
-        .for_each(|(o, xs)| task(xs, o));
+    out.spare_capacity_mut()[..x.len()].par_chunks_mut(chunk).zip(x.par_chunks(chunk)).for_each(|(o, xs)| task(xs, o));
     // SAFETY: the zipped chunks cover spare_capacity_mut()[..x.len()]
     // exactly (same length and chunking as x), and every `task` passed here
     // writes each element of its output chunk (normalize_task and copy_task
