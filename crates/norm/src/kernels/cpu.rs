@@ -294,7 +294,7 @@ pub(crate) fn normalize<T: Elem>(x: &[T], p: &Affine<'_, T>) -> Vec<T> {
 }
 
 /// A plain parallel copy through the same allocation and threading as
-/// [`normalize`]: the bandwidth limit that normalize is measured against.
+/// `normalize`: the bandwidth limit that normalize is measured against.
 pub fn copy<T: Elem>(x: &[T], cols: usize) -> Vec<T> {
     map_tasks(x, cols, |xs, o| copy_task(xs, o))
 }
