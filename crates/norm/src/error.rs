@@ -11,44 +11,110 @@ use candle_core::DType;
 pub enum NormError {
     /// A configuration value outside its domain.
     #[error("invalid config: {field} = {value}: {reason}")]
-    InvalidConfig { field: &'static str, value: f64, reason: &'static str },
+    InvalidConfig {
+        /// The configuration or state field at fault.
+        field: &'static str,
+        /// The offending value.
+        value: f64,
+        /// Why it is refused.
+        reason: &'static str,
+    },
     /// An input whose shape does not fit the normalizer (or another input).
     #[error("{op}: shape mismatch: {what} has shape {got:?}, expected {expected}")]
-    ShapeMismatch { op: &'static str, what: &'static str, got: Vec<usize>, expected: String },
+    ShapeMismatch {
+        /// The operation that failed.
+        op: &'static str,
+        /// The input or field at fault.
+        what: &'static str,
+        /// What was given.
+        got: Vec<usize>,
+        /// What was expected.
+        expected: String,
+    },
     /// An input of a dtype the operation does not take.
     #[error("{op}: {what} has dtype {dtype:?}; {expected}")]
-    UnsupportedDType { op: &'static str, what: &'static str, dtype: DType, expected: &'static str },
+    UnsupportedDType {
+        /// The operation that failed.
+        op: &'static str,
+        /// The input or field at fault.
+        what: &'static str,
+        /// The dtype given.
+        dtype: DType,
+        /// What was expected.
+        expected: &'static str,
+    },
     /// A batch with no rows: the reference would silently turn the state into NaN.
     #[error("{op}: empty batch ({what} has shape {shape:?}); the state is unchanged")]
-    EmptyBatch { op: &'static str, what: &'static str, shape: Vec<usize> },
+    EmptyBatch {
+        /// The operation that failed.
+        op: &'static str,
+        /// The input or field at fault.
+        what: &'static str,
+        /// The shape given.
+        shape: Vec<usize>,
+    },
     /// Non-finite data rejected by the opt-in guard (`NormConfig::reject_non_finite`).
     #[error(
         "{op}: {what} contains a non-finite value (NaN or infinity); the batch was rejected and the state is unchanged"
     )]
-    NonFinite { op: &'static str, what: &'static str },
+    NonFinite {
+        /// The operation that failed.
+        op: &'static str,
+        /// The input at fault.
+        what: &'static str,
+    },
     /// A lazy normalizer used before its shape is known.
     #[error("{op}: the normalizer has no state yet (lazy shape, nothing recorded or loaded)")]
-    Uninitialized { op: &'static str },
+    Uninitialized {
+        /// The operation that failed.
+        op: &'static str,
+    },
     /// A sample count that no longer fits in an i64 (exact mode) or is negative.
     #[error("{op}: invalid count: {reason}")]
-    InvalidCount { op: &'static str, reason: String },
+    InvalidCount {
+        /// The operation that failed.
+        op: &'static str,
+        /// Why the count is refused.
+        reason: String,
+    },
     /// Inputs to `combine_moments` that do not line up.
     #[error("combine_moments: {reason}")]
-    InvalidParts { reason: String },
+    InvalidParts {
+        /// Which part and what is wrong with it.
+        reason: String,
+    },
     /// A loaded state that is not a normalizer state.
     #[error("load_state: {field}: {reason}")]
-    InvalidState { field: &'static str, reason: String },
+    InvalidState {
+        /// The configuration or state field at fault.
+        field: &'static str,
+        /// Why it is refused.
+        reason: String,
+    },
     /// A tensor on a different device than the normalizer.
     #[error("{op}: {what} is on {got:?}, the normalizer lives on {expected:?}")]
     DeviceMismatch {
+        /// The operation that failed.
         op: &'static str,
+        /// The input or field at fault.
         what: &'static str,
+        /// What was given.
         got: candle_core::DeviceLocation,
+        /// What was expected.
         expected: candle_core::DeviceLocation,
     },
     /// A collective operation that failed on this rank.
     #[error("collective {op} on rank {rank} of {world_size}: {reason}")]
-    Collective { op: &'static str, rank: usize, world_size: usize, reason: String },
+    Collective {
+        /// The operation that failed.
+        op: &'static str,
+        /// This participant's rank.
+        rank: usize,
+        /// The number of participants.
+        world_size: usize,
+        /// Why it is refused.
+        reason: String,
+    },
     /// An error from candle itself (allocation, device, backend).
     #[error("candle: {0}")]
     Candle(#[from] candle_core::Error),

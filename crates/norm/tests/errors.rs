@@ -107,7 +107,8 @@ fn reward_shape_changes_are_errors_and_keep_the_return() {
 fn combine_moments_rejects_parts_that_do_not_line_up() {
     use pmstate_norm::{combine_moments, Arithmetic};
     let m = |v: &[f32]| Tensor::new(v, &cpu()).unwrap();
-    let cases: Vec<(Vec<Tensor>, Vec<Tensor>, Vec<i64>, &str)> = vec![
+    type Case = (Vec<Tensor>, Vec<Tensor>, Vec<i64>, &'static str);
+    let cases: Vec<Case> = vec![
         (vec![], vec![], vec![], "no parts"),
         (vec![m(&[1.0])], vec![m(&[1.0]), m(&[1.0])], vec![1], "one of each"),
         (vec![m(&[1.0]), m(&[1.0, 2.0])], vec![m(&[1.0]), m(&[1.0, 2.0, 3.0])], vec![1, 1], "broadcast"),

@@ -6,8 +6,11 @@ use serde::Serialize;
 /// How one recorded field compared with the replay.
 #[derive(Debug, Clone, Serialize)]
 pub struct FieldReport {
+    /// Step index.
     pub step: usize,
+    /// The operation.
     pub op: &'static str,
+    /// The field compared.
     pub field: String,
     /// Largest |replayed - recorded| over the elements (0 when equal).
     pub max_abs: f64,
@@ -20,12 +23,14 @@ pub struct FieldReport {
     /// Largest |replayed - recorded| / tolerance (free mode): how much of
     /// the bound the worst element used; <= 1 when the field passes.
     pub bound_used: f64,
+    /// Whether every compared field matched.
     pub pass: bool,
     /// Why it failed when not a value difference (dtype, shape, error).
     pub note: Option<String>,
 }
 
 impl FieldReport {
+    /// A report that is not a value comparison (an error, a missing result).
     pub fn note(step: usize, op: &'static str, field: &str, pass: bool, note: String) -> Self {
         FieldReport {
             step,

@@ -3,6 +3,8 @@
 //! replay engine that runs them on [`pmstate_norm`] and compares every
 //! recorded result (pinned: bit for bit; free: within derived bounds).
 
+#![warn(missing_docs)]
+
 mod compare;
 mod error;
 mod model;

@@ -5,21 +5,29 @@ use candle_core::Tensor;
 /// Where the trace came from.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Reference {
+    /// The module path of the reference.
     pub implementation: String,
+    /// Reference commit or version.
     pub source: String,
+    /// torch version that recorded it.
     pub torch: String,
+    /// torch's device.
     pub device: String,
+    /// torch.distributed backend (`gloo`), or None for one process.
     pub dist_backend: Option<String>,
 }
 
 /// Which normalizer ran.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ModuleClass {
+    /// The observation normalizer.
     RunningMeanStd,
+    /// The reward normalizer.
     RewardRunningMeanStd,
 }
 
 impl ModuleClass {
+    /// The Python class name.
     pub fn name(self) -> &'static str {
         match self {
             ModuleClass::RunningMeanStd => "RunningMeanStd",
@@ -31,27 +39,39 @@ impl ModuleClass {
 /// The module's constructor arguments.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ModuleSpec {
+    /// RunningMeanStd or RewardRunningMeanStd.
     pub class: ModuleClass,
+    /// `None`: lazy (taken from the first input).
     pub shape: Option<Vec<usize>>,
+    /// Added to var under the sqrt.
     pub epsilon: f64,
+    /// `None` or the clamp.
     pub clamp_value: Option<f64>,
+    /// `None` (Welford) or the EMA decay.
     pub ema_decay: Option<f64>,
+    /// Discount (RewardRunningMeanStd only).
     pub gamma: Option<f64>,
 }
 
 /// The module's buffers after a step.
 #[derive(Debug, Clone)]
 pub struct State {
+    /// Mean.
     pub mean: Tensor,
+    /// Variance (population).
     pub var: Tensor,
+    /// Sample count.
     pub count: i64,
 }
 
 /// Moments as torch produced them (a rank's batch, or the combined parts).
 #[derive(Debug, Clone)]
 pub struct RecordedMoments {
+    /// Mean.
     pub mean: Tensor,
+    /// Variance (population).
     pub var: Tensor,
+    /// Sample count.
     pub count: i64,
 }
 
@@ -62,25 +82,71 @@ pub struct UpdateResult {
     pub batch: Vec<RecordedMoments>,
     /// Rank 0's combine over the gathered parts (world size > 1).
     pub combined: Option<RecordedMoments>,
+    /// The module's buffers after the step.
     pub state: State,
 }
 
 /// One operation and what it produced.
 #[derive(Debug, Clone)]
 pub enum Op {
-    RecordMoments { x: Vec<Tensor>, result: Option<UpdateResult> },
-    RecordReward { reward: Vec<Tensor>, terminated: Vec<Tensor>, result: Option<(Vec<Tensor>, UpdateResult)> },
-    Normalize { x: Tensor, un_norm: bool, result: Option<NormalizeResult> },
-    LoadStateDict { state: State },
-    SetEmaDecay { ema_decay: Option<f64>, state: Option<State> },
-    CombineMoments { means: Vec<Tensor>, vars: Vec<Tensor>, counts: Vec<i64>, result: Option<RecordedMoments> },
+    /// `record_moments(x)` on every rank.
+    RecordMoments {
+        /// Input (per rank for updates).
+        x: Vec<Tensor>,
+        /// Results; None when the step raised.
+        result: Option<UpdateResult>,
+    },
+    /// `record_reward(reward, terminated)` on every rank.
+    RecordReward {
+        /// Per-rank rewards.
+        reward: Vec<Tensor>,
+        /// Per-rank termination masks.
+        terminated: Vec<Tensor>,
+        /// Results; None when the step raised.
+        result: Option<(Vec<Tensor>, UpdateResult)>,
+    },
+    /// `normalize(x, un_norm)` on rank 0.
+    Normalize {
+        /// Input (per rank for updates).
+        x: Tensor,
+        /// normalize(x, un_norm=True).
+        un_norm: bool,
+        /// Results; None when the step raised.
+        result: Option<NormalizeResult>,
+    },
+    /// `load_state_dict(state)` (after materializing a lazy module).
+    LoadStateDict {
+        /// The module's buffers after the step.
+        state: State,
+    },
+    /// Switch Welford/EMA, as a resume with another config does.
+    SetEmaDecay {
+        /// `None` (Welford) or the EMA decay.
+        ema_decay: Option<f64>,
+        /// The module's buffers after the step.
+        state: Option<State>,
+    },
+    /// `combine_moments` called directly.
+    CombineMoments {
+        /// Parts’ means.
+        means: Vec<Tensor>,
+        /// Parts’ variances.
+        vars: Vec<Tensor>,
+        /// Parts’ counts.
+        counts: Vec<i64>,
+        /// Results; None when the step raised.
+        result: Option<RecordedMoments>,
+    },
 }
 
 /// What normalize returned, with torch's std and the buffers after.
 #[derive(Debug, Clone)]
 pub struct NormalizeResult {
+    /// What normalize returned.
     pub out: Tensor,
+    /// Float32 std, `sqrt(var.float() + eps)`.
     pub std: Tensor,
+    /// The module's buffers after the step.
     pub state: State,
 }
 
@@ -88,11 +154,14 @@ pub struct NormalizeResult {
 /// results are absent and a replayer must fail the step too).
 #[derive(Debug, Clone)]
 pub struct Step {
+    /// The operation.
     pub op: Op,
+    /// The reference's exception text, when it raised.
     pub error: Option<String>,
 }
 
 impl Op {
+    /// The op's name in the trace JSON.
     pub fn name(&self) -> &'static str {
         match self {
             Op::RecordMoments { .. } => "record_moments",
@@ -108,9 +177,14 @@ impl Op {
 /// A whole pm-trace v1 document with its tensors.
 #[derive(Debug, Clone)]
 pub struct Trace {
+    /// Free text.
     pub description: String,
+    /// Where the trace came from.
     pub reference: Reference,
+    /// The module's constructor arguments.
     pub module: ModuleSpec,
+    /// Number of ranks (W).
     pub world_size: usize,
+    /// The steps, in order.
     pub steps: Vec<Step>,
 }

@@ -39,6 +39,7 @@ fn err(e: pmstate_norm::NormError) -> TraceError {
 }
 
 impl Recorder {
+    /// A recorder around a fresh normalizer built from `spec`.
     pub fn new(spec: ModuleSpec, description: &str) -> Result<Self> {
         let cfg = NormConfig {
             epsilon: spec.epsilon,

@@ -32,6 +32,7 @@ pub enum Mode {
 /// Replay settings.
 #[derive(Debug, Clone)]
 pub struct ReplayOptions {
+    /// Pinned or free.
     pub mode: Mode,
     /// How long a rank waits for its peers before the collective fails.
     pub timeout: Duration,
@@ -46,10 +47,15 @@ impl Default for ReplayOptions {
 /// The outcome of replaying one trace.
 #[derive(Debug, Clone, Serialize)]
 pub struct Report {
+    /// Pinned or free.
     pub mode: Mode,
+    /// Number of ranks (W).
     pub world_size: usize,
+    /// The steps, in order.
     pub steps: usize,
+    /// Whether every compared field matched.
     pub pass: bool,
+    /// One report per compared field.
     pub fields: Vec<FieldReport>,
 }
 

@@ -27,6 +27,7 @@ pub const U32: f64 = 5.960_464_477_539_063e-8;
 /// 2^-53.
 pub const U64: f64 = 1.110_223_024_625_156_5e-16;
 
+/// The unit roundoff of a dtype's arithmetic (float32 for anything but F64).
 pub fn unit_roundoff(d: DType) -> f64 {
     if d == DType::F64 {
         U64
@@ -38,7 +39,9 @@ pub fn unit_roundoff(d: DType) -> f64 {
 /// Per-feature bounds on |recorded - replayed| for moments.
 #[derive(Debug, Clone, Default)]
 pub struct MomentTol {
+    /// Mean.
     pub mean: Vec<f64>,
+    /// Variance (population).
     pub var: Vec<f64>,
 }
 
@@ -111,14 +114,23 @@ pub fn combined(parts: &[(Vec<f64>, Vec<f64>, i64)], tols: &[MomentTol], mean: &
 
 /// What one update did, in the terms the bound needs (ours, per feature).
 pub struct UpdateTerms<'a> {
+    /// `None` (Welford) or the EMA decay.
     pub ema_decay: Option<f64>,
+    /// Exact arithmetic (adds the EMA between-batch term).
     pub exact: bool,
+    /// Replayed count before the update.
     pub count_before: i64,
+    /// Rows in the batch the update used.
     pub batch_count: i64,
+    /// Replayed mean before the update.
     pub mean_before: &'a [f64],
+    /// Batch mean the update used.
     pub batch_mean: &'a [f64],
+    /// Batch variance the update used.
     pub batch_var: &'a [f64],
+    /// Replayed mean after the update.
     pub mean_after: &'a [f64],
+    /// Replayed var after the update.
     pub var_after: &'a [f64],
     /// Unit roundoff of the batch moments' dtype.
     pub u_batch: f64,
@@ -162,12 +174,16 @@ pub fn update(state: &MomentTol, batch: &MomentTol, t: &UpdateTerms<'_>) -> Mome
 
 /// Per-feature bounds on normalize's (or un_norm's) output and on std, from
 /// the state's bounds. `mean`, `var`: the replayed buffers; `std`: ours.
+/// Bounds on normalize's inputs: std and the float32 mean.
 pub struct NormalizeTol {
+    /// Float32 std, `sqrt(var.float() + eps)`.
     pub std: Vec<f64>,
+    /// Bound on |Δ mean.float()|.
     pub mean32: Vec<f64>,
 }
 
 #[allow(clippy::needless_range_loop)]
+/// The std and float32-mean bounds for normalize, from the state's bounds.
 pub fn normalize_terms(state: &MomentTol, mean: &[f64], var: &[f64], std: &[f64]) -> NormalizeTol {
     let d = std.len();
     let mut out = NormalizeTol { std: vec![0.0; d], mean32: vec![0.0; d] };
