@@ -457,14 +457,14 @@ pub(crate) fn apply(
         return Err(NormError::UnsupportedDType { op, what: "x", dtype: x.dtype(), expected: "need a float dtype" });
     }
     let state_dims = std_f32.dims();
-    if promote::broadcast_shapes(x.dims(), state_dims).is_none() {
+    let Some(out_dims) = promote::broadcast_shapes(x.dims(), state_dims) else {
         return Err(NormError::ShapeMismatch {
             op,
             what: "x",
             got: x.dims().to_vec(),
             expected: format!("a shape that broadcasts with the normalizer's {state_dims:?}"),
         });
-    }
+    };
     let direction = if un_norm { Direction::UnNormalize } else { Direction::Normalize };
     let clamp = rms.config.clamp_value;
     // f16/bf16 - f32 is f32 in torch, and widening is exact.
@@ -473,7 +473,10 @@ pub(crate) fn apply(
         _ => x.clone(),
     };
     let d = std_f32.elem_count();
-    let fast = x.device().is_cpu() && d > 0 && x.rank() >= state_dims.len() && x.dims().ends_with(state_dims);
+    // The fused kernel needs x laid out as rows of the state (or a
+    // one-element state, e.g. rewards [T, N] against shape (1,)) and an
+    // output of x's own shape.
+    let fast = x.device().is_cpu() && d > 0 && out_dims == x.dims() && (x.dims().ends_with(state_dims) || d == 1);
     if !fast {
         return generic::normalize(&x, mean_f32, std_f32, clamp, direction);
     }
