@@ -85,3 +85,35 @@ fn a_missing_peer_times_out_instead_of_hanging() {
     let errs: Vec<_> = out[..2].iter().map(|r| r.as_ref().unwrap_err().to_string()).collect();
     assert!(errs.iter().all(|e| e.contains("timed out")), "{errs:?}");
 }
+
+#[test]
+fn ranks_calling_different_collectives_fail_instead_of_mixing_results() {
+    let out = run(2, Duration::from_secs(30), |c| {
+        let t = Tensor::new(&[c.rank() as f32], &Device::Cpu).unwrap();
+        if c.rank() == 0 {
+            c.all_gather(&t).map(|_| ())
+        } else {
+            // Let rank 0 arrive first, then call the other collective.
+            thread::sleep(Duration::from_millis(50));
+            c.broadcast(&t, 0).map(|_| ())
+        }
+    });
+    for r in &out {
+        let e = r.as_ref().unwrap_err().to_string();
+        assert!(e.contains("rank mismatch"), "{e}");
+    }
+}
+
+#[test]
+fn an_aborting_rank_releases_its_peers_at_once() {
+    let out = run(2, Duration::from_secs(30), |c| {
+        if c.rank() == 1 {
+            thread::sleep(Duration::from_millis(50));
+            c.abort("failed before the collective");
+            return Ok(());
+        }
+        c.all_gather(&Tensor::new(&[1f32], &Device::Cpu).unwrap()).map(|_| ())
+    });
+    let e = out[0].as_ref().unwrap_err().to_string();
+    assert!(e.contains("rank 1 aborted"), "{e}");
+}
