@@ -1,0 +1,39 @@
+//! Limits that turn hostile input into errors instead of exhausted memory.
+
+/// Bounds applied while reading a pickle. The defaults admit any real
+/// checkpoint's `data.pkl` (ProtoMotions': a few hundred KiB, a few
+/// thousand nodes) with orders of magnitude to spare, while keeping the
+/// memory a hostile input can claim to a small multiple of its size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Largest accepted input, in bytes.
+    pub max_input_bytes: u64,
+    /// Deepest nesting of containers / reduce / build nodes in the result
+    /// (a scalar has depth 0, a list of scalars 1). Also bounds the number
+    /// of open `MARK`s. Keep it in the thousands at most: `Value`'s derived
+    /// `Drop`, `Clone`, `PartialEq` and `Debug` recurse once per level.
+    pub max_depth: usize,
+    /// Most nodes in the decoded tree (memo references count again each
+    /// time they are used: this is what stops memo bombs). It is also
+    /// checked on every intermediate object as the pickle builds it, so
+    /// hostile input fails at the opcode that crosses the limit (such an
+    /// object can be up to two nodes larger than its result: `_codecs.encode`'s
+    /// three-node argument tuple becomes one bytes node).
+    pub max_nodes: u64,
+    /// Most entries in the memo.
+    pub max_memo_entries: u64,
+    /// Longest string / bytes / integer literal, in bytes.
+    pub max_literal_bytes: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_input_bytes: 1 << 30,
+            max_depth: 256,
+            max_nodes: 50_000_000,
+            max_memo_entries: 10_000_000,
+            max_literal_bytes: 1 << 30,
+        }
+    }
+}

@@ -1,0 +1,228 @@
+//! Hostile input: each attack fails with its specific error, quickly, without panicking or exhausting memory.
+
+use std::time::{Duration, Instant};
+
+use pmstate_pickle::{from_slice, to_vec, Limits, PickleError, Value};
+
+fn err(bytes: &[u8]) -> PickleError {
+    from_slice(bytes, &Limits::default()).expect_err("must fail")
+}
+
+fn limit_name(e: &PickleError) -> &'static str {
+    match e {
+        PickleError::Limit { limit, .. } => limit,
+        other => panic!("expected a Limit error, got {other:?}"),
+    }
+}
+
+fn assert_fast(start: Instant) {
+    assert!(start.elapsed() < Duration::from_secs(5), "took {:?}", start.elapsed());
+}
+
+/// Takes a deep value apart level by level (the derived `Drop` would recurse once per level).
+fn dismantle(v: Value) -> usize {
+    let mut stack = vec![v];
+    let mut count = 0;
+    while let Some(v) = stack.pop() {
+        count += 1;
+        match v {
+            Value::List(xs) | Value::Tuple(xs) => stack.extend(xs),
+            Value::Build { object, state } => stack.extend([*object, *state]),
+            _ => {}
+        }
+    }
+    count
+}
+
+const DEEP: usize = 100_000;
+
+#[test]
+fn deeply_nested_lists_hit_max_depth() {
+    let start = Instant::now();
+    let mut p = b"\x80\x02".to_vec();
+    p.extend(std::iter::repeat_n(b']', DEEP));
+    p.extend(std::iter::repeat_n(b'a', DEEP - 1));
+    p.push(b'.');
+    let e = err(&p);
+    assert_eq!(limit_name(&e), "max_depth");
+    assert!(matches!(e, PickleError::Limit { offset, .. } if offset > DEEP), "{e}");
+    assert_fast(start);
+}
+
+#[test]
+fn deeply_nested_tuples_and_marks_hit_max_depth() {
+    let mut p = b"\x80\x02)".to_vec();
+    p.extend(std::iter::repeat_n(0x85u8, DEEP)); // TUPLE1
+    p.push(b'.');
+    assert_eq!(limit_name(&err(&p)), "max_depth");
+    let mut p = b"\x80\x02".to_vec();
+    p.extend(std::iter::repeat_n(b'(', DEEP));
+    assert_eq!(limit_name(&err(&p)), "max_depth");
+    // Depth hidden from the incremental check (lists filled after being nested) is caught before the tree is built.
+    let mut p = b"\x80\x02".to_vec();
+    for i in 0..300u32 {
+        p.push(b']');
+        p.push(b'r');
+        p.extend_from_slice(&i.to_le_bytes());
+        p.push(b'0');
+    }
+    for i in 0..299u32 {
+        p.push(b'j');
+        p.extend_from_slice(&(i + 1).to_le_bytes());
+        p.push(b'j');
+        p.extend_from_slice(&i.to_le_bytes());
+        p.extend_from_slice(b"a0"); // list[i].append(list[i+1]); pop
+    }
+    p.extend_from_slice(b"j\x00\x00\x00\x00.");
+    let e = err(&p);
+    assert_eq!(limit_name(&e), "max_depth");
+}
+
+#[test]
+fn deep_nesting_within_a_raised_limit_decodes_without_recursion() {
+    let mut p = b"\x80\x02".to_vec();
+    p.extend(std::iter::repeat_n(b']', DEEP));
+    p.extend(std::iter::repeat_n(b'a', DEEP - 1));
+    p.push(b'.');
+    let limits = Limits { max_depth: DEEP + 1, ..Limits::default() };
+    let v = from_slice(&p, &limits).expect("decodes");
+    // And the writer handles it iteratively too.
+    let bytes = to_vec(&v).expect("writes");
+    assert_eq!(bytes, p);
+    assert_eq!(dismantle(v), DEEP);
+}
+
+#[test]
+fn memo_bomb_hits_max_nodes_quickly() {
+    let start = Instant::now();
+    // L = [0, 1, ..., 999]; memo[0] = L; result = [L] * 1_000_000 through BINGET.
+    let mut p = b"\x80\x02](".to_vec();
+    for i in 0..1000u32 {
+        p.push(b'J');
+        p.extend_from_slice(&i.to_le_bytes());
+    }
+    p.extend_from_slice(b"eq\x00](");
+    p.extend(std::iter::repeat_n(*b"h\x00", 1_000_000).flatten());
+    p.extend_from_slice(b"e.");
+    let e = err(&p);
+    assert_eq!(limit_name(&e), "max_nodes");
+    assert_fast(start);
+}
+
+#[test]
+fn exponential_memo_doubling_hits_max_nodes_quickly() {
+    // x0 = [1]; x_{k+1} = (x_k, x_k): 2^80 nodes from a few hundred bytes.
+    let start = Instant::now();
+    let mut p = b"\x80\x02]K\x01ar\x00\x00\x00\x00".to_vec();
+    for k in 0..80u32 {
+        for _ in 0..2 {
+            p.push(b'j');
+            p.extend_from_slice(&k.to_le_bytes());
+        }
+        p.push(0x86); // TUPLE2
+        p.push(b'r');
+        p.extend_from_slice(&(k + 1).to_le_bytes());
+        p.push(b'0');
+    }
+    p.extend_from_slice(b"j\x50\x00\x00\x00.");
+    let limits = Limits { max_depth: 1000, ..Limits::default() };
+    let e = from_slice(&p, &limits).expect_err("bomb");
+    assert_eq!(limit_name(&e), "max_nodes");
+    assert_fast(start);
+}
+
+#[test]
+fn huge_declared_lengths_are_truncated_before_allocating() {
+    let start = Instant::now();
+    let cases: [&[u8]; 7] = [
+        b"\x80\x02\x8b\xff\xff\xff\x7f\x00\x00",           // LONG4 2^31-1 bytes
+        b"\x80\x04\x8d\xff\xff\xff\xff\xff\xff\xff\xffab", // BINUNICODE8 2^64-1
+        b"\x80\x04\x8e\xff\xff\xff\xff\xff\xff\xff\x7fab", // BINBYTES8
+        b"\x80\x05\x96\x00\x00\x00\x00\x01\x00\x00\x00ab", // BYTEARRAY8
+        b"\x80\x02X\xff\xff\xff\xffab",                    // BINUNICODE 4 GiB
+        b"\x80\x02T\xff\xff\xff\x7fab",                    // BINSTRING
+        b"\x80\x04\x95\xff\xff\xff\xff\xff\xff\xff\xffN.", // FRAME
+    ];
+    for p in cases {
+        assert!(matches!(err(p), PickleError::Truncated { .. }), "{p:?}: {}", err(p));
+    }
+    assert_fast(start);
+}
+
+#[test]
+fn literal_and_input_and_memo_limits() {
+    let limits = Limits { max_literal_bytes: 3, ..Limits::default() };
+    let e = from_slice(b"\x80\x02X\x04\x00\x00\x00abcd.", &limits).expect_err("long literal");
+    assert_eq!(limit_name(&e), "max_literal_bytes");
+    let e = from_slice(b"Vabcdef\n.", &limits).expect_err("long text line");
+    assert_eq!(limit_name(&e), "max_literal_bytes");
+    let limits = Limits { max_input_bytes: 4, ..Limits::default() };
+    assert_eq!(limit_name(&from_slice(b"\x80\x02K\x01.", &limits).expect_err("big input")), "max_input_bytes");
+    let limits = Limits { max_memo_entries: 2, ..Limits::default() };
+    let e = from_slice(b"Nq\x00q\x01q\x00q\x02.", &limits).expect_err("memo");
+    assert_eq!(limit_name(&e), "max_memo_entries");
+}
+
+#[test]
+fn unknown_and_unsupported_opcodes() {
+    assert!(matches!(err(b"\x80\x02\xff."), PickleError::UnknownOpcode { opcode: 0xff, offset: 2 }));
+    assert!(matches!(err(b"\x80\x02\x99."), PickleError::UnknownOpcode { opcode: 0x99, offset: 2 }));
+    for (p, op) in [
+        (&b"\x80\x02\x82\x01."[..], "EXT1"),
+        (b"\x80\x02\x83\x01\x00.", "EXT2"),
+        (b"\x80\x02\x84\x01\x00\x00\x00.", "EXT4"),
+        (b"\x80\x05\x97.", "NEXT_BUFFER"),
+        (b"\x80\x05\x98.", "READONLY_BUFFER"),
+        (b"\x80\x06N.", "PROTO"),
+    ] {
+        match err(p) {
+            PickleError::Invalid { opcode, .. } => assert_eq!(opcode, op),
+            other => panic!("{op}: {other:?}"),
+        }
+    }
+    assert!(err(b"\x80\x05\x97.").to_string().contains("out-of-band buffers not supported"));
+}
+
+#[test]
+fn missing_stop_and_empty_input_are_truncated() {
+    for p in [&b""[..], b"\x80\x02", b"\x80\x02N", b"\x80\x02]K\x01a"] {
+        assert!(matches!(err(p), PickleError::Truncated { .. }), "{p:?}");
+    }
+}
+
+#[test]
+fn trailing_bytes_are_an_error() {
+    match err(b"\x80\x02N.N.") {
+        PickleError::Invalid { offset: 4, reason, .. } => assert!(reason.contains("2 trailing bytes"), "{reason}"),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn os_system_is_an_inert_reduce() {
+    let v = from_slice(b"cos\nsystem\n(S'echo pwned'\ntR.", &Limits::default()).expect("decodes");
+    assert_eq!(v, Value::reduce(Value::global("os", "system"), Value::Tuple(vec![Value::Str("echo pwned".into())])));
+    // Protocol 4 form (STACK_GLOBAL) too.
+    let p = b"\x80\x04\x8c\x05posix\x8c\x06system\x93\x8c\x02id\x85R.";
+    let v = from_slice(p, &Limits::default()).expect("decodes");
+    assert_eq!(v, Value::reduce(Value::global("posix", "system"), Value::Tuple(vec![Value::Str("id".into())])));
+}
+
+#[test]
+fn random_bytes_never_panic() {
+    // A small deterministic fuzz: xorshift bytes, mostly opcodes.
+    let mut x = 0x9e3779b97f4a7c15u64;
+    let ops = b"()]}.NKJMXq h a e s u t \x85\x86\x87\x88\x89\x8a\x8b\x8c\x8f\x90\x91\x92\x93\x94\x81Rb0 1 2 Q ";
+    for _ in 0..20_000 {
+        let mut p = b"\x80\x04".to_vec();
+        for _ in 0..(x % 40) {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let b = if x % 4 == 0 { (x >> 8) as u8 } else { ops[((x >> 8) as usize) % ops.len()] };
+            p.push(b);
+        }
+        p.push(b'.');
+        let _ = from_slice(&p, &Limits::default());
+    }
+}
