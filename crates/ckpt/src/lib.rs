@@ -1,1 +1,54 @@
-//! Torch zip archives and the safetensors bridge (not yet implemented: see the checkpoints issue).
+//! ProtoMotions checkpoints without Python.
+//!
+//! [`Checkpoint::open`] reads torch.save files (the zip archive of torch
+//! >= 1.6, stored or deflated, and the legacy stream) and safetensors
+//! files into an inert tree ([`Node`]) plus storages, mapping tensor data
+//! instead of reading it. Nothing in a file is ever executed: globals torch's
+//! safe loader would reject stay [`Node::Opaque`] values, are listed by
+//! [`Checkpoint::unsafe_globals`], and are refused by the writers unless the
+//! caller allows them.
+//!
+//! Writers: [`save_torch`] (torch.save's layout, loadable by
+//! `torch.load(weights_only=True)`) and [`save_safetensors`] (the whole
+//! tree, restorable exactly, or one selected state dict). Normalizers:
+//! [`find_normalizers`], [`load_normalizer`], [`store_state`]. candle:
+//! [`Checkpoint::to_candle`] and [`var_builder`].
+//!
+//! ```no_run
+//! use pmstate_ckpt::{find_normalizers, Checkpoint};
+//! let ckpt = Checkpoint::open("last.ckpt")?;
+//! for g in find_normalizers(&ckpt)? {
+//!     println!("{}: shape {:?}, count {}", g.name(), g.shape, g.count);
+//! }
+//! ckpt.save("last.safetensors", false)?; // and back: Checkpoint::open(...)?.save("last.pt", false)
+//! # Ok::<(), pmstate_ckpt::CkptError>(())
+//! ```
+#![warn(missing_docs)]
+
+mod atomic;
+mod checkpoint;
+mod dtype;
+mod error;
+mod interpret;
+mod normalizers;
+mod read_torch;
+mod safetensors_io;
+mod safety;
+mod storage;
+mod tree;
+mod tree_json;
+mod varbuilder;
+mod write_torch;
+
+pub use checkpoint::{Checkpoint, Format};
+pub use dtype::DType;
+pub use error::{CkptError, Result};
+pub use normalizers::{find_normalizers, load_normalizer, load_state, store_state, LoadWarning, NormalizerGroup};
+pub use read_torch::ReadOptions;
+pub use safetensors_io::{save_safetensors, ExportReport, SafetensorsOptions};
+pub use safety::is_safe_global;
+pub use storage::{Bytes, Storage};
+pub use tree::{dotted, Dict, Key, Node, TensorRef};
+pub use tree_json::{node_from_json, node_to_json, value_from_json, value_to_json};
+pub use varbuilder::{var_builder, CheckpointBackend};
+pub use write_torch::{save_torch, SaveOptions};

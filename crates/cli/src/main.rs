@@ -3,6 +3,7 @@
 //! Exit codes: 0 fine, 1 a difference or a refusal, 2 an error.
 
 mod bench;
+mod ckpt_cmds;
 mod replay;
 
 /// mimalloc keeps freed large blocks for reuse: glibc returns every block
@@ -11,6 +12,7 @@ mod replay;
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 use candle_core::Device;
@@ -28,6 +30,8 @@ pub enum CliError {
     Io(#[from] std::io::Error),
     #[error("encoding JSON: {0}")]
     Json(#[from] serde_json::Error),
+    #[error(transparent)]
+    Ckpt(#[from] pmstate_ckpt::CkptError),
 }
 
 #[derive(Parser)]
@@ -84,6 +88,45 @@ enum Command {
         /// Only these shapes, as ROWSxCOLS (repeatable).
         #[arg(long = "shape", value_parser = parse_shape)]
         shapes: Vec<(usize, usize)>,
+    },
+    /// Show a checkpoint's tree (dtypes, shapes), its normalizer groups and any
+    /// unsafe globals. Reads no tensor data except the normalizers' buffers.
+    Inspect {
+        #[arg(long)]
+        json: bool,
+        file: PathBuf,
+    },
+    /// Convert between torch (.pt/.pth/.ckpt/.bin) and .safetensors, by
+    /// extension. Exit 1 when refused (unsafe globals).
+    Convert {
+        /// Export only the dict at this dotted key (e.g. `model`) as plain tensors.
+        #[arg(long)]
+        select: Option<String>,
+        /// Write globals torch's safe loader rejects (the output then needs weights_only=False).
+        #[arg(long)]
+        allow_unsafe_globals: bool,
+        #[arg(long)]
+        json: bool,
+        input: PathBuf,
+        output: PathBuf,
+    },
+    /// List normalizer groups: shape, count, mean and std summaries; lazy ones that never ran.
+    Normalizers {
+        #[arg(long)]
+        json: bool,
+        file: PathBuf,
+    },
+    /// Compare two checkpoints: keys, types, scalars, tensors within
+    /// |a - b| <= atol + rtol * |b| (NaN equals NaN). Exit 1 if they differ.
+    Diff {
+        #[arg(long)]
+        json: bool,
+        #[arg(long, default_value_t = 0.0)]
+        rtol: f64,
+        #[arg(long, default_value_t = 0.0)]
+        atol: f64,
+        a: PathBuf,
+        b: PathBuf,
     },
 }
 
@@ -155,6 +198,12 @@ fn run(cli: Cli) -> Result<ExitCode, CliError> {
             }
             Ok(ExitCode::SUCCESS)
         }
+        Command::Inspect { json, file } => ckpt_cmds::inspect(&file, json),
+        Command::Convert { select, allow_unsafe_globals, json, input, output } => {
+            ckpt_cmds::convert(&input, &output, select, allow_unsafe_globals, json)
+        }
+        Command::Normalizers { json, file } => ckpt_cmds::normalizers(&file, json),
+        Command::Diff { json, rtol, atol, a, b } => ckpt_cmds::diff(&a, &b, ckpt_cmds::Tolerance { rtol, atol }, json),
     }
 }
 

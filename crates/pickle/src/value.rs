@@ -82,6 +82,17 @@ pub enum Value {
     },
     /// A persistent id (`PERSID` / `BINPERSID`): torch's storage references.
     PersistentId(Box<Value>),
+    /// An object (the result of a `REDUCE`, `NEWOBJ` or `BUILD`) that the
+    /// pickle references more than once through its memo: every occurrence
+    /// carries the same `id`, so identity survives (torch writes the same
+    /// tensor object under two keys this way). The writer emits the first
+    /// occurrence and memo references for the rest.
+    Shared {
+        /// Identifies the object within one pickle.
+        id: u64,
+        /// The object.
+        value: Box<Value>,
+    },
 }
 
 impl Value {
@@ -152,7 +163,7 @@ impl Value {
                     stack.extend(appends);
                 }
                 Value::Build { object, state } => stack.extend([&**object, &**state]),
-                Value::PersistentId(p) => stack.push(p),
+                Value::PersistentId(p) | Value::Shared { value: p, .. } => stack.push(p),
                 _ => {}
             }
         }

@@ -52,7 +52,7 @@ pub fn to_vec(value: &Value) -> Result<Vec<u8>> {
 /// `protocol2_only` is off), a string longer than 4 GiB;
 /// [`PickleError::Io`] when writing fails.
 pub fn write(value: &Value, out: &mut impl Write, opts: &WriteOptions) -> Result<()> {
-    let mut w = Writer { out, buf: Vec::with_capacity(FLUSH_AT), opts, memo: HashMap::new() };
+    let mut w = Writer { out, buf: Vec::with_capacity(FLUSH_AT), opts, memo: HashMap::new(), shared: HashMap::new() };
     w.buf.extend_from_slice(&[op::PROTO, 2]);
     match w.emit(value) {
         Ok(()) => {}
@@ -106,6 +106,8 @@ enum Task<'v> {
     /// Batched `SETITEMS` of these pairs onto the dict or object below; a
     /// batch of one is a plain `SETITEM` if the flag is set.
     SetItems(&'v [(Value, Value)], bool),
+    /// Memoize the object just written as shared object `id`.
+    Put(u64),
 }
 
 struct Writer<'o, 'p, 'v, W: Write> {
@@ -113,6 +115,8 @@ struct Writer<'o, 'p, 'v, W: Write> {
     buf: Vec<u8>,
     opts: &'p WriteOptions,
     memo: HashMap<(&'v str, &'v str), u32>,
+    /// Memo slots of [`Value::Shared`] objects already written.
+    shared: HashMap<u64, u32>,
 }
 
 impl<'v, W: Write> Writer<'_, '_, 'v, W> {
@@ -162,6 +166,11 @@ impl<'v, W: Write> Writer<'_, '_, 'v, W> {
                         _ => seq.extend([Task::Op(op::MARK), Task::Pairs(batch), Task::Op(op::SETITEMS)]),
                     }
                     seq.push(Task::SetItems(rest, single));
+                }
+                Task::Put(id) => {
+                    let idx = self.next_memo_index();
+                    self.put(idx);
+                    self.shared.insert(id, idx);
                 }
                 Task::Items(_) | Task::Pairs(_) | Task::Appends(..) | Task::SetItems(..) => {}
             }
@@ -236,6 +245,10 @@ impl<'v, W: Write> Writer<'_, '_, 'v, W> {
                 seq.extend([Task::BuildObject(object), Task::Value(state), Task::Op(op::BUILD)]);
             }
             Value::PersistentId(pid) => seq.extend([Task::Value(pid), Task::Op(op::BINPERSID)]),
+            Value::Shared { id, value } => match self.shared.get(id) {
+                Some(&idx) => self.get(idx),
+                None => seq.extend([Task::Value(value), Task::Put(*id)]),
+            },
         }
         Ok(())
     }
@@ -329,13 +342,7 @@ impl<'v, W: Write> Writer<'_, '_, 'v, W> {
     fn global(&mut self, module: &'v str, name: &'v str, memoize: bool) {
         let memoize = memoize && self.opts.memoize_globals;
         if let Some(&idx) = self.memo.get(&(module, name)).filter(|_| memoize) {
-            match u8::try_from(idx) {
-                Ok(i) => self.buf.extend_from_slice(&[op::BINGET, i]),
-                Err(_) => {
-                    self.buf.push(op::LONG_BINGET);
-                    self.buf.extend_from_slice(&idx.to_le_bytes());
-                }
-            }
+            self.get(idx);
             return;
         }
         self.buf.push(op::GLOBAL);
@@ -346,9 +353,18 @@ impl<'v, W: Write> Writer<'_, '_, 'v, W> {
         if !memoize {
             return;
         }
-        let Ok(idx) = u32::try_from(self.memo.len()) else {
-            return;
-        };
+        let idx = self.next_memo_index();
+        self.put(idx);
+        self.memo.insert((module, name), idx);
+    }
+
+    /// The next free memo slot (globals and shared objects share the numbering).
+    fn next_memo_index(&self) -> u32 {
+        u32::try_from(self.memo.len() + self.shared.len()).unwrap_or(u32::MAX)
+    }
+
+    /// `BINPUT` / `LONG_BINPUT` of the value on top of the stack.
+    fn put(&mut self, idx: u32) {
         match u8::try_from(idx) {
             Ok(i) => self.buf.extend_from_slice(&[op::BINPUT, i]),
             Err(_) => {
@@ -356,7 +372,17 @@ impl<'v, W: Write> Writer<'_, '_, 'v, W> {
                 self.buf.extend_from_slice(&idx.to_le_bytes());
             }
         }
-        self.memo.insert((module, name), idx);
+    }
+
+    /// `BINGET` / `LONG_BINGET` of memo slot `idx`.
+    fn get(&mut self, idx: u32) {
+        match u8::try_from(idx) {
+            Ok(i) => self.buf.extend_from_slice(&[op::BINGET, i]),
+            Err(_) => {
+                self.buf.push(op::LONG_BINGET);
+                self.buf.extend_from_slice(&idx.to_le_bytes());
+            }
+        }
     }
 }
 
@@ -420,6 +446,7 @@ fn path_to(root: &Value, target: *const Value) -> String {
                 children.extend([(&**object, ".object".to_owned()), (&**state, ".state".to_owned())]);
             }
             Value::PersistentId(pid) => children.push((&**pid, ".pid".to_owned())),
+            Value::Shared { value, .. } => children.push((&**value, ".shared".to_owned())),
             _ => {}
         }
         stack.extend(children.into_iter().rev().map(|(c, s)| (c, depth + 1, s)));

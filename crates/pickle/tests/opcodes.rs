@@ -136,7 +136,37 @@ fn build_changes_its_object_in_place() {
         object: Box::new(Value::reduce(Value::global("collections", "OrderedDict"), Value::Tuple(vec![]))),
         state: Box::new(Value::Dict(vec![(s("x"), Value::Int(1))])),
     };
-    assert_eq!(read(p), Value::Tuple(vec![built.clone(), built]));
+    // Referenced twice, the built object is marked shared: both occurrences carry one id.
+    match read(p) {
+        Value::Tuple(items) => match items.as_slice() {
+            [Value::Shared { id: a, value: va }, Value::Shared { id: b, value: vb }] => {
+                assert_eq!(a, b);
+                assert_eq!(**va, built);
+                assert_eq!(**vb, built);
+            }
+            other => panic!("expected two shared occurrences, got {other:?}"),
+        },
+        other => panic!("expected a tuple, got {other:?}"),
+    }
+}
+
+#[test]
+fn shared_objects_are_written_once_and_keep_their_identity() {
+    // The same reduce result twice: written once, then by memo; reads back shared.
+    let obj = Value::reduce(Value::global("collections", "OrderedDict"), Value::Tuple(vec![]));
+    let shared = Value::Shared { id: 7, value: Box::new(obj.clone()) };
+    let bytes = pmstate_pickle::to_vec(&Value::List(vec![shared.clone(), shared])).unwrap();
+    assert_eq!(bytes.windows(b"OrderedDict".len()).filter(|w| w == b"OrderedDict").count(), 1);
+    match read(&bytes) {
+        Value::List(items) => match items.as_slice() {
+            [Value::Shared { id: a, value: va }, Value::Shared { id: b, value: vb }] => {
+                assert_eq!(a, b);
+                assert_eq!((&**va, &**vb), (&obj, &obj));
+            }
+            other => panic!("expected two shared occurrences, got {other:?}"),
+        },
+        other => panic!("expected a list, got {other:?}"),
+    }
 }
 
 #[test]

@@ -13,7 +13,23 @@ use crate::{Limits, PickleError, Result, Value};
 pub(super) fn to_value(mut arena: Arena, root: Id, limits: &Limits, stop_offset: usize) -> Result<Value> {
     let order = check(&mut arena, root, limits, stop_offset)?;
     let uses = count_uses(&arena, root, &order);
-    Ok(build(arena, root, uses))
+    // Objects with identity (call results) that several references point to
+    // directly are marked shared. (Not "used more than once": everything
+    // inside a shared object is, without being referenced twice itself.)
+    let mut refs = vec![0u32; arena.nodes.len()];
+    for &id in &order {
+        let node = &arena.nodes[id as usize];
+        for child in (0..node.child_count()).filter_map(|k| node.child(k)) {
+            refs[child as usize] = refs[child as usize].saturating_add(1);
+        }
+    }
+    let shared: Vec<bool> = arena
+        .nodes
+        .iter()
+        .zip(&refs)
+        .map(|(n, &r)| r > 1 && matches!(n, Node::Reduce(_) | Node::NewObj(_) | Node::Build { .. }))
+        .collect();
+    Ok(build(arena, root, uses, &shared))
 }
 
 const WHITE: u8 = 0;
@@ -189,7 +205,7 @@ impl Frame {
 /// Unfolds the (checked, acyclic) graph into the tree: a depth-first walk
 /// with an explicit stack (as deep as the tree, never recursing), visiting
 /// each node once per use.
-fn build(mut arena: Arena, root: Id, mut uses: Vec<u64>) -> Value {
+fn build(mut arena: Arena, root: Id, mut uses: Vec<u64>, shared: &[bool]) -> Value {
     // (container being built, next child to visit), and its frame.
     let mut stack: Vec<(Id, usize)> = Vec::new();
     let mut frames: Vec<Frame> = Vec::new();
@@ -224,7 +240,10 @@ fn build(mut arena: Arena, root: Id, mut uses: Vec<u64>) -> Value {
                 // All children delivered: finish this container.
                 stack.pop();
                 let frame = frames.pop().unwrap_or(Frame::Items(Vec::new()));
-                let value = frame.finish(node);
+                let mut value = frame.finish(node);
+                if shared[id as usize] {
+                    value = Value::Shared { id: u64::from(id), value: Box::new(value) };
+                }
                 if uses[id as usize] == 0 {
                     arena.nodes[id as usize] = Node::Taken;
                 }

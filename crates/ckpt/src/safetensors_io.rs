@@ -1,0 +1,355 @@
+//! The safetensors bridge.
+//!
+//! Whole checkpoints: every storage is stored once, under the dotted name
+//! of a tensor that covers it exactly (so the file reads naturally with
+//! `safetensors.torch.load_file` or candle), or under `__storage__.<key>`
+//! when no tensor does (views, shared storages). `__metadata__` carries the
+//! whole tree as exact JSON (`pmstate.tree`) and the storage table
+//! (`pmstate.storages`), so safetensors -> `.pt` restores the original.
+//!
+//! `select`: one sub-dict (the model state dict, typically) as plain
+//! contiguous tensors under their own keys, loadable anywhere.
+
+use std::collections::{HashMap, HashSet};
+use std::io::Write;
+use std::path::Path;
+use std::sync::Arc;
+
+use memmap2::Mmap;
+use safetensors::SafeTensors;
+use serde_json::{json, Map, Value as J};
+
+use crate::atomic::write_atomically;
+use crate::checkpoint::{Checkpoint, Format};
+use crate::dtype::DType;
+use crate::error::{CkptError, Result};
+use crate::read_torch::ReadOptions;
+use crate::storage::{Bytes, Storage};
+use crate::tree::{dotted, Dict, Node, TensorRef};
+use crate::tree_json::{node_from_json, node_to_json};
+
+const TREE_KEY: &str = "pmstate.tree";
+const STORAGES_KEY: &str = "pmstate.storages";
+const VERSION_KEY: &str = "pmstate.version";
+
+/// Whether the bytes start like a safetensors file (a plausible header length, then `{`).
+pub(crate) fn looks_like_safetensors(bytes: &[u8]) -> bool {
+    if bytes.len() < 10 {
+        return false;
+    }
+    let mut n8 = [0u8; 8];
+    n8.copy_from_slice(&bytes[..8]);
+    let n = u64::from_le_bytes(n8);
+    n >= 2 && n <= 100_000_000 && n + 8 <= bytes.len() as u64 && bytes[8] == b'{'
+}
+
+fn bad(path: &str, reason: impl Into<String>) -> CkptError {
+    CkptError::Container { path: path.to_owned(), reason: reason.into() }
+}
+
+/// Reads a safetensors file held in `map`.
+pub(crate) fn read(path: &str, map: &Arc<Mmap>, _opts: &ReadOptions) -> Result<Checkpoint> {
+    let (n, meta) = SafeTensors::read_metadata(&map[..]).map_err(|e| bad(path, format!("safetensors: {e:?}")))?;
+    let data_start = 8 + n;
+    let mut tensors: Vec<(String, DType, Vec<usize>, Bytes)> = Vec::new();
+    for name in meta.offset_keys() {
+        let Some(info) = meta.info(&name) else { continue };
+        let dtype = DType::from_safetensors(info.dtype)
+            .ok_or_else(|| CkptError::UnsupportedDtype { key: name.clone(), dtype: format!("{:?}", info.dtype) })?;
+        let (b, e) = info.data_offsets;
+        let bytes = Bytes::mapped(map, data_start + b, e - b);
+        tensors.push((name, dtype, info.shape.clone(), bytes));
+    }
+    let tree = meta.metadata().as_ref().and_then(|m| m.get(TREE_KEY).map(|t| (t, m.get(STORAGES_KEY))));
+    let Some((tree, storages_json)) = tree else {
+        // A foreign file: a flat dict of its tensors, in file order, each its own storage.
+        let mut storages = HashMap::new();
+        let mut entries = Vec::new();
+        for (name, dtype, shape, data) in tensors {
+            let stride = TensorRef::contiguous_stride(&shape);
+            let t = TensorRef {
+                storage: name.clone(),
+                dtype,
+                offset: 0,
+                shape,
+                stride,
+                requires_grad: false,
+                parameter: None,
+                object: None,
+            };
+            storages.insert(
+                name.clone(),
+                Storage { typed: dtype.storage_class().is_some(), dtype, location: "cpu".into(), data },
+            );
+            entries.push((Node::Str(name), Node::Tensor(t)));
+        }
+        let root = Node::Dict(Dict { ordered: false, entries, state: None });
+        return Ok(Checkpoint {
+            root,
+            storages,
+            path: path.to_owned(),
+            format: Format::Safetensors { with_tree: false },
+        });
+    };
+    let tree: J = serde_json::from_str(tree).map_err(|e| bad(path, format!("__metadata__ {TREE_KEY}: {e}")))?;
+    let root = node_from_json(&tree).map_err(|e| bad(path, format!("__metadata__ {TREE_KEY}: {e}")))?;
+    let storages_json: J = serde_json::from_str(storages_json.ok_or_else(|| bad(path, format!("no {STORAGES_KEY}")))?)
+        .map_err(|e| bad(path, format!("__metadata__ {STORAGES_KEY}: {e}")))?;
+    let table = storages_json.as_object().ok_or_else(|| bad(path, format!("{STORAGES_KEY} is not an object")))?;
+    let mut by_name: HashMap<String, Bytes> = tensors.into_iter().map(|(name, _, _, data)| (name, data)).collect();
+    let mut storages = HashMap::new();
+    for (key, s) in table {
+        let field = |f: &str| s.get(f).ok_or_else(|| bad(path, format!("storage {key}: no field {f}")));
+        let tensor = field("tensor")?.as_str().ok_or_else(|| bad(path, format!("storage {key}: tensor")))?;
+        let dtype_name = field("dtype")?.as_str().unwrap_or_default();
+        let dtype = DType::from_torch_name(dtype_name)
+            .ok_or_else(|| CkptError::UnsupportedDtype { key: key.clone(), dtype: dtype_name.to_owned() })?;
+        let data = by_name
+            .remove(tensor)
+            .ok_or_else(|| bad(path, format!("storage {key}: tensor {tensor} missing or used twice")))?;
+        storages.insert(
+            key.clone(),
+            Storage {
+                typed: field("typed")?.as_bool().unwrap_or(true),
+                dtype,
+                location: field("location")?.as_str().unwrap_or("cpu").to_owned(),
+                data,
+            },
+        );
+    }
+    let ckpt = Checkpoint { root, storages, path: path.to_owned(), format: Format::Safetensors { with_tree: true } };
+    ckpt.validate()?;
+    Ok(ckpt)
+}
+
+/// How to write safetensors.
+#[derive(Default)]
+pub struct SafetensorsOptions<'a> {
+    /// Export only the dict at this dotted key, its tensors under their own keys (no tree).
+    pub select: Option<String>,
+    /// Carry opaque values with unsafe globals in the tree (whole-checkpoint export only).
+    pub allow_unsafe_globals: bool,
+    /// Called with the bytes written so far.
+    pub progress: Option<&'a (dyn Fn(u64) + Sync)>,
+}
+
+impl std::fmt::Debug for SafetensorsOptions<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SafetensorsOptions")
+            .field("select", &self.select)
+            .field("allow_unsafe_globals", &self.allow_unsafe_globals)
+            .finish()
+    }
+}
+
+/// What an export wrote.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ExportReport {
+    /// Tensors written.
+    pub tensors: usize,
+    /// Tensor bytes written.
+    pub bytes: u64,
+    /// Non-tensor values under a `select`ed key that safetensors cannot hold (dotted keys).
+    pub skipped: Vec<String>,
+}
+
+enum Source<'a> {
+    Storage(&'a [u8]),
+    Owned(Vec<u8>),
+}
+
+impl Source<'_> {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Source::Storage(b) => b,
+            Source::Owned(v) => v,
+        }
+    }
+}
+
+struct Entry<'a> {
+    name: String,
+    dtype: safetensors::Dtype,
+    shape: Vec<usize>,
+    data: Source<'a>,
+}
+
+fn st_dtype(key: &str, d: DType) -> Result<safetensors::Dtype> {
+    d.safetensors().ok_or_else(|| CkptError::UnsupportedDtype {
+        key: key.to_owned(),
+        dtype: format!("{d} (safetensors has no such dtype)"),
+    })
+}
+
+/// Writes `ckpt` (or the dict at `opts.select`) as safetensors at `path`, atomically.
+pub fn save_safetensors(
+    ckpt: &Checkpoint,
+    path: impl AsRef<Path>,
+    opts: &SafetensorsOptions<'_>,
+) -> Result<ExportReport> {
+    let path = path.as_ref();
+    let (entries, metadata, skipped) = match &opts.select {
+        Some(key) => {
+            let (entries, skipped) = selected_entries(ckpt, key)?;
+            (entries, vec![("format".to_owned(), "pt".to_owned())], skipped)
+        }
+        None => {
+            let (entries, metadata) = whole_entries(ckpt, opts.allow_unsafe_globals)?;
+            (entries, metadata, Vec::new())
+        }
+    };
+    let header = header_bytes(&entries, &metadata)?;
+    let report = ExportReport {
+        tensors: entries.len(),
+        bytes: entries.iter().map(|e| e.data.bytes().len() as u64).sum(),
+        skipped,
+    };
+    write_atomically(path, |w| {
+        let ioerr = |e| CkptError::Io { path: path.display().to_string(), source: e };
+        w.write_all(&header).map_err(ioerr)?;
+        let mut done = header.len() as u64;
+        for e in &entries {
+            // Large chunks straight from the map: the BufWriter passes them through.
+            for chunk in e.data.bytes().chunks(8 << 20) {
+                w.write_all(chunk).map_err(ioerr)?;
+                done += chunk.len() as u64;
+                if let Some(p) = opts.progress {
+                    p(done);
+                }
+            }
+        }
+        Ok(())
+    })?;
+    Ok(report)
+}
+
+fn header_bytes(entries: &[Entry<'_>], metadata: &[(String, String)]) -> Result<Vec<u8>> {
+    let mut header = Map::new();
+    if !metadata.is_empty() {
+        let m: Map<String, J> = metadata.iter().map(|(k, v)| (k.clone(), J::String(v.clone()))).collect();
+        header.insert("__metadata__".into(), J::Object(m));
+    }
+    let mut offset = 0usize;
+    for e in entries {
+        let len = e.data.bytes().len();
+        header.insert(
+            e.name.clone(),
+            json!({ "dtype": e.dtype, "shape": e.shape, "data_offsets": [offset, offset + len] }),
+        );
+        offset += len;
+    }
+    let mut text = serde_json::to_vec(&J::Object(header)).map_err(|e| CkptError::Usage(format!("header: {e}")))?;
+    // Pad to a multiple of 8 with spaces, as the safetensors writer does, so the data is 8-aligned.
+    while (text.len() + 8) % 8 != 0 {
+        text.push(b' ');
+    }
+    let mut out = (text.len() as u64).to_le_bytes().to_vec();
+    out.extend_from_slice(&text);
+    Ok(out)
+}
+
+/// Storage -> the tensor name it is stored under, for a whole-checkpoint export.
+fn whole_entries(ckpt: &Checkpoint, allow_unsafe: bool) -> Result<(Vec<Entry<'_>>, Vec<(String, String)>)> {
+    let flagged = ckpt.unsafe_globals();
+    if let (false, Some((key, first))) = (allow_unsafe, flagged.first()) {
+        return Err(CkptError::UnsafeGlobals { count: flagged.len(), first: first.clone(), key: key.clone() });
+    }
+    let tensors = ckpt.tensors();
+    let mut users: HashMap<&str, usize> = HashMap::new();
+    for (_, t) in &tensors {
+        *users.entry(t.storage.as_str()).or_default() += 1;
+    }
+    let names: HashSet<&str> = tensors.iter().map(|(k, _)| k.as_str()).collect();
+    let mut used_names: HashSet<String> = HashSet::new();
+    let mut table = Map::new();
+    let mut entries = Vec::new();
+    for (key, t) in &tensors {
+        if table.contains_key(&t.storage) {
+            continue;
+        }
+        let storage = ckpt.storage_of(t)?;
+        let covers = users[t.storage.as_str()] == 1
+            && t.offset == 0
+            && t.is_contiguous()
+            && t.nbytes() == storage.data.len()
+            && t.dtype.safetensors().is_some()
+            && !key.starts_with("__storage__.")
+            && used_names.insert(key.clone());
+        let (name, dtype, shape) = if covers {
+            (key.clone(), st_dtype(key, t.dtype)?, t.shape.clone())
+        } else {
+            let mut name = format!("__storage__.{}", t.storage);
+            while names.contains(name.as_str()) || !used_names.insert(name.clone()) {
+                name.push('_');
+            }
+            match storage.dtype.safetensors() {
+                Some(d) if storage.data.len() % storage.dtype.size() == 0 => {
+                    (name, d, vec![storage.data.len() / storage.dtype.size()])
+                }
+                _ => (name, safetensors::Dtype::U8, vec![storage.data.len()]),
+            }
+        };
+        table.insert(
+            t.storage.clone(),
+            json!({
+                "tensor": name,
+                "typed": storage.typed,
+                "dtype": storage.dtype.torch_name(),
+                "location": storage.location,
+            }),
+        );
+        entries.push(Entry { name, dtype, shape, data: Source::Storage(&storage.data) });
+    }
+    let tree = serde_json::to_string(&node_to_json(&ckpt.root)).map_err(|e| CkptError::Usage(format!("tree: {e}")))?;
+    let table = serde_json::to_string(&J::Object(table)).map_err(|e| CkptError::Usage(format!("tree: {e}")))?;
+    let metadata = vec![
+        ("format".to_owned(), "pt".to_owned()),
+        (VERSION_KEY.to_owned(), "1".to_owned()),
+        (STORAGES_KEY.to_owned(), table),
+        (TREE_KEY.to_owned(), tree),
+    ];
+    Ok((entries, metadata))
+}
+
+fn selected_entries<'a>(ckpt: &'a Checkpoint, key: &str) -> Result<(Vec<Entry<'a>>, Vec<String>)> {
+    let node = ckpt.get(key).ok_or_else(|| CkptError::NotFound { path: ckpt.path.clone(), key: key.to_owned() })?;
+    if node.as_dict().is_none() {
+        return Err(CkptError::Value {
+            path: ckpt.path.clone(),
+            key: key.to_owned(),
+            reason: format!("is a {}; --select needs a dict", node.kind()),
+        });
+    }
+    let mut found: Vec<(String, &TensorRef)> = Vec::new();
+    let mut skipped = Vec::new();
+    // Dicts are walked (their tensors get dotted names); every other non-tensor value is skipped.
+    node.walk(&mut |path, n| match n {
+        Node::Tensor(t) => {
+            found.push((dotted(path), t));
+            false
+        }
+        Node::Dict(_) => true,
+        _ => {
+            skipped.push(dotted(path));
+            false
+        }
+    });
+    let mut entries = Vec::new();
+    let mut seen = HashSet::new();
+    for (name, t) in found {
+        if !seen.insert(name.clone()) {
+            return Err(CkptError::Value {
+                path: ckpt.path.clone(),
+                key: name,
+                reason: "two tensors get this name under --select".into(),
+            });
+        }
+        let dtype = st_dtype(&name, t.dtype)?;
+        let data = match ckpt.tensor_bytes(t)? {
+            std::borrow::Cow::Borrowed(b) => Source::Storage(b),
+            std::borrow::Cow::Owned(v) => Source::Owned(v),
+        };
+        entries.push(Entry { name, dtype, shape: t.shape.clone(), data });
+    }
+    Ok((entries, skipped))
+}

@@ -1,0 +1,149 @@
+//! Which globals `torch.load(weights_only=True)` accepts: anything else in
+//! a tree is flagged by `inspect` and refused by the `.pt` writer unless
+//! the caller allows it.
+
+use pmstate_pickle::Value;
+
+use crate::dtype::DType;
+use crate::tree::{dotted, Node};
+
+/// Whether torch 2.15's weights_only unpickler allows `module.name` by
+/// default (`torch/_weights_only_unpickler.py`, `_get_allowed_globals`).
+pub fn is_safe_global(module: &str, name: &str) -> bool {
+    match module {
+        "collections" => matches!(name, "OrderedDict" | "Counter"),
+        "_codecs" => name == "encode",
+        "builtins" | "__builtin__" => matches!(name, "bytearray" | "set" | "complex"),
+        "torch" => {
+            DType::from_torch_name(name).is_some()
+                || DType::from_storage_class(name).is_some()
+                || name.ends_with("Storage")
+                || name.ends_with("Tensor")
+                || matches!(
+                    name,
+                    "Size"
+                        | "device"
+                        | "per_tensor_affine"
+                        | "per_channel_affine"
+                        | "per_tensor_symmetric"
+                        | "per_channel_symmetric"
+                        | "per_channel_affine_float_qparams"
+                        | "strided"
+                        | "sparse_coo"
+                        | "sparse_csr"
+                        | "sparse_csc"
+                        | "sparse_bsr"
+                        | "sparse_bsc"
+                        | "_mkldnn"
+                )
+                || is_other_torch_dtype(name)
+        }
+        "torch.nn.parameter" => name == "Parameter",
+        "torch.storage" => matches!(name, "TypedStorage" | "UntypedStorage"),
+        "torch.serialization" => name == "_get_layout",
+        "torch._tensor" => name == "_rebuild_from_type_v2",
+        "torch._utils" => matches!(
+            name,
+            "_rebuild_tensor"
+                | "_rebuild_tensor_v2"
+                | "_rebuild_tensor_v3"
+                | "_rebuild_parameter"
+                | "_rebuild_parameter_with_state"
+                | "_rebuild_qtensor"
+                | "_rebuild_sparse_tensor"
+                | "_rebuild_meta_tensor_no_storage"
+                | "_rebuild_wrapper_subclass"
+                | "_rebuild_device_tensor_from_numpy"
+                | "_rebuild_device_tensor_from_cpu_tensor"
+        ),
+        _ => false,
+    }
+}
+
+/// torch dtypes this crate does not carry but torch's loader accepts by name.
+fn is_other_torch_dtype(name: &str) -> bool {
+    name.starts_with("float8_")
+        || name.starts_with("float4_")
+        || name.starts_with("bits")
+        || matches!(name, "complex32" | "chalf" | "qint8" | "quint8" | "qint32" | "quint4x2" | "quint2x4")
+        || (name.starts_with("int") || name.starts_with("uint"))
+            && name[name.find(char::is_numeric).unwrap_or(0)..].chars().all(|c| c.is_ascii_digit())
+}
+
+fn globals_in(v: &Value, out: &mut Vec<String>) {
+    match v {
+        Value::Global { module, name } => {
+            if !is_safe_global(module, name) {
+                out.push(format!("{module}.{name}"));
+            }
+        }
+        Value::List(xs) | Value::Tuple(xs) | Value::Set(xs) | Value::FrozenSet(xs) => {
+            xs.iter().for_each(|x| globals_in(x, out))
+        }
+        Value::Dict(kv) => kv.iter().for_each(|(k, v)| {
+            globals_in(k, out);
+            globals_in(v, out)
+        }),
+        Value::Reduce { callable, args, setitems, appends } => {
+            globals_in(callable, out);
+            globals_in(args, out);
+            setitems.iter().for_each(|(k, v)| {
+                globals_in(k, out);
+                globals_in(v, out)
+            });
+            appends.iter().for_each(|x| globals_in(x, out));
+        }
+        Value::NewObj { cls, args, kwargs, setitems, appends } => {
+            globals_in(cls, out);
+            globals_in(args, out);
+            if let Some(k) = kwargs {
+                globals_in(k, out);
+            }
+            setitems.iter().for_each(|(k, v)| {
+                globals_in(k, out);
+                globals_in(v, out)
+            });
+            appends.iter().for_each(|x| globals_in(x, out));
+        }
+        Value::Build { object, state } => {
+            globals_in(object, out);
+            globals_in(state, out);
+        }
+        Value::PersistentId(p) | Value::Shared { value: p, .. } => globals_in(p, out),
+        _ => {}
+    }
+}
+
+/// Every unsafe global in the tree as `(dotted key, module.name)`, in tree order.
+pub(crate) fn unsafe_globals(root: &Node) -> Vec<(String, String)> {
+    let mut found = Vec::new();
+    let mut visit = |path: &[crate::tree::Key<'_>], node: &Node| {
+        let mut here = Vec::new();
+        match node {
+            Node::Opaque(v) => globals_in(v, &mut here),
+            Node::Dict(d) => {
+                if let Some(state) = &d.state {
+                    // BUILD states are not walked: check them here.
+                    for (k, g) in unsafe_globals(state) {
+                        let key = if k == "<root>" { "<state>".to_owned() } else { format!("<state>.{k}") };
+                        found.push((join(&dotted(path), &key), g));
+                    }
+                }
+            }
+            _ => {}
+        }
+        let key = if path.is_empty() { "<root>".to_owned() } else { dotted(path) };
+        found.extend(here.into_iter().map(|g| (key.clone(), g)));
+        true
+    };
+    root.walk(&mut visit);
+    found
+}
+
+fn join(a: &str, b: &str) -> String {
+    if a.is_empty() {
+        b.to_owned()
+    } else {
+        format!("{a}.{b}")
+    }
+}

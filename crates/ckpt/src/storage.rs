@@ -1,0 +1,66 @@
+//! Storage bytes: mapped from the file where the entry is stored, owned otherwise.
+
+use std::ops::Deref;
+use std::sync::Arc;
+
+use memmap2::Mmap;
+
+use crate::dtype::DType;
+
+/// The bytes of one storage, cheap to clone. Mapped bytes are read lazily
+/// by the OS: opening a checkpoint reads no tensor data.
+#[derive(Clone)]
+pub struct Bytes(Repr);
+
+#[derive(Clone)]
+enum Repr {
+    Mapped { map: Arc<Mmap>, start: usize, len: usize },
+    Owned(Arc<[u8]>),
+}
+
+impl Bytes {
+    /// Bytes owned in memory.
+    pub fn owned(v: Vec<u8>) -> Self {
+        Bytes(Repr::Owned(v.into()))
+    }
+
+    /// A range of a mapped file. Panics if the range is outside the map (callers check first).
+    pub(crate) fn mapped(map: &Arc<Mmap>, start: usize, len: usize) -> Self {
+        assert!(start.checked_add(len).is_some_and(|end| end <= map.len()), "mapped range outside the file");
+        Bytes(Repr::Mapped { map: map.clone(), start, len })
+    }
+
+    /// Whether the bytes come from a file mapping (no copy was made).
+    pub fn is_mapped(&self) -> bool {
+        matches!(self.0, Repr::Mapped { .. })
+    }
+}
+
+impl Deref for Bytes {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match &self.0 {
+            Repr::Mapped { map, start, len } => &map[*start..*start + *len],
+            Repr::Owned(v) => v,
+        }
+    }
+}
+
+impl std::fmt::Debug for Bytes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Bytes({} bytes{})", self.len(), if self.is_mapped() { ", mapped" } else { "" })
+    }
+}
+
+/// One storage: the flat buffer tensors are views of.
+#[derive(Debug, Clone)]
+pub struct Storage {
+    /// Pickled through a typed storage class (`torch.FloatStorage`) rather than `UntypedStorage`.
+    pub typed: bool,
+    /// Element dtype (typed storages), or the dtype of the first tensor over it.
+    pub dtype: DType,
+    /// Where torch had it (`cpu`, `cuda:0`); written back as `cpu`.
+    pub location: String,
+    /// The bytes, little-endian.
+    pub data: Bytes,
+}

@@ -1,0 +1,89 @@
+//! A candle-nn `VarBuilder` over a checkpoint's state dict, so a candle
+//! model loads its weights straight from a ProtoMotions `.ckpt`.
+
+use std::sync::Arc;
+
+use candle_core::{DType as CDType, Device, Shape, Tensor};
+use candle_nn::var_builder::SimpleBackend;
+use candle_nn::{Init, VarBuilder};
+
+use crate::checkpoint::Checkpoint;
+use crate::error::{CkptError, Result};
+use crate::tree::Node;
+
+/// Serves the tensors of one dict of a checkpoint (the state dict under
+/// `model`, typically) by their state-dict names. Stored entries are
+/// read from the file mapping when a tensor is requested.
+#[derive(Debug, Clone)]
+pub struct CheckpointBackend {
+    ckpt: Arc<Checkpoint>,
+    dict: String,
+}
+
+impl CheckpointBackend {
+    /// A backend over the dict at dotted key `dict` (`""` for the root).
+    pub fn new(ckpt: Arc<Checkpoint>, dict: &str) -> Result<Self> {
+        match ckpt.get(dict) {
+            Some(Node::Dict(_)) => Ok(CheckpointBackend { ckpt, dict: dict.to_owned() }),
+            Some(other) => Err(CkptError::Value {
+                path: ckpt.path.clone(),
+                key: dict.to_owned(),
+                reason: format!("is a {}, not a state dict", other.kind()),
+            }),
+            None => Err(CkptError::NotFound { path: ckpt.path.clone(), key: dict.to_owned() }),
+        }
+    }
+
+    fn lookup(&self, name: &str) -> candle_core::Result<&crate::tree::TensorRef> {
+        let d = self.ckpt.get(&self.dict).and_then(Node::as_dict);
+        match d.and_then(|d| d.get(name)) {
+            Some(Node::Tensor(t)) => Ok(t),
+            _ => Err(candle_core::Error::CannotFindTensor { path: format!("{}.{name}", self.dict) }),
+        }
+    }
+
+    fn load(&self, name: &str, dtype: CDType, dev: &Device) -> candle_core::Result<Tensor> {
+        let t = self.lookup(name)?;
+        let tensor = self.ckpt.to_candle(t, dev).map_err(|e| candle_core::Error::Msg(e.to_string()))?;
+        tensor.to_dtype(dtype)
+    }
+}
+
+impl SimpleBackend for CheckpointBackend {
+    fn get(&self, s: Shape, name: &str, _h: Init, dtype: CDType, dev: &Device) -> candle_core::Result<Tensor> {
+        let t = self.load(name, dtype, dev)?;
+        if t.shape() != &s {
+            return Err(candle_core::Error::UnexpectedShape {
+                msg: format!("shape mismatch for {}.{name}", self.dict),
+                expected: s,
+                got: t.shape().clone(),
+            }
+            .bt());
+        }
+        Ok(t)
+    }
+
+    fn get_unchecked(&self, name: &str, dtype: CDType, dev: &Device) -> candle_core::Result<Tensor> {
+        self.load(name, dtype, dev)
+    }
+
+    fn contains_tensor(&self, name: &str) -> bool {
+        self.lookup(name).is_ok()
+    }
+}
+
+/// A `VarBuilder` over the state dict at `dict` (`"model"` in ProtoMotions
+/// checkpoints), producing tensors of `dtype` on `device`.
+///
+/// ```no_run
+/// use std::sync::Arc;
+/// use pmstate_ckpt::{var_builder, Checkpoint};
+/// let ckpt = Arc::new(Checkpoint::open("last.ckpt")?);
+/// let vb = var_builder(ckpt, "model", candle_core::DType::F32, &candle_core::Device::Cpu)?;
+/// let layer = candle_nn::linear(358, 1024, vb.pp("_actor.mu.mlp.0"))?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub fn var_builder(ckpt: Arc<Checkpoint>, dict: &str, dtype: CDType, device: &Device) -> Result<VarBuilder<'static>> {
+    let backend = CheckpointBackend::new(ckpt, dict)?;
+    Ok(VarBuilder::from_backend(Box::new(backend), dtype, device.clone()))
+}

@@ -1,0 +1,104 @@
+//! Every torch-written fixture reads as torch sees it (manifest.json), and
+//! round-trips through our writers: .pt -> .pt and .pt -> safetensors -> .pt.
+//! With Python torch importable, torch itself judges the rewritten files.
+
+mod common;
+
+use common::*;
+use pmstate_ckpt::{Checkpoint, CkptError, Format};
+
+#[test]
+fn every_fixture_reads_as_torch_sees_it() {
+    let m = manifest();
+    for file in walkable(&m) {
+        let ckpt = Checkpoint::open(fixture(&file)).unwrap_or_else(|e| panic!("{file}: {e}"));
+        let errs = check_against_manifest(&ckpt, &entry(&m, &file));
+        assert!(errs.is_empty(), "{file}:\n{}", errs.join("\n"));
+    }
+}
+
+#[test]
+fn stored_entries_are_mapped_and_deflated_ones_inflated() {
+    let stored = Checkpoint::open(fixture("ppo_full.ckpt")).unwrap();
+    assert!(matches!(&stored.format, Format::TorchZip { prefix } if prefix == "ppo_full"));
+    assert!(stored.storages.values().all(|s| s.data.is_mapped()));
+    let deflated = Checkpoint::open(fixture("deflated.ckpt")).unwrap();
+    assert!(deflated.storages.values().all(|s| !s.data.is_mapped()));
+    assert_eq!(stored.tensors().len(), deflated.tensors().len());
+    for ((ka, a), (kb, b)) in stored.tensors().into_iter().zip(deflated.tensors()) {
+        assert_eq!(ka, kb);
+        assert_eq!(stored.tensor_bytes(a).unwrap(), deflated.tensor_bytes(b).unwrap(), "{ka}");
+    }
+    let legacy = Checkpoint::open(fixture("legacy.pt")).unwrap();
+    assert_eq!(legacy.format, Format::TorchLegacy);
+}
+
+fn roundtrip_dir() -> tempfile::TempDir {
+    tempfile::tempdir().expect("temp dir")
+}
+
+#[test]
+fn pt_to_pt_and_through_safetensors_keeps_everything() {
+    let m = manifest();
+    let dir = roundtrip_dir();
+    for file in walkable(&m) {
+        let original = Checkpoint::open(fixture(&file)).unwrap();
+        let stem = file.split('.').next().unwrap();
+        let pt = dir.path().join(format!("{stem}.pt"));
+        original.save(&pt, false).unwrap_or_else(|e| panic!("{file} -> .pt: {e}"));
+        let st = dir.path().join(format!("{stem}.safetensors"));
+        original.save(&st, false).unwrap_or_else(|e| panic!("{file} -> .safetensors: {e}"));
+        let via_st = Checkpoint::open(&st).unwrap_or_else(|e| panic!("{file} safetensors: {e}"));
+        assert_eq!(via_st.format, Format::Safetensors { with_tree: true });
+        let back = dir.path().join(format!("{stem}.back.pt"));
+        via_st.save(&back, false).unwrap_or_else(|e| panic!("{file} safetensors -> .pt: {e}"));
+        for written in [&pt, &st, &back] {
+            let again = Checkpoint::open(written).unwrap_or_else(|e| panic!("{}: {e}", written.display()));
+            let errs = check_against_manifest(&again, &entry(&m, &file));
+            assert!(errs.is_empty(), "{} (from {file}):\n{}", written.display(), errs.join("\n"));
+        }
+    }
+}
+
+#[test]
+fn torch_loads_our_rewrites_equal_to_its_own_files() {
+    let Some(py) = torch_python() else { return };
+    let m = manifest();
+    let dir = roundtrip_dir();
+    for file in walkable(&m) {
+        let original = Checkpoint::open(fixture(&file)).unwrap();
+        let stem = file.split('.').next().unwrap();
+        let pt = dir.path().join(format!("{stem}.pt"));
+        original.save(&pt, false).unwrap();
+        let st = dir.path().join(format!("{stem}.safetensors"));
+        original.save(&st, false).unwrap();
+        let back = dir.path().join(format!("{stem}.back.pt"));
+        Checkpoint::open(&st).unwrap().save(&back, false).unwrap();
+        for ours in [&pt, &back] {
+            // Everything we write loads under torch's safe loader, even where the original did not.
+            let (code, out) = torch_compare(&py, &[std::path::Path::new("--weights-only-check"), ours]);
+            assert_eq!(code, 0, "{}: {out}", ours.display());
+            if entry(&m, &file)["weights_only_true"]["ok"] == true {
+                let (code, out) = torch_compare(&py, &[&fixture(&file), ours]);
+                assert_eq!(code, 0, "{file} vs {}: {out}", ours.display());
+            }
+        }
+    }
+}
+
+#[test]
+fn the_hostile_fixture_is_reported_never_run_never_reemitted() {
+    let marker = std::path::Path::new("/tmp/pmstate_pwned");
+    let existed = marker.exists();
+    let ckpt = Checkpoint::open(fixture("hostile_os_system.pt")).unwrap();
+    let flagged = ckpt.unsafe_globals();
+    assert!(flagged.iter().any(|(_, g)| g == "posix.system"), "{flagged:?}");
+    let dir = roundtrip_dir();
+    for out in ["x.pt", "x.safetensors"] {
+        let err = ckpt.save(dir.path().join(out), false).unwrap_err();
+        assert!(matches!(err, CkptError::UnsafeGlobals { ref first, .. } if first == "posix.system"), "{err}");
+        assert!(!dir.path().join(out).exists(), "refused write left a file");
+    }
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "no temporary file left behind");
+    assert_eq!(marker.exists(), existed, "nothing ran");
+}
