@@ -4,8 +4,13 @@
 //! - [`norm`]: ProtoMotions-exact running normalizers on candle tensors
 //!   (CPU and CUDA): [`RunningMeanStd`], [`RewardRunningMeanStd`],
 //!   [`combine_moments`], distributed aggregation over a [`Collective`].
-//! - [`pickle`], [`ckpt`], [`trace`]: torch pickles, checkpoints and
-//!   pm-trace replay (in progress; see the issues).
+//! - [`pickle`]: a torch-pickle reader that never executes anything, and a
+//!   writer torch's `weights_only` loader accepts.
+//! - [`ckpt`]: ProtoMotions `.pt`/`.ckpt` checkpoints (zip, legacy) and
+//!   safetensors, losslessly; normalizers from and into checkpoints; a
+//!   candle `VarBuilder` (see `examples/checkpoint_inference.rs`).
+//! - [`trace`]: pm-trace files recorded from the reference, their replay and
+//!   comparison.
 //!
 //! ```
 //! use candle_core::{Device, Tensor};

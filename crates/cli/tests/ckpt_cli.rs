@@ -1,0 +1,134 @@
+//! `inspect`, `convert`, `normalizers`, `diff` end to end on the torch-written fixtures.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+use serde_json::Value as J;
+
+fn pmstate(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_pmstate")).args(args).output().expect("run pmstate")
+}
+
+fn fixture(name: &str) -> String {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/checkpoints").join(name).display().to_string()
+}
+
+fn stdout_json(out: &Output) -> J {
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!("{e}: {}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
+    })
+}
+
+#[test]
+fn inspect_shows_tree_normalizers_and_flags_unsafe_globals() {
+    let out = pmstate(&["inspect", &fixture("ppo_full.ckpt")]);
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("_actor.mu.mlp.0.weight: Tensor float32 [32, 12]"), "{text}");
+    assert!(text.contains("model._actor.mu.input_models.obs.running_obs_norm: shape [12] count"), "{text}");
+    assert!(text.contains("model._actor.mu.input_models.future.running_obs_norm: lazy"), "{text}");
+    assert!(!text.contains("UNSAFE"), "{text}");
+
+    let j = stdout_json(&pmstate(&["inspect", "--json", &fixture("ppo_full.ckpt")]));
+    let norms = j["normalizers"].as_array().unwrap();
+    assert_eq!(norms.len(), 3);
+    assert!(norms.iter().all(|g| g["count"].as_i64().unwrap() > 1 && g["std"]["min"].as_f64().unwrap() > 0.0));
+    // As many tensors as torch itself saw in the file (manifest.json).
+    let manifest: J = serde_json::from_str(&std::fs::read_to_string(fixture("manifest.json")).unwrap()).unwrap();
+    let torch_tensors = manifest["fixtures"][0]["leaves"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|l| l["type"] == "Tensor" || l["type"] == "Parameter")
+        .count();
+    assert_eq!(manifest["fixtures"][0]["file"], "ppo_full.ckpt");
+    assert_eq!(j["tensors"].as_array().unwrap().len(), torch_tensors);
+    assert!(j["unsafe_globals"].as_array().unwrap().is_empty());
+
+    let hostile = pmstate(&["inspect", "--json", &fixture("hostile_os_system.pt")]);
+    assert!(hostile.status.success());
+    let j = stdout_json(&hostile);
+    assert!(j["unsafe_globals"].as_array().unwrap().iter().any(|g| g["global"] == "posix.system"), "{j}");
+}
+
+#[test]
+fn convert_round_trips_and_refuses_unsafe_globals() {
+    let dir = tempfile::tempdir().unwrap();
+    let st = dir.path().join("ppo.safetensors").display().to_string();
+    let back = dir.path().join("back.ckpt").display().to_string();
+    let out = pmstate(&["convert", "--json", &fixture("ppo_full.ckpt"), &st]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(stdout_json(&out)["ok"], true);
+    assert!(pmstate(&["convert", &st, &back]).status.success());
+    // diff says equal at zero tolerance, and exit 0.
+    let d = pmstate(&["diff", "--json", &fixture("ppo_full.ckpt"), &back]);
+    assert_eq!(d.status.code(), Some(0), "{}", String::from_utf8_lossy(&d.stdout));
+    assert_eq!(stdout_json(&d)["equal"], true);
+
+    // --select: the state dict as plain tensors under its own keys.
+    let model = dir.path().join("model.safetensors").display().to_string();
+    let out = pmstate(&["convert", "--json", "--select", "model", &fixture("ppo_full.ckpt"), &model]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let j = stdout_json(&pmstate(&["inspect", "--json", &model]));
+    let keys: Vec<&str> = j["tensors"].as_array().unwrap().iter().map(|t| t["key"].as_str().unwrap()).collect();
+    assert!(keys.contains(&"_actor.mu.mlp.0.weight") && keys.contains(&"_critic.mlp.5.bias"), "{keys:?}");
+    assert!(j["format"].as_str().unwrap().contains("with_tree: false"));
+
+    // The hostile file: refused (exit 1), nothing written.
+    let evil = dir.path().join("evil.pt");
+    let out = pmstate(&["convert", &fixture("hostile_os_system.pt"), &evil.display().to_string()]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("posix.system"));
+    assert!(!evil.exists());
+
+    // Errors: unknown output extension, unreadable input: exit 2.
+    assert_eq!(pmstate(&["convert", &fixture("ppo_full.ckpt"), "x.txt"]).status.code(), Some(2));
+    let junk = dir.path().join("junk.pt");
+    std::fs::write(&junk, b"no checkpoint").unwrap();
+    let out = pmstate(&["inspect", &junk.display().to_string()]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("junk.pt"));
+}
+
+#[test]
+fn diff_reports_value_changes_within_tolerances() {
+    // The actor normalizer after one more update differs from the original in mean, var and count.
+    let dir = tempfile::tempdir().unwrap();
+    let mut ckpt = pmstate_ckpt::Checkpoint::open(fixture("ppo_full.ckpt")).unwrap();
+    let g = pmstate_ckpt::find_normalizers(&ckpt).unwrap().remove(0);
+    let mut state = pmstate_ckpt::load_state(&ckpt, &g, &candle_core::Device::Cpu).unwrap();
+    state.mean = (state.mean + 1e-3).unwrap();
+    state.count += 1;
+    pmstate_ckpt::store_state(&mut ckpt, &g.dict, &g.base, &state).unwrap();
+    let changed = dir.path().join("changed.ckpt");
+    ckpt.save(&changed, false).unwrap();
+    let changed = changed.display().to_string();
+
+    let d = pmstate(&["diff", "--json", &fixture("ppo_full.ckpt"), &changed]);
+    assert_eq!(d.status.code(), Some(1));
+    let j = stdout_json(&d);
+    let keys: Vec<&str> = j["differences"].as_array().unwrap().iter().map(|x| x["key"].as_str().unwrap()).collect();
+    assert_eq!(keys, [format!("{}.mean", g.name()), format!("{}.count", g.name())], "{j}");
+    // Within atol 1e-2 only the count (an integer change of 1 > 1e-2) remains.
+    let d = pmstate(&["diff", "--json", "--atol", "1e-2", &fixture("ppo_full.ckpt"), &changed]);
+    let j = stdout_json(&d);
+    let keys: Vec<&str> = j["differences"].as_array().unwrap().iter().map(|x| x["key"].as_str().unwrap()).collect();
+    assert_eq!(keys, [format!("{}.count", g.name())]);
+    let d = pmstate(&["diff", "--atol", "2", &fixture("ppo_full.ckpt"), &changed]);
+    assert_eq!(d.status.code(), Some(0), "{}", String::from_utf8_lossy(&d.stdout));
+}
+
+#[test]
+fn normalizers_lists_groups_and_lazy_ones() {
+    let j = stdout_json(&pmstate(&["normalizers", "--json", &fixture("ppo_full.ckpt")]));
+    let names: Vec<&str> = j["normalizers"].as_array().unwrap().iter().map(|g| g["name"].as_str().unwrap()).collect();
+    assert_eq!(
+        names,
+        [
+            "model._actor.mu.input_models.obs.running_obs_norm",
+            "model._critic.input_models.obs.running_obs_norm",
+            "running_reward_norm"
+        ]
+    );
+    assert_eq!(j["lazy"], serde_json::json!(["model._actor.mu.input_models.future.running_obs_norm"]));
+}
