@@ -1,0 +1,162 @@
+//! Broken and hostile checkpoints give errors, never panics: every fixture
+//! truncated and bit-flipped, plus hand-made archives that lie about their
+//! contents.
+
+mod common;
+
+use std::io::Write;
+
+use common::*;
+use pmstate_ckpt::{Checkpoint, CkptError};
+use proptest::prelude::*;
+
+fn open_bytes(bytes: &[u8], ext: &str) -> Result<Checkpoint, CkptError> {
+    let mut f = tempfile::Builder::new().suffix(ext).tempfile().unwrap();
+    f.write_all(bytes).unwrap();
+    f.flush().unwrap();
+    let c = Checkpoint::open(f.path())?;
+    // Touch every tensor, as inspect/convert would.
+    for (_, t) in c.tensors() {
+        c.tensor_bytes(t)?;
+    }
+    Ok(c)
+}
+
+fn fixture_files() -> Vec<(String, Vec<u8>)> {
+    ["ppo_full.ckpt", "dtypes_views.pt", "legacy.pt", "deflated.ckpt", "protocol4.pt", "hostile_os_system.pt"]
+        .iter()
+        .map(|f| (f.to_string(), std::fs::read(fixture(f)).unwrap()))
+        .collect()
+}
+
+#[test]
+fn every_truncation_at_a_record_boundary_is_an_error() {
+    for (name, bytes) in fixture_files() {
+        // Record boundaries: every local header signature, plus the end records.
+        let cuts: Vec<usize> = (0..bytes.len().saturating_sub(4))
+            .filter(|&i| bytes[i..i + 2] == *b"PK")
+            .chain([1, 8, 64, bytes.len() - 1])
+            .collect();
+        for cut in cuts {
+            let r = open_bytes(&bytes[..cut], ".pt");
+            assert!(r.is_err(), "{name} cut at {cut} opened");
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    #[test]
+    fn truncated_or_bit_flipped_fixtures_never_panic(which in 0usize..6, at in any::<prop::sample::Index>(), bit in 0u8..8, cut in any::<bool>()) {
+        let files = fixture_files();
+        let (_, bytes) = &files[which];
+        let i = at.index(bytes.len());
+        let mut b = bytes.clone();
+        if cut {
+            b.truncate(i);
+        } else {
+            b[i] ^= 1 << bit;
+        }
+        // Either outcome is fine (a flipped bit in tensor data still reads); a panic is not.
+        let _ = open_bytes(&b, ".pt");
+    }
+}
+
+/// A torch-like zip with the given records (stored), for lying archives.
+fn zip_of(records: &[(&str, &[u8])]) -> Vec<u8> {
+    let mut buf = std::io::Cursor::new(Vec::new());
+    {
+        let mut z = zip::ZipWriter::new(&mut buf);
+        let opts = zip::write::SimpleFileOptions::default().compression_method(zip::CompressionMethod::Stored);
+        for (name, data) in records {
+            z.start_file(*name, opts).unwrap();
+            z.write_all(data).unwrap();
+        }
+        z.finish().unwrap();
+    }
+    buf.into_inner()
+}
+
+/// data.pkl of `{'t': tensor}` with the given storage numel, offset, size and stride.
+fn tensor_pickle(numel: i64, offset: i64, size: &[i64], stride: &[i64]) -> Vec<u8> {
+    use pmstate_pickle::Value as V;
+    let ints = |xs: &[i64]| V::Tuple(xs.iter().map(|&x| V::Int(x)).collect());
+    let pid = V::PersistentId(Box::new(V::Tuple(vec![
+        V::Str("storage".into()),
+        V::global("torch", "FloatStorage"),
+        V::Str("0".into()),
+        V::Str("cpu".into()),
+        V::Int(numel),
+    ])));
+    let od = V::reduce(V::global("collections", "OrderedDict"), V::Tuple(vec![]));
+    let t = V::reduce(
+        V::global("torch._utils", "_rebuild_tensor_v2"),
+        V::Tuple(vec![pid, V::Int(offset), ints(size), ints(stride), V::Bool(false), od]),
+    );
+    pmstate_pickle::to_vec(&V::Dict(vec![(V::Str("t".into()), t)])).unwrap()
+}
+
+fn reason(e: CkptError) -> String {
+    e.to_string()
+}
+
+#[test]
+fn archives_that_lie_get_their_specific_error() {
+    let data = [0u8; 16]; // 4 floats
+    let ok = tensor_pickle(4, 0, &[2, 2], &[2, 1]);
+    let base = |pkl: &[u8], data: &[u8]| zip_of(&[("a/data.pkl", pkl), ("a/data/0", data), ("a/version", b"3\n")]);
+    assert!(open_bytes(&base(&ok, &data), ".pt").is_ok());
+
+    let e = reason(open_bytes(&base(&ok, &data[..12]), ".pt").unwrap_err());
+    assert!(e.contains("record data/0 holds 12 bytes; its storage declares 16"), "{e}");
+    let e = reason(open_bytes(&base(&tensor_pickle(4, 1, &[2, 2], &[2, 1]), &data), ".pt").unwrap_err());
+    assert!(e.contains("t:") && e.contains("reaches element 5"), "{e}");
+    let e = reason(open_bytes(&base(&tensor_pickle(4, 0, &[-2, 2], &[2, 1]), &data), ".pt").unwrap_err());
+    assert!(e.contains("negative size -2"), "{e}");
+    let e = reason(open_bytes(&base(&tensor_pickle(4, 0, &[2, 2], &[-2, 1]), &data), ".pt").unwrap_err());
+    assert!(e.contains("negative stride -2"), "{e}");
+    let e = reason(open_bytes(&base(&tensor_pickle(1 << 62, 0, &[1], &[1]), &data), ".pt").unwrap_err());
+    assert!(e.contains("storage size overflows") || e.contains("declares"), "{e}");
+    let huge = tensor_pickle(4, 0, &[1 << 40, 1 << 40], &[1 << 40, 1]);
+    let e = reason(open_bytes(&base(&huge, &data), ".pt").unwrap_err());
+    assert!(e.contains("overflows") || e.contains("reaches"), "{e}");
+
+    let e = reason(
+        open_bytes(&zip_of(&[("a/data.pkl", &ok), ("b/data/0", &data), ("a/version", b"3\n")]), ".pt").unwrap_err(),
+    );
+    assert!(e.contains("outside the archive's folder"), "{e}");
+    let e = reason(open_bytes(&zip_of(&[("data.pkl", &ok)]), ".pt").unwrap_err());
+    assert!(e.contains("not in a subdirectory"), "{e}");
+    let e = reason(open_bytes(&zip_of(&[("a/data.pkl", &ok), ("a/version", b"3\n")]), ".pt").unwrap_err());
+    assert!(e.contains("no record data/0"), "{e}");
+    let e = reason(open_bytes(&zip_of(&[("a/data.pkl", &ok), ("a/data/0", &data)]), ".pt").unwrap_err());
+    assert!(e.contains("no version record"), "{e}");
+    let travel =
+        zip_of(&[("a/data.pkl", &ok), ("a/../../etc/passwd", b"x"), ("a/data/0", &data), ("a/version", b"3\n")]);
+    // A traversal name inside the folder is just a record name we never use as a path.
+    assert!(open_bytes(&travel, ".pt").is_ok());
+    let big = zip_of(&[("a/data.pkl", &ok), ("a/byteorder", b"big"), ("a/data/0", &data), ("a/version", b"3\n")]);
+    assert!(reason(open_bytes(&big, ".pt").unwrap_err()).contains("only little-endian"));
+}
+
+#[test]
+fn a_deflated_record_that_inflates_past_its_declared_size_is_refused() {
+    // A zip bomb in miniature: data/0 declares 16 bytes but holds a deflate stream of 1 MiB.
+    let ok = tensor_pickle(4, 0, &[4], &[1]);
+    let mut buf = std::io::Cursor::new(Vec::new());
+    {
+        let mut z = zip::ZipWriter::new(&mut buf);
+        let stored = zip::write::SimpleFileOptions::default().compression_method(zip::CompressionMethod::Stored);
+        let deflated = zip::write::SimpleFileOptions::default().compression_method(zip::CompressionMethod::Deflated);
+        z.start_file("a/data.pkl", stored).unwrap();
+        z.write_all(&ok).unwrap();
+        z.start_file("a/data/0", deflated).unwrap();
+        z.write_all(&vec![0u8; 1 << 20]).unwrap();
+        z.start_file("a/version", stored).unwrap();
+        z.write_all(b"3\n").unwrap();
+        z.finish().unwrap();
+    }
+    let e = reason(open_bytes(&buf.into_inner(), ".pt").unwrap_err());
+    assert!(e.contains("data/0 holds 1048576 bytes; its storage declares 16"), "{e}");
+}
