@@ -10,7 +10,7 @@ use memmap2::Mmap;
 
 use crate::error::{io_err, CkptError, Result};
 use crate::read_torch::{is_legacy, read_legacy, read_zip, Parsed, ReadOptions};
-use crate::storage::Storage;
+use crate::storage::{Backing, Storage};
 use crate::tree::{dotted, Node, TensorRef};
 
 /// The container a checkpoint was read from.
@@ -58,7 +58,7 @@ pub struct Checkpoint {
 }
 
 /// Opens a file for reading and maps it. The map is read-only and private.
-pub(crate) fn map_file(path: &Path) -> Result<Arc<Mmap>> {
+pub(crate) fn map_file(path: &Path) -> Result<Arc<Backing>> {
     let file = File::open(path).map_err(io_err(path))?;
     // SAFETY: the map is read-only; the one hazard is another process
     // truncating or rewriting the file while we hold it (then reads may see
@@ -67,7 +67,7 @@ pub(crate) fn map_file(path: &Path) -> Result<Arc<Mmap>> {
     // place: they write a temporary file and rename it over the target.
     // Tested by `tests/fixtures.rs`, which reads mapped fixtures.
     let map = unsafe { Mmap::map(&file) }.map_err(io_err(path))?;
-    Ok(Arc::new(map))
+    Ok(Arc::new(Backing::Map(map)))
 }
 
 impl Checkpoint {
@@ -81,19 +81,28 @@ impl Checkpoint {
     /// [`Checkpoint::open`] with explicit limits.
     pub fn open_with(path: impl AsRef<Path>, opts: &ReadOptions) -> Result<Self> {
         let path = path.as_ref();
-        let shown = path.display().to_string();
         let map = map_file(path)?;
+        Self::parse(path.display().to_string(), &map, is_safetensors_path(path), opts)
+    }
+
+    /// Reads a checkpoint held in memory (any format [`Checkpoint::open`]
+    /// reads); `name` is used in messages. Storages are ranges of `bytes`.
+    pub fn from_bytes(bytes: Vec<u8>, name: &str, opts: &ReadOptions) -> Result<Self> {
+        Self::parse(name.to_owned(), &Arc::new(Backing::Mem(bytes)), false, opts)
+    }
+
+    fn parse(shown: String, map: &Arc<Backing>, safetensors_name: bool, opts: &ReadOptions) -> Result<Self> {
         if map.starts_with(b"PK") {
-            let Parsed { root, storages, prefix, .. } = read_zip(&shown, &map, opts)?;
+            let Parsed { root, storages, prefix, .. } = read_zip(&shown, map, opts)?;
             let prefix = prefix.unwrap_or_default();
             return Ok(Checkpoint { root, storages, path: shown, format: Format::TorchZip { prefix } });
         }
-        if is_legacy(&map) {
-            let Parsed { root, storages, .. } = read_legacy(&shown, &map, opts)?;
+        if is_legacy(map) {
+            let Parsed { root, storages, .. } = read_legacy(&shown, map, opts)?;
             return Ok(Checkpoint { root, storages, path: shown, format: Format::TorchLegacy });
         }
-        if is_safetensors_path(path) || crate::safetensors_io::looks_like_safetensors(&map) {
-            return crate::safetensors_io::read(&shown, &map, opts);
+        if safetensors_name || crate::safetensors_io::looks_like_safetensors(map) {
+            return crate::safetensors_io::read(&shown, map, opts);
         }
         Err(CkptError::Container {
             path: shown,

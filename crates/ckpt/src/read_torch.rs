@@ -4,13 +4,12 @@ use std::collections::HashMap;
 use std::io::{Cursor, Read};
 use std::sync::Arc;
 
-use memmap2::Mmap;
 use pmstate_pickle::{from_slice, from_slice_prefix, Limits, Value};
 use zip::CompressionMethod;
 
 use crate::error::{CkptError, Result};
 use crate::interpret::{Declared, Interpreter, PidForm};
-use crate::storage::{Bytes, Storage};
+use crate::storage::{Backing, Bytes, Storage};
 use crate::tree::Node;
 
 /// Bounds on what reading a file may claim.
@@ -57,7 +56,7 @@ pub(crate) fn interpret(path: &str, value: Value, form: PidForm, declared: &mut 
 }
 
 /// Reads a torch zip archive held in `map`.
-pub(crate) fn read_zip(path: &str, map: &Arc<Mmap>, opts: &ReadOptions) -> Result<Parsed> {
+pub(crate) fn read_zip(path: &str, map: &Arc<Backing>, opts: &ReadOptions) -> Result<Parsed> {
     let zerr = |e: zip::result::ZipError| container(path, format!("zip: {e}"));
     let mut za = zip::ZipArchive::new(Cursor::new(&map[..])).map_err(zerr)?;
     let mut prefix: Option<String> = None;
@@ -136,7 +135,7 @@ pub(crate) fn read_zip(path: &str, map: &Arc<Mmap>, opts: &ReadOptions) -> Resul
     Ok(Parsed { root, storages, prefix })
 }
 
-fn mapped(path: &str, map: &Arc<Mmap>, name: &str, rec: &Record) -> Result<Bytes> {
+fn mapped(path: &str, map: &Arc<Backing>, name: &str, rec: &Record) -> Result<Bytes> {
     let start = usize::try_from(rec.data_start).ok();
     let len = usize::try_from(rec.size).ok();
     match (start, len) {
@@ -150,7 +149,7 @@ fn mapped(path: &str, map: &Arc<Mmap>, name: &str, rec: &Record) -> Result<Bytes
 /// Reads a whole record (inflating it if compressed), refusing more than `limit` bytes.
 fn read_record(
     path: &str,
-    map: &Arc<Mmap>,
+    map: &Arc<Backing>,
     za: &mut zip::ZipArchive<Cursor<&[u8]>>,
     name: &str,
     rec: &Record,
@@ -185,7 +184,7 @@ pub(crate) fn is_legacy(bytes: &[u8]) -> bool {
 /// Reads a legacy (pre-1.6) torch.save stream: magic, protocol, sys_info,
 /// the object, the storage key list, then each storage as an i64 element
 /// count and its bytes.
-pub(crate) fn read_legacy(path: &str, map: &Arc<Mmap>, opts: &ReadOptions) -> Result<Parsed> {
+pub(crate) fn read_legacy(path: &str, map: &Arc<Backing>, opts: &ReadOptions) -> Result<Parsed> {
     let mut pos = 0usize;
     let mut next = |what: &str| -> Result<Value> {
         let (v, used) = from_slice_prefix(&map[pos..], &opts.pickle).map_err(|source| CkptError::Pickle {

@@ -15,7 +15,6 @@ use std::io::Write;
 use std::path::Path;
 use std::sync::Arc;
 
-use memmap2::Mmap;
 use safetensors::SafeTensors;
 use serde_json::{json, Map, Value as J};
 
@@ -24,7 +23,7 @@ use crate::checkpoint::{Checkpoint, Format};
 use crate::dtype::DType;
 use crate::error::{CkptError, Result};
 use crate::read_torch::ReadOptions;
-use crate::storage::{Bytes, Storage};
+use crate::storage::{Backing, Bytes, Storage};
 use crate::tree::{dotted, Dict, Node, TensorRef};
 use crate::tree_json::{node_from_json, node_to_json};
 
@@ -48,7 +47,7 @@ fn bad(path: &str, reason: impl Into<String>) -> CkptError {
 }
 
 /// Reads a safetensors file held in `map`.
-pub(crate) fn read(path: &str, map: &Arc<Mmap>, _opts: &ReadOptions) -> Result<Checkpoint> {
+pub(crate) fn read(path: &str, map: &Arc<Backing>, _opts: &ReadOptions) -> Result<Checkpoint> {
     let (n, meta) = SafeTensors::read_metadata(&map[..]).map_err(|e| bad(path, format!("safetensors: {e:?}")))?;
     let data_start = 8 + n;
     let mut tensors: Vec<(String, DType, Vec<usize>, Bytes)> = Vec::new();

@@ -7,6 +7,22 @@ use memmap2::Mmap;
 
 use crate::dtype::DType;
 
+/// A whole input file: mapped, or held in memory ([`crate::Checkpoint::from_bytes`]).
+pub(crate) enum Backing {
+    Map(Mmap),
+    Mem(Vec<u8>),
+}
+
+impl Deref for Backing {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            Backing::Map(m) => m,
+            Backing::Mem(v) => v,
+        }
+    }
+}
+
 /// The bytes of one storage, cheap to clone. Mapped bytes are read lazily
 /// by the OS: opening a checkpoint reads no tensor data.
 #[derive(Clone)]
@@ -14,7 +30,12 @@ pub struct Bytes(Repr);
 
 #[derive(Clone)]
 enum Repr {
-    Mapped { map: Arc<Mmap>, start: usize, len: usize },
+    /// A range of the input (mapped file or in-memory buffer), shared.
+    Mapped {
+        map: Arc<Backing>,
+        start: usize,
+        len: usize,
+    },
     Owned(Arc<[u8]>),
 }
 
@@ -24,15 +45,15 @@ impl Bytes {
         Bytes(Repr::Owned(v.into()))
     }
 
-    /// A range of a mapped file. Panics if the range is outside the map (callers check first).
-    pub(crate) fn mapped(map: &Arc<Mmap>, start: usize, len: usize) -> Self {
+    /// A range of the input. Panics if the range is outside it (callers check first).
+    pub(crate) fn mapped(map: &Arc<Backing>, start: usize, len: usize) -> Self {
         assert!(start.checked_add(len).is_some_and(|end| end <= map.len()), "mapped range outside the file");
         Bytes(Repr::Mapped { map: map.clone(), start, len })
     }
 
     /// Whether the bytes come from a file mapping (no copy was made).
     pub fn is_mapped(&self) -> bool {
-        matches!(self.0, Repr::Mapped { .. })
+        matches!(&self.0, Repr::Mapped { map, .. } if matches!(**map, Backing::Map(_)))
     }
 }
 

@@ -102,3 +102,15 @@ fn the_hostile_fixture_is_reported_never_run_never_reemitted() {
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "no temporary file left behind");
     assert_eq!(marker.exists(), existed, "nothing ran");
 }
+
+#[test]
+fn reading_from_memory_equals_reading_the_file() {
+    let m = manifest();
+    for file in walkable(&m) {
+        let bytes = std::fs::read(fixture(&file)).unwrap();
+        let ckpt = Checkpoint::from_bytes(bytes, &file, &Default::default()).unwrap();
+        assert!(ckpt.storages.values().all(|s| !s.data.is_mapped()));
+        let errs = check_against_manifest(&ckpt, &entry(&m, &file));
+        assert!(errs.is_empty(), "{file}:\n{}", errs.join("\n"));
+    }
+}
