@@ -67,7 +67,23 @@ pub(crate) fn map_file(path: &Path) -> Result<Arc<Backing>> {
     // place: they write a temporary file and rename it over the target.
     // Tested by `tests/fixtures.rs`, which reads mapped fixtures.
     let map = unsafe { Mmap::map(&file) }.map_err(io_err(path))?;
-    Ok(Arc::new(Backing::Map(map)))
+    Ok(Arc::new(Backing::Map(map, file)))
+}
+
+/// Sets the kernel's read-ahead policy for a mapped file. Parsing touches a
+/// few scattered pages (the pickle, every zip entry's local header, the
+/// central directory); with the default policy each of those faults also
+/// reads ahead up to `read_ahead_kb` (often MiBs) of tensor data on a cold
+/// cache, so `open` uses `Random` while parsing and restores `Normal` for
+/// the sequential reads of tensor data that may follow.
+fn advise(map: &Backing, random: bool) {
+    #[cfg(unix)]
+    if let Backing::Map(m, _) = map {
+        let advice = if random { memmap2::Advice::Random } else { memmap2::Advice::Normal };
+        let _ = m.advise(advice); // only a hint
+    }
+    #[cfg(not(unix))]
+    let _ = (map, random);
 }
 
 impl Checkpoint {
@@ -82,7 +98,10 @@ impl Checkpoint {
     pub fn open_with(path: impl AsRef<Path>, opts: &ReadOptions) -> Result<Self> {
         let path = path.as_ref();
         let map = map_file(path)?;
-        Self::parse(path.display().to_string(), &map, is_safetensors_path(path), opts)
+        advise(&map, true);
+        let parsed = Self::parse(path.display().to_string(), &map, is_safetensors_path(path), opts);
+        advise(&map, false);
+        parsed
     }
 
     /// Reads a checkpoint held in memory (any format [`Checkpoint::open`]

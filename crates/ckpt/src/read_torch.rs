@@ -17,14 +17,16 @@ use crate::tree::Node;
 pub struct ReadOptions {
     /// Limits for every pickle record.
     pub pickle: Limits,
-    /// Most bytes a compressed (deflated) record may expand to, beyond what
-    /// its storage declares: the zip-bomb guard.
-    pub max_inflated_bytes: u64,
+    /// Most bytes all compressed (deflated) records together may expand
+    /// to: the zip-bomb guard. `None`: 32 times the file size plus 64 MiB,
+    /// which real deflated checkpoints (ratios of 1.1 to 3) never approach.
+    /// Each record is also held to the size its storage declares.
+    pub max_inflated_bytes: Option<u64>,
 }
 
 impl Default for ReadOptions {
     fn default() -> Self {
-        ReadOptions { pickle: Limits::default(), max_inflated_bytes: 64 << 30 }
+        ReadOptions { pickle: Limits::default(), max_inflated_bytes: None }
     }
 }
 
@@ -111,6 +113,7 @@ pub(crate) fn read_zip(path: &str, map: &Arc<Backing>, opts: &ReadOptions) -> Re
     let mut declared = Declared::default();
     let root = interpret(path, value, PidForm::Zip, &mut declared)?;
     let mut storages = HashMap::new();
+    let mut inflate_budget = opts.max_inflated_bytes.unwrap_or((map.len() as u64).saturating_mul(32) + (64 << 20));
     for key in &declared.order {
         let decl = &declared.by_key[key];
         let name = format!("data/{key}");
@@ -124,8 +127,18 @@ pub(crate) fn read_zip(path: &str, map: &Arc<Backing>, opts: &ReadOptions) -> Re
         let data = if rec.compression == CompressionMethod::Stored {
             mapped(path, map, &name, rec)?
         } else {
-            let limit = (decl.nbytes as u64).min(opts.max_inflated_bytes);
-            Bytes::owned(read_record(path, map, &mut za, &name, rec, limit)?)
+            if decl.nbytes as u64 > inflate_budget {
+                return Err(container(
+                    path,
+                    format!(
+                        "record {name}: inflating {} more bytes would pass the limit on inflated data ({} left); \
+                         raise ReadOptions::max_inflated_bytes for a legitimate file",
+                        decl.nbytes, inflate_budget
+                    ),
+                ));
+            }
+            inflate_budget -= decl.nbytes as u64;
+            Bytes::owned(read_record(path, map, &mut za, &name, rec, decl.nbytes as u64)?)
         };
         storages.insert(
             key.clone(),

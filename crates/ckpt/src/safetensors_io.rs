@@ -11,6 +11,7 @@
 //! contiguous tensors under their own keys, loadable anywhere.
 
 use std::collections::{HashMap, HashSet};
+use std::fs::File;
 use std::io::Write;
 use std::path::Path;
 use std::sync::Arc;
@@ -153,14 +154,15 @@ pub struct ExportReport {
 }
 
 enum Source<'a> {
-    Storage(&'a [u8]),
+    /// Bytes of a storage, and where they lie in the file it was mapped from (if it was).
+    Storage(&'a [u8], Option<(&'a File, u64)>),
     Owned(Vec<u8>),
 }
 
 impl Source<'_> {
     fn bytes(&self) -> &[u8] {
         match self {
-            Source::Storage(b) => b,
+            Source::Storage(b, _) => b,
             Source::Owned(v) => v,
         }
     }
@@ -207,19 +209,95 @@ pub fn save_safetensors(
         let ioerr = |e| CkptError::Io { path: path.display().to_string(), source: e };
         w.write_all(&header).map_err(ioerr)?;
         let mut done = header.len() as u64;
+        let mut advance = |n: usize| {
+            done += n as u64;
+            if let Some(p) = opts.progress {
+                p(done);
+            }
+        };
         for e in &entries {
-            // Large chunks straight from the map: the BufWriter passes them through.
-            for chunk in e.data.bytes().chunks(8 << 20) {
-                w.write_all(chunk).map_err(ioerr)?;
-                done += chunk.len() as u64;
-                if let Some(p) = opts.progress {
-                    p(done);
+            let bytes = e.data.bytes();
+            let mut copied = 0;
+            if let Source::Storage(_, Some((src, offset))) = e.data {
+                if bytes.len() >= FILE_COPY_MIN {
+                    // The file's own bytes, file to file in the kernel, as cp does.
+                    w.flush().map_err(ioerr)?;
+                    copied = copy_file_range(src, offset, w.get_mut(), bytes.len(), &mut advance).map_err(ioerr)?;
                 }
+            }
+            // Large chunks straight from the map: the BufWriter passes them through.
+            for chunk in bytes[copied..].chunks(8 << 20) {
+                w.write_all(chunk).map_err(ioerr)?;
+                advance(chunk.len());
             }
         }
         Ok(())
     })?;
     Ok(report)
+}
+
+/// Storages at least this large are copied file to file when they are a
+/// range of a mapped file; smaller ones go through the write buffer.
+const FILE_COPY_MIN: usize = 1 << 20;
+
+/// Copies `len` bytes of `src` from `offset` to `dst` at its current
+/// position with copy_file_range(2), as `cp` does: inside the kernel, with
+/// no page faults on a mapping and no copy through user space. Reports each
+/// chunk to `advance`. Returns the bytes copied: fewer than `len` (from 0)
+/// where the kernel cannot do it (no such call, another file system, a
+/// seccomp filter), and the caller writes the rest from the mapping, which
+/// holds the same bytes. Uses its own offset into `src`, not the file's.
+#[cfg(target_os = "linux")]
+fn copy_file_range(
+    src: &File,
+    offset: u64,
+    dst: &mut File,
+    len: usize,
+    advance: &mut dyn FnMut(usize),
+) -> std::io::Result<usize> {
+    use std::os::fd::AsRawFd;
+    let Ok(mut off_in) = libc::loff_t::try_from(offset) else { return Ok(0) };
+    let mut copied = 0;
+    while copied < len {
+        let want = (len - copied).min(8 << 20);
+        // SAFETY: both descriptors are open for the whole call (borrowed
+        // files); `off_in` is a valid, exclusively borrowed loff_t; a null
+        // output offset means the output file's own offset, which the call
+        // advances.
+        let n = unsafe {
+            libc::copy_file_range(src.as_raw_fd(), &mut off_in, dst.as_raw_fd(), std::ptr::null_mut(), want, 0)
+        };
+        if n > 0 {
+            copied += n as usize;
+            advance(n as usize);
+            continue;
+        }
+        if n == 0 {
+            return Ok(copied); // the file ended early: the mapping's bytes decide
+        }
+        let err = std::io::Error::last_os_error();
+        match err.raw_os_error() {
+            Some(libc::EINTR) => continue,
+            Some(
+                libc::ENOSYS
+                | libc::EXDEV
+                | libc::EINVAL
+                | libc::EOPNOTSUPP
+                | libc::EPERM
+                | libc::EBADF
+                | libc::ETXTBSY
+                | libc::EOVERFLOW,
+            ) => return Ok(copied),
+            _ => return Err(err),
+        }
+    }
+    Ok(copied)
+}
+
+/// Elsewhere the caller writes everything from the mapping.
+#[cfg(not(target_os = "linux"))]
+fn copy_file_range(_: &File, _: u64, _: &mut File, _: usize, _: &mut dyn FnMut(usize)) -> std::io::Result<usize> {
+    Ok(0)
 }
 
 fn header_bytes(entries: &[Entry<'_>], metadata: &[(String, String)]) -> Result<Vec<u8>> {
@@ -297,7 +375,8 @@ fn whole_entries(ckpt: &Checkpoint, allow_unsafe: bool) -> Result<(Vec<Entry<'_>
                 "location": storage.location,
             }),
         );
-        entries.push(Entry { name, dtype, shape, data: Source::Storage(&storage.data) });
+        let data = Source::Storage(&storage.data, storage.data.file_range(&storage.data));
+        entries.push(Entry { name, dtype, shape, data });
     }
     let tree = serde_json::to_string(&node_to_json(&ckpt.root)).map_err(|e| CkptError::Usage(format!("tree: {e}")))?;
     let table = serde_json::to_string(&J::Object(table)).map_err(|e| CkptError::Usage(format!("tree: {e}")))?;
@@ -345,7 +424,7 @@ fn selected_entries<'a>(ckpt: &'a Checkpoint, key: &str) -> Result<(Vec<Entry<'a
         }
         let dtype = st_dtype(&name, t.dtype)?;
         let data = match ckpt.tensor_bytes(t)? {
-            std::borrow::Cow::Borrowed(b) => Source::Storage(b),
+            std::borrow::Cow::Borrowed(b) => Source::Storage(b, ckpt.storage_of(t)?.data.file_range(b)),
             std::borrow::Cow::Owned(v) => Source::Owned(v),
         };
         entries.push(Entry { name, dtype, shape: t.shape.clone(), data });

@@ -1,5 +1,6 @@
 //! Storage bytes: mapped from the file where the entry is stored, owned otherwise.
 
+use std::fs::File;
 use std::ops::Deref;
 use std::sync::Arc;
 
@@ -9,7 +10,8 @@ use crate::dtype::DType;
 
 /// A whole input file: mapped, or held in memory ([`crate::Checkpoint::from_bytes`]).
 pub(crate) enum Backing {
-    Map(Mmap),
+    /// The map and the file it maps (kept for file-to-file copies).
+    Map(Mmap, File),
     Mem(Vec<u8>),
 }
 
@@ -17,7 +19,7 @@ impl Deref for Backing {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
         match self {
-            Backing::Map(m) => m,
+            Backing::Map(m, _) => m,
             Backing::Mem(v) => v,
         }
     }
@@ -53,7 +55,18 @@ impl Bytes {
 
     /// Whether the bytes come from a file mapping (no copy was made).
     pub fn is_mapped(&self) -> bool {
-        matches!(&self.0, Repr::Mapped { map, .. } if matches!(**map, Backing::Map(_)))
+        matches!(&self.0, Repr::Mapped { map, .. } if matches!(**map, Backing::Map(..)))
+    }
+
+    /// Where `part` (a slice of these bytes) lies in the mapped file: the
+    /// file and the offset of `part`'s first byte. `None` for bytes not
+    /// mapped from a file, or a `part` that is not inside these bytes.
+    pub(crate) fn file_range(&self, part: &[u8]) -> Option<(&File, u64)> {
+        let Repr::Mapped { map, start, .. } = &self.0 else { return None };
+        let Backing::Map(_, file) = &**map else { return None };
+        let whole: &[u8] = self;
+        let at = (part.as_ptr() as usize).checked_sub(whole.as_ptr() as usize)?;
+        (at.checked_add(part.len())? <= whole.len()).then(|| (file, (start + at) as u64))
     }
 }
 

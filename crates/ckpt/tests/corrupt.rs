@@ -160,3 +160,31 @@ fn a_deflated_record_that_inflates_past_its_declared_size_is_refused() {
     let e = reason(open_bytes(&buf.into_inner(), ".pt").unwrap_err());
     assert!(e.contains("data/0 holds 1048576 bytes; its storage declares 16"), "{e}");
 }
+
+#[test]
+fn inflated_data_is_bounded_by_a_multiple_of_the_file_size() {
+    // 8 MiB of zeros deflates ~1000:1 into a tiny file: within the default budget
+    // (32x the file plus a 64 MiB floor) it reads; with an explicit 1 MiB budget it is refused.
+    let n = 2 << 20; // floats
+    let pkl = tensor_pickle(n, 0, &[n], &[1]);
+    let mut buf = std::io::Cursor::new(Vec::new());
+    {
+        let mut z = zip::ZipWriter::new(&mut buf);
+        let stored = zip::write::SimpleFileOptions::default().compression_method(zip::CompressionMethod::Stored);
+        let deflated = zip::write::SimpleFileOptions::default().compression_method(zip::CompressionMethod::Deflated);
+        z.start_file("a/data.pkl", stored).unwrap();
+        z.write_all(&pkl).unwrap();
+        z.start_file("a/data/0", deflated).unwrap();
+        z.write_all(&vec![0u8; (n * 4) as usize]).unwrap();
+        z.start_file("a/version", stored).unwrap();
+        z.write_all(b"3\n").unwrap();
+        z.finish().unwrap();
+    }
+    let bytes = buf.into_inner();
+    assert!(bytes.len() < 64 << 10);
+    let ok = Checkpoint::from_bytes(bytes.clone(), "zeros.pt", &Default::default()).unwrap();
+    assert_eq!(ok.tensors()[0].1.numel(), n as usize);
+    let tight = pmstate_ckpt::ReadOptions { max_inflated_bytes: Some(1 << 20), ..Default::default() };
+    let e = Checkpoint::from_bytes(bytes, "zeros.pt", &tight).unwrap_err().to_string();
+    assert!(e.contains("limit on inflated data"), "{e}");
+}
