@@ -88,6 +88,14 @@ pub(crate) fn read_zip(path: &str, map: &Arc<Backing>, opts: &ReadOptions) -> Re
             return Err(container(path, format!("duplicate entry {name:?}")));
         }
     }
+    if let Some(listed) = central_directory_entries(map) {
+        if listed != za.len() {
+            return Err(container(
+                path,
+                format!("duplicate entry names: the central directory lists {listed} entries, {} distinct", za.len()),
+            ));
+        }
+    }
     if records.contains_key("constants.pkl") {
         return Err(container(path, "a TorchScript archive (constants.pkl), not a torch.save checkpoint"));
     }
@@ -146,6 +154,19 @@ pub(crate) fn read_zip(path: &str, map: &Arc<Backing>, opts: &ReadOptions) -> Re
         );
     }
     Ok(Parsed { root, storages, prefix })
+}
+
+/// The entry count the end-of-central-directory record declares (None for
+/// ZIP64 archives, whose 16-bit field is saturated, or if not found). The
+/// zip reader keeps one entry per name, so a difference means duplicates,
+/// which could make two readers see different data under one name.
+fn central_directory_entries(bytes: &[u8]) -> Option<usize> {
+    let tail_start = bytes.len().saturating_sub(22 + 0xFFFF);
+    let tail = &bytes[tail_start..];
+    let at = tail.windows(4).rposition(|w| w == b"PK\x05\x06")?;
+    let field = tail.get(at + 10..at + 12)?;
+    let n = u16::from_le_bytes([field[0], field[1]]);
+    (n != 0xFFFF).then_some(usize::from(n))
 }
 
 fn mapped(path: &str, map: &Arc<Backing>, name: &str, rec: &Record) -> Result<Bytes> {
