@@ -204,7 +204,7 @@ impl Checkpoint {
         })?;
         let bytes = self.tensor_bytes(t)?;
         candle_core::Tensor::from_raw_buffer(&bytes, dtype, &t.shape, device)
-            .map_err(|source| CkptError::Candle { key: t.storage.clone(), source })
+            .map_err(|source| CkptError::Candle { key: t.storage.clone(), source: Box::new(source) })
     }
 
     /// Globals in the tree that `torch.load(weights_only=True)` would

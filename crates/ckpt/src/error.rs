@@ -76,7 +76,7 @@ pub enum CkptError {
         /// The group's dotted prefix.
         group: String,
         /// The normalizer's error.
-        source: pmstate_norm::NormError,
+        source: Box<pmstate_norm::NormError>,
     },
     /// candle refused a tensor.
     #[error("{key}: {source}")]
@@ -84,7 +84,7 @@ pub enum CkptError {
         /// The dotted key of the tensor.
         key: String,
         /// candle's error.
-        source: candle_core::Error,
+        source: Box<candle_core::Error>,
     },
     /// The caller asked for something inconsistent.
     #[error("{0}")]

@@ -1,7 +1,7 @@
 //! ProtoMotions checkpoints without Python.
 //!
 //! [`Checkpoint::open`] reads torch.save files (the zip archive of torch
-//! >= 1.6, stored or deflated, and the legacy stream) and safetensors
+//! 1.6 and later, stored or deflated, and the legacy stream) and safetensors
 //! files into an inert tree ([`Node`]) plus storages, mapping tensor data
 //! instead of reading it. Nothing in a file is ever executed: globals torch's
 //! safe loader would reject stay [`Node::Opaque`] values, are listed by

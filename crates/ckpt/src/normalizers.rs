@@ -153,7 +153,7 @@ pub fn load_normalizer(
     trained_with_ema: Option<bool>,
     device: &Device,
 ) -> Result<(RunningMeanStd, Vec<LoadWarning>)> {
-    let norm_err = |source| CkptError::Norm { group: name.to_owned(), source };
+    let norm_err = |source| CkptError::Norm { group: name.to_owned(), source: Box::new(source) };
     let mut rms = RunningMeanStd::new(config, None, device).map_err(norm_err)?;
     let groups = find_normalizers(ckpt)?;
     let mut warnings = Vec::new();
@@ -182,7 +182,7 @@ pub fn store_state(ckpt: &mut Checkpoint, dict: &str, base: &str, state: &NormSt
             .to_dtype(CDType::F64)
             .and_then(|t| t.flatten_all())
             .and_then(|t| t.to_vec1())
-            .map_err(|source| CkptError::Candle { key: group.clone(), source })?;
+            .map_err(|source| CkptError::Candle { key: group.clone(), source: Box::new(source) })?;
         Ok(v.iter().flat_map(|x| x.to_le_bytes()).collect())
     };
     let buffers = [

@@ -13,7 +13,7 @@ use crate::storage::{Backing, Bytes, Storage};
 use crate::tree::Node;
 
 /// Bounds on what reading a file may claim.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct ReadOptions {
     /// Limits for every pickle record.
     pub pickle: Limits,
@@ -22,12 +22,6 @@ pub struct ReadOptions {
     /// which real deflated checkpoints (ratios of 1.1 to 3) never approach.
     /// Each record is also held to the size its storage declares.
     pub max_inflated_bytes: Option<u64>,
-}
-
-impl Default for ReadOptions {
-    fn default() -> Self {
-        ReadOptions { pickle: Limits::default(), max_inflated_bytes: None }
-    }
 }
 
 /// Where a record lives in the archive.

@@ -431,3 +431,92 @@ fn selected_entries<'a>(ckpt: &'a Checkpoint, key: &str) -> Result<(Vec<Entry<'a
     }
     Ok((entries, skipped))
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+    use std::sync::Mutex;
+
+    use super::*;
+    use crate::storage::Bytes;
+
+    fn tensor(storage: &str, offset: usize, shape: &[usize]) -> Node {
+        Node::Tensor(TensorRef {
+            storage: storage.into(),
+            dtype: DType::F32,
+            offset,
+            shape: shape.to_vec(),
+            stride: TensorRef::contiguous_stride(shape),
+            requires_grad: false,
+            parameter: None,
+            object: None,
+        })
+    }
+
+    fn storage(words: usize, seed: u32) -> Storage {
+        let data: Vec<u8> =
+            (0..words as u32).flat_map(|i| (i.wrapping_mul(2_654_435_761) ^ seed).to_le_bytes()).collect();
+        Storage { typed: true, dtype: DType::F32, location: "cpu".into(), data: Bytes::owned(data) }
+    }
+
+    /// Storages of FILE_COPY_MIN and more are copied file to file from the
+    /// mapped source: whole exports and `select` (a view at an offset) must
+    /// hold the same bytes as the source, and progress must reach the end.
+    #[test]
+    fn large_mapped_storages_are_copied_exactly() {
+        let words = FILE_COPY_MIN; // 4 MiB of f32
+        let storages: HashMap<String, Storage> = [
+            ("a".to_owned(), storage(words, 1)),
+            ("b".to_owned(), storage(words / 2, 2)),
+            ("c".to_owned(), storage(7, 3)),
+        ]
+        .into();
+        let model = Node::Dict(Dict {
+            ordered: true,
+            entries: vec![
+                (Node::Str("w".into()), tensor("a", 0, &[words / 4, 4])),
+                (Node::Str("view".into()), tensor("b", 1001, &[words / 2 - 3000])),
+                (Node::Str("small".into()), tensor("c", 0, &[7])),
+            ],
+            state: None,
+        });
+        let root = Node::Dict(Dict {
+            ordered: false,
+            entries: vec![(Node::Str("model".into()), model), (Node::Str("b_again".into()), tensor("b", 0, &[2]))],
+            state: None,
+        });
+        let dir = tempfile::tempdir().unwrap();
+        let src = dir.path().join("src.pt");
+        crate::save_torch(&Checkpoint::from_parts(root, storages), &src, &Default::default()).unwrap();
+        let orig = Checkpoint::open(&src).unwrap();
+        assert!(orig.storages.values().all(|s| s.data.is_mapped()));
+        let same = |a: &Checkpoint, b: &Checkpoint, key: &str, key_b: &str| {
+            let (ta, tb) = (a.tensor(key).unwrap(), b.tensor(key_b).unwrap());
+            assert_eq!(ta.shape, tb.shape, "{key}");
+            assert!(a.tensor_bytes(ta).unwrap() == b.tensor_bytes(tb).unwrap(), "{key}: bytes differ");
+        };
+        for select in [None, Some("model".to_owned())] {
+            let out = dir.path().join("out.safetensors");
+            let last = Mutex::new(0u64);
+            let progress = |n: u64| {
+                let mut l = last.lock().unwrap();
+                assert!(n >= *l);
+                *l = n;
+            };
+            let opts = SafetensorsOptions { select: select.clone(), progress: Some(&progress), ..Default::default() };
+            save_safetensors(&orig, &out, &opts).unwrap();
+            assert_eq!(*last.lock().unwrap(), std::fs::metadata(&out).unwrap().len());
+            let back = Checkpoint::open(&out).unwrap();
+            if select.is_some() {
+                for k in ["w", "view", "small"] {
+                    same(&orig, &back, &format!("model.{k}"), k);
+                }
+            } else {
+                for k in ["model.w", "model.view", "model.small", "b_again"] {
+                    same(&orig, &back, k, k);
+                }
+                assert_eq!(back.root, orig.root);
+            }
+        }
+    }
+}

@@ -72,11 +72,7 @@ fn is_other_torch_dtype(name: &str) -> bool {
 
 fn globals_in(v: &Value, out: &mut Vec<String>) {
     match v {
-        Value::Global { module, name } => {
-            if !is_safe_global(module, name) {
-                out.push(format!("{module}.{name}"));
-            }
-        }
+        Value::Global { module, name } if !is_safe_global(module, name) => out.push(format!("{module}.{name}")),
         Value::List(xs) | Value::Tuple(xs) | Value::Set(xs) | Value::FrozenSet(xs) => {
             xs.iter().for_each(|x| globals_in(x, out))
         }
