@@ -114,3 +114,49 @@ fn reading_from_memory_equals_reading_the_file() {
         assert!(errs.is_empty(), "{file}:\n{}", errs.join("\n"));
     }
 }
+
+#[test]
+fn select_exports_a_state_dict_candle_and_torch_load_as_is() {
+    let ckpt = Checkpoint::open(fixture("ppo_full.ckpt")).unwrap();
+    let dir = roundtrip_dir();
+    let out = dir.path().join("model.safetensors");
+    let opts = pmstate_ckpt::SafetensorsOptions { select: Some("model".into()), ..Default::default() };
+    let report = pmstate_ckpt::save_safetensors(&ckpt, &out, &opts).unwrap();
+    assert!(report.skipped.is_empty(), "{:?}", report.skipped);
+    let model = ckpt.get("model").unwrap();
+    let keys: Vec<String> =
+        model.as_dict().unwrap().entries.iter().map(|(k, _)| k.as_str().unwrap().to_owned()).collect();
+    assert_eq!(report.tensors, keys.len());
+    // candle reads it, each tensor equal to the checkpoint's.
+    let loaded = candle_core::safetensors::load(&out, &candle_core::Device::Cpu).unwrap();
+    assert_eq!(loaded.len(), keys.len());
+    for k in &keys {
+        let ours = ckpt.to_candle(ckpt.tensor(&format!("model.{k}")).unwrap(), &candle_core::Device::Cpu).unwrap();
+        let theirs = &loaded[k];
+        assert_eq!(ours.dims(), theirs.dims(), "{k}");
+        let diff = (ours.to_dtype(candle_core::DType::F64).unwrap()
+            - theirs.to_dtype(candle_core::DType::F64).unwrap())
+        .unwrap()
+        .abs()
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .max(0)
+        .unwrap()
+        .to_scalar::<f64>()
+        .unwrap();
+        assert_eq!(diff, 0.0, "{k}");
+    }
+    // safetensors.torch.load_file gives torch.load(...)["model"] exactly.
+    let Some(py) = torch_python() else { return };
+    let script = "import sys, torch, safetensors.torch as st\n\
+        a = torch.load(sys.argv[1], weights_only=True)['model']\n\
+        b = st.load_file(sys.argv[2])\n\
+        assert set(a.keys()) == set(b.keys())\n\
+        for k in a: assert a[k].dtype == b[k].dtype and a[k].shape == b[k].shape and torch.equal(a[k], b[k]), k\n\
+        print(len(b))";
+    let o =
+        std::process::Command::new(&py).args(["-c", script]).arg(fixture("ppo_full.ckpt")).arg(&out).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), keys.len().to_string());
+}
