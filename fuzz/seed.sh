@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Fills fuzz/corpus/<target>/ with seeds from the repository's test data
+# (and fuzz/seeds/<target>/, the minimized corpora kept from long runs).
+# Idempotent; run from anywhere.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+c=fuzz/corpus
+mkdir -p $c/pickle_reader $c/torch_zip $c/torch_legacy $c/safetensors_bridge $c/trace_reader
+# Pickles: CPython's vectors (protocols 0-5), the hostile pickles, and every
+# zip fixture's data.pkl (extracted with Python's zipfile: nothing is unpickled).
+find crates/pickle/tests/data/vectors -name '*.pkl' -exec cp {} $c/pickle_reader/ \;
+cp testdata/hostile/*.pkl $c/pickle_reader/
+python3 - "$c/pickle_reader" <<'PY'
+import glob, os, sys, zipfile
+for f in glob.glob("testdata/checkpoints/*.pt") + glob.glob("testdata/checkpoints/*.ckpt") + glob.glob("testdata/hostile/*.pt"):
+    try:
+        z = zipfile.ZipFile(f)
+        for n in z.namelist():
+            if n.endswith("data.pkl"):
+                open(os.path.join(sys.argv[1], os.path.basename(f) + ".data.pkl"), "wb").write(z.read(n))
+    except Exception:
+        pass
+PY
+for f in testdata/checkpoints/*.pt testdata/checkpoints/*.ckpt testdata/hostile/*.pt; do
+  case $f in
+    *legacy*) cp "$f" $c/torch_legacy/ ;;
+    *zip_bomb*) ;;  # 100 KiB that inflates to 96 MiB: slows every run for nothing
+    *) cp "$f" $c/torch_zip/ ;;
+  esac
+done
+cp testdata/hostile/*.safetensors $c/safetensors_bridge/
+cp testdata/traces/*.safetensors $c/trace_reader/
+for t in pickle_reader torch_zip torch_legacy safetensors_bridge trace_reader; do
+  if [ -d fuzz/seeds/$t ]; then cp fuzz/seeds/$t/* $c/$t/ 2>/dev/null || true; fi
+done
+echo "seeded: $(for t in $c/*; do printf '%s=%s ' "$(basename $t)" "$(ls $t | wc -l)"; done)"
