@@ -196,7 +196,7 @@ pub enum Node {
     /// A dtype object (`torch.float32`), by torch's name.
     TorchDtype(String),
     /// Anything else, kept as the inert pickle value it was read as: a
-    /// global torch's safe loader may reject ([`crate::unsafe_globals`]).
+    /// global torch's safe loader may reject ([`crate::Checkpoint::unsafe_globals`]).
     Opaque(pmstate_pickle::Value),
 }
 
