@@ -36,6 +36,8 @@ mod combine;
 mod config;
 mod error;
 pub(crate) mod kernels;
+#[cfg(feature = "mpi")]
+mod mpi;
 mod promote;
 mod reward;
 mod running;
@@ -52,5 +54,7 @@ pub use collective::{Collective, InProcessGroup, SingleProcess};
 pub use combine::{combine_moments, Moments};
 pub use config::{Arithmetic, NormConfig};
 pub use error::{NormError, Result};
+#[cfg(feature = "mpi")]
+pub use mpi::MpiCollective;
 pub use reward::RewardRunningMeanStd;
 pub use running::{batch_moments, NormState, RunningMeanStd};
