@@ -12,6 +12,7 @@ mod read;
 mod record;
 mod replay;
 pub mod tolerance;
+mod wire;
 mod write;
 
 pub use compare::{compare, FieldReport};
@@ -19,5 +20,5 @@ pub use error::{Result, TraceError};
 pub use model::*;
 pub use read::{read_bytes, read_file};
 pub use record::Recorder;
-pub use replay::{replay, Mode, ReplayOptions, Report};
+pub use replay::{replay, replay_rank, Mode, ReplayOptions, Report};
 pub use write::{to_bytes, write_file};

@@ -68,7 +68,7 @@ impl Report {
 
 /// What a rank observed at a step.
 #[derive(Debug, Clone)]
-enum Obs {
+pub(crate) enum Obs {
     Failed(String),
     Skipped,
     Update { batch: Moments, combined: Option<Moments>, discounted: Option<Tensor>, state: NormState },
@@ -257,6 +257,84 @@ pub fn replay(trace: &Trace, opts: &ReplayOptions) -> Result<Report> {
         })?
     };
     Ok(judge(trace, opts.mode, &observed))
+}
+
+/// Replays one rank of `trace` in this process over `coll` (one rank per
+/// process, e.g. [`MpiCollective`](pmstate_norm::MpiCollective) with the
+/// `mpi` feature), then hands every rank's observations to rank 0, which
+/// judges them as [`replay`] does (every rank must end each step with rank
+/// 0's state). Returns the report on rank 0 and `None` on the others.
+///
+/// Every rank must call this with the same trace and options. A collective
+/// whose world size differs from the trace's is an error on every rank
+/// (before any communication). If gathering the observations fails (a peer
+/// failed or timed out), every rank that notices returns an error naming
+/// its own first failed step.
+///
+/// ```
+/// use std::sync::Arc;
+/// use pmstate_norm::SingleProcess;
+/// use pmstate_trace::{read_file, replay_rank, ReplayOptions};
+/// let trace = read_file("../../testdata/traces/lazy_welford.pmtrace.safetensors".as_ref())?;
+/// let report = replay_rank(&trace, &ReplayOptions::default(), Arc::new(SingleProcess))?;
+/// assert!(report.expect("rank 0 gets the report").pass);
+/// # Ok::<(), pmstate_trace::TraceError>(())
+/// ```
+pub fn replay_rank(trace: &Trace, opts: &ReplayOptions, coll: Arc<dyn Collective>) -> Result<Option<Report>> {
+    let (rank, w) = (coll.rank(), coll.world_size());
+    if w != trace.world_size {
+        return Err(TraceError::Replay(format!(
+            "the trace was recorded with world size {}, but this collective has {w} ranks",
+            trace.world_size
+        )));
+    }
+    let mine = run_rank(trace, opts.mode, rank, coll.clone(), None);
+    let first_failure = || {
+        mine.iter().enumerate().find_map(|(i, o)| match o {
+            Obs::Failed(e) if trace.steps[i].error.is_none() => {
+                Some(format!("; this rank first failed at step {i}: {e}"))
+            }
+            _ => None,
+        })
+    };
+    let gathered = if w == 1 { Ok(vec![]) } else { gather_bytes(coll.as_ref(), &crate::wire::encode(&mine)?) };
+    let gathered = gathered.map_err(|e| {
+        TraceError::Replay(format!("gathering the ranks' observations: {e}{}", first_failure().unwrap_or_default()))
+    })?;
+    if rank != 0 {
+        return Ok(None);
+    }
+    let mut observed = vec![mine];
+    for (r, bytes) in gathered.iter().enumerate().skip(1) {
+        observed.push(
+            crate::wire::decode(bytes, trace.steps.len())
+                .map_err(|e| TraceError::Replay(format!("rank {r}'s observations: {e}")))?,
+        );
+    }
+    Ok(Some(judge(trace, opts.mode, &observed)))
+}
+
+/// Every rank's byte string, index = rank (lengths first, then the strings
+/// padded to the longest).
+fn gather_bytes(coll: &dyn Collective, bytes: &[u8]) -> pmstate_norm::Result<Vec<Vec<u8>>> {
+    let len = Tensor::new(&[bytes.len() as i64], &Device::Cpu)?;
+    let lens = coll
+        .all_gather(&len)?
+        .iter()
+        .map(|t| Ok(usize::try_from(t.to_vec1::<i64>()?[0]).unwrap_or(0)))
+        .collect::<pmstate_norm::Result<Vec<usize>>>()?;
+    let max = lens.iter().copied().max().unwrap_or(0);
+    let mut padded = bytes.to_vec();
+    padded.resize(max, 0);
+    let all = coll.all_gather(&Tensor::from_vec(padded, max, &Device::Cpu)?)?;
+    all.iter()
+        .zip(&lens)
+        .map(|(t, &n)| {
+            let mut v = t.to_vec1::<u8>()?;
+            v.truncate(n);
+            Ok(v)
+        })
+        .collect()
 }
 
 fn f64s(t: &Tensor) -> Vec<f64> {
