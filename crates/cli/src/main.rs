@@ -47,6 +47,14 @@ enum DeviceArg {
     Cuda,
 }
 
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum CollectiveArg {
+    /// W threads in this process, one per rank.
+    Inproc,
+    /// One rank per MPI process (start with `mpirun -np W`; needs the `mpi` feature).
+    Mpi,
+}
+
 #[derive(Clone, Copy, ValueEnum)]
 enum ModeArg {
     Pinned,
@@ -68,6 +76,10 @@ enum Command {
         /// Seconds a rank waits for its peers before the replay fails.
         #[arg(long, default_value_t = 60.0)]
         timeout: f64,
+        /// inproc: W threads; mpi: this process is one rank of `mpirun -np W`
+        /// (rank 0 prints, every rank exits with rank 0's code).
+        #[arg(long, value_enum, default_value = "inproc")]
+        collective: CollectiveArg,
         #[arg(required = true)]
         paths: Vec<std::path::PathBuf>,
     },
@@ -152,9 +164,16 @@ fn device(arg: DeviceArg) -> Result<(Device, String), CliError> {
     }
 }
 
+#[cfg(not(feature = "mpi"))]
+fn no_mpi() -> CliError {
+    CliError::Usage(
+        "this pmstate was built without the `mpi` feature (cargo build -p pmstate-cli --features mpi)".into(),
+    )
+}
+
 fn run(cli: Cli) -> Result<ExitCode, CliError> {
     match cli.command {
-        Command::Replay { mode, json, timeout, paths } => {
+        Command::Replay { mode, json, timeout, collective, paths } => {
             if !(timeout > 0.0 && timeout.is_finite()) {
                 return Err(CliError::Usage(format!("--timeout {timeout}: must be a positive number of seconds")));
             }
@@ -162,7 +181,14 @@ fn run(cli: Cli) -> Result<ExitCode, CliError> {
                 ModeArg::Pinned => pmstate_trace::Mode::Pinned,
                 ModeArg::Free => pmstate_trace::Mode::Free,
             };
-            let code = replay::run(&paths, mode, json, std::time::Duration::from_secs_f64(timeout))?;
+            let timeout = std::time::Duration::from_secs_f64(timeout);
+            let code = match collective {
+                CollectiveArg::Inproc => replay::run(&paths, mode, json, timeout)?,
+                #[cfg(feature = "mpi")]
+                CollectiveArg::Mpi => replay::run_mpi(&paths, mode, json, timeout)?,
+                #[cfg(not(feature = "mpi"))]
+                CollectiveArg::Mpi => return Err(no_mpi()),
+            };
             Ok(ExitCode::from(code))
         }
         Command::Bench { json, threads, device: dev, min_time, shapes } => {

@@ -3,6 +3,8 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+#[cfg(feature = "mpi")]
+use pmstate_trace::replay_rank;
 use pmstate_trace::{read_file, replay, Mode, ReplayOptions, Report};
 use serde::Serialize;
 
@@ -48,22 +50,29 @@ fn name(p: &Path) -> String {
     p.display().to_string()
 }
 
-/// Replays every file; returns the process exit code (0 all pass, 1 a
-/// mismatch, 2 a trace that could not be read).
-pub fn run(paths: &[PathBuf], mode: Mode, json: bool, timeout: Duration) -> Result<u8, CliError> {
-    let files = collect(paths)?;
-    let opts = ReplayOptions { mode, timeout };
-    let (mut passed, mut failed, mut broken) = (0, 0, 0);
-    for f in &files {
-        let outcome: Result<Report, String> =
-            read_file(f).map_err(|e| e.to_string()).and_then(|t| replay(&t, &opts).map_err(|e| e.to_string()));
-        match &outcome {
-            Ok(r) if r.pass => passed += 1,
-            Ok(_) => failed += 1,
-            Err(_) => broken += 1,
+/// Counts outcomes and prints one line (or JSON object) per trace.
+struct Tally {
+    mode: Mode,
+    json: bool,
+    passed: usize,
+    failed: usize,
+    broken: usize,
+}
+
+impl Tally {
+    fn new(mode: Mode, json: bool) -> Self {
+        Tally { mode, json, passed: 0, failed: 0, broken: 0 }
+    }
+
+    fn add(&mut self, f: &Path, outcome: &Result<Report, String>) -> Result<(), CliError> {
+        let (mode, json) = (self.mode, self.json);
+        match outcome {
+            Ok(r) if r.pass => self.passed += 1,
+            Ok(_) => self.failed += 1,
+            Err(_) => self.broken += 1,
         }
         if json {
-            let line = match &outcome {
+            let line = match outcome {
                 Ok(r) => Line {
                     path: name(f),
                     pass: r.pass,
@@ -87,7 +96,7 @@ pub fn run(paths: &[PathBuf], mode: Mode, json: bool, timeout: Duration) -> Resu
             };
             println!("{}", serde_json::to_string(&line)?);
         } else {
-            match &outcome {
+            match outcome {
                 Ok(r) => {
                     let worst = r.worst().map_or("no fields".to_string(), |w| {
                         format!(
@@ -113,21 +122,106 @@ pub fn run(paths: &[PathBuf], mode: Mode, json: bool, timeout: Duration) -> Resu
                 Err(e) => println!("ERROR {}: {e}", name(f)),
             }
         }
+        Ok(())
     }
-    let summary = format!("{passed} passed, {} failed", failed + broken);
-    if json {
-        println!(
-            "{}",
-            serde_json::json!({"summary": true, "mode": mode, "passed": passed, "failed": failed, "unreadable": broken})
-        );
-    } else {
-        println!("replay ({}): {summary}", if mode == Mode::Pinned { "pinned" } else { "free" });
+
+    /// Prints the summary; returns the exit code (0 all pass, 1 a mismatch,
+    /// 2 a trace that could not be read or replayed).
+    fn finish(&self, collective: &str) -> u8 {
+        let (mode, passed, failed, broken) = (self.mode, self.passed, self.failed, self.broken);
+        if self.json {
+            println!(
+                "{}",
+                serde_json::json!({"summary": true, "mode": mode, "collective": collective, "passed": passed,
+                    "failed": failed, "unreadable": broken})
+            );
+        } else {
+            let m = if mode == Mode::Pinned { "pinned" } else { "free" };
+            println!("replay ({m}, {collective}): {passed} passed, {} failed", failed + broken);
+        }
+        if broken > 0 {
+            2
+        } else if failed > 0 {
+            1
+        } else {
+            0
+        }
     }
-    Ok(if broken > 0 {
-        2
-    } else if failed > 0 {
-        1
-    } else {
-        0
-    })
+}
+
+/// Replays every file with in-process ranks; returns the process exit code
+/// (0 all pass, 1 a mismatch, 2 a trace that could not be read).
+pub fn run(paths: &[PathBuf], mode: Mode, json: bool, timeout: Duration) -> Result<u8, CliError> {
+    let files = collect(paths)?;
+    let opts = ReplayOptions { mode, timeout };
+    let mut tally = Tally::new(mode, json);
+    for f in &files {
+        let outcome: Result<Report, String> =
+            read_file(f).map_err(|e| e.to_string()).and_then(|t| replay(&t, &opts).map_err(|e| e.to_string()));
+        tally.add(f, &outcome)?;
+    }
+    Ok(tally.finish("inproc"))
+}
+
+/// Replays every file with this process as one rank of MPI_COMM_WORLD
+/// (started by `mpirun`): each trace's world size must equal the number of
+/// processes. Rank 0 prints; every rank returns rank 0's exit code. If the
+/// communicator broke (a peer timed out), every rank that knows returns 2
+/// and leaves without MPI_Finalize, so that mpirun ends the job.
+#[cfg(feature = "mpi")]
+pub fn run_mpi(paths: &[PathBuf], mode: Mode, json: bool, timeout: Duration) -> Result<u8, CliError> {
+    use std::sync::Arc;
+
+    use candle_core::{Device, Tensor};
+    use pmstate_norm::{Collective, MpiCollective};
+
+    let coll = Arc::new(MpiCollective::init(timeout)?);
+    let rank0 = coll.rank() == 0;
+    let files = match collect(paths) {
+        Ok(f) => f,
+        // Every rank sees the same error: only rank 0 reports it.
+        Err(e) if rank0 => return Err(e),
+        Err(_) => return Ok(2),
+    };
+    let opts = ReplayOptions { mode, timeout };
+    let mut tally = Tally::new(mode, json);
+    for f in &files {
+        let trace = read_file(f).map_err(|e| e.to_string());
+        // Every rank must have read the trace before any replays it.
+        let agreed = Tensor::new(&[i64::from(trace.is_ok())], &Device::Cpu)
+            .map_err(pmstate_norm::NormError::from)
+            .and_then(|t| coll.all_gather(&t))
+            .and_then(|v| v.iter().map(|t| Ok(t.to_vec1::<i64>()?[0])).collect::<pmstate_norm::Result<Vec<i64>>>());
+        let outcome: Result<Option<Report>, String> = match (agreed, trace) {
+            (Err(e), _) => Err(e.to_string()),
+            (Ok(_), Err(e)) => Err(e),
+            (Ok(oks), Ok(_)) if oks.contains(&0) => {
+                let r = oks.iter().position(|&ok| ok == 0).unwrap_or(0);
+                Err(format!("rank {r} could not read this trace"))
+            }
+            (Ok(_), Ok(t)) => replay_rank(&t, &opts, coll.clone() as Arc<dyn Collective>).map_err(|e| e.to_string()),
+        };
+        if rank0 {
+            tally.add(f, &outcome.map(|r| r.expect("rank 0 gets the report")))?;
+        }
+    }
+    let code = if rank0 { tally.finish("mpi") } else { 0 };
+    // Everyone ends with rank 0's code.
+    let code = Tensor::new(&[i64::from(code)], &Device::Cpu)
+        .map_err(pmstate_norm::NormError::from)
+        .and_then(|t| coll.broadcast(&t, 0))
+        .and_then(|t| Ok(t.to_vec1::<i64>()?[0]));
+    match (code, coll.broken()) {
+        (Ok(c), None) => Ok(u8::try_from(c).unwrap_or(2)),
+        (_, b) => {
+            if rank0 {
+                eprintln!(
+                    "pmstate: the MPI communicator is broken ({}); leaving without MPI_Finalize so that mpirun ends \
+                     the job",
+                    b.unwrap_or_else(|| "the final broadcast failed".into())
+                );
+            }
+            Ok(2)
+        }
+    }
 }
