@@ -3,6 +3,7 @@
 //! Exit codes: 0 fine, 1 a difference or a refusal, 2 an error.
 
 mod bench;
+mod bench_collective;
 mod ckpt_cmds;
 mod replay;
 
@@ -100,6 +101,26 @@ enum Command {
         /// Only these shapes, as ROWSxCOLS (repeatable).
         #[arg(long = "shape", value_parser = parse_shape)]
         shapes: Vec<(usize, usize)>,
+    },
+    /// Time one distributed update (3 all_gathers, combine and update on rank
+    /// 0, 3 broadcasts) and one all_gather alone, per call, on W ranks.
+    BenchCollective {
+        /// One JSON object per line: op, collective, world_size, dim, iters, median_s, mean_s.
+        #[arg(long)]
+        json: bool,
+        /// inproc: W threads (each --world-size); mpi: this process is one
+        /// rank of `mpirun -np W`, rank 0 prints.
+        #[arg(long, value_enum, default_value = "inproc")]
+        collective: CollectiveArg,
+        /// World sizes for inproc (repeatable; default 2 and 4).
+        #[arg(long = "world-size")]
+        world_sizes: Vec<usize>,
+        /// Features per state (D).
+        #[arg(long, default_value_t = 358)]
+        dim: usize,
+        /// Timed calls per op (after a tenth as many warm-up calls).
+        #[arg(long, default_value_t = 2000)]
+        iters: usize,
     },
     /// Show a checkpoint's tree (dtypes, shapes), its normalizer groups and any
     /// unsafe globals. Reads no tensor data except the normalizers' buffers.
@@ -220,6 +241,50 @@ fn run(cli: Cli) -> Result<ExitCode, CliError> {
                 println!("{:<20} {:>11} {:>7} {:>3} {:>12} {:>8}", "op", "shape", "device", "thr", "median µs", "GB/s");
                 for r in rows {
                     println!("{r}");
+                }
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::BenchCollective { json, collective, world_sizes, dim, iters } => {
+            if dim == 0 || iters == 0 {
+                return Err(CliError::Usage("--dim and --iters must be at least 1".into()));
+            }
+            let opts = bench_collective::Options { dim, iters };
+            let (print, records) = match collective {
+                CollectiveArg::Inproc => {
+                    let ws = if world_sizes.is_empty() { vec![2, 4] } else { world_sizes };
+                    let mut all = vec![];
+                    for w in ws {
+                        if w == 0 {
+                            return Err(CliError::Usage("--world-size must be at least 1".into()));
+                        }
+                        all.extend(bench_collective::run_inproc(w, &opts)?);
+                    }
+                    (true, all)
+                }
+                #[cfg(feature = "mpi")]
+                CollectiveArg::Mpi => bench_collective::run_mpi(&opts)?,
+                #[cfg(not(feature = "mpi"))]
+                CollectiveArg::Mpi => return Err(no_mpi()),
+            };
+            if print {
+                if !json {
+                    println!("{:<11} {:<7} {:>2} {:>5} {:>12} {:>12}", "op", "coll", "W", "D", "median µs", "mean µs");
+                }
+                for r in &records {
+                    if json {
+                        println!("{}", serde_json::to_string(r)?);
+                    } else {
+                        println!(
+                            "{:<11} {:<7} {:>2} {:>5} {:>12.1} {:>12.1}",
+                            r.op,
+                            r.collective,
+                            r.world_size,
+                            r.dim,
+                            r.median_s * 1e6,
+                            r.mean_s * 1e6
+                        );
+                    }
                 }
             }
             Ok(ExitCode::SUCCESS)
