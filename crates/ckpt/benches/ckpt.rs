@@ -17,6 +17,9 @@
 //!   does: copy_file_range on Linux), without and with an fsync of the copy:
 //!   the baselines for the converts.
 //!
+//! Every write goes to a fresh file: the previous output is removed and
+//! `sync` run before each timed run, untimed.
+//!
 //! Files go to a folder under `std::env::temp_dir()`, removed at the end.
 //! Timings are with a warm page cache (the source was just written). Run
 //! without `--bench` (e.g. `cargo test --benches`) it uses a 1/64-size
@@ -27,7 +30,7 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use criterion::{Criterion, SamplingMode, Throughput};
+use criterion::{BatchSize, Criterion, SamplingMode, Throughput};
 use pmstate_ckpt::{
     find_normalizers, save_safetensors, save_torch, Bytes, Checkpoint, DType, Dict, Node, SafetensorsOptions,
     SaveOptions, Storage, TensorRef,
@@ -196,6 +199,13 @@ fn open_and_scan(path: &Path) -> usize {
     tensors + groups.len()
 }
 
+/// Removes `path` if present and syncs the file systems (`sync`), so the
+/// next write starts from a settled disk.
+fn fresh(path: &Path) {
+    let _ = std::fs::remove_file(path);
+    let _ = std::process::Command::new("sync").status();
+}
+
 fn median(mut v: Vec<Duration>) -> Duration {
     v.sort();
     v[v.len() / 2]
@@ -233,26 +243,43 @@ fn benches(c: &mut Criterion, dir: &Path, quick: bool) {
     g.warm_up_time(Duration::from_secs(1));
     g.measurement_time(Duration::from_secs(6));
     g.throughput(Throughput::Bytes(size));
-    // Opened in each iteration, as `pmstate convert` does: a fresh mapping
-    // pays its page faults (reusing one map would hide them).
+    // Every writer gets a fresh output: the previous one is removed and the
+    // file system synced before each run, untimed (freeing a 385 MiB file
+    // costs up to ~0.2 s here, which would otherwise land in whichever run
+    // replaces it). The converts open the input in each run, as `pmstate
+    // convert` does: a fresh mapping pays its own page faults.
     g.bench_function("convert_safetensors", |b| {
-        b.iter(|| {
-            let ckpt = Checkpoint::open(&src).unwrap();
-            save_safetensors(&ckpt, &st, &SafetensorsOptions::default()).unwrap()
-        })
+        b.iter_batched(
+            || fresh(&st),
+            |()| {
+                let ckpt = Checkpoint::open(&src).unwrap();
+                save_safetensors(&ckpt, &st, &SafetensorsOptions::default()).unwrap()
+            },
+            BatchSize::PerIteration,
+        )
     });
-    g.bench_function("cp", |b| b.iter(|| std::fs::copy(&src, &copied).unwrap()));
+    g.bench_function("cp", |b| {
+        b.iter_batched(|| fresh(&copied), |()| std::fs::copy(&src, &copied).unwrap(), BatchSize::PerIteration)
+    });
     g.bench_function("cp_fsync", |b| {
-        b.iter(|| {
-            std::fs::copy(&src, &copied).unwrap();
-            File::open(&copied).unwrap().sync_all().unwrap();
-        })
+        b.iter_batched(
+            || fresh(&copied),
+            |()| {
+                std::fs::copy(&src, &copied).unwrap();
+                File::open(&copied).unwrap().sync_all().unwrap();
+            },
+            BatchSize::PerIteration,
+        )
     });
     g.bench_function("convert_torch", |b| {
-        b.iter(|| {
-            let ckpt = Checkpoint::open(&st).unwrap();
-            save_torch(&ckpt, &back, &SaveOptions::default()).unwrap()
-        })
+        b.iter_batched(
+            || fresh(&back),
+            |()| {
+                let ckpt = Checkpoint::open(&st).unwrap();
+                save_torch(&ckpt, &back, &SaveOptions::default()).unwrap()
+            },
+            BatchSize::PerIteration,
+        )
     });
     g.finish();
 }
