@@ -40,7 +40,7 @@ pub(crate) fn looks_like_safetensors(bytes: &[u8]) -> bool {
     let mut n8 = [0u8; 8];
     n8.copy_from_slice(&bytes[..8]);
     let n = u64::from_le_bytes(n8);
-    n >= 2 && n <= 100_000_000 && n + 8 <= bytes.len() as u64 && bytes[8] == b'{'
+    (2..=100_000_000).contains(&n) && n + 8 <= bytes.len() as u64 && bytes[8] == b'{'
 }
 
 fn bad(path: &str, reason: impl Into<String>) -> CkptError {
@@ -323,7 +323,10 @@ fn header_bytes(entries: &[Entry<'_>], metadata: &[(String, String)]) -> Result<
 }
 
 /// Storage -> the tensor name it is stored under, for a whole-checkpoint export.
-fn whole_entries(ckpt: &Checkpoint, allow_unsafe: bool) -> Result<(Vec<Entry<'_>>, Vec<(String, String)>)> {
+/// `__metadata__` entries, in the order they are written.
+type Metadata = Vec<(String, String)>;
+
+fn whole_entries(ckpt: &Checkpoint, allow_unsafe: bool) -> Result<(Vec<Entry<'_>>, Metadata)> {
     let flagged = ckpt.unsafe_globals();
     if let (false, Some((key, first))) = (allow_unsafe, flagged.first()) {
         return Err(CkptError::UnsafeGlobals { count: flagged.len(), first: first.clone(), key: key.clone() });
