@@ -167,7 +167,9 @@ fn a_rank_that_exits_early_is_a_timeout_error_on_the_others() {
         (2, replay_args(&["--timeout", "2"], &a)),
         (1, replay_args(&["--timeout", "2"], &["/nonexistent.pmtrace.safetensors".to_string()])),
     ]);
-    assert_eq!(o.code, Some(2), "{}\n{}", o.stdout, o.stderr);
+    // Usually 2; Open MPI 4.1.4's mpirun sometimes crashes in its own
+    // teardown after a rank finalized early (139): any failure will do.
+    assert!(o.code.is_some_and(|c| c != 0), "{:?}\n{}\n{}", o.code, o.stdout, o.stderr);
     assert!(o.stdout.contains("timed out after 2s"), "{}", o.stdout);
     assert!(o.secs < 20.0, "{} s", o.secs);
 }

@@ -38,10 +38,14 @@ mod error;
 pub(crate) mod kernels;
 #[cfg(feature = "mpi")]
 mod mpi;
+#[cfg(feature = "nccl")]
+mod nccl;
 mod promote;
 mod reward;
 mod running;
 mod tensor_io;
+#[cfg(any(feature = "mpi", feature = "nccl"))]
+mod wire_header;
 
 /// Kernels exposed for benchmarks (`pmstate bench`, criterion): not part
 /// of the stable API.
@@ -56,5 +60,7 @@ pub use config::{Arithmetic, NormConfig};
 pub use error::{NormError, Result};
 #[cfg(feature = "mpi")]
 pub use mpi::MpiCollective;
+#[cfg(feature = "nccl")]
+pub use nccl::{NcclCollective, NcclId};
 pub use reward::RewardRunningMeanStd;
 pub use running::{batch_moments, NormState, RunningMeanStd};

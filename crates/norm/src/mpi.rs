@@ -23,13 +23,8 @@ use mpi::topology::{Communicator, SimpleCommunicator};
 
 use crate::collective::Collective;
 use crate::error::{NormError, Result};
-use crate::tensor_io::{dtype_code, dtype_from_code, tensor_to_ne_bytes};
-
-/// Dimensions a header can describe.
-const MAX_DIMS: usize = 9;
-/// Header words: magic, status, op, root, dtype, bytes, ndims, dims.
-const HEADER_WORDS: usize = 7 + MAX_DIMS;
-const MAGIC: u64 = 0x504d_5354_0001; // "PMST", version 1
+use crate::tensor_io::{dtype_from_code, tensor_to_ne_bytes};
+use crate::wire_header::{agree, check_encodable, Header, OpKind};
 
 /// An abandoned request and the buffers MPI may still write into.
 struct Stranded {
@@ -86,68 +81,6 @@ impl std::fmt::Debug for MpiCollective {
             .field("world_size", &self.world_size)
             .field("timeout", &self.timeout)
             .finish()
-    }
-}
-
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum OpKind {
-    AllGather = 1,
-    Broadcast = 2,
-}
-
-impl OpKind {
-    fn name(self) -> &'static str {
-        match self {
-            OpKind::AllGather => "all_gather",
-            OpKind::Broadcast => "broadcast",
-        }
-    }
-}
-
-/// What a rank announces before a collective.
-#[derive(Clone, PartialEq, Eq)]
-struct Header {
-    ok: bool,
-    op: u64,
-    root: u64,
-    dtype: u64,
-    bytes: u64,
-    dims: Vec<u64>,
-}
-
-impl Header {
-    fn to_bytes(&self) -> Vec<u8> {
-        let mut w = [0u64; HEADER_WORDS];
-        w[0] = MAGIC;
-        w[1] = u64::from(!self.ok);
-        w[2] = self.op;
-        w[3] = self.root;
-        w[4] = self.dtype;
-        w[5] = self.bytes;
-        w[6] = self.dims.len() as u64;
-        for (slot, d) in w[7..].iter_mut().zip(&self.dims) {
-            *slot = *d;
-        }
-        w.iter().flat_map(|v| v.to_ne_bytes()).collect()
-    }
-
-    fn from_bytes(b: &[u8]) -> Option<Header> {
-        let w: Vec<u64> = b.chunks_exact(8).map(|c| u64::from_ne_bytes(c.try_into().expect("8-byte chunk"))).collect();
-        if w.len() != HEADER_WORDS || w[0] != MAGIC {
-            return None;
-        }
-        let ndims = usize::try_from(w[6]).ok().filter(|&n| n <= MAX_DIMS)?;
-        Some(Header { ok: w[1] == 0, op: w[2], root: w[3], dtype: w[4], bytes: w[5], dims: w[7..7 + ndims].to_vec() })
-    }
-
-    fn describe(&self) -> String {
-        let dtype = dtype_from_code(self.dtype).map_or_else(|| format!("dtype#{}", self.dtype), |d| format!("{d:?}"));
-        let op = match self.op {
-            1 => "all_gather".to_string(),
-            2 => format!("broadcast from rank {}", self.root),
-            o => format!("op#{o}"),
-        };
-        format!("{op} of {dtype} {:?}", self.dims)
     }
 }
 
@@ -216,36 +149,9 @@ impl MpiCollective {
             return Err(self.err(op, format!("the communicator is broken by an earlier failure: {b}")));
         }
         let local = encode(t);
-        let header = match &local {
-            Ok((dtype, bytes)) => Header {
-                ok: true,
-                op: kind as u64,
-                root: root as u64,
-                dtype: *dtype,
-                bytes: bytes.len() as u64,
-                dims: t.dims().iter().map(|&d| d as u64).collect(),
-            },
-            Err(_) => Header { ok: false, op: kind as u64, root: root as u64, dtype: 0, bytes: 0, dims: vec![] },
-        };
+        let header = Header::new(kind, root, t.dims(), local.as_ref().map(|(d, b)| (*d, b.len())).ok());
         let all = self.all_gather_bytes(&mut g, op, header.to_bytes(), deadline)?;
-        let headers: Vec<Option<Header>> = all.chunks_exact(HEADER_WORDS * 8).map(Header::from_bytes).collect();
-        if let Some(r) = headers.iter().position(|h| !h.as_ref().is_some_and(|h| h.ok)) {
-            return Err(match (&local, r == self.rank) {
-                (Err(e), true) => self.err(op, format!("this rank cannot send its tensor: {e}")),
-                _ => self.err(op, format!("rank {r} could not send its tensor (see its error)")),
-            });
-        }
-        let headers: Vec<Header> = headers.into_iter().flatten().collect();
-        if let Some(r) = headers.iter().position(|h| *h != headers[0]) {
-            return Err(self.err(
-                op,
-                format!(
-                    "ranks disagree: rank 0 calls {}, rank {r} calls {}",
-                    headers[0].describe(),
-                    headers[r].describe()
-                ),
-            ));
-        }
+        agree(&all, self.rank, local.as_ref().err()).map_err(|e| self.err(op, e))?;
         let (dtype, bytes) = local.map_err(|e| self.err(op, e))?;
         let dtype = dtype_from_code(dtype).ok_or_else(|| self.err(op, format!("unknown dtype code {dtype}")))?;
         let device = t.device();
@@ -412,10 +318,7 @@ impl Collective for MpiCollective {
 
 /// The tensor's dtype code and bytes, or why it cannot be sent.
 fn encode(t: &Tensor) -> std::result::Result<(u64, Vec<u8>), String> {
-    if t.rank() > MAX_DIMS {
-        return Err(format!("{} dimensions; at most {MAX_DIMS} are supported", t.rank()));
-    }
-    let code = dtype_code(t.dtype()).ok_or_else(|| format!("dtype {:?} is not supported", t.dtype()))?;
+    let code = check_encodable(t)?;
     let bytes = tensor_to_ne_bytes(t).map_err(|e| e.to_string())?;
     Ok((code, bytes))
 }

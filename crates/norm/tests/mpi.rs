@@ -102,15 +102,22 @@ fn check_all_pass(np: usize, out: &Run, _secs: f64) -> Result<(), String> {
 }
 
 /// The waiting ranks got the timeout error in time and exited with code 3;
-/// mpirun then ended the job (killing a stalled rank) with that code.
+/// mpirun then ended the job (killing a stalled rank) with that code. After
+/// a rank has finalized early, Open MPI 4.1.4's mpirun sometimes crashes in
+/// its own teardown (`PMIx_server_finalize`, SIGSEGV: exit 139) or reports
+/// the finalized rank as killed (137) instead: any failure code is accepted
+/// there, as long as every waiting rank reported and nothing hung.
 fn check_timed_out(np: usize, out: &Run, secs: f64) -> Result<(), String> {
     for r in 0..np - 1 {
         if !out.text.contains(&format!("rank {r} PASS")) {
             return Err(format!("rank {r} did not report the timeout"));
         }
     }
-    if out.code != Some(3) {
-        return Err(format!("mpirun exit code {:?}, expected 3 (the waiting ranks' code)", out.code));
+    let finalized_early = out.text.contains("finalizing and leaving early");
+    match out.code {
+        Some(3) => {}
+        Some(c) if finalized_early && c != 0 => {}
+        c => return Err(format!("mpirun exit code {c:?}, expected 3 (the waiting ranks' code)")),
     }
     if secs > 30.0 {
         return Err(format!("took {secs:.1} s"));
