@@ -20,10 +20,25 @@ pub struct Limits {
     /// object can be up to two nodes larger than its result: `_codecs.encode`'s
     /// three-node argument tuple becomes one bytes node).
     pub max_nodes: u64,
+    /// Most nodes per byte of input: the node limit actually applied is
+    /// `min(max_nodes, max_nodes_per_input_byte * input_len + 65536)`, so
+    /// what a small hostile pickle can make the reader allocate (memo
+    /// references cloned into the tree) stays a small multiple of its size.
+    /// Real pickles make at most about one node per byte.
+    pub max_nodes_per_input_byte: u64,
     /// Most entries in the memo.
     pub max_memo_entries: u64,
     /// Longest string / bytes / integer literal, in bytes.
     pub max_literal_bytes: u64,
+}
+
+impl Limits {
+    /// These limits with `max_nodes` lowered to what an input of
+    /// `input_len` bytes may claim (see [`Limits::max_nodes_per_input_byte`]).
+    pub fn scaled_to(&self, input_len: usize) -> Limits {
+        let scaled = self.max_nodes_per_input_byte.saturating_mul(input_len as u64).saturating_add(1 << 16);
+        Limits { max_nodes: self.max_nodes.min(scaled), ..*self }
+    }
 }
 
 impl Default for Limits {
@@ -32,6 +47,7 @@ impl Default for Limits {
             max_input_bytes: 1 << 30,
             max_depth: 256,
             max_nodes: 50_000_000,
+            max_nodes_per_input_byte: 16,
             max_memo_entries: 10_000_000,
             max_literal_bytes: 1 << 30,
         }

@@ -51,6 +51,7 @@ pub fn from_slice(bytes: &[u8], limits: &Limits) -> Result<Value> {
 ///
 /// As [`from_slice`], except that trailing bytes are not an error.
 pub fn from_slice_prefix(bytes: &[u8], limits: &Limits) -> Result<(Value, usize)> {
+    let limits = &limits.scaled_to(bytes.len());
     let done = vm::run(bytes, limits)?;
     let consumed = done.consumed;
     let value = convert::to_value(done.arena, done.root, limits, done.stop_offset)?;

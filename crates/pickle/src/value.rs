@@ -139,7 +139,10 @@ impl Value {
         }
     }
 
-    /// The number of nodes in this tree (itself included): the unit of [`crate::Limits::max_nodes`].
+    /// The size of this tree in the units of [`crate::Limits::max_nodes`]:
+    /// one per node (itself included), plus one per 64 bytes of each
+    /// string, bytes or big-int payload (so memo references to long strings
+    /// cost what copying them costs).
     ///
     /// Dict entries count their key and value, not the pair; computed
     /// without recursion, so any depth is fine.
@@ -149,6 +152,8 @@ impl Value {
         while let Some(v) = stack.pop() {
             count += 1;
             match v {
+                Value::Str(s) => count += s.len() / 64,
+                Value::Bytes(b) | Value::ByteArray(b) | Value::BigInt(b) => count += b.len() / 64,
                 Value::List(xs) | Value::Tuple(xs) | Value::Set(xs) | Value::FrozenSet(xs) => stack.extend(xs),
                 Value::Dict(kv) => stack.extend(kv.iter().flat_map(|(k, v)| [k, v])),
                 Value::Reduce { callable, args, setitems, appends } => {

@@ -226,3 +226,31 @@ fn random_bytes_never_panic() {
         let _ = from_slice(&p, &Limits::default());
     }
 }
+
+#[test]
+fn memory_stays_a_small_multiple_of_the_input() {
+    // A 2 KiB string referenced 1000 times in a list, that list 1000 times:
+    // ~8 KiB of pickle that would unfold into 2 GB of strings.
+    let mut p = b"\x80\x02X\x00\x08\x00\x00".to_vec();
+    p.extend(std::iter::repeat_n(b'a', 2048));
+    p.extend_from_slice(b"q\x00](");
+    p.extend(std::iter::repeat_n(*b"h\x00", 1000).flatten());
+    p.extend_from_slice(b"eq\x01](");
+    p.extend(std::iter::repeat_n(*b"h\x01", 1000).flatten());
+    p.extend_from_slice(b"e.");
+    assert!(p.len() < 8 << 10);
+    match from_slice(&p, &Limits::default()) {
+        Err(PickleError::Limit { limit: "max_nodes", max, .. }) => {
+            // The budget scales with the input: 16 units per byte plus 64 Ki.
+            assert_eq!(max, 16 * p.len() as u64 + 65536);
+        }
+        other => panic!("expected the max_nodes limit, got {other:?}"),
+    }
+    // The same shape at a tenth of the fan-out is fine: real pickles are far below the budget.
+    let mut q = b"\x80\x02X\x00\x01\x00\x00".to_vec();
+    q.extend(std::iter::repeat_n(b'a', 256));
+    q.extend_from_slice(b"q\x00](");
+    q.extend(std::iter::repeat_n(*b"h\x00", 100).flatten());
+    q.extend_from_slice(b"e.");
+    assert!(matches!(from_slice(&q, &Limits::default()), Ok(Value::List(xs)) if xs.len() == 100));
+}

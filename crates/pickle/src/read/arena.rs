@@ -190,6 +190,23 @@ pub(super) struct Meta {
     pub depth: u32,
 }
 
+/// Bytes of a leaf's payload that count as one more node: a memo reference
+/// to a long string costs what copying it costs.
+pub(super) const BYTES_PER_UNIT: usize = 64;
+
+impl Node {
+    /// This node's own weight in [`crate::Limits::max_nodes`] units: 1, plus
+    /// one per [`BYTES_PER_UNIT`] bytes of a string, bytes or big int payload.
+    pub(super) fn own_units(&self) -> u64 {
+        let payload = match self {
+            Node::Str(s) => s.len(),
+            Node::Bytes(b) | Node::ByteArray(b) | Node::BigInt(b) => b.len(),
+            _ => 0,
+        };
+        1 + (payload / BYTES_PER_UNIT) as u64
+    }
+}
+
 /// All nodes of one pickle.
 #[derive(Debug, Default)]
 pub(super) struct Arena {
@@ -202,7 +219,7 @@ impl Arena {
     /// the arena is full (more than `u32::MAX` objects).
     pub(super) fn push(&mut self, node: Node) -> Option<Id> {
         let id = Id::try_from(self.nodes.len()).ok().filter(|&id| id != Id::MAX)?;
-        let mut meta = Meta { size: 1, depth: u32::from(node.is_container()) };
+        let mut meta = Meta { size: node.own_units(), depth: u32::from(node.is_container()) };
         for child in (0..node.child_count()).filter_map(|k| node.child(k)) {
             let child = self.meta[child as usize];
             meta.size = meta.size.saturating_add(child.size);

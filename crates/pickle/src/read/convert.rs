@@ -65,7 +65,7 @@ fn check(arena: &mut Arena, root: Id, limits: &Limits, stop_offset: usize) -> Re
             continue;
         }
         // All children done: exact size and depth.
-        let mut size = 1u64;
+        let mut size = node.own_units();
         let mut depth = u32::from(node.is_container());
         for child in (0..node.child_count()).filter_map(|k| node.child(k)) {
             let m = arena.meta[child as usize];
