@@ -254,3 +254,17 @@ fn memory_stays_a_small_multiple_of_the_input() {
     q.extend_from_slice(b"e.");
     assert!(matches!(from_slice(&q, &Limits::default()), Ok(Value::List(xs)) if xs.len() == 100));
 }
+
+#[test]
+fn fuzz_regression_dup_tuple_amplification() {
+    // Found by the pickle_reader fuzz target (a 10 s timeout): 472 bytes of
+    // DUP / TUPLE2 / MEMOIZE that unfold into a million-node tree and a 12 MB
+    // rewrite. The input-scaled node budget stops it at once.
+    let p =
+        std::fs::read(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/fuzz_regressions/dup_tuple_amplification.pkl"))
+            .unwrap();
+    let t = Instant::now();
+    let err = from_slice(&p, &Limits::default()).unwrap_err();
+    assert!(matches!(err, PickleError::Limit { limit: "max_nodes", .. }), "{err}");
+    assert!(t.elapsed() < Duration::from_secs(1));
+}
