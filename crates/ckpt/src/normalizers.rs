@@ -197,20 +197,7 @@ pub fn store_state(ckpt: &mut Checkpoint, dict: &str, base: &str, state: &NormSt
         while ckpt.storages.contains_key(&key) {
             key.push('\'');
         }
-        let stride = TensorRef::contiguous_stride(&shape);
-        nodes.push((
-            format!("{base}{field}"),
-            Node::Tensor(TensorRef {
-                storage: key.clone(),
-                dtype,
-                offset: 0,
-                shape,
-                stride,
-                requires_grad: false,
-                parameter: None,
-                object: None,
-            }),
-        ));
+        nodes.push((format!("{base}{field}"), Node::Tensor(TensorRef::contiguous(key.clone(), dtype, shape))));
         new_storages.push((key, Storage { typed: true, dtype, location: "cpu".into(), data: Bytes::owned(bytes) }));
     }
     let path = ckpt.path.clone();

@@ -66,17 +66,7 @@ pub(crate) fn read(path: &str, map: &Arc<Backing>, _opts: &ReadOptions) -> Resul
         let mut storages = HashMap::new();
         let mut entries = Vec::new();
         for (name, dtype, shape, data) in tensors {
-            let stride = TensorRef::contiguous_stride(&shape);
-            let t = TensorRef {
-                storage: name.clone(),
-                dtype,
-                offset: 0,
-                shape,
-                stride,
-                requires_grad: false,
-                parameter: None,
-                object: None,
-            };
+            let t = TensorRef::contiguous(name.clone(), dtype, shape);
             storages.insert(
                 name.clone(),
                 Storage { typed: dtype.storage_class().is_some(), dtype, location: "cpu".into(), data },

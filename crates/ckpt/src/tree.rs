@@ -107,6 +107,13 @@ impl TensorRef {
         self.shape.iter().product()
     }
 
+    /// A plain tensor covering `storage` from its start, C-contiguous
+    /// (what a freshly written buffer is).
+    pub fn contiguous(storage: String, dtype: DType, shape: Vec<usize>) -> TensorRef {
+        let stride = Self::contiguous_stride(&shape);
+        TensorRef { storage, dtype, offset: 0, shape, stride, requires_grad: false, parameter: None, object: None }
+    }
+
     /// What torch reports as `requires_grad`: the parameter's flag for an
     /// `nn.Parameter`, the tensor's otherwise.
     pub fn effective_requires_grad(&self) -> bool {

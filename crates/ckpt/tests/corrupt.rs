@@ -140,24 +140,29 @@ fn archives_that_lie_get_their_specific_error() {
     assert!(reason(open_bytes(&big, ".pt").unwrap_err()).contains("only little-endian"));
 }
 
-#[test]
-fn a_deflated_record_that_inflates_past_its_declared_size_is_refused() {
-    // A zip bomb in miniature: data/0 declares 16 bytes but holds a deflate stream of 1 MiB.
-    let ok = tensor_pickle(4, 0, &[4], &[1]);
+/// A torch-like zip whose `data/0` is deflated (the rest stored).
+fn deflated_archive(pkl: &[u8], data: &[u8]) -> Vec<u8> {
     let mut buf = std::io::Cursor::new(Vec::new());
     {
         let mut z = zip::ZipWriter::new(&mut buf);
         let stored = zip::write::SimpleFileOptions::default().compression_method(zip::CompressionMethod::Stored);
         let deflated = zip::write::SimpleFileOptions::default().compression_method(zip::CompressionMethod::Deflated);
-        z.start_file("a/data.pkl", stored).unwrap();
-        z.write_all(&ok).unwrap();
-        z.start_file("a/data/0", deflated).unwrap();
-        z.write_all(&vec![0u8; 1 << 20]).unwrap();
-        z.start_file("a/version", stored).unwrap();
-        z.write_all(b"3\n").unwrap();
+        for (name, bytes, opts) in
+            [("a/data.pkl", pkl, stored), ("a/data/0", data, deflated), ("a/version", b"3\n", stored)]
+        {
+            z.start_file(name, opts).unwrap();
+            z.write_all(bytes).unwrap();
+        }
         z.finish().unwrap();
     }
-    let e = reason(open_bytes(&buf.into_inner(), ".pt").unwrap_err());
+    buf.into_inner()
+}
+
+#[test]
+fn a_deflated_record_that_inflates_past_its_declared_size_is_refused() {
+    // A zip bomb in miniature: data/0 declares 16 bytes but holds a deflate stream of 1 MiB.
+    let bomb = deflated_archive(&tensor_pickle(4, 0, &[4], &[1]), &vec![0u8; 1 << 20]);
+    let e = reason(open_bytes(&bomb, ".pt").unwrap_err());
     assert!(e.contains("data/0 holds 1048576 bytes; its storage declares 16"), "{e}");
 }
 
@@ -166,21 +171,7 @@ fn inflated_data_is_bounded_by_a_multiple_of_the_file_size() {
     // 8 MiB of zeros deflates ~1000:1 into a tiny file: within the default budget
     // (32x the file plus a 64 MiB floor) it reads; with an explicit 1 MiB budget it is refused.
     let n = 2 << 20; // floats
-    let pkl = tensor_pickle(n, 0, &[n], &[1]);
-    let mut buf = std::io::Cursor::new(Vec::new());
-    {
-        let mut z = zip::ZipWriter::new(&mut buf);
-        let stored = zip::write::SimpleFileOptions::default().compression_method(zip::CompressionMethod::Stored);
-        let deflated = zip::write::SimpleFileOptions::default().compression_method(zip::CompressionMethod::Deflated);
-        z.start_file("a/data.pkl", stored).unwrap();
-        z.write_all(&pkl).unwrap();
-        z.start_file("a/data/0", deflated).unwrap();
-        z.write_all(&vec![0u8; (n * 4) as usize]).unwrap();
-        z.start_file("a/version", stored).unwrap();
-        z.write_all(b"3\n").unwrap();
-        z.finish().unwrap();
-    }
-    let bytes = buf.into_inner();
+    let bytes = deflated_archive(&tensor_pickle(n, 0, &[n], &[1]), &vec![0u8; (n * 4) as usize]);
     assert!(bytes.len() < 64 << 10);
     let ok = Checkpoint::from_bytes(bytes.clone(), "zeros.pt", &Default::default()).unwrap();
     assert_eq!(ok.tensors()[0].1.numel(), n as usize);

@@ -37,22 +37,27 @@ fn roundtrip_dir() -> tempfile::TempDir {
     tempfile::tempdir().expect("temp dir")
 }
 
+/// Writes `file` as `.pt`, as `.safetensors`, and that back as `.pt`, in `dir`.
+fn rewrites(file: &str, dir: &std::path::Path) -> [std::path::PathBuf; 3] {
+    let original = Checkpoint::open(fixture(file)).unwrap();
+    let stem = file.split('.').next().unwrap();
+    let pt = dir.join(format!("{stem}.pt"));
+    original.save(&pt, false).unwrap_or_else(|e| panic!("{file} -> .pt: {e}"));
+    let st = dir.join(format!("{stem}.safetensors"));
+    original.save(&st, false).unwrap_or_else(|e| panic!("{file} -> .safetensors: {e}"));
+    let via_st = Checkpoint::open(&st).unwrap_or_else(|e| panic!("{file} safetensors: {e}"));
+    assert_eq!(via_st.format, Format::Safetensors { with_tree: true });
+    let back = dir.join(format!("{stem}.back.pt"));
+    via_st.save(&back, false).unwrap_or_else(|e| panic!("{file} safetensors -> .pt: {e}"));
+    [pt, st, back]
+}
+
 #[test]
 fn pt_to_pt_and_through_safetensors_keeps_everything() {
     let m = manifest();
     let dir = roundtrip_dir();
     for file in walkable(&m) {
-        let original = Checkpoint::open(fixture(&file)).unwrap();
-        let stem = file.split('.').next().unwrap();
-        let pt = dir.path().join(format!("{stem}.pt"));
-        original.save(&pt, false).unwrap_or_else(|e| panic!("{file} -> .pt: {e}"));
-        let st = dir.path().join(format!("{stem}.safetensors"));
-        original.save(&st, false).unwrap_or_else(|e| panic!("{file} -> .safetensors: {e}"));
-        let via_st = Checkpoint::open(&st).unwrap_or_else(|e| panic!("{file} safetensors: {e}"));
-        assert_eq!(via_st.format, Format::Safetensors { with_tree: true });
-        let back = dir.path().join(format!("{stem}.back.pt"));
-        via_st.save(&back, false).unwrap_or_else(|e| panic!("{file} safetensors -> .pt: {e}"));
-        for written in [&pt, &st, &back] {
+        for written in &rewrites(&file, dir.path()) {
             let again = Checkpoint::open(written).unwrap_or_else(|e| panic!("{}: {e}", written.display()));
             let errs = check_against_manifest(&again, &entry(&m, &file));
             assert!(errs.is_empty(), "{} (from {file}):\n{}", written.display(), errs.join("\n"));
@@ -66,14 +71,7 @@ fn torch_loads_our_rewrites_equal_to_its_own_files() {
     let m = manifest();
     let dir = roundtrip_dir();
     for file in walkable(&m) {
-        let original = Checkpoint::open(fixture(&file)).unwrap();
-        let stem = file.split('.').next().unwrap();
-        let pt = dir.path().join(format!("{stem}.pt"));
-        original.save(&pt, false).unwrap();
-        let st = dir.path().join(format!("{stem}.safetensors"));
-        original.save(&st, false).unwrap();
-        let back = dir.path().join(format!("{stem}.back.pt"));
-        Checkpoint::open(&st).unwrap().save(&back, false).unwrap();
+        let [pt, _, back] = rewrites(&file, dir.path());
         for ours in [&pt, &back] {
             // Everything we write loads under torch's safe loader, even where the original did not.
             let (code, out) = torch_compare(&py, &[std::path::Path::new("--weights-only-check"), ours]);
