@@ -7,11 +7,17 @@ use std::path::Path;
 use crate::error::{io_err, Result};
 
 /// Writes `path` through `fill`, which receives a buffered writer over a
-/// temporary file in the same directory. On success the file is synced and
-/// renamed over `path`; on any error the temporary file is removed and
-/// `path` is untouched.
+/// temporary file in the same directory. On success the file is synced
+/// (unless `fsync` is false) and renamed over `path`; on any error the
+/// temporary file is removed and `path` is untouched.
+///
+/// Without the fsync the write is still atomic for every reader while the
+/// machine runs (the name points at the old file or at the whole new one),
+/// but a power loss or kernel crash soon after may leave the new name with
+/// missing data on filesystems that do not order the rename after the data.
 pub(crate) fn write_atomically<T>(
     path: &Path,
+    fsync: bool,
     fill: impl FnOnce(&mut BufWriter<std::fs::File>) -> Result<T>,
 ) -> Result<T> {
     let dir = match path.parent() {
@@ -23,7 +29,9 @@ pub(crate) fn write_atomically<T>(
     let mut w = BufWriter::with_capacity(1 << 20, file);
     let out = fill(&mut w)?;
     let file = w.into_inner().map_err(|e| e.into_error()).map_err(io_err(path))?;
-    file.sync_all().map_err(io_err(path))?;
+    if fsync {
+        file.sync_all().map_err(io_err(path))?;
+    }
     drop(file);
     tmp_path.persist(path).map_err(|e| e.error).map_err(io_err(path))?;
     Ok(out)

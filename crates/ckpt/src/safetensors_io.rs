@@ -119,6 +119,10 @@ pub struct SafetensorsOptions<'a> {
     pub select: Option<String>,
     /// Carry opaque values with unsafe globals in the tree (whole-checkpoint export only).
     pub allow_unsafe_globals: bool,
+    /// Skip the fsync before the output is renamed into place (`--no-fsync`).
+    /// Still atomic while the machine runs; durable only once the kernel has
+    /// written it back. Off by default: a finished save survives a power loss.
+    pub no_fsync: bool,
     /// Called with the bytes written so far.
     pub progress: Option<&'a (dyn Fn(u64) + Sync)>,
 }
@@ -128,6 +132,7 @@ impl std::fmt::Debug for SafetensorsOptions<'_> {
         f.debug_struct("SafetensorsOptions")
             .field("select", &self.select)
             .field("allow_unsafe_globals", &self.allow_unsafe_globals)
+            .field("no_fsync", &self.no_fsync)
             .finish()
     }
 }
@@ -195,7 +200,7 @@ pub fn save_safetensors(
         bytes: entries.iter().map(|e| e.data.bytes().len() as u64).sum(),
         skipped,
     };
-    write_atomically(path, |w| {
+    write_atomically(path, !opts.no_fsync, |w| {
         let ioerr = |e| CkptError::Io { path: path.display().to_string(), source: e };
         w.write_all(&header).map_err(ioerr)?;
         let mut done = header.len() as u64;

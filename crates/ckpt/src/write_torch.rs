@@ -23,13 +23,20 @@ pub struct SaveOptions<'a> {
     /// (`--allow-unsafe-globals`). Off by default: such a file only loads
     /// with `weights_only=False`, which would run them.
     pub allow_unsafe_globals: bool,
+    /// Skip the fsync before the output is renamed into place (`--no-fsync`).
+    /// Still atomic while the machine runs; durable only once the kernel has
+    /// written it back. Off by default: a finished save survives a power loss.
+    pub no_fsync: bool,
     /// Called with the bytes written so far (for progress bars).
     pub progress: Option<&'a (dyn Fn(u64) + Sync)>,
 }
 
 impl std::fmt::Debug for SaveOptions<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SaveOptions").field("allow_unsafe_globals", &self.allow_unsafe_globals).finish()
+        f.debug_struct("SaveOptions")
+            .field("allow_unsafe_globals", &self.allow_unsafe_globals)
+            .field("no_fsync", &self.no_fsync)
+            .finish()
     }
 }
 
@@ -128,7 +135,7 @@ pub fn save_torch(ckpt: &Checkpoint, path: impl AsRef<Path>, opts: &SaveOptions<
     let path = path.as_ref();
     let lowered = lower(ckpt, &ckpt.root, opts.allow_unsafe_globals)?;
     let prefix = archive_prefix(path);
-    write_atomically(path, |w| {
+    write_atomically(path, !opts.no_fsync, |w| {
         let mut counting = crate::atomic::Counting { inner: w, written: 0, progress: opts.progress };
         write_archive(ckpt, &lowered, &prefix, &mut SeekAdapter(&mut counting))
     })

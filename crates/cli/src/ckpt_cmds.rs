@@ -257,6 +257,7 @@ pub fn convert(
     output: &Path,
     select: Option<String>,
     allow_unsafe_globals: bool,
+    no_fsync: bool,
     json_out: bool,
 ) -> Result<ExitCode, CliError> {
     if !(is_safetensors(output) || is_torch(output)) {
@@ -276,10 +277,11 @@ pub fn convert(
     let bar = Progress::new(total, "converting");
     let progress = |done: u64| bar.update(done);
     let result = if is_safetensors(output) {
-        let opts = SafetensorsOptions { select: select.clone(), allow_unsafe_globals, progress: Some(&progress) };
+        let opts =
+            SafetensorsOptions { select: select.clone(), allow_unsafe_globals, no_fsync, progress: Some(&progress) };
         save_safetensors(&ckpt, output, &opts).map(Some)
     } else {
-        let opts = SaveOptions { allow_unsafe_globals, progress: Some(&progress) };
+        let opts = SaveOptions { allow_unsafe_globals, no_fsync, progress: Some(&progress) };
         save_torch(&ckpt, output, &opts).map(|()| None)
     };
     bar.finish();

@@ -138,6 +138,10 @@ enum Command {
         /// Write globals torch's safe loader rejects (the output then needs weights_only=False).
         #[arg(long)]
         allow_unsafe_globals: bool,
+        /// Do not fsync the output before renaming it into place: still
+        /// atomic, but not durable against a power loss until written back.
+        #[arg(long)]
+        no_fsync: bool,
         #[arg(long)]
         json: bool,
         input: PathBuf,
@@ -290,8 +294,8 @@ fn run(cli: Cli) -> Result<ExitCode, CliError> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Inspect { json, file } => ckpt_cmds::inspect(&file, json),
-        Command::Convert { select, allow_unsafe_globals, json, input, output } => {
-            ckpt_cmds::convert(&input, &output, select, allow_unsafe_globals, json)
+        Command::Convert { select, allow_unsafe_globals, no_fsync, json, input, output } => {
+            ckpt_cmds::convert(&input, &output, select, allow_unsafe_globals, no_fsync, json)
         }
         Command::Normalizers { json, file } => ckpt_cmds::normalizers(&file, json),
         Command::Diff { json, rtol, atol, a, b } => ckpt_cmds::diff(&a, &b, ckpt_cmds::Tolerance { rtol, atol }, json),

@@ -74,6 +74,21 @@ fn convert_round_trips_and_refuses_unsafe_globals() {
     assert!(keys.contains(&"_actor.mu.mlp.0.weight") && keys.contains(&"_critic.mlp.5.bias"), "{keys:?}");
     assert!(j["format"].as_str().unwrap().contains("with_tree: false"));
 
+    // --no-fsync writes the same bytes (both formats), and a refusal under it
+    // still leaves nothing behind.
+    // (Same file names in another folder: torch's archive folder is the file's stem.)
+    std::fs::create_dir(dir.path().join("fast")).unwrap();
+    let st_fast = dir.path().join("fast/ppo.safetensors").display().to_string();
+    let back_fast = dir.path().join("fast/back.ckpt").display().to_string();
+    assert!(pmstate(&["convert", "--no-fsync", &fixture("ppo_full.ckpt"), &st_fast]).status.success());
+    assert!(pmstate(&["convert", "--no-fsync", &st_fast, &back_fast]).status.success());
+    assert!(std::fs::read(&st_fast).unwrap() == std::fs::read(&st).unwrap(), "--no-fsync changed the safetensors bytes");
+    assert!(std::fs::read(&back_fast).unwrap() == std::fs::read(&back).unwrap(), "--no-fsync changed the .ckpt bytes");
+    let evil_fast = dir.path().join("fast/evil.pt");
+    let out = pmstate(&["convert", "--no-fsync", &fixture("hostile_os_system.pt"), &evil_fast.display().to_string()]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(!evil_fast.exists());
+
     // The hostile file: refused (exit 1), nothing written.
     let evil = dir.path().join("evil.pt");
     let out = pmstate(&["convert", &fixture("hostile_os_system.pt"), &evil.display().to_string()]);
