@@ -82,7 +82,10 @@ fn convert_round_trips_and_refuses_unsafe_globals() {
     let back_fast = dir.path().join("fast/back.ckpt").display().to_string();
     assert!(pmstate(&["convert", "--no-fsync", &fixture("ppo_full.ckpt"), &st_fast]).status.success());
     assert!(pmstate(&["convert", "--no-fsync", &st_fast, &back_fast]).status.success());
-    assert!(std::fs::read(&st_fast).unwrap() == std::fs::read(&st).unwrap(), "--no-fsync changed the safetensors bytes");
+    assert!(
+        std::fs::read(&st_fast).unwrap() == std::fs::read(&st).unwrap(),
+        "--no-fsync changed the safetensors bytes"
+    );
     assert!(std::fs::read(&back_fast).unwrap() == std::fs::read(&back).unwrap(), "--no-fsync changed the .ckpt bytes");
     let evil_fast = dir.path().join("fast/evil.pt");
     let out = pmstate(&["convert", "--no-fsync", &fixture("hostile_os_system.pt"), &evil_fast.display().to_string()]);
