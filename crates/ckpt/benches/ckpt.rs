@@ -11,6 +11,8 @@
 //! - `convert_safetensors`: `Checkpoint::open` + `save_safetensors` of the
 //!   whole checkpoint (the data comes from the source file), atomic (temp
 //!   file, fsync, rename): what `pmstate convert X.ckpt X.safetensors` does.
+//!   `convert_safetensors_no_fsync`: the same without the fsync
+//!   (`convert --no-fsync`), the one to hold against `cp`.
 //! - `convert_torch`: the same from that safetensors file with `save_torch`
 //!   (`pmstate convert X.safetensors X.pt`).
 //! - `cp` and `cp_fsync`: `std::fs::copy` of the source file (what `cp`
@@ -254,6 +256,17 @@ fn benches(c: &mut Criterion, dir: &Path, quick: bool) {
             |()| {
                 let ckpt = Checkpoint::open(&src).unwrap();
                 save_safetensors(&ckpt, &st, &SafetensorsOptions::default()).unwrap()
+            },
+            BatchSize::PerIteration,
+        )
+    });
+    g.bench_function("convert_safetensors_no_fsync", |b| {
+        b.iter_batched(
+            || fresh(&st),
+            |()| {
+                let ckpt = Checkpoint::open(&src).unwrap();
+                let opts = SafetensorsOptions { no_fsync: true, ..Default::default() };
+                save_safetensors(&ckpt, &st, &opts).unwrap()
             },
             BatchSize::PerIteration,
         )

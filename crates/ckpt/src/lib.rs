@@ -26,6 +26,7 @@
 #![warn(missing_docs)]
 
 mod atomic;
+mod bulk_copy;
 mod checkpoint;
 mod dtype;
 mod error;

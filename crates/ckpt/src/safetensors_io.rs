@@ -11,7 +11,6 @@
 //! contiguous tensors under their own keys, loadable anywhere.
 
 use std::collections::{HashMap, HashSet};
-use std::fs::File;
 use std::io::Write;
 use std::path::Path;
 use std::sync::Arc;
@@ -20,6 +19,7 @@ use safetensors::SafeTensors;
 use serde_json::{json, Map, Value as J};
 
 use crate::atomic::write_atomically;
+use crate::bulk_copy::{copy_mapped, BULK_MIN};
 use crate::checkpoint::{Checkpoint, Format};
 use crate::dtype::DType;
 use crate::error::{CkptError, Result};
@@ -149,8 +149,8 @@ pub struct ExportReport {
 }
 
 enum Source<'a> {
-    /// Bytes of a storage, and where they lie in the file it was mapped from (if it was).
-    Storage(&'a [u8], Option<(&'a File, u64)>),
+    /// A slice of a storage's bytes, and that storage's bytes.
+    Storage(&'a [u8], &'a Bytes),
     Owned(Vec<u8>),
 }
 
@@ -214,15 +214,13 @@ pub fn save_safetensors(
         for e in &entries {
             let bytes = e.data.bytes();
             let mut copied = 0;
-            if let Source::Storage(_, Some((src, offset))) = e.data {
-                if bytes.len() >= FILE_COPY_MIN {
-                    // Large mapped storages: read from the file rather than the mapping.
+            if let Source::Storage(part, origin) = e.data {
+                if part.len() >= BULK_MIN && origin.is_mapped() {
                     w.flush().map_err(ioerr)?;
-                    copied =
-                        copy_from_file(src, offset, w.get_mut(), bytes.len(), &mut buf, &mut advance).map_err(ioerr)?;
+                    copied = copy_mapped(part, origin, w.get_mut(), &mut buf, &mut advance).map_err(ioerr)?;
                 }
             }
-            // Large chunks straight from the map: the BufWriter passes them through.
+            // Small or in-memory bytes through the write buffer (large chunks pass straight through).
             for chunk in bytes[copied..].chunks(8 << 20) {
                 w.write_all(chunk).map_err(ioerr)?;
                 advance(chunk.len());
@@ -231,65 +229,6 @@ pub fn save_safetensors(
         Ok(())
     })?;
     Ok(report)
-}
-
-/// Storages at least this large are read from their file when they are a
-/// range of a mapped file; smaller ones are written from the mapping
-/// through the write buffer.
-const FILE_COPY_MIN: usize = 1 << 20;
-
-/// The buffer for those reads: small enough to stay in the CPU cache
-/// between the read and the write.
-const COPY_BUF: usize = 256 << 10;
-
-/// Copies `len` bytes of `src` from `offset` to `dst` at its current
-/// position: positioned reads (pread) into `buf`, then plain writes.
-/// Writing straight from the mapping instead faults in every page of it
-/// (about 1.5x slower on a 385 MiB checkpoint with a warm cache), and
-/// copy_file_range(2), what `cp` uses, is slow when source and destination
-/// offsets differ modulo the page size, as they nearly always do here (zip
-/// entries are 64-byte aligned, safetensors data is packed). Reports each
-/// piece to `advance`. Returns the bytes copied, fewer than `len` only if
-/// the file ended early; the caller writes the rest from the mapping.
-/// Uses its own offsets, not the file's cursor.
-#[cfg(unix)]
-fn copy_from_file(
-    src: &File,
-    offset: u64,
-    dst: &mut File,
-    len: usize,
-    buf: &mut Vec<u8>,
-    advance: &mut dyn FnMut(usize),
-) -> std::io::Result<usize> {
-    use std::os::unix::fs::FileExt;
-    buf.resize(COPY_BUF, 0);
-    let mut copied = 0;
-    while copied < len {
-        let want = (len - copied).min(buf.len());
-        let got = match src.read_at(&mut buf[..want], offset + copied as u64) {
-            Ok(0) => return Ok(copied),
-            Ok(n) => n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(e),
-        };
-        dst.write_all(&buf[..got])?;
-        copied += got;
-        advance(got);
-    }
-    Ok(copied)
-}
-
-/// Elsewhere the caller writes everything from the mapping.
-#[cfg(not(unix))]
-fn copy_from_file(
-    _: &File,
-    _: u64,
-    _: &mut File,
-    _: usize,
-    _: &mut Vec<u8>,
-    _: &mut dyn FnMut(usize),
-) -> std::io::Result<usize> {
-    Ok(0)
 }
 
 fn header_bytes(entries: &[Entry<'_>], metadata: &[(String, String)]) -> Result<Vec<u8>> {
@@ -370,7 +309,7 @@ fn whole_entries(ckpt: &Checkpoint, allow_unsafe: bool) -> Result<(Vec<Entry<'_>
                 "location": storage.location,
             }),
         );
-        let data = Source::Storage(&storage.data, storage.data.file_range(&storage.data));
+        let data = Source::Storage(&storage.data, &storage.data);
         entries.push(Entry { name, dtype, shape, data });
     }
     let tree = serde_json::to_string(&node_to_json(&ckpt.root)).map_err(|e| CkptError::Usage(format!("tree: {e}")))?;
@@ -419,7 +358,7 @@ fn selected_entries<'a>(ckpt: &'a Checkpoint, key: &str) -> Result<(Vec<Entry<'a
         }
         let dtype = st_dtype(&name, t.dtype)?;
         let data = match ckpt.tensor_bytes(t)? {
-            std::borrow::Cow::Borrowed(b) => Source::Storage(b, ckpt.storage_of(t)?.data.file_range(b)),
+            std::borrow::Cow::Borrowed(b) => Source::Storage(b, &ckpt.storage_of(t)?.data),
             std::borrow::Cow::Owned(v) => Source::Owned(v),
         };
         entries.push(Entry { name, dtype, shape: t.shape.clone(), data });
@@ -454,12 +393,12 @@ mod tests {
         Storage { typed: true, dtype: DType::F32, location: "cpu".into(), data: Bytes::owned(data) }
     }
 
-    /// Storages of FILE_COPY_MIN and more are read from the mapped source
-    /// file, not the mapping: whole exports and `select` (a view at an offset) must
-    /// hold the same bytes as the source, and progress must reach the end.
+    /// Storages of BULK_MIN bytes and more take the bulk copy (crate::bulk_copy):
+    /// whole exports and `select` (a view at an offset) must hold the same
+    /// bytes as the source, and progress must reach the end.
     #[test]
     fn large_mapped_storages_are_copied_exactly() {
-        let words = FILE_COPY_MIN; // 4 MiB of f32
+        let words = BULK_MIN; // 4 MiB of f32
         let storages: HashMap<String, Storage> = [
             ("a".to_owned(), storage(words, 1)),
             ("b".to_owned(), storage(words / 2, 2)),

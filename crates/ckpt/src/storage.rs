@@ -70,6 +70,27 @@ impl Bytes {
     }
 }
 
+impl Bytes {
+    /// Asks the kernel to map `part` (a slice of these bytes) in now, in one
+    /// call, rather than page fault by page fault as it is read
+    /// (MADV_POPULATE_READ). Returns whether the kernel did: false for bytes
+    /// not mapped from a file, a `part` outside them, kernels before Linux
+    /// 5.14 and other systems. Reading works the same either way.
+    pub(crate) fn populate(&self, part: &[u8]) -> bool {
+        #[cfg(target_os = "linux")]
+        if let Repr::Mapped { map, .. } = &self.0 {
+            if let Backing::Map(m, _) = &**map {
+                let at = (part.as_ptr() as usize).checked_sub(m.as_ptr() as usize);
+                if let Some(at) = at.filter(|at| at.checked_add(part.len()).is_some_and(|end| end <= m.len())) {
+                    return m.advise_range(memmap2::Advice::PopulateRead, at, part.len()).is_ok();
+                }
+            }
+        }
+        let _ = part;
+        false
+    }
+}
+
 impl Deref for Bytes {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
