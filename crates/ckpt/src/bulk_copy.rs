@@ -39,10 +39,12 @@ pub(crate) enum Strategy {
 
 /// Writes `part` (a slice of `origin`) to `dst` at its current position
 /// when it is large and mapped from a file, reporting each piece to
-/// `advance`. Returns the bytes written: 0 when `part` is small or held in
-/// memory, fewer than `part.len()` only if the input file shrank under the
-/// mapping; the caller writes the rest.
+/// `advance`; `strategy` is chosen here when `None` (population where the
+/// kernel has it). Returns the bytes written: 0 when `part` is small or held
+/// in memory, fewer than `part.len()` only if the input file shrank under
+/// the mapping; the caller writes the rest.
 pub(crate) fn copy_mapped(
+    strategy: Option<Strategy>,
     part: &[u8],
     origin: &Bytes,
     dst: &mut File,
@@ -52,18 +54,13 @@ pub(crate) fn copy_mapped(
     if part.len() < BULK_MIN || !origin.is_mapped() {
         return Ok(0);
     }
-    let strategy = if origin.populate(&part[..CHUNK.min(part.len())]) { Strategy::Populate } else { Strategy::Pread };
-    copy_with(strategy, part, origin, dst, buf, advance)
-}
-
-pub(crate) fn copy_with(
-    strategy: Strategy,
-    part: &[u8],
-    origin: &Bytes,
-    dst: &mut File,
-    buf: &mut Vec<u8>,
-    advance: &mut dyn FnMut(usize),
-) -> io::Result<usize> {
+    let strategy = strategy.unwrap_or_else(|| {
+        if origin.populate(&part[..CHUNK.min(part.len())]) {
+            Strategy::Populate
+        } else {
+            Strategy::Pread
+        }
+    });
     match strategy {
         Strategy::Populate => {
             for chunk in part.chunks(CHUNK) {
@@ -82,8 +79,8 @@ pub(crate) fn copy_with(
 
 /// Copies `len` bytes of `src` from `offset` to `dst`: positioned reads
 /// (its own offsets, not the file's cursor) into `buf`, then writes.
-/// Returns the bytes copied, fewer than `len` only if the file ended early.
-#[cfg(unix)]
+/// Returns the bytes copied, fewer than `len` only if the file ended early
+/// (and 0 off Unix, where the caller writes everything from the mapping).
 fn pread_copy(
     src: &File,
     offset: u64,
@@ -92,35 +89,30 @@ fn pread_copy(
     buf: &mut Vec<u8>,
     advance: &mut dyn FnMut(usize),
 ) -> io::Result<usize> {
-    use std::os::unix::fs::FileExt;
-    buf.resize(CHUNK.min(len), 0);
-    let mut copied = 0;
-    while copied < len {
-        let want = (len - copied).min(buf.len());
-        let got = match src.read_at(&mut buf[..want], offset + copied as u64) {
-            Ok(0) => return Ok(copied),
-            Ok(n) => n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(e),
-        };
-        dst.write_all(&buf[..got])?;
-        copied += got;
-        advance(got);
+    #[cfg(not(unix))]
+    {
+        let _ = (src, offset, dst, len, buf, advance);
+        Ok(0)
     }
-    Ok(copied)
-}
-
-/// Elsewhere the caller writes everything from the mapping.
-#[cfg(not(unix))]
-fn pread_copy(
-    _: &File,
-    _: u64,
-    _: &mut File,
-    _: usize,
-    _: &mut Vec<u8>,
-    _: &mut dyn FnMut(usize),
-) -> io::Result<usize> {
-    Ok(0)
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::FileExt;
+        buf.resize(CHUNK.min(len), 0);
+        let mut copied = 0;
+        while copied < len {
+            let want = (len - copied).min(buf.len());
+            let got = match src.read_at(&mut buf[..want], offset + copied as u64) {
+                Ok(0) => return Ok(copied),
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+            };
+            dst.write_all(&buf[..got])?;
+            copied += got;
+            advance(got);
+        }
+        Ok(copied)
+    }
 }
 
 #[cfg(test)]
@@ -183,8 +175,9 @@ mod tests {
             let mut dst = File::create(&out).unwrap();
             dst.write_all(b"header").unwrap();
             let mut reported = 0;
-            let n = copy_with(strategy, &origin[from..to], origin, &mut dst, &mut Vec::new(), &mut |k| reported += k)
-                .unwrap();
+            let part = &origin[from..to];
+            let n =
+                copy_mapped(Some(strategy), part, origin, &mut dst, &mut Vec::new(), &mut |k| reported += k).unwrap();
             drop(dst);
             assert_eq!((n, reported), (to - from, to - from), "{strategy:?}");
             let mut got = Vec::new();
@@ -201,10 +194,10 @@ mod tests {
         let origin = &ckpt.storages.values().next().unwrap().data;
         let mut dst = File::create(dir.path().join("out.bin")).unwrap();
         let mut buf = Vec::new();
-        assert_eq!(copy_mapped(&origin[..BULK_MIN - 1], origin, &mut dst, &mut buf, &mut |_| {}).unwrap(), 0);
-        assert_eq!(copy_mapped(origin, origin, &mut dst, &mut buf, &mut |_| {}).unwrap(), BULK_MIN + 10);
+        assert_eq!(copy_mapped(None, &origin[..BULK_MIN - 1], origin, &mut dst, &mut buf, &mut |_| {}).unwrap(), 0);
+        assert_eq!(copy_mapped(None, origin, origin, &mut dst, &mut buf, &mut |_| {}).unwrap(), BULK_MIN + 10);
         let owned = Bytes::owned(vec![7; BULK_MIN * 2]);
-        assert_eq!(copy_mapped(&owned, &owned, &mut dst, &mut buf, &mut |_| {}).unwrap(), 0);
+        assert_eq!(copy_mapped(None, &owned, &owned, &mut dst, &mut buf, &mut |_| {}).unwrap(), 0);
         assert_eq!(dst.metadata().unwrap().len(), (BULK_MIN + 10) as u64);
     }
 }

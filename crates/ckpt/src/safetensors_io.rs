@@ -217,7 +217,7 @@ pub fn save_safetensors(
             if let Source::Storage(part, origin) = e.data {
                 if part.len() >= BULK_MIN && origin.is_mapped() {
                     w.flush().map_err(ioerr)?;
-                    copied = copy_mapped(part, origin, w.get_mut(), &mut buf, &mut advance).map_err(ioerr)?;
+                    copied = copy_mapped(None, part, origin, w.get_mut(), &mut buf, &mut advance).map_err(ioerr)?;
                 }
             }
             // Small or in-memory bytes through the write buffer (large chunks pass straight through).
