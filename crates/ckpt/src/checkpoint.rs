@@ -58,6 +58,7 @@ pub struct Checkpoint {
 }
 
 /// Opens a file for reading and maps it. The map is read-only and private.
+#[allow(unsafe_code)]
 pub(crate) fn map_file(path: &Path) -> Result<Arc<Backing>> {
     let file = File::open(path).map_err(io_err(path))?;
     // SAFETY: the map is read-only; the one hazard is another process

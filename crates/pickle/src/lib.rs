@@ -117,6 +117,8 @@
 //! only with `weights_only=False`. The output is deterministic, and the
 //! writer never recurses, so arbitrarily deep values are fine.
 #![warn(missing_docs)]
+// Parses untrusted files: fuzzed without a sanitizer, so no unsafe code here.
+#![forbid(unsafe_code)]
 
 mod error;
 mod int;

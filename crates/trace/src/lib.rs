@@ -4,6 +4,8 @@
 //! recorded result (pinned: bit for bit; free: within derived bounds).
 
 #![warn(missing_docs)]
+// Parses untrusted files: fuzzed without a sanitizer, so no unsafe code here.
+#![forbid(unsafe_code)]
 
 mod compare;
 mod error;
