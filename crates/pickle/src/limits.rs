@@ -24,7 +24,11 @@ pub struct Limits {
     /// `min(max_nodes, max_nodes_per_input_byte * input_len + 65536)`, so
     /// what a small hostile pickle can make the reader allocate (memo
     /// references cloned into the tree) stays a small multiple of its size.
-    /// Real pickles make at most about one node per byte.
+    /// Real pickles make at most about one node per byte. A pickle the
+    /// writer makes from a value can be shorter than the one it was read
+    /// from (memoized globals, binary opcodes), so a value read near this
+    /// limit may need a larger one to be read back: raise this field, or set
+    /// it to `u64::MAX` and bound `max_nodes` directly.
     pub max_nodes_per_input_byte: u64,
     /// Most entries in the memo.
     pub max_memo_entries: u64,
