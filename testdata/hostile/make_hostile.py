@@ -67,6 +67,20 @@ FILES = {}
 FILES["os_system.pt"] = ckpt(PROTO + b"}" + binunicode("x") + reduce_call("os", "system", "echo pwned > /tmp/pmstate_pwned") + b"s.")
 FILES["subprocess_popen.pt"] = ckpt(PROTO + b"}" + binunicode("x") + global_("subprocess", "Popen") + b"((" + binunicode("touch") + binunicode("/tmp/pmstate_pwned") + b"ltR" + b"s.")
 FILES["builtins_eval.pkl"] = PROTO + reduce_call("builtins", "eval", "__import__('os').system('echo pwned')") + b"."
+# Unsafe globals where a walk over values alone does not look: a dict key
+# at depth, an OrderedDict's BUILD state (_metadata), NEWOBJ arguments, a
+# set member. Every one must be listed by inspect and refused by both writers.
+OS_CALL = reduce_call("os", "system", "echo pwned > /tmp/pmstate_pwned")
+FILES["unsafe_in_dict_key.pt"] = ckpt(PROTO + b"}" + binunicode("model") + b"}" + binunicode("inner") + b"}" + OS_CALL + b"N" + b"sss.")
+FILES["unsafe_in_metadata.pt"] = ckpt(PROTO + b"}" + binunicode("model") + global_("collections", "OrderedDict") + b")R"
+                                      + b"}" + binunicode("_metadata") + b"}" + OS_CALL + b"N" + b"ss" + b"b" + b"s.")
+FILES["unsafe_in_newobj_args.pt"] = ckpt(PROTO + b"}" + binunicode("x") + global_("collections", "OrderedDict") + b"(" + OS_CALL + b"t\x81" + b"s.")
+FILES["unsafe_in_set.pt"] = ckpt(b"\x80\x04" + b"}" + binunicode("x") + b"\x8f(" + OS_CALL + b"\x90" + b"s.")
+# A key that would hide the report on a terminal (conceal, then carriage return).
+FILES["unsafe_behind_escape.pt"] = ckpt(PROTO + b"}" + binunicode("\x1b[8m\rmodel") + OS_CALL + b"s.")
+# A safetensors tree whose dtype node names a function: the .pt writer would emit GLOBAL torch load.
+FILES["st_dtype_global.safetensors"] = safetensors({"__metadata__": {"pmstate.tree": json.dumps({"t": "dict", "items": [["d", {"t": "dtype", "name": "load"}]]}), "pmstate.storages": "{}"}})
+FILES["st_opaque_global.safetensors"] = safetensors({"__metadata__": {"pmstate.tree": json.dumps({"t": "dict", "items": [[{"t": "pickle", "v": {"t": "global", "module": "os", "name": "system"}}, None]]}), "pmstate.storages": "{}"}})
 # Resource exhaustion.
 FILES["deep_nesting.pkl"] = PROTO + b"]" * 100_000 + b"a" * 99_999 + b"."
 memo = PROTO + b"]" + b"N" * 1000 + b"e"  # not valid alone; build a proper list
@@ -114,6 +128,13 @@ EXPECTED = {
     "st_huge_header.safetensors": "safetensors",
     "st_bad_tree.safetensors": "no storage 9",
     "trace_missing_tensor.pmtrace.safetensors": "trace",
+    "unsafe_in_dict_key.pt": "unsafe: os.system",
+    "unsafe_in_metadata.pt": "unsafe: os.system",
+    "unsafe_in_newobj_args.pt": "unsafe: os.system",
+    "unsafe_in_set.pt": "unsafe: os.system",
+    "unsafe_behind_escape.pt": "unsafe: os.system",
+    "st_dtype_global.safetensors": "not a torch dtype",
+    "st_opaque_global.safetensors": "unsafe: os.system",
 }
 
 if __name__ == "__main__":

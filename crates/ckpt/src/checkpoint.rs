@@ -32,6 +32,32 @@ pub enum Format {
     Memory,
 }
 
+impl Format {
+    /// A short stable name for machine-readable output: `torch-zip`,
+    /// `torch-legacy`, `safetensors`, `safetensors-tree` or `memory`.
+    pub fn id(&self) -> &'static str {
+        match self {
+            Format::TorchZip { .. } => "torch-zip",
+            Format::TorchLegacy => "torch-legacy",
+            Format::Safetensors { with_tree: true } => "safetensors-tree",
+            Format::Safetensors { with_tree: false } => "safetensors",
+            Format::Memory => "memory",
+        }
+    }
+}
+
+impl std::fmt::Display for Format {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Format::TorchZip { prefix } => write!(f, "torch zip archive (folder {prefix})"),
+            Format::TorchLegacy => f.write_str("legacy torch.save stream"),
+            Format::Safetensors { with_tree: true } => f.write_str("safetensors with a pmstate tree"),
+            Format::Safetensors { with_tree: false } => f.write_str("safetensors"),
+            Format::Memory => f.write_str("in memory"),
+        }
+    }
+}
+
 /// A checkpoint: the tree `torch.load` would return, as inert data, and
 /// the storages its tensors view.
 ///

@@ -402,7 +402,14 @@ pub(crate) fn to_value(n: &Node, resolve: &mut StorageResolver<'_>) -> crate::Re
             }
             Value::reduce(g("torch", "device"), Value::Tuple(args))
         }
-        Node::TorchDtype(name) => g("torch", name),
+        // Only names of real dtypes become globals: anything else would be a
+        // global made up from data (`torch.load`).
+        Node::TorchDtype(name) if DType::from_torch_name(name).is_some() => g("torch", name),
+        Node::TorchDtype(name) => {
+            return Err(crate::CkptError::Usage(format!(
+                "torch.{name} is not a torch dtype; refusing to write it as one"
+            )))
+        }
         Node::Opaque(v) => v.clone(),
     })
 }

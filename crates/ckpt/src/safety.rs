@@ -110,36 +110,26 @@ fn globals_in(v: &Value, out: &mut Vec<String>) {
     }
 }
 
-/// Every unsafe global in the tree as `(dotted key, module.name)`, in tree order.
+/// Every unsafe global in the tree as `(dotted key, module.name)`, in tree
+/// order: in values, dict keys, BUILD states (`_metadata`), and everywhere
+/// inside opaque values (call arguments, keyword arguments, stored items,
+/// set members). A dtype node whose name is not a torch dtype would be
+/// written as the global `torch.<name>`, so it is listed too. This is the
+/// one walk behind `inspect`, both writers and the safetensors reader.
 pub(crate) fn unsafe_globals(root: &Node) -> Vec<(String, String)> {
     let mut found = Vec::new();
-    let mut visit = |path: &[crate::tree::Key<'_>], node: &Node| {
+    root.walk_all(&mut |path, node| {
         let mut here = Vec::new();
         match node {
             Node::Opaque(v) => globals_in(v, &mut here),
-            Node::Dict(d) => {
-                if let Some(state) = &d.state {
-                    // BUILD states are not walked: check them here.
-                    for (k, g) in unsafe_globals(state) {
-                        let key = if k == "<root>" { "<state>".to_owned() } else { format!("<state>.{k}") };
-                        found.push((join(&dotted(path), &key), g));
-                    }
-                }
-            }
+            Node::TorchDtype(name) if !is_safe_global("torch", name) => here.push(format!("torch.{name}")),
             _ => {}
         }
-        let key = if path.is_empty() { "<root>".to_owned() } else { dotted(path) };
-        found.extend(here.into_iter().map(|g| (key.clone(), g)));
+        if !here.is_empty() {
+            let key = if path.is_empty() { "<root>".to_owned() } else { dotted(path) };
+            found.extend(here.into_iter().map(|g| (key.clone(), g)));
+        }
         true
-    };
-    root.walk(&mut visit);
+    });
     found
-}
-
-fn join(a: &str, b: &str) -> String {
-    if a.is_empty() {
-        b.to_owned()
-    } else {
-        format!("{a}.{b}")
-    }
 }

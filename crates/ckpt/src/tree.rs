@@ -11,8 +11,12 @@ pub enum Key<'a> {
     Str(&'a str),
     /// An integer key (optimizer `state` entries) or a list index.
     Int(i64),
-    /// Any other key, shown by its debug form.
+    /// Any other key (a tuple, a float, an opaque object), shown in words.
     Other(String),
+    /// The key itself of the dict's entry at this index (visited by [`Node::walk_all`] only).
+    EntryKey(usize),
+    /// The `BUILD` state of a dict (`{'_metadata': ...}`; visited by [`Node::walk_all`] only).
+    State,
 }
 
 impl fmt::Display for Key<'_> {
@@ -21,6 +25,8 @@ impl fmt::Display for Key<'_> {
             Key::Str(s) => f.write_str(s),
             Key::Int(i) => write!(f, "{i}"),
             Key::Other(s) => f.write_str(s),
+            Key::EntryKey(i) => write!(f, "<key of entry {i}>"),
+            Key::State => f.write_str("<state>"),
         }
     }
 }
@@ -269,24 +275,89 @@ impl Node {
     }
 
     /// Visits every node depth-first in order with its path (dict keys
-    /// and list/tuple/set indices). `_metadata` and other BUILD states are
-    /// not visited. Stops early when `f` returns `false` for a node (its
-    /// children are skipped).
+    /// and list/tuple/set indices). Dict keys themselves, `_metadata` and
+    /// other BUILD states are not visited (see [`Node::walk_all`]). Stops
+    /// early when `f` returns `false` for a node (its children are skipped).
     pub fn walk<'a>(&'a self, f: &mut dyn FnMut(&[Key<'a>], &'a Node) -> bool) {
         let mut path = Vec::new();
-        walk_inner(self, &mut path, f);
+        walk_inner(self, &mut path, Reach::Values, f);
     }
+
+    /// Visits every node of the tree, [`Node::walk`]'s and also each
+    /// dict's keys (path component [`Key::EntryKey`]) and BUILD state
+    /// ([`Key::State`]) with everything under them: the walk for checks
+    /// that must not miss anything (unsafe globals, storage references).
+    pub fn walk_all<'a>(&'a self, f: &mut dyn FnMut(&[Key<'a>], &'a Node) -> bool) {
+        let mut path = Vec::new();
+        walk_inner(self, &mut path, Reach::Everything, f);
+    }
+}
+
+/// A short human form of a value, for keys that are not strings or ints
+/// and for messages: scalars as Python writes them, containers and tensors
+/// by kind and size. Never Rust's Debug form.
+impl fmt::Display for Node {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Node::None => f.write_str("None"),
+            Node::Bool(true) => f.write_str("True"),
+            Node::Bool(false) => f.write_str("False"),
+            Node::Int(i) => write!(f, "{i}"),
+            Node::BigInt(b) => write!(f, "<int of {} bytes>", b.len()),
+            Node::Float(x) => write!(f, "{x:?}"),
+            Node::Complex(re, im) => write!(f, "({re:?}{im:+?}j)"),
+            Node::Str(s) => write!(f, "'{s}'"),
+            Node::Bytes(b) => write!(f, "<bytes of length {}>", b.len()),
+            Node::List(xs) | Node::Tuple(xs) | Node::Set(xs) => write!(f, "<{} of {} items>", self.kind(), xs.len()),
+            Node::Dict(d) => write!(f, "<{} of {} entries>", self.kind(), d.entries.len()),
+            Node::Tensor(t) => write!(f, "<{} {} {}>", self.kind(), t.dtype, Shape(&t.shape)),
+            Node::Device { kind, index: Some(i) } => write!(f, "device('{kind}:{i}')"),
+            Node::Device { kind, index: None } => write!(f, "device('{kind}')"),
+            Node::TorchDtype(name) => write!(f, "torch.{name}"),
+            Node::Opaque(v) => match v {
+                pmstate_pickle::Value::Global { module, name } => write!(f, "<global {module}.{name}>"),
+                _ => f.write_str("<opaque pickle value>"),
+            },
+        }
+    }
+}
+
+/// A shape as torch prints one: `[2, 3]`.
+pub struct Shape<'a>(pub &'a [usize]);
+
+impl fmt::Display for Shape<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("[")?;
+        for (i, d) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str(", ")?;
+            }
+            write!(f, "{d}")?;
+        }
+        f.write_str("]")
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Reach {
+    Values,
+    Everything,
 }
 
 fn key_of(k: &Node) -> Key<'_> {
     match k {
         Node::Str(s) => Key::Str(s),
         Node::Int(i) => Key::Int(*i),
-        other => Key::Other(format!("{other:?}")),
+        other => Key::Other(other.to_string()),
     }
 }
 
-fn walk_inner<'a>(node: &'a Node, path: &mut Vec<Key<'a>>, f: &mut dyn FnMut(&[Key<'a>], &'a Node) -> bool) {
+fn walk_inner<'a>(
+    node: &'a Node,
+    path: &mut Vec<Key<'a>>,
+    reach: Reach,
+    f: &mut dyn FnMut(&[Key<'a>], &'a Node) -> bool,
+) {
     if !f(path, node) {
         return;
     }
@@ -294,14 +365,24 @@ fn walk_inner<'a>(node: &'a Node, path: &mut Vec<Key<'a>>, f: &mut dyn FnMut(&[K
         Node::List(xs) | Node::Tuple(xs) | Node::Set(xs) => {
             for (i, x) in xs.iter().enumerate() {
                 path.push(Key::Int(i as i64));
-                walk_inner(x, path, f);
+                walk_inner(x, path, reach, f);
                 path.pop();
             }
         }
         Node::Dict(d) => {
-            for (k, v) in &d.entries {
+            for (i, (k, v)) in d.entries.iter().enumerate() {
+                if reach == Reach::Everything {
+                    path.push(Key::EntryKey(i));
+                    walk_inner(k, path, reach, f);
+                    path.pop();
+                }
                 path.push(key_of(k));
-                walk_inner(v, path, f);
+                walk_inner(v, path, reach, f);
+                path.pop();
+            }
+            if let (Reach::Everything, Some(state)) = (reach, &d.state) {
+                path.push(Key::State);
+                walk_inner(state, path, reach, f);
                 path.pop();
             }
         }

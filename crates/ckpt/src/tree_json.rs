@@ -112,7 +112,13 @@ pub fn node_from_json(j: &J) -> Result<Node, String> {
                     kind: field("type")?.as_str().ok_or("device type")?.to_owned(),
                     index: m.get("index").and_then(J::as_i64),
                 },
-                "dtype" => Node::TorchDtype(field("name")?.as_str().ok_or("dtype name")?.to_owned()),
+                "dtype" => {
+                    let name = field("name")?.as_str().ok_or("dtype name")?;
+                    if DType::from_torch_name(name).is_none() {
+                        return Err(format!("dtype node names torch.{name}, which is not a torch dtype"));
+                    }
+                    Node::TorchDtype(name.to_owned())
+                }
                 "pickle" => Node::Opaque(value_from_json(field("v")?)?),
                 other => return Err(format!("unknown node type {other:?}")),
             }

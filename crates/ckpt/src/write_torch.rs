@@ -79,7 +79,7 @@ pub(crate) fn lower(ckpt: &Checkpoint, root: &Node, allow_unsafe_globals: bool) 
         return Err(CkptError::UnsafeGlobals { count: flagged.len(), first: first.clone(), key: key.clone() });
     }
     let mut opaque_storage = None;
-    root.walk(&mut |path, node| {
+    root.walk_all(&mut |path, node| {
         if let Node::Opaque(v) = node {
             if opaque_storage.is_none() && contains_persistent_id(v) {
                 opaque_storage = Some(crate::tree::dotted(path));
@@ -114,12 +114,55 @@ pub(crate) fn lower(ckpt: &Checkpoint, root: &Node, allow_unsafe_globals: bool) 
         )))
     };
     let value = to_value(root, &mut resolve)?;
+    check_emitted_globals(ckpt, &value, &flagged)?;
     let pickle = pmstate_pickle::to_vec(&value).map_err(|source| CkptError::Pickle {
         path: ckpt.path.clone(),
         record: "data.pkl".into(),
         source,
     })?;
     Ok(Lowered { pickle, storages: order })
+}
+
+/// The last gate before bytes are written: every global the pickle will
+/// hold is on torch's weights_only allowlist, or is one of the `allowed`
+/// globals the tree carried in opaque values (present only when the caller
+/// allowed unsafe globals). Anything else (a global this crate would have
+/// made up from data) is an error naming it.
+fn check_emitted_globals(ckpt: &Checkpoint, value: &Value, allowed: &[(String, String)]) -> Result<()> {
+    let mut stack = vec![value];
+    while let Some(v) = stack.pop() {
+        match v {
+            Value::Global { module, name } if !crate::safety::is_safe_global(module, name) => {
+                let global = format!("{module}.{name}");
+                if !allowed.iter().any(|(_, g)| *g == global) {
+                    return Err(CkptError::Value {
+                        path: ckpt.path.clone(),
+                        key: "<data.pkl>".into(),
+                        reason: format!(
+                            "would emit the global {global}, which is not on torch's weights_only allowlist"
+                        ),
+                    });
+                }
+            }
+            Value::List(xs) | Value::Tuple(xs) | Value::Set(xs) | Value::FrozenSet(xs) => stack.extend(xs),
+            Value::Dict(kv) => stack.extend(kv.iter().flat_map(|(k, v)| [k, v])),
+            Value::Reduce { callable, args, setitems, appends } => {
+                stack.extend([&**callable, &**args]);
+                stack.extend(setitems.iter().flat_map(|(k, v)| [k, v]));
+                stack.extend(appends);
+            }
+            Value::NewObj { cls, args, kwargs, setitems, appends } => {
+                stack.extend([&**cls, &**args]);
+                stack.extend(kwargs.as_deref());
+                stack.extend(setitems.iter().flat_map(|(k, v)| [k, v]));
+                stack.extend(appends);
+            }
+            Value::Build { object, state } => stack.extend([&**object, &**state]),
+            Value::PersistentId(p) | Value::Shared { value: p, .. } => stack.push(p),
+            _ => {}
+        }
+    }
+    Ok(())
 }
 
 /// The archive folder torch.save uses for a file: its name without the last extension.

@@ -83,7 +83,10 @@ pub fn run(opts: &Options, mut on_record: impl FnMut(&Record) + Send) -> Result<
             let ops: [(&'static str, f64); 4] =
                 [("normalize", 2.0), ("record_moments", 1.0), ("record_moments_ema", 1.0), ("copy", 2.0)];
             for (op, passes) in ops {
-                eprintln!("bench: {op} {rows}x{cols} on {} ({} threads)...", opts.device_name, opts.threads);
+                crate::output::err_line(format!(
+                    "bench: {op} {rows}x{cols} on {} ({} threads)...",
+                    opts.device_name, opts.threads
+                ));
                 let seconds = match op {
                     "normalize" => time(opts.min_time, &opts.device, || {
                         std::hint::black_box(welford.normalize(&x)?);

@@ -31,7 +31,7 @@ fn is_torch(path: &Path) -> bool {
 }
 
 fn shape_str(t: &TensorRef) -> String {
-    format!("{:?}", t.shape)
+    pmstate_ckpt::Shape(&t.shape).to_string()
 }
 
 /// Mean, min and max of a small f64 tensor's elements (normalizer buffers).
@@ -94,8 +94,7 @@ fn tree_lines(node: &Node, depth: usize, key: &str, out: &mut Vec<String>) {
             for (k, v) in &d.entries {
                 let k = match k {
                     Node::Str(s) => s.clone(),
-                    Node::Int(i) => i.to_string(),
-                    other => format!("{other:?}"),
+                    other => other.to_string(),
                 };
                 tree_lines(v, depth + 1, &k, out);
             }
@@ -108,7 +107,7 @@ fn tree_lines(node: &Node, depth: usize, key: &str, out: &mut Vec<String>) {
         }
         Node::Tensor(t) => {
             let view = if t.offset != 0 || !t.is_contiguous() {
-                format!(" view@{} stride {:?}", t.offset, t.stride)
+                format!(" view@{} stride {}", t.offset, pmstate_ckpt::Shape(&t.stride))
             } else {
                 String::new()
             };
@@ -116,9 +115,9 @@ fn tree_lines(node: &Node, depth: usize, key: &str, out: &mut Vec<String>) {
         }
         Node::Opaque(_) => out.push(format!("{pad}{label}: opaque pickle value")),
         other => {
-            let mut shown = format!("{other:?}");
-            if shown.len() > 80 {
-                shown.truncate(77);
+            let mut shown = other.to_string();
+            if shown.chars().count() > 80 {
+                shown = shown.chars().take(77).collect();
                 shown.push_str("...");
             }
             out.push(format!("{pad}{label}: {shown}"));
@@ -148,47 +147,72 @@ pub fn inspect(path: &Path, json_out: bool) -> Result<ExitCode, CliError> {
             .collect();
         let out = json!({
             "file": path.display().to_string(),
-            "format": format!("{:?}", ckpt.format),
+            "format": ckpt.format.id(),
             "tensors": tensors_json,
             "storages": ckpt.storages.len(),
             "storage_bytes": storage_bytes,
             "normalizers": groups_json,
             "lazy_normalizers": lazy,
             "unsafe_globals": flagged.iter().map(|(k, g)| json!({ "key": k, "global": g })).collect::<Vec<_>>(),
+            "unsafe_globals_distinct": distinct_globals(&flagged)
+                .into_iter()
+                .map(|(g, uses, first)| json!({ "global": g, "uses": uses, "first_key": first }))
+                .collect::<Vec<_>>(),
             "tree": pmstate_ckpt::node_to_json(&ckpt.root),
             "seconds": t0.elapsed().as_secs_f64(),
         });
-        println!("{}", serde_json::to_string(&out)?);
+        crate::output::json_line(&out)?;
     } else {
-        println!(
-            "{} ({:?}): {} tensors over {} storages, {} bytes",
+        crate::output::line(format!(
+            "{} ({}): {} tensors over {} storages, {} bytes",
             path.display(),
             ckpt.format,
             tensors.len(),
             ckpt.storages.len(),
             storage_bytes
-        );
+        ));
         let mut lines = Vec::new();
         tree_lines(&ckpt.root, 0, "", &mut lines);
         for l in lines {
-            println!("{l}");
+            crate::output::line(l);
         }
         print_groups(&groups_json, &lazy);
-        for (k, g) in &flagged {
-            println!("UNSAFE GLOBAL {g} at {k} (never executed; torch.load(weights_only=True) rejects it)");
+        for (g, uses, first) in distinct_globals(&flagged) {
+            let uses = if uses == 1 { String::from("1 use") } else { format!("{uses} uses") };
+            crate::output::line(format!(
+                "UNSAFE GLOBAL {g} ({uses}, first at {first}; never executed; torch.load(weights_only=True) rejects it)"
+            ));
         }
     }
     Ok(ExitCode::SUCCESS)
 }
 
+/// Each distinct unsafe global once, in first-seen order, with how often it
+/// occurs and where first: a resolved-configs file uses dozens of classes
+/// hundreds of times.
+fn distinct_globals(flagged: &[(String, String)]) -> Vec<(&str, usize, &str)> {
+    let mut index: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
+    let mut out: Vec<(&str, usize, &str)> = Vec::new();
+    for (key, global) in flagged {
+        match index.get(global.as_str()) {
+            Some(&i) => out[i].1 += 1,
+            None => {
+                index.insert(global, out.len());
+                out.push((global, 1, key));
+            }
+        }
+    }
+    out
+}
+
 fn print_groups(groups: &[J], lazy: &[String]) {
     if groups.is_empty() && lazy.is_empty() {
-        println!("normalizers: none");
+        crate::output::line("normalizers: none");
         return;
     }
-    println!("normalizers:");
+    crate::output::line("normalizers:");
     for g in groups {
-        println!(
+        crate::output::line(format!(
             "  {}: shape {} count {} mean [{:.4}, {:.4}] (avg {:.4}) std [{:.4}, {:.4}] (avg {:.4})",
             g["name"].as_str().unwrap_or("?"),
             g["shape"],
@@ -199,10 +223,10 @@ fn print_groups(groups: &[J], lazy: &[String]) {
             g["std"]["min"].as_f64().unwrap_or(f64::NAN),
             g["std"]["max"].as_f64().unwrap_or(f64::NAN),
             g["std"]["mean"].as_f64().unwrap_or(f64::NAN),
-        );
+        ));
     }
     for l in lazy {
-        println!("  {l}: lazy (never ran; no buffers saved)");
+        crate::output::line(format!("  {l}: lazy (never ran; no buffers saved)"));
     }
 }
 
@@ -212,12 +236,9 @@ pub fn normalizers(path: &Path, json_out: bool) -> Result<ExitCode, CliError> {
     let lazy = lazy_groups(&ckpt, &groups);
     let groups_json = groups.iter().map(|g| group_json(&ckpt, g)).collect::<Result<Vec<_>, _>>()?;
     if json_out {
-        println!(
-            "{}",
-            serde_json::to_string(
-                &json!({ "file": path.display().to_string(), "normalizers": groups_json, "lazy": lazy })
-            )?
-        );
+        crate::output::json_line(
+            &json!({ "file": path.display().to_string(), "normalizers": groups_json, "lazy": lazy }),
+        )?;
     } else {
         print_groups(&groups_json, &lazy);
     }
@@ -288,9 +309,9 @@ pub fn convert(
     let report = match result {
         Err(e @ CkptError::UnsafeGlobals { .. }) => {
             if json_out {
-                println!("{}", serde_json::to_string(&json!({ "ok": false, "refused": e.to_string() }))?);
+                crate::output::json_line(&json!({ "ok": false, "refused": e.to_string() }))?;
             } else {
-                eprintln!("pmstate: refused: {e}");
+                crate::output::err_line(format!("pmstate: refused: {e}"));
             }
             return Ok(ExitCode::from(1));
         }
@@ -298,18 +319,19 @@ pub fn convert(
     };
     let skipped = report.as_ref().map(|r| r.skipped.clone()).unwrap_or_default();
     if json_out {
-        println!(
-            "{}",
-            serde_json::to_string(&json!({
-                "ok": true, "input": input.display().to_string(), "output": output.display().to_string(),
-                "select": select, "tensors": report.as_ref().map_or(ckpt.tensors().len(), |r| r.tensors),
-                "skipped_non_tensors": skipped, "seconds": t0.elapsed().as_secs_f64(),
-            }))?
-        );
+        crate::output::json_line(&json!({
+            "ok": true, "input": input.display().to_string(), "output": output.display().to_string(),
+            "select": select, "tensors": report.as_ref().map_or(ckpt.tensors().len(), |r| r.tensors),
+            "skipped_non_tensors": skipped, "seconds": t0.elapsed().as_secs_f64(),
+        }))?;
     } else {
-        println!("wrote {} ({:.3} s)", output.display(), t0.elapsed().as_secs_f64());
+        crate::output::line(format!("wrote {} ({:.3} s)", output.display(), t0.elapsed().as_secs_f64()));
         if !skipped.is_empty() {
-            println!("skipped {} non-tensor value(s) safetensors cannot hold: {}", skipped.len(), skipped.join(", "));
+            crate::output::line(format!(
+                "skipped {} non-tensor value(s) safetensors cannot hold: {}",
+                skipped.len(),
+                skipped.join(", ")
+            ));
         }
     }
     Ok(ExitCode::SUCCESS)
@@ -340,8 +362,8 @@ fn diff_tensors(
     if ta.dtype != tb.dtype || ta.shape != tb.shape {
         return Ok(Some(json!({
             "what": "tensor type",
-            "a": format!("{} {:?}", ta.dtype, ta.shape),
-            "b": format!("{} {:?}", tb.dtype, tb.shape),
+            "a": format!("{} {}", ta.dtype, pmstate_ckpt::Shape(&ta.shape)),
+            "b": format!("{} {}", tb.dtype, pmstate_ckpt::Shape(&tb.shape)),
         })));
     }
     match (as_f64(a, ta)?, as_f64(b, tb)?) {
@@ -387,8 +409,7 @@ fn diff_nodes(
 ) -> Result<(), CliError> {
     let sub = |k: &Node| match k {
         Node::Str(s) => s.clone(),
-        Node::Int(i) => i.to_string(),
-        other => format!("{other:?}"),
+        other => other.to_string(),
     };
     let join = |k: String| if key.is_empty() { k } else { format!("{key}.{k}") };
     match (na, nb) {
@@ -430,8 +451,8 @@ fn diff_nodes(
         _ if na == nb => {}
         _ => out.push(json!({
             "key": key, "what": if na.kind() == nb.kind() { "value" } else { "type" },
-            "a": format!("{na:?}").chars().take(200).collect::<String>(),
-            "b": format!("{nb:?}").chars().take(200).collect::<String>(),
+            "a": na.to_string().chars().take(200).collect::<String>(),
+            "b": nb.to_string().chars().take(200).collect::<String>(),
         })),
     }
     Ok(())
@@ -446,20 +467,17 @@ pub fn diff(pa: &Path, pb: &Path, tol: Tolerance, json_out: bool) -> Result<Exit
     let mut diffs = Vec::new();
     diff_nodes(&a, &a.root, &b, &b.root, "", &tol, &mut diffs)?;
     if json_out {
-        println!(
-            "{}",
-            serde_json::to_string(&json!({
-                "a": pa.display().to_string(), "b": pb.display().to_string(),
-                "rtol": tol.rtol, "atol": tol.atol, "equal": diffs.is_empty(), "differences": diffs,
-            }))?
-        );
+        crate::output::json_line(&json!({
+            "a": pa.display().to_string(), "b": pb.display().to_string(),
+            "rtol": tol.rtol, "atol": tol.atol, "equal": diffs.is_empty(), "differences": diffs,
+        }))?;
     } else if diffs.is_empty() {
-        println!("no differences (rtol {}, atol {})", tol.rtol, tol.atol);
+        crate::output::line(format!("no differences (rtol {}, atol {})", tol.rtol, tol.atol));
     } else {
         for d in &diffs {
-            println!("{}", serde_json::to_string(d)?);
+            crate::output::json_line(d)?;
         }
-        println!("{} difference(s)", diffs.len());
+        crate::output::line(format!("{} difference(s)", diffs.len()));
     }
     Ok(if diffs.is_empty() { ExitCode::SUCCESS } else { ExitCode::from(1) })
 }

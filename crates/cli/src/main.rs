@@ -5,6 +5,7 @@
 mod bench;
 mod bench_collective;
 mod ckpt_cmds;
+mod output;
 mod replay;
 
 /// mimalloc keeps freed large blocks for reuse: glibc returns every block
@@ -227,7 +228,7 @@ fn run(cli: Cli) -> Result<ExitCode, CliError> {
             let mut rows = vec![];
             bench::run(&opts, |r| {
                 if json {
-                    println!("{}", serde_json::to_string(r).expect("a Record always serializes"));
+                    output::json_line(r).expect("a Record always serializes");
                 } else {
                     rows.push(format!(
                         "{:<20} {:>6}x{:<4} {:>7} {:>3} {:>12.1} {:>8.2}",
@@ -242,9 +243,12 @@ fn run(cli: Cli) -> Result<ExitCode, CliError> {
                 }
             })?;
             if !json {
-                println!("{:<20} {:>11} {:>7} {:>3} {:>12} {:>8}", "op", "shape", "device", "thr", "median µs", "GB/s");
+                output::line(format!(
+                    "{:<20} {:>11} {:>7} {:>3} {:>12} {:>8}",
+                    "op", "shape", "device", "thr", "median µs", "GB/s"
+                ));
                 for r in rows {
-                    println!("{r}");
+                    output::line(r);
                 }
             }
             Ok(ExitCode::SUCCESS)
@@ -273,13 +277,16 @@ fn run(cli: Cli) -> Result<ExitCode, CliError> {
             };
             if print {
                 if !json {
-                    println!("{:<11} {:<7} {:>2} {:>5} {:>12} {:>12}", "op", "coll", "W", "D", "median µs", "mean µs");
+                    output::line(format!(
+                        "{:<11} {:<7} {:>2} {:>5} {:>12} {:>12}",
+                        "op", "coll", "W", "D", "median µs", "mean µs"
+                    ));
                 }
                 for r in &records {
                     if json {
-                        println!("{}", serde_json::to_string(r)?);
+                        output::json_line(r)?;
                     } else {
-                        println!(
+                        output::line(format!(
                             "{:<11} {:<7} {:>2} {:>5} {:>12.1} {:>12.1}",
                             r.op,
                             r.collective,
@@ -287,7 +294,7 @@ fn run(cli: Cli) -> Result<ExitCode, CliError> {
                             r.dim,
                             r.median_s * 1e6,
                             r.mean_s * 1e6
-                        );
+                        ));
                     }
                 }
             }
@@ -307,7 +314,7 @@ fn main() -> ExitCode {
     match run(cli) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("pmstate: error: {e}");
+            output::err_line(format!("pmstate: error: {e}"));
             ExitCode::from(2)
         }
     }

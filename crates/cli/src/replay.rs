@@ -94,7 +94,7 @@ impl Tally {
                     error: Some(e.clone()),
                 },
             };
-            println!("{}", serde_json::to_string(&line)?);
+            crate::output::json_line(&line)?;
         } else {
             match outcome {
                 Ok(r) => {
@@ -110,16 +110,16 @@ impl Tally {
                             w.note.as_ref().map_or(String::new(), |n| format!(" ({n})")),
                         )
                     });
-                    println!(
+                    crate::output::line(format!(
                         "{} {} ({} steps, world size {}, {} fields): {worst}",
                         if r.pass { "PASS" } else { "FAIL" },
                         name(f),
                         r.steps,
                         r.world_size,
                         r.fields.len()
-                    );
+                    ));
                 }
-                Err(e) => println!("ERROR {}: {e}", name(f)),
+                Err(e) => crate::output::line(format!("ERROR {}: {e}", name(f))),
             }
         }
         Ok(())
@@ -130,14 +130,12 @@ impl Tally {
     fn finish(&self, collective: &str) -> u8 {
         let (mode, passed, failed, broken) = (self.mode, self.passed, self.failed, self.broken);
         if self.json {
-            println!(
-                "{}",
-                serde_json::json!({"summary": true, "mode": mode, "collective": collective, "passed": passed,
-                    "failed": failed, "unreadable": broken})
-            );
+            let summary = serde_json::json!({"summary": true, "mode": mode, "collective": collective,
+                "passed": passed, "failed": failed, "unreadable": broken});
+            crate::output::json_line(&summary).expect("a JSON value always serializes");
         } else {
             let m = if mode == Mode::Pinned { "pinned" } else { "free" };
-            println!("replay ({m}, {collective}): {passed} passed, {} failed", failed + broken);
+            crate::output::line(format!("replay ({m}, {collective}): {passed} passed, {} failed", failed + broken));
         }
         if broken > 0 {
             2
@@ -215,11 +213,11 @@ pub fn run_mpi(paths: &[PathBuf], mode: Mode, json: bool, timeout: Duration) -> 
         (Ok(c), None) => Ok(u8::try_from(c).unwrap_or(2)),
         (_, b) => {
             if rank0 {
-                eprintln!(
+                crate::output::err_line(format!(
                     "pmstate: the MPI communicator is broken ({}); leaving without MPI_Finalize so that mpirun ends \
                      the job",
                     b.unwrap_or_else(|| "the final broadcast failed".into())
-                );
+                ));
             }
             Ok(2)
         }

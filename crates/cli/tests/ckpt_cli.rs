@@ -72,7 +72,7 @@ fn convert_round_trips_and_refuses_unsafe_globals() {
     let j = stdout_json(&pmstate(&["inspect", "--json", &model]));
     let keys: Vec<&str> = j["tensors"].as_array().unwrap().iter().map(|t| t["key"].as_str().unwrap()).collect();
     assert!(keys.contains(&"_actor.mu.mlp.0.weight") && keys.contains(&"_critic.mlp.5.bias"), "{keys:?}");
-    assert!(j["format"].as_str().unwrap().contains("with_tree: false"));
+    assert_eq!(j["format"], "safetensors");
 
     // --no-fsync writes the same bytes (both formats), and a refusal under it
     // still leaves nothing behind.
@@ -149,4 +149,44 @@ fn normalizers_lists_groups_and_lazy_ones() {
         ]
     );
     assert_eq!(j["lazy"], serde_json::json!(["model._actor.mu.input_models.future.running_obs_norm"]));
+}
+
+fn hostile(name: &str) -> String {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/hostile").join(name).display().to_string()
+}
+
+/// A key holding `ESC [8m` (conceal) and a carriage return must not hide
+/// the UNSAFE line on a terminal: text output escapes control characters.
+#[test]
+fn inspect_escapes_control_characters_in_text_output() {
+    let out = pmstate(&["inspect", &hostile("unsafe_behind_escape.pt")]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(!text.bytes().any(|b| b == 0x1b || b == b'\r'), "{text:?}");
+    assert!(text.contains("\\x1b[8m\\rmodel"), "{text}");
+    assert!(text.contains("UNSAFE GLOBAL os.system (1 use, first at \\x1b[8m\\rmodel"), "{text}");
+    // JSON carries the key exactly (serde escapes it as \u001b).
+    let j = stdout_json(&pmstate(&["inspect", "--json", &hostile("unsafe_behind_escape.pt")]));
+    assert_eq!(j["unsafe_globals"][0]["key"], "\u{1b}[8m\rmodel");
+    assert_eq!(j["unsafe_globals_distinct"][0]["uses"], 1);
+}
+
+/// Unsafe globals in dict keys, `_metadata`, NEWOBJ arguments and set
+/// members are listed by inspect and refused by convert (exit 1, no output).
+#[test]
+fn unsafe_globals_outside_values_are_listed_and_refused() {
+    for name in ["unsafe_in_dict_key.pt", "unsafe_in_metadata.pt", "unsafe_in_newobj_args.pt", "unsafe_in_set.pt"] {
+        let j = stdout_json(&pmstate(&["inspect", "--json", &hostile(name)]));
+        let globals: Vec<&str> =
+            j["unsafe_globals"].as_array().unwrap().iter().map(|g| g["global"].as_str().unwrap()).collect();
+        assert_eq!(globals, ["os.system"], "{name}: {j}");
+        let dir = tempfile::tempdir().unwrap();
+        for out_name in ["x.pt", "x.safetensors"] {
+            let out_path = dir.path().join(out_name).display().to_string();
+            let out = pmstate(&["convert", &hostile(name), &out_path]);
+            assert_eq!(out.status.code(), Some(1), "{name} -> {out_name}: {}", String::from_utf8_lossy(&out.stderr));
+            assert!(String::from_utf8_lossy(&out.stderr).contains("os.system"), "{name}");
+        }
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "{name}: something was written");
+    }
 }

@@ -1,0 +1,50 @@
+//! The `.pt` writer emits only globals on torch's weights_only allowlist,
+//! or globals the tree carried in opaque values when the caller allowed
+//! them: never a global made up from data.
+
+use std::collections::HashMap;
+
+use pmstate_ckpt::{Checkpoint, CkptError, Dict, Node, SaveOptions};
+use pmstate_pickle::Value;
+
+fn one(key: &str, value: Node) -> Checkpoint {
+    let root = Node::Dict(Dict { ordered: false, entries: vec![(Node::Str(key.into()), value)], state: None });
+    Checkpoint::from_parts(root, HashMap::new())
+}
+
+#[test]
+fn a_dtype_node_naming_a_function_is_never_written() {
+    let ckpt = one("d", Node::TorchDtype("load".into()));
+    let dir = tempfile::tempdir().unwrap();
+    for allow_unsafe_globals in [false, true] {
+        let opts = SaveOptions { allow_unsafe_globals, ..Default::default() };
+        let err = pmstate_ckpt::save_torch(&ckpt, dir.path().join("x.pt"), &opts).unwrap_err();
+        assert!(err.to_string().contains("torch.load"), "{err}");
+    }
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+}
+
+#[test]
+fn a_real_dtype_node_is_written_and_read_back() {
+    let ckpt = one("d", Node::TorchDtype("float32".into()));
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("x.pt");
+    pmstate_ckpt::save_torch(&ckpt, &path, &SaveOptions::default()).unwrap();
+    assert_eq!(Checkpoint::open(&path).unwrap().root, ckpt.root);
+}
+
+#[test]
+fn opaque_unsafe_globals_in_keys_are_refused_unless_allowed() {
+    let call = Value::reduce(Value::global("os", "system"), Value::Tuple(vec![Value::Str("true".into())]));
+    let inner = Node::Dict(Dict { ordered: false, entries: vec![(Node::Opaque(call), Node::None)], state: None });
+    let ckpt = one("model", inner);
+    assert_eq!(ckpt.unsafe_globals(), vec![("model.<key of entry 0>".to_owned(), "os.system".to_owned())]);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("x.pt");
+    let err = pmstate_ckpt::save_torch(&ckpt, &path, &SaveOptions::default()).unwrap_err();
+    assert!(matches!(err, CkptError::UnsafeGlobals { count: 1, .. }), "{err}");
+    let opts = SaveOptions { allow_unsafe_globals: true, ..Default::default() };
+    pmstate_ckpt::save_torch(&ckpt, &path, &opts).unwrap();
+    let back = Checkpoint::open(&path).unwrap();
+    assert_eq!(back.unsafe_globals(), ckpt.unsafe_globals());
+}
