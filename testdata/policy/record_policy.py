@@ -1,0 +1,972 @@
+#!/usr/bin/env python3
+"""Records ProtoMotions policy checkpoints and their eval-mode outputs, for the
+policy-inference tests of pmstate.
+
+usage: python testdata/policy/record_policy.py --protomotions PATH
+           [--out DIR] [--reference-commit SHA] [--only NAME ...] [--no-verify]
+
+PATH is a checkout of github:NVlabs/ProtoMotions (recorded against commit
+607ca7a0bb92e261120bcab8d9f97f28b3130ffc). Its `protomotions` package is
+imported from PATH at run time; nothing of it is copied here. Needs torch,
+lightning, tensordict (0.9), safetensors-compatible numpy, and what
+`protomotions.agents` imports (see /work/notes/venv-versions.txt).
+
+What each variant is built with (all ProtoMotions' own code):
+- configs: `protomotions.utils.config_builder.build_standard_configs` on the
+  shipped experiment files data/pretrained_models/motion_tracker/
+  {smpl,g1-bones-deploy}/experiment_config.py (robot, simulator, terrain,
+  scene_lib, motion_lib, env, agent), hidden widths shrunk; the synthetic
+  variants keep those robot/simulator/env configs and replace
+  `agent.model` by model configs written here with ProtoMotions' dataclasses;
+- agent and model: the agent class named by `agent._target_` (PPO or AMP),
+  constructed for real with `Fabric(**FabricConfig(accelerator="cpu",
+  devices=1).as_kwargs())` (DDP strategy, gloo, one process) and a small
+  stand-in environment (no simulator), then `agent.setup()` (LazyLinear /
+  RunningMeanStd materialisation, the real weight init, optimizers through
+  `fabric.setup`);
+- training: `n_iters` train-mode forwards of `agent.model` on seeded batches
+  whose columns have non-trivial means and scales (this is what records the
+  normalizer moments), each followed by one step of every agent optimizer
+  on a synthetic loss (fills the Adam state, moves weights, and a learnable
+  logstd); reward normalizers are fed seeded rewards;
+- checkpoint: the REAL `BaseAgent.save("last.ckpt")` path (PPO/AMP
+  `get_state_dict`, `torch.save`), into a scratch root_dir; last.ckpt (and
+  inference_last.ckpt where the config asks for it) are copied here, the
+  env_<task>.ckpt written by the stand-in env is dropped;
+- resolved configs: a FAITHFUL REPRODUCTION of
+  `protomotions/train_agent.py:save_configs` (that module parses the command
+  line at import, so it cannot be imported): `torch.save` of the dict
+  {robot, simulator, terrain, scene_lib, motion_lib, env, agent} of the same
+  config objects, as resolved_configs.pt; for the two variants built from a
+  shipped experiment also resolved_configs_inference.pt, after the real
+  `apply_all_inference_overrides` and the config hooks the way
+  train_agent.py calls them;
+- expected outputs: `agent.model` in eval mode under torch.no_grad on a
+  batch whose rows include extreme values (the normalizer clamps are hit),
+  with torch.manual_seed(EVAL_SEED) right before the forward (so `action` is
+  reproducible); forward hooks record the input and output of every
+  NormObsBase;
+- verification (unless --no-verify): a second agent is built only from the
+  written resolved_configs.pt, `agent.load(last.ckpt)` (the real load path,
+  incl. training state) and the eval forward must give bit-identical
+  tensors; likewise inference_last.ckpt with load_training_state=False.
+
+Written per variant, under testdata/policy/<variant>/: last.ckpt,
+[inference_last.ckpt], resolved_configs.pt, [resolved_configs_inference.pt],
+obs.safetensors (one f32 tensor per model in_key), expected.safetensors;
+and testdata/policy/manifest.json. Safetensors headers are written here
+without __metadata__, tensors sorted by name; the manifest is sorted JSON.
+Deterministic: one CPU thread, fixed seeds, PYTHONHASHSEED=0 (the script
+re-executes itself to set it); re-running with the same torch and
+ProtoMotions gives the same bytes.
+"""
+import argparse
+import copy
+import dataclasses
+import hashlib
+import importlib.util
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from types import SimpleNamespace
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REFERENCE_COMMIT = "607ca7a0bb92e261120bcab8d9f97f28b3130ffc"
+EVAL_SEED = 1234
+EVAL_ROWS = [
+    "typical 0 (drawn from the training distribution)",
+    "typical 1",
+    "typical 2",
+    "typical 3",
+    "mean + 10*scale (per column)",
+    "mean - 10*scale (per column)",
+    "all zeros",
+    "alternating +1000 / -1000 (every normalized column clamps)",
+]
+FIXED_RUN_START_TIME = 1767225600.0  # 2026-01-01T00:00:00Z, instead of time.time()
+
+torch = None  # imported after the re-exec
+PM = SimpleNamespace()  # ProtoMotions modules
+
+
+def reexec_deterministic():
+    want = {"PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    if all(os.environ.get(k) == v for k, v in want.items()):
+        return
+    env = dict(os.environ)
+    env.update(want)
+    os.execve(sys.executable, [sys.executable] + sys.argv, env)
+
+
+def import_reference(root):
+    global torch
+    if not os.path.isdir(os.path.join(root, "protomotions", "agents")):
+        raise SystemExit(f"{root}: no protomotions/agents; pass a checkout of github:NVlabs/ProtoMotions")
+    sys.path.insert(0, root)
+    import torch as _torch
+
+    torch = _torch
+    torch.set_num_threads(1)
+    torch.set_num_interop_threads(1)
+    torch.use_deterministic_algorithms(True)
+    from lightning.fabric import Fabric
+    from protomotions.utils.config_builder import build_standard_configs
+    from protomotions.utils.fabric_config import FabricConfig
+    from protomotions.utils.hydra_replacement import get_class
+    from protomotions.utils.inference_utils import apply_all_inference_overrides
+    from protomotions.components.motion_lib import MotionFileSwitchMode
+    from protomotions.agents.common import config as common_config
+    from protomotions.agents.common.common import NormObsBase, ObsProcessor, ModuleContainer
+    from protomotions.agents.common.mlp import MLPWithConcat
+    from protomotions.agents.base_agent.model import ProtoMotionsTensorDictModule
+    from protomotions.agents.ppo.config import PPOActorConfig, PPOModelConfig
+    from protomotions.agents.amp.config import AMPModelConfig, DiscriminatorConfig
+    from protomotions.agents.base_agent.config import OptimizerConfig
+
+    PM.Fabric = Fabric
+    PM.build_standard_configs = build_standard_configs
+    PM.FabricConfig = FabricConfig
+    PM.get_class = get_class
+    PM.apply_all_inference_overrides = apply_all_inference_overrides
+    PM.MotionFileSwitchMode = MotionFileSwitchMode
+    PM.C = common_config
+    PM.NormObsBase = NormObsBase
+    PM.ObsProcessor = ObsProcessor
+    PM.ModuleContainer = ModuleContainer
+    PM.MLPWithConcat = MLPWithConcat
+    PM.TDModule = ProtoMotionsTensorDictModule
+    PM.PPOActorConfig = PPOActorConfig
+    PM.PPOModelConfig = PPOModelConfig
+    PM.AMPModelConfig = AMPModelConfig
+    PM.DiscriminatorConfig = DiscriminatorConfig
+    PM.OptimizerConfig = OptimizerConfig
+
+
+def reference_commit(root, given=None):
+    if given:
+        return given
+    try:
+        return subprocess.check_output(["git", "-C", root, "rev-parse", "HEAD"], text=True,
+                                       stderr=subprocess.DEVNULL).strip()
+    except Exception:
+        raise SystemExit(f"{root} is not a git work tree: pass --reference-commit")
+
+
+# ---------------------------------------------------------------- configs
+
+def load_experiment(root, rel):
+    path = os.path.join(root, rel)
+    spec = importlib.util.spec_from_file_location("experiment_module", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def experiment_args(robot, name):
+    # the fields of train_agent.py's parser that the experiment files and
+    # build_standard_configs read
+    return argparse.Namespace(
+        robot_name=robot, simulator="isaaclab", headless=True, num_envs=4, batch_size=16,
+        motion_file="dummy.motion", scenes_file=None, experiment_name=name, checkpoint=None,
+        training_max_steps=10000000000000, training_max_iterations=None, seed=0,
+        overrides=[], ngpu=1, nodes=1, use_wandb=False, use_slurm=False,
+        torch_deterministic=False, create_config_only=False,
+    )
+
+
+def build_configs(root, rel, robot, name):
+    mod = load_experiment(root, rel)
+    args = experiment_args(robot, name)
+    cfgs = PM.build_standard_configs(
+        args=args,
+        terrain_config_fn=mod.terrain_config,
+        scene_lib_config_fn=mod.scene_lib_config,
+        motion_lib_config_fn=mod.motion_lib_config,
+        env_config_fn=mod.env_config,
+        configure_robot_and_simulator_fn=getattr(mod, "configure_robot_and_simulator", None),
+        agent_config_fn=getattr(mod, "agent_config", None),
+    )
+    return cfgs, mod, args
+
+
+def inference_configs(cfgs, mod, args):
+    """What train_agent.py does before saving resolved_configs_inference.pt."""
+    inf = {k: copy.deepcopy(v) for k, v in cfgs.items()}
+    PM.apply_all_inference_overrides(
+        inf["robot"], inf["simulator"], inf["env"], inf["agent"], inf["terrain"],
+        inf["motion_lib"], inf["scene_lib"], experiment_module=mod, args=args,
+    )
+    for key in ("robot", "simulator", "terrain", "scene_lib", "motion_lib", "env", "agent"):
+        hook = getattr(inf[key], "prepare_inference_config_for_save", None)
+        if callable(hook):
+            hook()
+    return inf
+
+
+def save_resolved_configs(cfgs, path):
+    """train_agent.py:save_configs, the pickled part: same dict, same order."""
+    resolved = {
+        "robot": cfgs["robot"],
+        "simulator": cfgs["simulator"],
+        "terrain": cfgs["terrain"],
+        "scene_lib": cfgs["scene_lib"],
+        "motion_lib": cfgs["motion_lib"],
+        "env": cfgs["env"],
+        "agent": cfgs["agent"],
+    }
+    torch.save(resolved, path)
+
+
+# ------------------------------------------------------ observation widths
+
+def _fake_context_tensor(path, n, b, d, f, h, c, a, g):
+    leaf = path.split(".")[-1]
+
+    def quat(*shape):
+        x = torch.randn(*shape, 4, generator=g)
+        return x / x.norm(dim=-1, keepdim=True)
+
+    def rn(*shape):
+        return torch.randn(*shape, generator=g)
+
+    if leaf == "anchor_idx":
+        return 0
+    if path.startswith("historical."):
+        if leaf in ("actions", "processed_actions"):
+            return rn(n, h, a)
+        if leaf == "rigid_body_rot":
+            return quat(n, h, b)
+        if leaf.startswith("rigid_body"):
+            return rn(n, h, b, 3)
+        if leaf == "ground_heights":
+            return rn(n, h)
+        if leaf == "body_contacts":
+            return rn(n, h, c)
+    if path.startswith("mimic."):
+        if leaf == "future_rot":
+            return quat(n, f, b)
+        if leaf in ("future_pos", "future_vel", "future_ang_vel"):
+            return rn(n, f, b, 3)
+        if leaf == "future_anchor_rot":
+            return quat(n, f)
+        if leaf.startswith("future_anchor"):
+            return rn(n, f, 3)
+        if leaf.startswith("future_dof"):
+            return rn(n, f, d)
+        if leaf == "ref_anchor_pos":
+            return rn(n, 3)
+    if leaf == "rigid_body_rot":
+        return quat(n, b)
+    if leaf.startswith("rigid_body"):
+        return rn(n, b, 3)
+    if leaf == "ground_heights":
+        return rn(n)
+    if leaf == "body_contacts":
+        return rn(n, c)
+    if leaf.startswith("dof_"):
+        return rn(n, d)
+    if leaf == "anchor_rot":
+        return quat(n)
+    if leaf in ("anchor_pos", "root_local_ang_vel"):
+        return rn(n, 3)
+    raise KeyError(f"no stand-in for context path {path}")
+
+
+def real_obs_widths(env_cfg, robot_cfg):
+    """Width of every observation component, by calling its own compute
+    function (with its static params) on stand-in context tensors."""
+    g = torch.Generator().manual_seed(0)
+    n = 2
+    ki = robot_cfg.kinematic_info
+    b, d, a = ki.num_bodies, ki.num_dofs, robot_cfg.number_of_actions
+    h = max(1, env_cfg.num_state_history_steps)
+    c = max(1, len(robot_cfg.contact_bodies or []))
+    fs = getattr(env_cfg.control_components.get("mimic"), "future_steps", 1) if env_cfg.control_components else 1
+    f = fs if isinstance(fs, int) else len(fs)
+    out = {}
+    for key, comp in env_cfg.observation_components.items():
+        kw = {p: _fake_context_tensor(path, n, b, d, f, h, c, a, g) for p, path in comp.get_bindings_dict().items()}
+        kw.update(comp.get_params())
+        out[key] = int(comp.get_compute_func()(**kw).reshape(n, -1).shape[1])
+    return out
+
+
+# ------------------------------------------------------------- model configs
+
+def mlp(in_keys, out_key, num_out, layers, **kw):
+    C = PM.C
+    return C.MLPWithConcatConfig(
+        in_keys=list(in_keys), out_keys=[out_key], num_out=num_out,
+        layers=[C.MLPLayerConfig(units=u, activation=act, use_layer_norm=ln) for (u, act, ln) in layers],
+        **kw,
+    )
+
+
+def ops(*items):
+    C = PM.C
+    table = {
+        "fwd": lambda: C.ModuleOperationForwardConfig(),
+        "sphere": lambda: C.ModuleOperationSphereProjectionConfig(),
+        "reshape": lambda s: C.ModuleOperationReshapeConfig(new_shape=list(s)),
+        "permute": lambda o: C.ModuleOperationPermuteConfig(new_order=list(o)),
+        "squeeze": lambda dim: C.ModuleOperationSqueezeConfig(squeeze_dim=dim),
+        "unsqueeze": lambda dim: C.ModuleOperationUnsqueezeConfig(unsqueeze_dim=dim),
+        "expand": lambda s: C.ModuleOperationExpandConfig(expand_shape=list(s)),
+    }
+    out = []
+    for it in items:
+        if isinstance(it, str):
+            out.append(table[it]())
+        else:
+            out.append(table[it[0]](*it[1:]))
+    return out
+
+
+def shrink_units(mlp_cfg, mapping):
+    for layer in mlp_cfg.layers:
+        layer.units = mapping[layer.units]
+
+
+# ------------------------------------------------------------------ variants
+# Each variant: name, description, builder(root) -> dict with
+#   cfgs (7 configs), widths {key: width} for every model in_key,
+#   [real_widths], [inference_cfgs], n_iters, batch, seed, source.
+
+def v_smpl_tracker(root):
+    rel = "data/pretrained_models/motion_tracker/smpl/experiment_config.py"
+    cfgs, mod, args = build_configs(root, rel, "smpl", "smpl_tracker")
+    model = cfgs["agent"].model
+    shrink_units(model.actor.mu_model, {1024: 16})
+    shrink_units(model.critic, {1024: 16})
+    widths = real_obs_widths(cfgs["env"], cfgs["robot"])
+    return dict(
+        cfgs=cfgs, inference_cfgs=inference_configs(cfgs, mod, args),
+        widths={k: widths[k] for k in model.in_keys}, n_iters=300, batch=16, seed=1, source=rel,
+        shrunk="hidden units 1024 -> 16; observation widths and action size as in the real config",
+    )
+
+
+def v_g1_amp_deploy(root):
+    rel = "data/pretrained_models/motion_tracker/g1-bones-deploy/experiment_config.py"
+    cfgs, mod, args = build_configs(root, rel, "g1", "g1_amp_deploy")
+    model = cfgs["agent"].model
+    shrink_units(model.actor.mu_model, {1024: 16})
+    shrink_units(model.critic, {1024: 16})
+    shrink_units(model.discriminator.models[0], {1024: 16, 512: 12})
+    shrink_units(model.disc_critic.models[0], {512: 12, 256: 8})
+    real = real_obs_widths(cfgs["env"], cfgs["robot"])
+    # the actor's inputs keep their real widths; the critic's and the
+    # discriminators' (493, 3168, 3451) are cut to keep the files small
+    small = {"max_coords_obs": 41, "mimic_max_coords_target_poses": 48, "historical_max_coords_obs": 56}
+    widths = {k: small.get(k, real[k]) for k in model.in_keys}
+    return dict(
+        cfgs=cfgs, inference_cfgs=inference_configs(cfgs, mod, args),
+        widths=widths, real_widths={k: real[k] for k in model.in_keys}, n_iters=300, batch=16, seed=2,
+        source=rel,
+        shrunk="hidden units 1024/512/256 -> 16/12/8; widths of max_coords_obs, "
+               "mimic_max_coords_target_poses, historical_max_coords_obs cut (real_widths has the real ones)",
+    )
+
+
+def _synthetic_base(root, which):
+    if which == "ppo":
+        rel = "data/pretrained_models/motion_tracker/smpl/experiment_config.py"
+        cfgs, _, _ = build_configs(root, rel, "smpl", "synthetic")
+    else:
+        rel = "data/pretrained_models/motion_tracker/g1-bones-deploy/experiment_config.py"
+        cfgs, _, _ = build_configs(root, rel, "g1", "synthetic")
+    return cfgs, rel
+
+
+def _ppo_model(in_keys, actor, critic, num_out, logstd=-2.9, learnable=False, actor_lr=2e-5, critic_lr=1e-4):
+    return PM.PPOModelConfig(
+        in_keys=list(in_keys),
+        out_keys=["action", "mean_action", "neglogp", "value"],
+        actor=PM.PPOActorConfig(
+            mu_key=actor.out_keys[0], in_keys=list(actor.in_keys), num_out=num_out,
+            actor_logstd=logstd, learnable_std=learnable, mu_model=actor,
+        ),
+        critic=critic,
+        actor_optimizer=PM.OptimizerConfig(_target_="torch.optim.Adam", lr=actor_lr),
+        critic_optimizer=PM.OptimizerConfig(_target_="torch.optim.Adam", lr=critic_lr),
+    )
+
+
+def v_layernorm_activations(root):
+    cfgs, rel = _synthetic_base(root, "ppo")
+    keys = ["obs_a", "obs_b", "obs_c"]
+    actor = mlp(keys, "actor_trunk_out", 6,
+                [(24, "ReLU", True), (20, "Tanh", True), (16, "elu", False), (16, "GELU", False)],
+                normalize_obs=True, norm_clamp_value=4.0, norm_ema_decay=0.99, output_activation="tanh")
+    critic = mlp(keys, "value", 1,
+                 [(16, "SiLU", True), (16, "mish", False), (12, "identity", False)],
+                 normalize_obs=True, norm_clamp_value=5, norm_ema_decay=0.99, output_activation="elu")
+    cfgs["agent"].model = _ppo_model(keys, actor, critic, 6, logstd=-1.5, learnable=True, actor_lr=3e-3,
+                                     critic_lr=3e-3)
+    return dict(cfgs=cfgs, widths={"obs_a": 7, "obs_b": 5, "obs_c": 6}, n_iters=300, batch=16, seed=3,
+                source=f"synthetic (robot/simulator/env from {rel})")
+
+
+def v_welford_clamps(root):
+    cfgs, rel = _synthetic_base(root, "ppo")
+    keys = ["obs_a", "obs_b"]
+    actor = mlp(keys, "actor_trunk_out", 5, [(16, "relu", False), (16, "relu", False)],
+                normalize_obs=True, norm_clamp_value=2.5, norm_ema_decay=None)
+    critic = mlp(keys, "value", 1, [(16, "tanh", False)],
+                 normalize_obs=True, norm_clamp_value=None, norm_ema_decay=None)
+    cfgs["agent"].model = _ppo_model(keys, actor, critic, 5, logstd=-0.7)
+    cfgs["agent"].save_inference_checkpoint = True
+    cfgs["agent"].reward_norm_ema_decay = None
+    return dict(cfgs=cfgs, widths={"obs_a": 9, "obs_b": 4}, n_iters=300, batch=16, seed=4,
+                source=f"synthetic (robot/simulator/env from {rel})")
+
+
+def v_container_obsprocessor(root):
+    cfgs, rel = _synthetic_base(root, "ppo")
+    C = PM.C
+    keys = ["obs_a", "obs_b", "obs_c"]
+    actor = C.ModuleContainerConfig(
+        in_keys=list(keys), out_keys=["actor_trunk_out"],
+        models=[
+            C.ObsProcessorConfig(in_keys=["obs_a"], out_keys=["obs_a_norm"], normalize_obs=True,
+                                 norm_clamp_value=3, norm_ema_decay=0.999, module_operations=ops("fwd")),
+            # ObsProcessorConfig.module_operations defaults to [] (no Forward):
+            # normalize_obs=True is then inert, a passthrough whose lazy
+            # RunningMeanStd never materializes (no state_dict keys)
+            C.ObsProcessorConfig(in_keys=["obs_b"], out_keys=["obs_b_same"], normalize_obs=True),
+            mlp(["obs_a_norm", "obs_b_same", "obs_c"], "actor_trunk_out", 4,
+                [(16, "relu", False), (12, "relu", False)], normalize_obs=False),
+        ],
+    )
+    critic = C.ModuleContainerConfig(
+        in_keys=list(keys), out_keys=["value"],
+        models=[
+            mlp(["obs_c", "obs_a"], "critic_hidden", 8, [(16, "relu", False)],
+                normalize_obs=True, norm_clamp_value=5.0, norm_ema_decay=0.999),
+            mlp(["critic_hidden", "obs_b"], "value", 1, [(8, "relu", False)], normalize_obs=False),
+        ],
+    )
+    cfgs["agent"].model = _ppo_model(keys, actor, critic, 4)
+    return dict(cfgs=cfgs, widths={"obs_a": 6, "obs_b": 3, "obs_c": 5}, n_iters=300, batch=16, seed=5,
+                source=f"synthetic (robot/simulator/env from {rel})")
+
+
+def v_module_ops_ppo(root):
+    cfgs, rel = _synthetic_base(root, "ppo")
+    keys = ["obs_a", "obs_b", "obs_c"]
+    # each row (width 18) split into two rows of 9: normalizer of width 9,
+    # the MLP applied per half, halves concatenated back: 2 * 5 = 10 actions
+    actor = mlp(keys, "actor_trunk_out", 5, [(16, "relu", False), (16, "relu", False)],
+                normalize_obs=True, norm_clamp_value=5, norm_ema_decay=0.999,
+                module_operations=ops(("reshape", ["batch_size * 2", -1]), "fwd", ("reshape", ["batch_size", -1])))
+    # L2-normalized raw obs, then the 3-D forward path (T = 1)
+    critic = mlp(keys, "value", 1, [(16, "relu", False)],
+                 normalize_obs=True, norm_clamp_value=5.0, norm_ema_decay=0.999,
+                 module_operations=ops("sphere", ("unsqueeze", 1), "fwd", ("squeeze", 1)))
+    cfgs["agent"].model = _ppo_model(keys, actor, critic, 10)
+    return dict(cfgs=cfgs, widths={"obs_a": 7, "obs_b": 5, "obs_c": 6}, n_iters=300, batch=16, seed=6,
+                source=f"synthetic (robot/simulator/env from {rel})")
+
+
+def v_module_ops_amp(root):
+    cfgs, rel = _synthetic_base(root, "amp")
+    C = PM.C
+    keys = ["obs_a", "obs_b", "disc_obs"]
+    # tokens: [B, 12] -> [B, 3, 4]; per-token normalizer (width 4) and MLP; 3 * 3 = 9 actions
+    actor = mlp(["obs_a", "obs_b"], "actor_trunk_out", 3, [(16, "elu", True), (16, "relu", False)],
+                normalize_obs=True, norm_clamp_value=5, norm_ema_decay=0.999,
+                module_operations=ops(("reshape", ["batch_size", 3, -1]), "fwd", ("reshape", ["batch_size", -1])))
+    # [B, 12] -> [B, 2, 6] -> [B, 6, 2] -> [B, 12] (an interleave), then forward
+    critic = mlp(["obs_a", "obs_b"], "value", 1, [(16, "relu", False)],
+                 normalize_obs=True, norm_clamp_value=5.0, norm_ema_decay=0.999,
+                 module_operations=ops(("reshape", ["batch_size", 2, -1]), ("permute", [0, 2, 1]),
+                                       ("reshape", ["batch_size", -1]), "fwd"))
+    disc = PM.DiscriminatorConfig(
+        in_keys=["disc_obs"], out_keys=["disc_logits"],
+        models=[mlp(["disc_obs"], "disc_logits", 1, [(16, "relu", True), (12, "relu", False)],
+                    normalize_obs=True, norm_clamp_value=3.5, norm_ema_decay=None,
+                    module_operations=ops("sphere", "fwd"))],
+    )
+    # [B, 17] -> [B, 1, 17] -> [B, 2, 17] (expand: two equal tokens), 3-D
+    # forward path, [B, 2, 1] -> [B, 2]: disc_value has two equal columns
+    disc_critic = C.ModuleContainerConfig(
+        in_keys=["obs_b", "disc_obs"], out_keys=["disc_value"],
+        models=[mlp(["obs_b", "disc_obs"], "disc_value", 1, [(12, "relu", False)],
+                    normalize_obs=True, norm_clamp_value=5, norm_ema_decay=0.999,
+                    module_operations=ops(("unsqueeze", 1), ("expand", [-1, 2, -1]), "fwd",
+                                          ("reshape", ["batch_size", -1])))],
+    )
+    base = _ppo_model(keys, actor, critic, 9, logstd=-2.0, learnable=True, actor_lr=1e-3)
+    cfgs["agent"].model = PM.AMPModelConfig(
+        in_keys=keys, out_keys=["action", "mean_action", "neglogp", "value", "disc_logits", "disc_value"],
+        actor=base.actor, critic=base.critic,
+        actor_optimizer=base.actor_optimizer, critic_optimizer=base.critic_optimizer,
+        discriminator=disc, disc_critic=disc_critic,
+    )
+    cfgs["agent"].normalize_rewards = True
+    cfgs["agent"].l2c2.enabled = False
+    cfgs["agent"].l2c2.obs_pairs = {}
+    return dict(cfgs=cfgs, widths={"obs_a": 8, "obs_b": 4, "disc_obs": 13}, n_iters=300, batch=16, seed=7,
+                source=f"synthetic (robot/simulator/env from {rel})")
+
+
+VARIANTS = [
+    ("smpl_tracker", "PPO motion tracker built from the shipped smpl experiment config "
+                     "(3 in_keys, 69 actions, 6+4 relu layers, EMA 0.999 normalizers, int clamp 5, fixed std)",
+     v_smpl_tracker),
+    ("g1_amp_deploy", "AMP tracker built from the shipped g1-bones-deploy experiment config "
+                      "(learnable std, critic float clamp 5.0, discriminator and disc critic containers)",
+     v_g1_amp_deploy),
+    ("layernorm_activations", "PPO: use_layer_norm on several layers (only layer 0 gets one), every "
+                              "activation name get_activation_func accepts, mixed case, tanh/elu output "
+                              "activations, learnable std moved off its init, EMA 0.99",
+     v_layernorm_activations),
+    ("welford_clamps", "PPO: Welford normalizers (norm_ema_decay None), float clamp 2.5 and no clamp (None); "
+                       "save_inference_checkpoint on (inference_last.ckpt)",
+     v_welford_clamps),
+    ("container_obsprocessor", "PPO: actor and critic as ModuleContainers of ObsProcessor / MLPWithConcat "
+                               "(int clamp 3, a non-normalizing ObsProcessor, chained MLPs)",
+     v_container_obsprocessor),
+    ("module_ops_ppo", "PPO: reshape by 'batch_size * 2' (norm_obs not stored: batch changes), sphere "
+                       "projection, unsqueeze/squeeze around the forward (3-D forward path)",
+     v_module_ops_ppo),
+    ("module_ops_amp", "AMP: per-token reshape, permute, sphere projection, expand; discriminator with "
+                       "LayerNorm and a Welford normalizer with clamp 3.5; reward normalizers on",
+     v_module_ops_amp),
+]
+
+
+# ------------------------------------------------------------ runtime pieces
+
+class ObsSource:
+    """Seeded observations with per-column means and scales."""
+
+    def __init__(self, widths, seed):
+        self.widths = dict(widths)
+        g = torch.Generator().manual_seed(1000 + seed)
+        self.mean, self.scale = {}, {}
+        for k, w in self.widths.items():
+            self.mean[k] = (torch.rand(w, generator=g, dtype=torch.float64) * 6.0 - 3.0)
+            self.scale[k] = torch.exp(torch.rand(w, generator=g, dtype=torch.float64)
+                                      * (math.log(5.0) - math.log(0.05)) + math.log(0.05))
+        self.g = torch.Generator().manual_seed(2000 + seed)
+
+    def sample(self, n):
+        return {k: (self.mean[k] + self.scale[k] * torch.randn(n, w, generator=self.g, dtype=torch.float64)).float()
+                for k, w in self.widths.items()}
+
+    def eval_batch(self):
+        g = torch.Generator().manual_seed(3000)
+        out = {}
+        for k, w in self.widths.items():
+            m, s = self.mean[k], self.scale[k]
+            rows = [m + s * torch.randn(w, generator=g, dtype=torch.float64) for _ in range(4)]
+            rows.append(m + 10.0 * s)
+            rows.append(m - 10.0 * s)
+            rows.append(torch.zeros(w, dtype=torch.float64))
+            rows.append(torch.tensor([1000.0 if i % 2 == 0 else -1000.0 for i in range(w)], dtype=torch.float64))
+            out[k] = torch.stack(rows).float()
+        return out
+
+
+class StandInEnv:
+    """What BaseAgent, the evaluator and setup() read from an env."""
+
+    def __init__(self, cfgs, source, num_envs):
+        self.num_envs = num_envs
+        self.robot_config = cfgs["robot"]
+        self.config = cfgs["env"]
+        self.dt = 1.0 / 30.0
+        self.motion_lib = SimpleNamespace(
+            config=SimpleNamespace(motion_file_switch_mode=PM.MotionFileSwitchMode.FIXED),
+            motion_file_shard_cycle=0,
+        )
+        self.motion_manager = None
+        self.source = source
+
+    def get_obs(self):
+        return self.source.sample(self.num_envs)
+
+    def get_task_id(self):
+        return 0
+
+    def get_state_dict(self):
+        return {}
+
+
+def make_agent(fabric, cfgs, source, root_dir):
+    env = StandInEnv(cfgs, source, num_envs=cfgs["simulator"].num_envs)
+    agent_cfg = cfgs["agent"]
+    agent = PM.get_class(agent_cfg._target_)(fabric, env, agent_cfg, root_dir=root_dir)
+    agent.setup()
+    return agent
+
+
+def agent_optimizers(agent):
+    opts = [agent.actor_optimizer, agent.critic_optimizer]
+    comp = getattr(agent, "amp_component", None)
+    if comp is not None:
+        opts.append(comp.discriminator_optimizer)
+        if comp.use_disc_critic:
+            opts.append(comp.disc_critic_optimizer)
+    return opts
+
+
+def train(agent, source, n_iters, batch, seed):
+    g = torch.Generator().manual_seed(4000 + seed)
+    torch.manual_seed(5000 + seed)  # PPOActor samples actions with the global RNG
+    opts = agent_optimizers(agent)
+    for _ in range(n_iters):
+        agent.train()
+        td = agent.obs_dict_to_tensordict(source.sample(batch))
+        out = agent.model(td)
+        loss = (out["mean_action"] - 0.3).pow(2).mean() + 1e-2 * out["neglogp"].mean()
+        loss = loss + (out["value"] - 1.0).pow(2).mean()
+        if "disc_logits" in out.keys():
+            loss = loss + torch.nn.functional.softplus(-out["disc_logits"]).mean()
+            loss = loss + (out["disc_value"] - 0.5).pow(2).mean()
+        for o in opts:
+            o.zero_grad(set_to_none=True)
+        loss.backward()
+        for o in opts:
+            o.step()
+    # reward normalizers and counters, as a run would have left them
+    with torch.no_grad():
+        norms = [agent.running_reward_norm]
+        comp = getattr(agent, "amp_component", None)
+        if comp is not None:
+            norms.append(comp.running_reward_norm)
+        for rn in norms:
+            if rn is None:
+                continue
+            for _ in range(8):
+                r = torch.randn(agent.num_envs, generator=g) * 0.5 + 1.0
+                term = (torch.rand(agent.num_envs, generator=g) < 0.2)
+                rn.record_reward(r, term)
+        if agent.adv_mean_ema is not None:
+            agent.adv_mean_ema.fill_(0.0625)
+            agent.adv_std_ema.fill_(1.25)
+    agent.current_epoch = n_iters
+    agent.step_count = n_iters * batch
+    agent.fit_start_time = FIXED_RUN_START_TIME
+    agent.eval()
+
+
+def eval_outputs(agent, obs):
+    """Eval-mode forward; every NormObsBase's input and output via hooks."""
+    model = agent.model
+    model.eval()
+    captured = {}
+    handles = []
+    for path, mod in model.named_modules():
+        if isinstance(mod, PM.NormObsBase) and mod.config.normalize_obs:
+            def hook(m, inp, out, path=path):
+                captured[path] = (inp[0].detach().clone(), out.detach().clone())
+            handles.append(mod.register_forward_hook(hook))
+    try:
+        td = agent.obs_dict_to_tensordict({k: v.clone() for k, v in obs.items()})
+        torch.manual_seed(EVAL_SEED)
+        with torch.no_grad():
+            out = model(td)
+    finally:
+        for h in handles:
+            h.remove()
+    res = {}
+    canonical = ["action", "mean_action", "neglogp", "value", "disc_logits", "disc_value"]
+    for k in canonical:
+        if k in out.keys():
+            res[k] = out[k].detach().clone()
+    actor = model._actor
+    res["logstd"] = actor.logstd.detach().clone()
+    res["std"] = torch.exp(actor.logstd.detach())
+    if "disc_logits" in res:
+        res["disc_reward"] = model._discriminator.compute_disc_reward(res["disc_logits"]).detach().clone()
+    # other TensorDict outputs (container intermediates, mu_key); the
+    # `norm_<in_keys[0]>` entries MLPWithConcat writes are left out: they
+    # duplicate a normalizer output (or another module's, when two MLPs share
+    # in_keys[0]: the later one overwrites it)
+    for k in sorted(out.keys()):
+        if k in obs or k in canonical or k.startswith("norm_"):
+            continue
+        res[f"td.{k}"] = out[k].detach().clone()
+    mods = dict(model.named_modules())
+    actor_norms = [p for p in captured if p.startswith("_actor.")]
+    if actor_norms:
+        res["norm_obs"] = captured[actor_norms[0]][1]
+    for p, (i, o) in captured.items():
+        # the normalizer's input is the concatenated in_keys unless module
+        # operations ran before the forward
+        parent = mods[p.rsplit(".", 1)[0]] if "." in p else model
+        trivial = [type(op).__name__ for op in parent.config.module_operations] == ["ModuleOperationForwardConfig"]
+        if not trivial:
+            res[f"norm.{p}.in"] = i
+        res[f"norm.{p}.out"] = o
+    return res, captured
+
+
+# ------------------------------------------------------------------ writing
+
+ST_DTYPES = {"torch.float32": "F32", "torch.float64": "F64", "torch.int64": "I64", "torch.int32": "I32",
+             "torch.uint8": "U8", "torch.bool": "BOOL"}
+
+
+def write_safetensors(path, tensors):
+    """Deterministic safetensors: no __metadata__, tensors sorted by element
+    size (largest first, so every tensor is aligned) then name, header padded
+    with spaces to a multiple of 8."""
+    names = sorted(tensors, key=lambda k: (-tensors[k].element_size(), k))
+    header, blobs, offset = {}, [], 0
+    for k in names:
+        t = tensors[k].detach().cpu().contiguous()
+        flat = t.reshape(-1)
+        if t.dtype == torch.bool:
+            flat = flat.to(torch.uint8)
+        data = flat.view(torch.uint8).numpy().tobytes()
+        header[k] = {"dtype": ST_DTYPES[str(t.dtype)], "shape": list(t.shape),
+                     "data_offsets": [offset, offset + len(data)]}
+        blobs.append(data)
+        offset += len(data)
+    h = json.dumps(header, separators=(",", ":")).encode()
+    h += b" " * (-len(h) % 8)
+    with open(path, "wb") as f:
+        f.write(len(h).to_bytes(8, "little"))
+        f.write(h)
+        for b in blobs:
+            f.write(b)
+
+
+def sha256(path):
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def jsonable(v):
+    if v is None or isinstance(v, (bool, int, float, str)):
+        return v
+    if isinstance(v, (list, tuple)):
+        return [jsonable(x) for x in v]
+    if isinstance(v, dict):
+        return {str(k): jsonable(x) for k, x in v.items()}
+    return repr(v)
+
+
+def describe_ops(op_list):
+    out = []
+    for op in op_list:
+        d = {"op": type(op).__name__}
+        for f in dataclasses.fields(op):
+            d[f.name] = jsonable(getattr(op, f.name))
+        out.append(d)
+    return out
+
+
+def describe_modules(model, widths, captured, norm_pre):
+    """Every ProtoMotions TensorDict module and normalizer in forward-relevant
+    detail, keyed by its path in the state dict."""
+    mods = []
+    for path, mod in model.named_modules():
+        if not isinstance(mod, PM.TDModule):
+            continue
+        cfg = getattr(mod, "config", None)
+        d = {"path": path, "class": f"{type(mod).__module__}.{type(mod).__name__}",
+             "config_target": getattr(cfg, "_target_", None),
+             "in_keys": list(getattr(mod, "in_keys", []) or []),
+             "out_keys": list(getattr(mod, "out_keys", []) or [])}
+        if isinstance(mod, (PM.MLPWithConcat, PM.ObsProcessor)):
+            d["normalize_obs"] = bool(cfg.normalize_obs)
+            d["norm_clamp_value"] = cfg.norm_clamp_value
+            d["norm_clamp_value_type"] = type(cfg.norm_clamp_value).__name__
+            d["norm_ema_decay"] = cfg.norm_ema_decay
+            d["module_operations"] = describe_ops(cfg.module_operations)
+            d["in_widths"] = {k: widths.get(k) for k in cfg.in_keys}
+            if mod.norm is not None and cfg.normalize_obs and not hasattr(mod.norm.running_obs_norm, "mean"):
+                d["normalizer"] = {"never_materialized": True,
+                                   "why": "no Forward in module_operations: the normalizer is never called, "
+                                          "so the lazy RunningMeanStd has no buffers and no state_dict keys"}
+            elif mod.norm is not None and cfg.normalize_obs:
+                rms = mod.norm.running_obs_norm
+                np_ = f"{path}.norm" if path else "norm"
+                d["normalizer"] = {
+                    "state_dict_prefix": f"{np_}.running_obs_norm.",
+                    "shape": list(rms.mean.shape), "epsilon": rms.epsilon,
+                    "count": int(rms.count), "mode": "welford" if rms.ema_decay is None else "ema",
+                    "clamped_elements_in_eval": norm_pre.get(np_, {}).get("clamped"),
+                    "max_abs_pre_clamp_in_eval": norm_pre.get(np_, {}).get("max_abs"),
+                }
+        if isinstance(mod, PM.MLPWithConcat):
+            d["num_out"] = cfg.num_out
+            d["layers"] = [{"units": l.units, "activation": l.activation, "use_layer_norm": bool(l.use_layer_norm)}
+                           for l in cfg.layers]
+            d["output_activation"] = cfg.output_activation
+            d["sequential"] = [f"{type(m).__name__}" + (f"({m.in_features}->{m.out_features})"
+                                                          if isinstance(m, torch.nn.Linear) else
+                                                          f"({list(m.normalized_shape)}, eps={m.eps})"
+                                                          if isinstance(m, torch.nn.LayerNorm) else "")
+                               for m in mod.mlp]
+        if type(mod).__name__ == "PPOActor":
+            d["num_out"] = cfg.num_out
+            d["mu_key"] = cfg.mu_key
+            d["actor_logstd"] = cfg.actor_logstd
+            d["learnable_std"] = bool(cfg.learnable_std)
+        mods.append(d)
+    return mods
+
+
+def norm_pre_clamp(captured, model):
+    """For each normalizer: how many eval elements fell outside the clamp."""
+    out = {}
+    mods = dict(model.named_modules())
+    for p, (inp, _o) in captured.items():
+        rms = mods[p].running_obs_norm
+        pre = (inp - rms.mean.float()) / torch.sqrt(rms.var.float() + rms.epsilon)
+        c = rms.clamp_value
+        out[p] = {"clamped": None if c is None else int((pre.abs() > c).sum()),
+                  "max_abs": float(pre.abs().max())}
+    return out
+
+
+def run_variant(fabric, root, out_dir, name, desc, builder, verify):
+    spec = builder(root)
+    cfgs = spec["cfgs"]
+    torch.manual_seed(spec["seed"])
+    vdir = os.path.join(out_dir, name)
+    if os.path.isdir(vdir):
+        shutil.rmtree(vdir)
+    os.makedirs(vdir)
+    source = ObsSource(spec["widths"], spec["seed"])
+
+    with tempfile.TemporaryDirectory() as scratch:
+        agent = make_agent(fabric, cfgs, source, scratch)
+        train(agent, source, spec["n_iters"], spec["batch"], spec["seed"])
+        agent.save("last.ckpt")
+        ckpt_files = ["last.ckpt"]
+        if cfgs["agent"].save_inference_checkpoint:
+            ckpt_files.append("inference_last.ckpt")
+        for f in ckpt_files:
+            shutil.copyfile(os.path.join(scratch, f), os.path.join(vdir, f))
+
+    save_resolved_configs(cfgs, os.path.join(vdir, "resolved_configs.pt"))
+    if spec.get("inference_cfgs") is not None:
+        save_resolved_configs(spec["inference_cfgs"], os.path.join(vdir, "resolved_configs_inference.pt"))
+
+    obs = source.eval_batch()
+    expected, captured = eval_outputs(agent, obs)
+    pre = norm_pre_clamp(captured, agent.model)
+    write_safetensors(os.path.join(vdir, "obs.safetensors"), obs)
+    write_safetensors(os.path.join(vdir, "expected.safetensors"), expected)
+
+    verified = []
+    if verify:
+        loaded = torch.load(os.path.join(vdir, "resolved_configs.pt"), map_location="cpu", weights_only=False)
+        for f, training_state in [(f, f == "last.ckpt") for f in ckpt_files]:
+            with tempfile.TemporaryDirectory() as scratch:
+                torch.manual_seed(999)  # different init: everything must come from the checkpoint
+                again = make_agent(fabric, loaded, ObsSource(spec["widths"], spec["seed"] + 77), scratch)
+                again.load(os.path.join(vdir, f), load_env=False, load_training_state=training_state)
+                got, _ = eval_outputs(again, obs)
+                assert sorted(got) == sorted(expected), (name, f, sorted(got), sorted(expected))
+                for k in expected:
+                    if not torch.equal(got[k], expected[k]):
+                        raise SystemExit(f"{name}/{f}: {k} differs after agent.load")
+                verified.append(f"{f} (load_training_state={training_state})")
+
+    ck = torch.load(os.path.join(vdir, "last.ckpt"), map_location="cpu", weights_only=False)
+    model_sd = ck["model"]
+    files = {}
+    for f in sorted(os.listdir(vdir)):
+        p = os.path.join(vdir, f)
+        files[f] = {"bytes": os.path.getsize(p), "sha256": sha256(p)}
+    model = agent.model
+    entry = {
+        "name": name,
+        "description": desc,
+        "source": spec["source"],
+        "shrunk": spec.get("shrunk"),
+        "agent_target": cfgs["agent"]._target_,
+        "model_target": cfgs["agent"].model._target_,
+        "model_class": f"{type(model).__module__}.{type(model).__name__}",
+        "model_in_keys": list(cfgs["agent"].model.in_keys),
+        "model_out_keys": list(cfgs["agent"].model.out_keys),
+        "obs_widths": dict(spec["widths"]),
+        "real_obs_widths": spec.get("real_widths"),
+        "action_size": int(model._actor.logstd.shape[0]),
+        "actor_logstd_config": cfgs["agent"].model.actor.actor_logstd,
+        "learnable_std": bool(cfgs["agent"].model.actor.learnable_std),
+        "modules": describe_modules(model, spec["widths"], captured, pre),
+        "checkpoint_top_level_keys": list(ck.keys()),
+        "model_state_dict": {k: {"shape": list(v.shape), "dtype": str(v.dtype).replace("torch.", "")}
+                             for k, v in model_sd.items()},
+        "saved_with": "BaseAgent.save (real code path; stand-in env, Fabric DDP/gloo on 1 CPU process)",
+        "resolved_configs_with": "reproduction of train_agent.save_configs (torch.save of the 7-key dict)",
+        "train": {"iters": spec["n_iters"], "batch": spec["batch"], "seed": spec["seed"],
+                  "epoch": ck["epoch"], "step_count": ck["step_count"]},
+        "eval": {"rows": EVAL_ROWS, "seed_before_forward": EVAL_SEED, "mode": "model.eval(), torch.no_grad()"},
+        "expected": {k: {"shape": list(v.shape), "dtype": str(v.dtype).replace("torch.", "")}
+                     for k, v in sorted(expected.items())},
+        "verified_reload": verified,
+        "files": files,
+    }
+    return entry
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--protomotions", required=True, help="checkout of github:NVlabs/ProtoMotions")
+    ap.add_argument("--out", default=HERE)
+    ap.add_argument("--reference-commit", default=None)
+    ap.add_argument("--only", nargs="*", default=None)
+    ap.add_argument("--no-verify", action="store_true")
+    args = ap.parse_args()
+    reexec_deterministic()
+    root = os.path.abspath(args.protomotions)
+    commit = reference_commit(root, args.reference_commit)
+    import_reference(root)
+    import logging
+    logging.disable(logging.WARNING)
+
+    fabric = PM.Fabric(**PM.FabricConfig(accelerator="cpu", devices=1, num_nodes=1, loggers=[],
+                                         callbacks=[]).as_kwargs())
+    fabric.launch()
+
+    os.makedirs(args.out, exist_ok=True)
+    manifest_path = os.path.join(args.out, "manifest.json")
+    old = {}
+    if args.only and os.path.exists(manifest_path):
+        with open(manifest_path) as f:
+            old = {v["name"]: v for v in json.load(f)["variants"]}
+    entries = []
+    for name, desc, builder in VARIANTS:
+        if args.only and name not in args.only:
+            if name in old:
+                entries.append(old[name])
+            continue
+        print(f"== {name}", flush=True)
+        entries.append(run_variant(fabric, root, args.out, name, desc, builder, not args.no_verify))
+        print(f"   {sum(f['bytes'] for f in entries[-1]['files'].values())} bytes; "
+              f"verified: {entries[-1]['verified_reload']}", flush=True)
+    manifest = {
+        "description": "ProtoMotions policies saved by the real BaseAgent.save path, with eval-mode outputs; "
+                       "see record_policy.py",
+        "reference": {"repository": "github:NVlabs/ProtoMotions", "commit": commit},
+        "torch": torch.__version__,
+        "tolerance_note": "expected.* are float32 results of torch CPU kernels (1 thread); a reimplementation "
+                          "should compare normalizer outputs tightly (a few ulp) and MLP outputs with a "
+                          "relative tolerance",
+        "variants": entries,
+    }
+    with open(manifest_path, "w") as f:
+        json.dump(manifest, f, indent=1, sort_keys=True)
+        f.write("\n")
+    total = 0
+    for dirpath, _, fnames in os.walk(args.out):
+        for fn in fnames:
+            total += os.path.getsize(os.path.join(dirpath, fn))
+    print(f"total under {args.out}: {total} bytes")
+
+
+if __name__ == "__main__":
+    main()
