@@ -36,7 +36,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let l5 = candle_nn::linear(hidden, actions, vb.pp("5"))?;
 
     let obs = Tensor::randn(0f32, 1., (4, obs_dim), &dev)?;
-    let z = normalizer.normalize_frozen(&obs, false)?;
+    let z = normalizer.apply(&obs, pmstate::Direction::Normalize)?;
     let h = ln.forward(&l0.forward(&z)?)?.relu()?;
     let mu = l5.forward(&l3.forward(&h)?.relu()?)?;
     println!("{path}: obs {obs_dim} -> actions {actions}; normalizer count {:?}", normalizer.count());

@@ -29,6 +29,6 @@ pub use pmstate_pickle as pickle;
 pub use pmstate_trace as trace;
 
 pub use pmstate_norm::{
-    batch_moments, combine_moments, Arithmetic, Collective, Moments, NormConfig, NormError, NormState,
-    RewardRunningMeanStd, RunningMeanStd, SingleProcess,
+    batch_moments, combine_moments, Arithmetic, Collective, Direction, MomentUpdate, Moments, NormConfig, NormError,
+    NormState, Normalizer, RewardConfig, RewardRunningMeanStd, RewardUpdate, RunningMeanStd, SingleProcess,
 };

@@ -3,10 +3,9 @@
 
 use candle_core::{Device, Tensor};
 use pmstate::trace::{
-    read_bytes, replay, to_bytes, Mode, ModuleClass, ModuleSpec, Op, RecordedMoments, Recorder, ReplayOptions, Trace,
-    UpdateResult,
+    read_bytes, replay, to_bytes, Mode, ModuleClass, ModuleSpec, Op, Recorder, ReplayOptions, Trace, UpdateResult,
 };
-use pmstate::{Moments, NormConfig, RunningMeanStd};
+use pmstate::{Direction, Moments, NormConfig, RunningMeanStd};
 use proptest::prelude::*;
 
 fn data(seed: u64, n: usize, scale: f64, offset: f64) -> Vec<f32> {
@@ -24,7 +23,7 @@ fn data(seed: u64, n: usize, scale: f64, offset: f64) -> Vec<f32> {
 #[derive(Debug, Clone)]
 enum Act {
     Record(usize, f64, f64),
-    Normalize(usize, bool),
+    Normalize(usize, Direction),
     Ema(Option<f64>),
     Load(f64, f64, i64),
     Combine(usize),
@@ -33,7 +32,7 @@ enum Act {
 fn acts() -> impl Strategy<Value = Vec<Act>> {
     let act = prop_oneof![
         4 => (1usize..40, 0.01f64..100.0, -50f64..50.0).prop_map(|(n, s, o)| Act::Record(n, s, o)),
-        2 => (1usize..8, any::<bool>()).prop_map(|(n, u)| Act::Normalize(n, u)),
+        2 => (1usize..8, prop_oneof![Just(Direction::Normalize), Just(Direction::UnNormalize)]).prop_map(|(n, u)| Act::Normalize(n, u)),
         1 => proptest::option::of(0.5f64..0.9999).prop_map(Act::Ema),
         1 => (-5f64..5.0, 0.01f64..10.0, 0i64..20_000_000).prop_map(|(m, v, c)| Act::Load(m, v, c)),
         1 => (1usize..6).prop_map(Act::Combine),
@@ -164,7 +163,7 @@ proptest! {
             xs.push((x, *n));
         }
         let probe = Tensor::from_vec(data(seed ^ 0xabc, 4 * d, 20.0, 0.0), (4, d), &dev).unwrap();
-        rec.normalize(&probe, false).unwrap();
+        rec.normalize(&probe, Direction::Normalize).unwrap();
         let mut t = rec.finish();
         let mut torch_like = RunningMeanStd::new(cfg, Some(&[d]), &dev).unwrap();
         for (step, (x, n)) in t.steps.iter_mut().zip(&xs) {
@@ -174,22 +173,22 @@ proptest! {
             let s = torch_like.state().unwrap();
             if let Op::RecordMoments { result: Some(u), .. } = &mut step.op {
                 *u = UpdateResult {
-                    batch: vec![RecordedMoments { mean: bm.mean, var: bm.var, count: bm.count }],
+                    batch: vec![bm],
                     combined: None,
-                    state: pmstate::trace::State { mean: s.mean, var: s.var, count: s.count },
+                    state: s,
                 };
             }
         }
         let own_std = torch_like.std_f32().unwrap().to_vec1::<f32>().unwrap();
         let std: Vec<f32> = own_std.iter().map(|s| if nudge { f32::from_bits(s.to_bits() + 1) } else { *s }).collect();
         let std_t = Tensor::new(std.as_slice(), &dev).unwrap();
-        let out = torch_like.normalize_with_std(&probe, &std_t, false).unwrap();
+        let out = torch_like.apply_with_std(&probe, &std_t, Direction::Normalize).unwrap();
         let s = torch_like.state().unwrap();
         if let Some(step) = t.steps.last_mut() {
             if let Op::Normalize { result: Some(r), .. } = &mut step.op {
                 r.out = out;
                 r.std = std_t;
-                r.state = pmstate::trace::State { mean: s.mean, var: s.var, count: s.count };
+                r.state = s;
             }
         }
         let r = replay(&t, &ReplayOptions { mode: Mode::Free, ..Default::default() }).unwrap();

@@ -151,7 +151,7 @@ impl Tally {
 /// (0 all pass, 1 a mismatch, 2 a trace that could not be read).
 pub fn run(paths: &[PathBuf], mode: Mode, json: bool, timeout: Duration) -> Result<u8, CliError> {
     let files = collect(paths)?;
-    let opts = ReplayOptions { mode, timeout };
+    let opts = ReplayOptions { mode, timeout, ..ReplayOptions::default() };
     let mut tally = Tally::new(mode, json);
     for f in &files {
         let outcome: Result<Report, String> =
@@ -181,7 +181,7 @@ pub fn run_mpi(paths: &[PathBuf], mode: Mode, json: bool, timeout: Duration) -> 
         Err(e) if rank0 => return Err(e),
         Err(_) => return Ok(2),
     };
-    let opts = ReplayOptions { mode, timeout };
+    let opts = ReplayOptions { mode, timeout, ..ReplayOptions::default() };
     let mut tally = Tally::new(mode, json);
     for f in &files {
         let trace = read_file(f).map_err(|e| e.to_string());

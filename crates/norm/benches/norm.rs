@@ -28,7 +28,7 @@ fn benches(c: &mut Criterion) {
 
         g.throughput(Throughput::Bytes(2 * bytes));
         g.bench_function(BenchmarkId::new("normalize", &id), |b| {
-            b.iter(|| welford.normalize_frozen(&x, false).unwrap())
+            b.iter(|| welford.apply(&x, pmstate_norm::Direction::Normalize).unwrap())
         });
         g.bench_function(BenchmarkId::new("copy", &id), |b| b.iter(|| pmstate_norm::bench_support::copy(&host, cols)));
         g.throughput(Throughput::Bytes(bytes));

@@ -40,6 +40,7 @@ pub(crate) mod kernels;
 mod mpi;
 #[cfg(feature = "nccl")]
 mod nccl;
+mod normalizer;
 mod promote;
 mod reward;
 mod running;
@@ -62,5 +63,6 @@ pub use error::{NormError, Result};
 pub use mpi::MpiCollective;
 #[cfg(feature = "nccl")]
 pub use nccl::{NcclCollective, NcclId};
-pub use reward::RewardRunningMeanStd;
+pub use normalizer::{Direction, MomentUpdate, Normalizer};
+pub use reward::{RewardConfig, RewardRunningMeanStd, RewardUpdate};
 pub use running::{batch_moments, NormState, RunningMeanStd};

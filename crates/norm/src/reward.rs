@@ -5,8 +5,36 @@ use candle_core::{DType, Device, Tensor};
 use crate::combine::Moments;
 use crate::config::{validate_gamma, NormConfig};
 use crate::error::{NormError, Result};
+use crate::normalizer::{Direction, MomentUpdate, Normalizer};
 use crate::promote;
 use crate::running::{apply, NormState, RunningMeanStd};
+
+/// Settings of a [`RewardRunningMeanStd`]: the statistics' own settings and
+/// the discount of the returns whose spread it tracks. The reference takes
+/// `gamma` as a required argument (ProtoMotions passes its agent's discount).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RewardConfig {
+    /// The running statistics (epsilon, clamp, EMA, arithmetic).
+    pub norm: NormConfig,
+    /// Discount of the return `G = G * gamma * (1 - terminated) + r`, in [0, 1].
+    pub gamma: f64,
+}
+
+impl RewardConfig {
+    /// Default statistics with discount `gamma`.
+    pub fn with_gamma(gamma: f64) -> Self {
+        RewardConfig { norm: NormConfig::default(), gamma }
+    }
+}
+
+/// One `record_reward`: the new discounted return and the moments update it made.
+#[derive(Debug, Clone)]
+pub struct RewardUpdate {
+    /// The discounted return after this step.
+    pub discounted: Tensor,
+    /// The update of the running statistics by the return's moments.
+    pub update: MomentUpdate,
+}
 
 /// ProtoMotions' `RewardRunningMeanStd` (after Gymnasium's `NormalizeReward`):
 /// tracks the running variance of the discounted return
@@ -16,9 +44,9 @@ use crate::running::{apply, NormState, RunningMeanStd};
 ///
 /// ```
 /// use candle_core::{Device, Tensor};
-/// use pmstate_norm::{NormConfig, RewardRunningMeanStd};
+/// use pmstate_norm::{RewardConfig, RewardRunningMeanStd};
 /// let dev = Device::Cpu;
-/// let mut rew = RewardRunningMeanStd::new(NormConfig::default(), 0.5, Some(&[2]), &dev)?;
+/// let mut rew = RewardRunningMeanStd::new(RewardConfig::with_gamma(0.5), Some(&[2]), &dev)?;
 /// rew.record_reward(&Tensor::new(&[1f32, 2.], &dev)?, &Tensor::new(&[0u8, 0], &dev)?)?;
 /// rew.record_reward(&Tensor::new(&[1f32, 2.], &dev)?, &Tensor::new(&[0u8, 1], &dev)?)?;
 /// assert_eq!(rew.discounted_reward().unwrap().to_vec1::<f32>()?, [1.5, 2.0]);
@@ -32,11 +60,10 @@ pub struct RewardRunningMeanStd {
 }
 
 impl RewardRunningMeanStd {
-    /// A reward normalizer with discount `gamma` in [0, 1]; ProtoMotions
-    /// passes `shape=(1,)`.
-    pub fn new(config: NormConfig, gamma: f64, shape: Option<&[usize]>, device: &Device) -> Result<Self> {
-        validate_gamma(gamma)?;
-        Ok(Self { rms: RunningMeanStd::new(config, shape, device)?, gamma, discounted: None })
+    /// A reward normalizer; ProtoMotions passes `shape=(1,)`.
+    pub fn new(config: RewardConfig, shape: Option<&[usize]>, device: &Device) -> Result<Self> {
+        validate_gamma(config.gamma)?;
+        Ok(Self { rms: RunningMeanStd::new(config.norm, shape, device)?, gamma: config.gamma, discounted: None })
     }
 
     /// Uses `collective` for the moment updates.
@@ -71,40 +98,27 @@ impl RewardRunningMeanStd {
     ///
     /// On error nothing changes, the discounted return included (the
     /// reference would keep its new return when the moments update fails).
-    pub fn record_reward(&mut self, reward: &Tensor, terminated: &Tensor) -> Result<()> {
+    pub fn record_reward(&mut self, reward: &Tensor, terminated: &Tensor) -> Result<RewardUpdate> {
         let g = self.next_discounted(reward, terminated)?;
-        self.rms.record_moments(&g)?;
-        self.discounted = Some(g);
-        Ok(())
+        let update = self.rms.record_moments(&g)?;
+        self.discounted = Some(g.clone());
+        Ok(RewardUpdate { discounted: g, update })
     }
 
-    /// record_reward with precomputed moments of the new discounted return
-    /// (pinned replay); the return itself is still computed here.
-    /// Returns the new discounted return and (rank 0, W > 1) the combined
-    /// moments.
-    pub fn record_reward_with_moments(
+    /// [`RewardRunningMeanStd::record_reward`] with the batch moments of the
+    /// new discounted return given (pinned replay), as
+    /// [`RunningMeanStd::record_batch_moments`] is to `record_moments`; the
+    /// return itself is still computed here.
+    pub fn record_reward_moments(
         &mut self,
         reward: &Tensor,
         terminated: &Tensor,
-        m: Moments,
-    ) -> Result<(Tensor, Option<Moments>)> {
+        batch: Moments,
+    ) -> Result<RewardUpdate> {
         let g = self.next_discounted(reward, terminated)?;
-        let combined = self.rms.record_batch_moments(m)?;
+        let update = self.rms.record_batch_moments(batch)?;
         self.discounted = Some(g.clone());
-        Ok((g, combined))
-    }
-
-    /// record_reward, returning the new discounted return, its batch moments
-    /// and (rank 0, W > 1) the combined moments, for replay to compare.
-    pub fn record_reward_traced(
-        &mut self,
-        reward: &Tensor,
-        terminated: &Tensor,
-    ) -> Result<(Tensor, Moments, Option<Moments>)> {
-        let g = self.next_discounted(reward, terminated)?;
-        let (m, combined) = self.rms.record_moments_traced(&g)?;
-        self.discounted = Some(g.clone());
-        Ok((g, m, combined))
+        Ok(RewardUpdate { discounted: g, update })
     }
 
     /// The discounted return this step would produce.
@@ -158,35 +172,33 @@ impl RewardRunningMeanStd {
     /// `normalize(r)`: `clamp(r / sqrt(var + eps))`. Errors on a normalizer
     /// with no state (the reference raises there too).
     pub fn normalize(&self, r: &Tensor) -> Result<Tensor> {
-        self.apply(r, false, None)
+        self.apply(r, Direction::Normalize)
     }
 
     /// `normalize(r, un_norm=True)`: `clamp(r) * sqrt(var + eps)`.
     pub fn un_norm(&self, r: &Tensor) -> Result<Tensor> {
-        self.apply(r, true, None)
+        self.apply(r, Direction::UnNormalize)
     }
 
-    /// normalize / un_norm with a given float32 std (pinned replay).
-    pub fn normalize_with_std(&self, r: &Tensor, std_f32: &Tensor, un_norm: bool) -> Result<Tensor> {
-        self.apply(r, un_norm, Some(std_f32))
+    /// Maps `r` in `direction` by the current std (no mean: rewards are only scaled).
+    pub fn apply(&self, r: &Tensor, direction: Direction) -> Result<Tensor> {
+        let std = self.rms.std_f32().ok_or(NormError::Uninitialized { op: direction.op_name() })?;
+        apply(&self.rms, r, None, std, direction)
     }
 
-    fn apply(&self, r: &Tensor, un_norm: bool, std: Option<&Tensor>) -> Result<Tensor> {
-        let op = if un_norm { "un_norm" } else { "normalize" };
+    /// [`RewardRunningMeanStd::apply`] with a given float32 std (pinned replay).
+    pub fn apply_with_std(&self, r: &Tensor, std_f32: &Tensor, direction: Direction) -> Result<Tensor> {
+        let op = direction.op_name();
         let own = self.rms.std_f32().ok_or(NormError::Uninitialized { op })?;
-        let std = match std {
-            Some(s) if s.dtype() == DType::F32 && s.dims() == own.dims() => s,
-            Some(s) => {
-                return Err(NormError::ShapeMismatch {
-                    op,
-                    what: "std",
-                    got: s.dims().to_vec(),
-                    expected: format!("an F32 tensor of shape {:?} (got {:?})", own.dims(), s.dtype()),
-                })
-            }
-            None => own,
-        };
-        apply(&self.rms, op, r, None, std, un_norm)
+        if std_f32.dtype() != DType::F32 || std_f32.dims() != own.dims() {
+            return Err(NormError::ShapeMismatch {
+                op,
+                what: "std",
+                got: std_f32.dims().to_vec(),
+                expected: format!("an F32 tensor of shape {:?} (got {})", own.dims(), std_f32.dtype().as_str()),
+            });
+        }
+        apply(&self.rms, r, None, std_f32, direction)
     }
 
     /// See [`RunningMeanStd::state`].
@@ -203,19 +215,35 @@ impl RewardRunningMeanStd {
     pub fn set_ema_decay(&mut self, ema_decay: Option<f64>) -> Result<()> {
         self.rms.set_ema_decay(ema_decay)
     }
+}
 
+impl Normalizer for RewardRunningMeanStd {
+    fn state(&self) -> Option<NormState> {
+        self.rms.state()
+    }
+    fn load_state(&mut self, state: NormState) -> Result<()> {
+        self.rms.load_state(state)
+    }
+    fn set_ema_decay(&mut self, ema_decay: Option<f64>) -> Result<()> {
+        self.rms.set_ema_decay(ema_decay)
+    }
     /// Records a batch of returns directly (no discounting).
-    pub fn record_moments(&mut self, x: &Tensor) -> Result<()> {
+    fn record_moments(&mut self, x: &Tensor) -> Result<MomentUpdate> {
         self.rms.record_moments(x)
     }
-
-    /// See [`RunningMeanStd::record_moments_traced`].
-    pub fn record_moments_traced(&mut self, x: &Tensor) -> Result<(Moments, Option<Moments>)> {
-        self.rms.record_moments_traced(x)
+    fn record_batch_moments(&mut self, batch: Moments) -> Result<MomentUpdate> {
+        self.rms.record_batch_moments(batch)
     }
-
-    /// See [`RunningMeanStd::record_batch_moments`].
-    pub fn record_batch_moments(&mut self, m: Moments) -> Result<Option<Moments>> {
-        self.rms.record_batch_moments(m)
+    fn apply(&self, x: &Tensor, direction: Direction) -> Result<Tensor> {
+        RewardRunningMeanStd::apply(self, x, direction)
+    }
+    fn apply_with_std(&self, x: &Tensor, std_f32: &Tensor, direction: Direction) -> Result<Tensor> {
+        RewardRunningMeanStd::apply_with_std(self, x, std_f32, direction)
+    }
+    fn std_f32(&self) -> Option<&Tensor> {
+        self.rms.std_f32()
+    }
+    fn init_shape_from(&mut self, _x: &Tensor) -> Result<()> {
+        Ok(())
     }
 }

@@ -8,7 +8,8 @@ use crate::collective::{Collective, SingleProcess};
 use crate::combine::{combine_moments, Moments};
 use crate::config::{validate_ema_decay, Arithmetic, NormConfig};
 use crate::error::{NormError, Result};
-use crate::kernels::{cpu, generic, Direction};
+use crate::kernels::{cpu, generic};
+use crate::normalizer::{Direction, MomentUpdate, Normalizer};
 use crate::promote;
 use crate::tensor_io::with_cpu_slice;
 
@@ -214,18 +215,11 @@ impl RunningMeanStd {
     }
 
     /// Records a batch `x` of shape `[N, *shape]`: its moments, then the
-    /// (possibly distributed) update.
-    pub fn record_moments(&mut self, x: &Tensor) -> Result<()> {
-        self.record_moments_traced(x).map(|_| ())
-    }
-
-    /// record_moments, returning this rank's batch moments and (rank 0, W > 1)
-    /// the combined moments, for replay to compare.
-    pub fn record_moments_traced(&mut self, x: &Tensor) -> Result<(Moments, Option<Moments>)> {
-        const OP: &str = "record_moments";
-        let m = self.batch_moments_checked(OP, x)?;
-        let combined = self.record_batch_moments(m.clone())?;
-        Ok((m, combined))
+    /// (possibly distributed) update. Returns the batch moments and (rank 0,
+    /// W > 1) the combined moments the update used.
+    pub fn record_moments(&mut self, x: &Tensor) -> Result<MomentUpdate> {
+        let m = self.batch_moments_checked("record_moments", x)?;
+        self.record_batch_moments(m)
     }
 
     pub(crate) fn batch_moments_checked(&self, op: &'static str, x: &Tensor) -> Result<Moments> {
@@ -252,9 +246,9 @@ impl RunningMeanStd {
     /// Records precomputed batch moments (`count` rows): the update, with the
     /// gather/combine/broadcast when the world size is > 1. This is what
     /// pinned replay drives; `record_moments` computes the moments first.
-    /// Returns, on rank 0 of a world larger than 1, the cross-rank combined
-    /// moments the update used.
-    pub fn record_batch_moments(&mut self, m: Moments) -> Result<Option<Moments>> {
+    /// Returns the batch moments and, on rank 0 of a world larger than 1,
+    /// the cross-rank combined moments the update used.
+    pub fn record_batch_moments(&mut self, m: Moments) -> Result<MomentUpdate> {
         const OP: &str = "record_batch_moments";
         for (what, t) in [("batch_mean", &m.mean), ("batch_var", &m.var)] {
             self.check_device(OP, what, t)?;
@@ -281,7 +275,7 @@ impl RunningMeanStd {
         let coll = Arc::clone(&self.collective);
         if coll.world_size() <= 1 {
             self.stats = Some(self.updated(&current, &m)?);
-            return Ok(None);
+            return Ok(MomentUpdate { batch: m, combined: None });
         }
         let means = coll.all_gather(&m.mean)?;
         let vars = coll.all_gather(&m.var)?;
@@ -306,7 +300,7 @@ impl RunningMeanStd {
         let var = coll.broadcast(&next.var, 0)?;
         let count = coll.broadcast(&Tensor::new(next.count, &self.device)?, 0)?.to_scalar::<i64>()?;
         self.stats = Some(Stats::new(mean, var, count, self.config.epsilon)?);
-        outcome
+        outcome.map(|combined| MomentUpdate { batch: m, combined })
     }
 
     /// The local update (the reference's `update_from_moments`), returned
@@ -349,35 +343,35 @@ impl RunningMeanStd {
 
     /// `normalize(x)`: `clamp((x - mean) / sqrt(var + eps))` in float32 (or
     /// promote(x, f32)). A lazy normalizer takes its shape from `x` first,
-    /// as the reference does.
+    /// as the reference does. [`Normalizer::apply`] is the same without the
+    /// lazy shape, through a shared reference.
     pub fn normalize(&mut self, x: &Tensor) -> Result<Tensor> {
         self.lazy_init_from("normalize", x)?;
-        self.normalize_frozen(x, false)
+        self.apply(x, Direction::Normalize)
     }
 
     /// `normalize(x, un_norm=True)`: `clamp(x) * sqrt(var + eps) + mean`.
     pub fn un_norm(&mut self, x: &Tensor) -> Result<Tensor> {
         self.lazy_init_from("un_norm", x)?;
-        self.normalize_frozen(x, true)
+        self.apply(x, Direction::UnNormalize)
     }
 
-    /// normalize / un_norm without touching the normalizer, for callers that
-    /// share it (inference servers); errors when it has no state yet.
-    pub fn normalize_frozen(&self, x: &Tensor, un_norm: bool) -> Result<Tensor> {
-        let op = if un_norm { "un_norm" } else { "normalize" };
+    /// Maps `x` in `direction` without touching the normalizer, for callers
+    /// that share it (inference servers); errors when it has no state yet.
+    pub fn apply(&self, x: &Tensor, direction: Direction) -> Result<Tensor> {
+        let op = direction.op_name();
         let s = self.stats.as_ref().ok_or(NormError::Uninitialized { op })?;
-        apply(self, op, x, Some(&s.mean_f32), &s.std_f32, un_norm)
+        apply(self, x, Some(&s.mean_f32), &s.std_f32, direction)
     }
 
-    /// normalize / un_norm with a given std (float32, the module's shape)
-    /// in place of the one computed from var: pinned replay feeds torch's
-    /// recorded std, whose float32 sqrt is not always correctly rounded.
-    pub fn normalize_with_std(&mut self, x: &Tensor, std_f32: &Tensor, un_norm: bool) -> Result<Tensor> {
-        let op = if un_norm { "un_norm" } else { "normalize" };
-        self.lazy_init_from(op, x)?;
+    /// [`RunningMeanStd::apply`] with a given float32 std (the module's
+    /// shape) in place of the one computed from var: pinned replay feeds
+    /// torch's recorded std, whose float32 sqrt is not always correctly rounded.
+    pub fn apply_with_std(&self, x: &Tensor, std_f32: &Tensor, direction: Direction) -> Result<Tensor> {
+        let op = direction.op_name();
         let s = self.stats.as_ref().ok_or(NormError::Uninitialized { op })?;
         check_std(op, std_f32, s)?;
-        apply(self, op, x, Some(&s.mean_f32), std_f32, un_norm)
+        apply(self, x, Some(&s.mean_f32), std_f32, direction)
     }
 
     fn lazy_init_from(&mut self, op: &'static str, x: &Tensor) -> Result<()> {
@@ -446,12 +440,12 @@ fn check_std(op: &'static str, std: &Tensor, s: &Stats) -> Result<()> {
 /// ops elsewhere. Shared by both normalizer kinds.
 pub(crate) fn apply(
     rms: &RunningMeanStd,
-    op: &'static str,
     x: &Tensor,
     mean_f32: Option<&Tensor>,
     std_f32: &Tensor,
-    un_norm: bool,
+    direction: Direction,
 ) -> Result<Tensor> {
+    let op = direction.op_name();
     rms.check_device(op, "x", x)?;
     if !matches!(x.dtype(), DType::F16 | DType::BF16 | DType::F32 | DType::F64) {
         return Err(NormError::UnsupportedDType { op, what: "x", dtype: x.dtype(), expected: "need a float dtype" });
@@ -465,7 +459,6 @@ pub(crate) fn apply(
             expected: format!("a shape that broadcasts with the normalizer's {state_dims:?}"),
         });
     };
-    let direction = if un_norm { Direction::UnNormalize } else { Direction::Normalize };
     let clamp = rms.config.clamp_value;
     // f16/bf16 - f32 is f32 in torch, and widening is exact.
     let x = match x.dtype() {
@@ -565,4 +558,34 @@ pub fn batch_moments(x: &Tensor) -> Result<Moments> {
         generic::moments(x)?
     };
     Ok(Moments { mean: mean.to_dtype(x.dtype())?, var: var.to_dtype(x.dtype())?, count: rows as i64 })
+}
+
+impl Normalizer for RunningMeanStd {
+    fn state(&self) -> Option<NormState> {
+        RunningMeanStd::state(self)
+    }
+    fn load_state(&mut self, state: NormState) -> Result<()> {
+        RunningMeanStd::load_state(self, state)
+    }
+    fn set_ema_decay(&mut self, ema_decay: Option<f64>) -> Result<()> {
+        RunningMeanStd::set_ema_decay(self, ema_decay)
+    }
+    fn record_moments(&mut self, x: &Tensor) -> Result<MomentUpdate> {
+        RunningMeanStd::record_moments(self, x)
+    }
+    fn record_batch_moments(&mut self, batch: Moments) -> Result<MomentUpdate> {
+        RunningMeanStd::record_batch_moments(self, batch)
+    }
+    fn apply(&self, x: &Tensor, direction: Direction) -> Result<Tensor> {
+        RunningMeanStd::apply(self, x, direction)
+    }
+    fn apply_with_std(&self, x: &Tensor, std_f32: &Tensor, direction: Direction) -> Result<Tensor> {
+        RunningMeanStd::apply_with_std(self, x, std_f32, direction)
+    }
+    fn std_f32(&self) -> Option<&Tensor> {
+        RunningMeanStd::std_f32(self)
+    }
+    fn init_shape_from(&mut self, x: &Tensor) -> Result<()> {
+        self.lazy_init_from("normalize", x)
+    }
 }

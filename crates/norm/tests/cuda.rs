@@ -53,10 +53,10 @@ fn cuda_updates_and_normalize_match_cpu() {
         assert_eq!(bits(&sa.mean), bits(&sb.mean));
         assert_eq!(bits(&sa.var), bits(&sb.var));
         assert_eq!(sa.count, sb.count);
-        for un in [false, true] {
-            let ya = a.normalize_frozen(&x_cpu, un).unwrap();
-            let yb = b.normalize_frozen(&x_gpu, un).unwrap();
-            assert_eq!(bits(&ya), bits(&yb), "normalize(un_norm={un})");
+        for direction in [pmstate_norm::Direction::Normalize, pmstate_norm::Direction::UnNormalize] {
+            let ya = a.apply(&x_cpu, direction).unwrap();
+            let yb = b.apply(&x_gpu, direction).unwrap();
+            assert_eq!(bits(&ya), bits(&yb), "{}", direction.op_name());
         }
     }
 }

@@ -5,7 +5,7 @@ mod common;
 
 use candle_core::{DType, Tensor};
 use common::*;
-use pmstate_norm::{NormConfig, NormError, NormState, RewardRunningMeanStd, RunningMeanStd};
+use pmstate_norm::{NormConfig, NormError, NormState, RewardConfig, RewardRunningMeanStd, RunningMeanStd};
 
 #[test]
 fn invalid_configs_name_the_field() {
@@ -26,7 +26,7 @@ fn invalid_configs_name_the_field() {
         assert!(err.to_string().contains(field));
     }
     for gamma in [-0.1, 1.5, f64::NAN] {
-        let err = RewardRunningMeanStd::new(NormConfig::default(), gamma, None, &cpu()).unwrap_err();
+        let err = RewardRunningMeanStd::new(RewardConfig::with_gamma(gamma), None, &cpu()).unwrap_err();
         assert!(matches!(err, NormError::InvalidConfig { field: "gamma", .. }), "{err}");
     }
     let mut rms = RunningMeanStd::new(NormConfig::default(), None, &cpu()).unwrap();
@@ -92,7 +92,7 @@ fn bad_states_are_refused() {
 
 #[test]
 fn reward_shape_changes_are_errors_and_keep_the_return() {
-    let mut rew = RewardRunningMeanStd::new(NormConfig::default(), 0.9, Some(&[1]), &cpu()).unwrap();
+    let mut rew = RewardRunningMeanStd::new(RewardConfig::with_gamma(0.9), Some(&[1]), &cpu()).unwrap();
     let no = |n: usize| Tensor::zeros(n, DType::U8, &cpu()).unwrap();
     rew.record_reward(&t1(&[1.0, 2.0, 3.0]), &no(3)).unwrap();
     let err = rew.record_reward(&t1(&[1.0, 2.0]), &no(2)).unwrap_err();

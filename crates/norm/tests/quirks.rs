@@ -8,8 +8,8 @@ use std::sync::Arc;
 use candle_core::{DType, Tensor};
 use common::*;
 use pmstate_norm::{
-    combine_moments, Arithmetic, Collective, Moments, NormConfig, NormError, NormState, Result, RewardRunningMeanStd,
-    RunningMeanStd,
+    combine_moments, Arithmetic, Collective, Moments, NormConfig, NormError, NormState, Result, RewardConfig,
+    RewardRunningMeanStd, RunningMeanStd,
 };
 
 fn with_count(rms: &mut RunningMeanStd, count: i64) {
@@ -135,7 +135,7 @@ fn normalize_rounds_mean_and_var_to_float32_first() {
 fn reward_return_resets_on_termination_only() {
     // gamma 0.9, one env: G1 = 1; G2 = 1*0.9*(1-0) + 2 = 2.9 (f32 ops);
     // G3 (terminated) = 2.9*0.9*0 + 5 = 5; G4 = 5*0.9 + 1.
-    let mut rew = RewardRunningMeanStd::new(NormConfig::default(), 0.9, Some(&[1]), &cpu()).unwrap();
+    let mut rew = RewardRunningMeanStd::new(RewardConfig::with_gamma(0.9), Some(&[1]), &cpu()).unwrap();
     let steps = [(1.0f32, 0u8), (2.0, 0), (5.0, 1), (1.0, 0)];
     let g = 0.9f32;
     let mut want = vec![];
@@ -157,7 +157,7 @@ fn reward_return_resets_on_termination_only() {
 #[test]
 fn reward_normalize_divides_without_subtracting_the_mean() {
     let cfg = NormConfig { clamp_value: Some(5.0), ..NormConfig::default() };
-    let mut rew = RewardRunningMeanStd::new(cfg, 0.99, Some(&[1]), &cpu()).unwrap();
+    let mut rew = RewardRunningMeanStd::new(RewardConfig { norm: cfg, gamma: 0.99 }, Some(&[1]), &cpu()).unwrap();
     rew.load_state(NormState {
         mean: Tensor::new(&[100.0f64], &cpu()).unwrap(),
         var: Tensor::new(&[4.0f64], &cpu()).unwrap(),
@@ -172,7 +172,7 @@ fn reward_normalize_divides_without_subtracting_the_mean() {
 
 #[test]
 fn reward_normalize_before_any_state_is_an_error() {
-    let rew = RewardRunningMeanStd::new(NormConfig::default(), 0.99, None, &cpu()).unwrap();
+    let rew = RewardRunningMeanStd::new(RewardConfig::with_gamma(0.99), None, &cpu()).unwrap();
     assert!(matches!(rew.normalize(&t1(&[1.0])), Err(NormError::Uninitialized { .. })));
 }
 

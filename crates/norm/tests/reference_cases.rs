@@ -10,7 +10,8 @@ use std::sync::{Arc, Mutex};
 use candle_core::{DType, Tensor};
 use common::*;
 use pmstate_norm::{
-    combine_moments, Arithmetic, Collective, NormConfig, NormState, Result, RewardRunningMeanStd, RunningMeanStd,
+    combine_moments, Arithmetic, Collective, NormConfig, NormState, Result, RewardConfig, RewardRunningMeanStd,
+    RunningMeanStd,
 };
 
 #[test]
@@ -144,7 +145,7 @@ fn materialize_lazy_running_stats_skips_initialized_or_missing_state() {
 
 #[test]
 fn reward_running_mean_std_tracks_discounted_returns_with_termination_reset() {
-    let mut rms = RewardRunningMeanStd::new(NormConfig::default(), 0.5, Some(&[2]), &cpu()).unwrap();
+    let mut rms = RewardRunningMeanStd::new(RewardConfig::with_gamma(0.5), Some(&[2]), &cpu()).unwrap();
     let no = Tensor::new(&[0u8, 0], &cpu()).unwrap();
     let second_done = Tensor::new(&[0u8, 1], &cpu()).unwrap();
     rms.record_reward(&t1(&[1.0, 2.0]), &no).unwrap();

@@ -12,7 +12,8 @@ mod common;
 
 use candle_core::{DType, Device, Tensor};
 use pmstate_norm::{
-    batch_moments, combine_moments, Arithmetic, Moments, NormConfig, NormState, RewardRunningMeanStd, RunningMeanStd,
+    batch_moments, combine_moments, Arithmetic, Direction, Moments, NormConfig, NormState, Normalizer, RewardConfig,
+    RewardRunningMeanStd, RunningMeanStd,
 };
 use serde_json::Value;
 
@@ -122,8 +123,10 @@ fn every_recorded_case_replays_bit_exactly() {
         let dev = Device::Cpu;
         let reward = case["kind"] == "reward";
         let mut rms = RunningMeanStd::new(cfg, shape.as_deref(), &dev).unwrap();
-        let mut rew = reward
-            .then(|| RewardRunningMeanStd::new(cfg, case["gamma"].as_f64().unwrap(), shape.as_deref(), &dev).unwrap());
+        let mut rew = reward.then(|| {
+            let config = RewardConfig { norm: cfg, gamma: case["gamma"].as_f64().unwrap() };
+            RewardRunningMeanStd::new(config, shape.as_deref(), &dev).unwrap()
+        });
         if !case["init"].is_null() {
             let s = &case["init"];
             rms.load_state(NormState {
@@ -148,26 +151,25 @@ fn every_recorded_case_replays_bit_exactly() {
                 }
                 "reward" => {
                     let r = rew.as_mut().unwrap();
-                    let (g, _) = r
-                        .record_reward_with_moments(
-                            &tensor(&step["reward"]),
-                            &tensor(&step["terminated"]),
-                            moments(step),
-                        )
-                        .unwrap();
+                    let g = r
+                        .record_reward_moments(&tensor(&step["reward"]), &tensor(&step["terminated"]), moments(step))
+                        .unwrap()
+                        .discounted;
                     assert_eq!(bits(&g), bits(&tensor(&step["discounted"])), "{ctx}: discounted");
                     assert_state(&ctx, &r.state().unwrap(), &step["state"]);
                 }
                 "normalize" => {
                     let x = tensor(&step["x"]);
                     let std = tensor(&step["std"]);
-                    let un = step["un_norm"].as_bool().unwrap();
-                    let (out, own_std) = match rew.as_mut() {
-                        Some(r) => {
-                            (r.normalize_with_std(&x, &std, un).unwrap(), r.running().std_f32().unwrap().clone())
-                        }
-                        None => (rms.normalize_with_std(&x, &std, un).unwrap(), rms.std_f32().unwrap().clone()),
+                    let direction =
+                        if step["un_norm"].as_bool().unwrap() { Direction::UnNormalize } else { Direction::Normalize };
+                    let norm: &mut dyn Normalizer = match rew.as_mut() {
+                        Some(r) => r,
+                        None => &mut rms,
                     };
+                    norm.init_shape_from(&x).unwrap();
+                    let out = norm.apply_with_std(&x, &std, direction).unwrap();
+                    let own_std = norm.std_f32().unwrap().clone();
                     assert_eq!(bits(&out), bits(&tensor(&step["out"])), "{ctx}: out");
                     let a = own_std.flatten_all().unwrap().to_vec1::<f32>().unwrap();
                     let b = std.flatten_all().unwrap().to_vec1::<f32>().unwrap();

@@ -1,4 +1,4 @@
-//! pm-trace v1 (`../shared/TRACE_FORMAT.md`): traces recorded from
+//! pm-trace v1 (`docs/trace-format.md` in the repository): traces recorded from
 //! ProtoMotions' normalizers on PyTorch, their reader and writer, and the
 //! replay engine that runs them on [`pmstate_norm`] and compares every
 //! recorded result (pinned: bit for bit; free: within derived bounds).
@@ -8,7 +8,9 @@
 #![forbid(unsafe_code)]
 
 mod compare;
+mod doc;
 mod error;
+mod live;
 mod model;
 mod read;
 mod record;
@@ -18,9 +20,9 @@ mod wire;
 mod write;
 
 pub use compare::{compare, FieldReport};
-pub use error::{Result, TraceError};
+pub use error::{FieldProblem, ReplayFailure, Result, TraceError};
 pub use model::*;
-pub use read::{read_bytes, read_file};
+pub use read::{read_bytes, read_file, MAX_WORLD_SIZE};
 pub use record::Recorder;
-pub use replay::{replay, replay_rank, Mode, ReplayOptions, Report};
+pub use replay::{replay, replay_rank, Mode, ReplayOptions, Report, MAX_INPROC_WORLD_SIZE};
 pub use write::{to_bytes, write_file};

@@ -1,6 +1,7 @@
 //! The in-memory form of a pm-trace v1 file.
 
 use candle_core::Tensor;
+pub use pmstate_norm::{Direction, Moments, NormState};
 
 /// Where the trace came from.
 #[derive(Debug, Clone, PartialEq)]
@@ -53,37 +54,15 @@ pub struct ModuleSpec {
     pub gamma: Option<f64>,
 }
 
-/// The module's buffers after a step.
-#[derive(Debug, Clone)]
-pub struct State {
-    /// Mean.
-    pub mean: Tensor,
-    /// Variance (population).
-    pub var: Tensor,
-    /// Sample count.
-    pub count: i64,
-}
-
-/// Moments as torch produced them (a rank's batch, or the combined parts).
-#[derive(Debug, Clone)]
-pub struct RecordedMoments {
-    /// Mean.
-    pub mean: Tensor,
-    /// Variance (population).
-    pub var: Tensor,
-    /// Sample count.
-    pub count: i64,
-}
-
 /// The results of an update step.
 #[derive(Debug, Clone)]
 pub struct UpdateResult {
     /// Per rank.
-    pub batch: Vec<RecordedMoments>,
+    pub batch: Vec<Moments>,
     /// Rank 0's combine over the gathered parts (world size > 1).
-    pub combined: Option<RecordedMoments>,
+    pub combined: Option<Moments>,
     /// The module's buffers after the step.
-    pub state: State,
+    pub state: NormState,
 }
 
 /// One operation and what it produced.
@@ -109,22 +88,22 @@ pub enum Op {
     Normalize {
         /// Input (per rank for updates).
         x: Tensor,
-        /// normalize(x, un_norm=True).
-        un_norm: bool,
+        /// `normalize(x)` or `normalize(x, un_norm=True)`.
+        direction: Direction,
         /// Results; None when the step raised.
         result: Option<NormalizeResult>,
     },
     /// `load_state_dict(state)` (after materializing a lazy module).
     LoadStateDict {
         /// The module's buffers after the step.
-        state: State,
+        state: NormState,
     },
     /// Switch Welford/EMA, as a resume with another config does.
     SetEmaDecay {
         /// `None` (Welford) or the EMA decay.
         ema_decay: Option<f64>,
         /// The module's buffers after the step.
-        state: Option<State>,
+        state: Option<NormState>,
     },
     /// `combine_moments` called directly.
     CombineMoments {
@@ -135,7 +114,7 @@ pub enum Op {
         /// Parts’ counts.
         counts: Vec<i64>,
         /// Results; None when the step raised.
-        result: Option<RecordedMoments>,
+        result: Option<Moments>,
     },
 }
 
@@ -147,7 +126,7 @@ pub struct NormalizeResult {
     /// Float32 std, `sqrt(var.float() + eps)`.
     pub std: Tensor,
     /// The module's buffers after the step.
-    pub state: State,
+    pub state: NormState,
 }
 
 /// A step; `error` is the reference's exception text when it raised (then

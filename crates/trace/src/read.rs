@@ -1,45 +1,172 @@
 //! Reading and validating pm-trace v1 files.
 
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::io::Read;
 use std::path::Path;
 
 use candle_core::{DType, Device, Tensor};
 use safetensors::{Dtype, SafeTensors};
 use serde_json::Value;
 
-use crate::error::{Result, TraceError};
+use crate::doc::{ClassDoc, Document, Names, OpName, Probe, StateDoc, StepDoc};
+use crate::error::{Dims, FieldProblem, Result, TraceError};
 use crate::model::*;
 
-/// Reads and validates a trace file.
+/// The largest world size a trace may declare. Each rank needs its own
+/// names in every update step, so a larger world is also a larger file;
+/// replaying in one process has its own, smaller bound
+/// ([`crate::MAX_INPROC_WORLD_SIZE`]).
+pub const MAX_WORLD_SIZE: usize = 4096;
+
+/// Reads and validates a trace file. Only regular files are read (a FIFO
+/// or device would never end), and no more than the size the file system
+/// reports for them.
 pub fn read_file(path: &Path) -> Result<Trace> {
-    let bytes = std::fs::read(path).map_err(|source| TraceError::Io { path: path.display().to_string(), source })?;
+    let shown = || path.display().to_string();
+    let io = |source| TraceError::Io { path: shown(), source };
+    let meta = std::fs::metadata(path).map_err(io)?;
+    if !meta.is_file() {
+        return Err(TraceError::NotAFile { path: shown(), kind: file_kind(&meta) });
+    }
+    let file = std::fs::File::open(path).map_err(io)?;
+    let mut bytes = Vec::with_capacity(usize::try_from(meta.len()).unwrap_or(0));
+    file.take(meta.len()).read_to_end(&mut bytes).map_err(io)?;
     read_bytes(&bytes)
+}
+
+/// What a non-regular file is, in words.
+pub(crate) fn file_kind(meta: &std::fs::Metadata) -> &'static str {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::FileTypeExt;
+        let t = meta.file_type();
+        if t.is_fifo() {
+            return "a FIFO";
+        }
+        if t.is_char_device() || t.is_block_device() {
+            return "a device";
+        }
+        if t.is_socket() {
+            return "a socket";
+        }
+    }
+    if meta.is_dir() {
+        "a directory"
+    } else {
+        "not a regular file"
+    }
 }
 
 /// Reads and validates a trace from the bytes of a safetensors file.
 ///
 /// Every structural problem is a [`TraceError`] naming the step and field;
-/// no input makes it panic.
+/// no input makes it panic. A tensor named by many fields is loaded once.
 pub fn read_bytes(bytes: &[u8]) -> Result<Trace> {
-    let (_, meta) = SafeTensors::read_metadata(bytes).map_err(|e| TraceError::Container(e.to_string()))?;
-    let st = SafeTensors::deserialize(bytes).map_err(|e| TraceError::Container(e.to_string()))?;
-    let md = meta.metadata().as_ref().ok_or_else(|| TraceError::Metadata("missing (no __metadata__)".into()))?;
-    match md.get("format").map(String::as_str) {
-        Some("pm-trace") => {}
-        other => return Err(TraceError::Metadata(format!("format is {other:?}, expected \"pm-trace\""))),
+    let (_, meta) = SafeTensors::read_metadata(bytes).map_err(TraceError::Container)?;
+    let st = SafeTensors::deserialize(bytes).map_err(TraceError::Container)?;
+    let md = meta.metadata().as_ref().ok_or(TraceError::NotATrace("no __metadata__"))?;
+    if md.get("format").map(String::as_str) != Some("pm-trace") {
+        return Err(TraceError::NotATrace("__metadata__ has no \"format\": \"pm-trace\""));
     }
-    let text = md.get("trace").ok_or_else(|| TraceError::Metadata("no \"trace\" key".into()))?;
-    let doc: Value = serde_json::from_str(text).map_err(|e| TraceError::Json(e.to_string()))?;
-    let tensors = Tensors { st: &st };
-    parse_doc(&doc, &tensors)
+    let text = md.get("trace").ok_or(TraceError::NotATrace("__metadata__ has no \"trace\" document"))?;
+    let probe: Probe = serde_json::from_str(text).map_err(TraceError::Json)?;
+    if probe.format.as_deref() != Some("pm-trace") {
+        return Err(header("format", FieldProblem::Invalid("missing, or not \"pm-trace\"".into())));
+    }
+    match probe.version {
+        Some(1) => {}
+        Some(v) => return Err(TraceError::Version(v)),
+        None => return Err(header("version", FieldProblem::Missing)),
+    }
+    let doc: Document<Value> = serde_json::from_str(text).map_err(TraceError::Json)?;
+    let module = module_spec(&doc, bytes.len())?;
+    let world = usize::try_from(doc.world_size).unwrap_or(usize::MAX);
+    if world == 0 || world > MAX_WORLD_SIZE {
+        return Err(header(
+            "world_size",
+            FieldProblem::Invalid(format!("{} is not in 1..={MAX_WORLD_SIZE}", doc.world_size)),
+        ));
+    }
+    let tensors = Tensors { st: &st, loaded: RefCell::new(HashMap::new()) };
+    let mut steps = Vec::with_capacity(doc.steps.len());
+    for (i, raw) in doc.steps.into_iter().enumerate() {
+        steps.push(parse_step(i, raw, &tensors, world)?);
+    }
+    let r = doc.reference;
+    Ok(Trace {
+        description: doc.description,
+        reference: Reference {
+            implementation: r.implementation,
+            source: r.source,
+            torch: r.torch,
+            device: r.device,
+            dist_backend: r.dist_backend,
+        },
+        module,
+        world_size: world,
+        steps,
+    })
 }
 
+fn header(field: &'static str, problem: FieldProblem) -> TraceError {
+    TraceError::Header { field, problem }
+}
+
+/// The module's constructor arguments; its buffers may not be larger than
+/// the file that records them (a lazy shape is bounded by the first input).
+fn module_spec(doc: &Document<Value>, file_len: usize) -> Result<ModuleSpec> {
+    let m = &doc.module;
+    let class = match m.class {
+        ClassDoc::RunningMeanStd => ModuleClass::RunningMeanStd,
+        ClassDoc::RewardRunningMeanStd => ModuleClass::RewardRunningMeanStd,
+    };
+    if class == ModuleClass::RewardRunningMeanStd && m.gamma.is_none() {
+        return Err(header("module.gamma", FieldProblem::Invalid("RewardRunningMeanStd needs a number".into())));
+    }
+    let shape = match &m.shape {
+        None => None,
+        Some(dims) => {
+            let dims: Vec<usize> = dims.iter().map(|&d| usize::try_from(d).unwrap_or(usize::MAX)).collect();
+            let elems = dims.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d));
+            // f64 mean and var: 16 bytes per element, which the file itself must be able to hold.
+            let max = (file_len / 16).max(1 << 16);
+            match elems {
+                Some(n) if n <= max => {}
+                _ => {
+                    return Err(TraceError::Limit {
+                        limit: "module shape: at most max(file bytes / 16, 65536) elements",
+                        what: format!("module.shape {}", Dims(&dims)),
+                        max: max as u64,
+                        needed: elems.map_or(u64::MAX, |n| n as u64),
+                    })
+                }
+            }
+            Some(dims)
+        }
+    };
+    Ok(ModuleSpec {
+        class,
+        shape,
+        epsilon: m.epsilon,
+        clamp_value: m.clamp_value,
+        ema_decay: m.ema_decay,
+        gamma: m.gamma,
+    })
+}
+
+/// The file's tensors, each loaded at most once however many fields name it.
 struct Tensors<'a, 'b> {
     st: &'a SafeTensors<'b>,
+    loaded: RefCell<HashMap<String, Tensor>>,
 }
 
 impl Tensors<'_, '_> {
-    fn get(&self, name: &str) -> std::result::Result<Tensor, String> {
-        let v = self.st.tensor(name).map_err(|_| format!("tensor {name:?} is not in the file"))?;
+    fn get(&self, name: &str) -> std::result::Result<Tensor, FieldProblem> {
+        if let Some(t) = self.loaded.borrow().get(name) {
+            return Ok(t.clone());
+        }
+        let v = self.st.tensor(name).map_err(|_| FieldProblem::NoSuchTensor(name.to_owned()))?;
         let dtype = match v.dtype() {
             Dtype::F32 => DType::F32,
             Dtype::F64 => DType::F64,
@@ -48,9 +175,17 @@ impl Tensors<'_, '_> {
             Dtype::BF16 => DType::BF16,
             Dtype::U8 | Dtype::BOOL => DType::U8,
             Dtype::I32 => DType::I32,
-            other => return Err(format!("tensor {name:?} has dtype {other:?}, which traces do not use")),
+            other => {
+                return Err(FieldProblem::WrongTensor {
+                    found: format!("dtype {other}"),
+                    expected: "a dtype traces use (F32, F64, F16, BF16, I64, I32, U8, BOOL)",
+                })
+            }
         };
-        Tensor::from_raw_buffer(v.data(), dtype, v.shape(), &Device::Cpu).map_err(|e| format!("tensor {name:?}: {e}"))
+        let t = Tensor::from_raw_buffer(v.data(), dtype, v.shape(), &Device::Cpu)
+            .map_err(|e| FieldProblem::Invalid(format!("tensor '{name}': {e}")))?;
+        self.loaded.borrow_mut().insert(name.to_owned(), t.clone());
+        Ok(t)
     }
 }
 
@@ -67,332 +202,213 @@ enum Kind {
     Mask,
 }
 
-struct Ctx<'a, 'b, 'c> {
-    step: usize,
-    op: String,
-    v: &'a Value,
-    t: &'a Tensors<'b, 'c>,
-    world: usize,
-}
-
-impl Ctx<'_, '_, '_> {
-    fn err(&self, field: &str, reason: impl Into<String>) -> TraceError {
-        TraceError::Field { step: self.step, op: self.op.clone(), field: field.into(), reason: reason.into() }
-    }
-
-    fn has(&self, field: &str) -> bool {
-        self.v.get(field).is_some_and(|f| !f.is_null())
-    }
-
-    fn check(&self, field: &str, t: Tensor, kind: Kind) -> Result<Tensor> {
-        let ok = match kind {
+impl Kind {
+    fn accepts(self, t: &Tensor) -> bool {
+        match self {
             Kind::Float => t.dtype().is_float(),
             Kind::F32 => t.dtype() == DType::F32,
             Kind::F64 => t.dtype() == DType::F64,
             Kind::Count => t.dtype() == DType::I64 && t.rank() == 0,
             Kind::Mask => t.dtype() == DType::U8 || t.dtype().is_float(),
-        };
-        if !ok {
-            let want = match kind {
-                Kind::Float => "a float tensor",
-                Kind::F32 => "an F32 tensor",
-                Kind::F64 => "an F64 tensor",
-                Kind::Count => "an I64 tensor of shape []",
-                Kind::Mask => "a BOOL, U8 or float tensor",
-            };
-            return Err(self.err(field, format!("{:?} of shape {:?}; expected {want}", t.dtype(), t.dims())));
+        }
+    }
+
+    fn expected(self) -> &'static str {
+        match self {
+            Kind::Float => "a float tensor",
+            Kind::F32 => "an F32 tensor",
+            Kind::F64 => "an F64 tensor",
+            Kind::Count => "an I64 tensor of shape []",
+            Kind::Mask => "a BOOL, U8 or float tensor",
+        }
+    }
+}
+
+/// One step being read: errors name it and the field.
+struct Ctx<'a, 'b, 'c> {
+    step: usize,
+    op: &'static str,
+    t: &'a Tensors<'b, 'c>,
+    world: usize,
+}
+
+impl Ctx<'_, '_, '_> {
+    fn err(&self, field: impl Into<String>, problem: FieldProblem) -> TraceError {
+        TraceError::Field { step: self.step, op: self.op.to_owned(), field: field.into(), problem }
+    }
+
+    fn load(&self, field: &str, name: &str, kind: Kind) -> Result<Tensor> {
+        let t = self.t.get(name).map_err(|p| self.err(field, p))?;
+        if !kind.accepts(&t) {
+            let found = format!("{} of shape {}", t.dtype().as_str(), Dims(t.dims()));
+            return Err(self.err(field, FieldProblem::WrongTensor { found, expected: kind.expected() }));
         }
         Ok(t)
     }
 
-    fn name_of<'v>(&self, field: &str, v: Option<&'v Value>) -> Result<&'v str> {
-        v.and_then(Value::as_str).ok_or_else(|| self.err(field, "missing, or not a tensor name (string)"))
+    fn one(&self, field: &str, names: &Option<Names>, kind: Kind) -> Result<Tensor> {
+        match names {
+            Some(Names::One(n)) => self.load(field, n, kind),
+            Some(Names::Many(_)) => {
+                Err(self.err(field, FieldProblem::Invalid("a list; expected one tensor name".into())))
+            }
+            None => Err(self.err(field, FieldProblem::Missing)),
+        }
     }
 
-    fn raw(&self, field: &str) -> Result<Tensor> {
-        let name = self.name_of(field, self.v.get(field))?;
-        self.t.get(name).map_err(|e| self.err(field, e))
-    }
-
-    fn tensor(&self, field: &str, kind: Kind) -> Result<Tensor> {
-        let t = self.raw(field)?;
-        self.check(field, t, kind)
-    }
-
-    /// A list of tensor names, each checked as `kind`.
-    fn list(&self, field: &str, kind: Kind) -> Result<Vec<Tensor>> {
-        let list = self
-            .v
-            .get(field)
-            .and_then(Value::as_array)
-            .ok_or_else(|| self.err(field, "missing, or not a list of tensor names"))?;
-        list.iter()
-            .enumerate()
-            .map(|(i, n)| {
-                let f = format!("{field}[{i}]");
-                let name = self.name_of(&f, Some(n))?;
-                let t = self.t.get(name).map_err(|e| self.err(&f, e))?;
-                self.check(&f, t, kind)
-            })
-            .collect()
+    fn list(&self, field: &str, names: &Option<Names>, kind: Kind) -> Result<Vec<Tensor>> {
+        match names {
+            Some(Names::Many(ns)) => {
+                ns.iter().enumerate().map(|(i, n)| self.load(&format!("{field}[{i}]"), n, kind)).collect()
+            }
+            Some(Names::One(_)) => {
+                Err(self.err(field, FieldProblem::Invalid("a single name; expected a list of tensor names".into())))
+            }
+            None => Err(self.err(field, FieldProblem::Missing)),
+        }
     }
 
     /// A per-rank list: one name per rank, index = rank.
-    fn per_rank(&self, field: &str, kind: Kind) -> Result<Vec<Tensor>> {
-        let n = self.v.get(field).and_then(Value::as_array).map_or(0, Vec::len);
-        if n != self.world {
-            return Err(self.err(field, format!("{n} names for world size {}: need one per rank", self.world)));
+    fn per_rank(&self, field: &str, names: &Option<Names>, kind: Kind) -> Result<Vec<Tensor>> {
+        if let Some(Names::Many(ns)) = names {
+            if ns.len() != self.world {
+                return Err(self.err(field, FieldProblem::RankCount { found: ns.len(), world_size: self.world }));
+            }
         }
-        self.list(field, kind)
+        self.list(field, names, kind)
     }
 
     fn count(&self, field: &str, t: &Tensor) -> Result<i64> {
-        t.to_scalar::<i64>().map_err(|e| self.err(field, e.to_string()))
+        t.to_scalar::<i64>().map_err(|e| self.err(field, FieldProblem::Invalid(e.to_string())))
     }
 
-    fn state(&self) -> Result<State> {
-        let s = self.v.get("state").ok_or_else(|| self.err("state", "missing"))?;
-        let sub = Ctx { step: self.step, op: self.op.clone(), v: s, t: self.t, world: self.world };
-        let mean = sub.tensor("mean", Kind::F64).map_err(|e| rename(e, "state."))?;
-        let var = sub.tensor("var", Kind::F64).map_err(|e| rename(e, "state."))?;
-        let count_t = sub.tensor("count", Kind::Count).map_err(|e| rename(e, "state."))?;
-        if mean.dims() != var.dims() {
-            return Err(
-                self.err("state.var", format!("shape {:?} differs from state.mean's {:?}", var.dims(), mean.dims()))
-            );
+    fn same_shape(&self, field: &str, t: &Tensor, other: &'static str, o: &Tensor) -> Result<()> {
+        if t.dims() == o.dims() {
+            return Ok(());
         }
-        let count = self.count("state.count", &count_t)?;
-        Ok(State { mean, var, count })
+        let problem = FieldProblem::ShapeMismatch { found: t.dims().to_vec(), other, expected: o.dims().to_vec() };
+        Err(self.err(field, problem))
     }
 
-    fn moments(&self) -> Result<Vec<RecordedMoments>> {
-        let means = self.per_rank("batch_mean", Kind::Float)?;
-        let vars = self.per_rank("batch_var", Kind::Float)?;
-        let counts = self.per_rank("batch_count", Kind::Count)?;
-        means
-            .into_iter()
-            .zip(vars)
-            .zip(counts)
-            .enumerate()
-            .map(|(r, ((mean, var), c))| {
-                if mean.dims() != var.dims() {
-                    return Err(self.err(
-                        &format!("batch_var[{r}]"),
-                        format!("shape {:?} differs from batch_mean's {:?}", var.dims(), mean.dims()),
-                    ));
-                }
-                Ok(RecordedMoments { mean, var, count: self.count(&format!("batch_count[{r}]"), &c)? })
-            })
-            .collect()
+    fn state(&self, s: &Option<StateDoc>) -> Result<NormState> {
+        let s = s.as_ref().ok_or_else(|| self.err("state", FieldProblem::Missing))?;
+        let mean = self.load("state.mean", &s.mean, Kind::F64)?;
+        let var = self.load("state.var", &s.var, Kind::F64)?;
+        let count_t = self.load("state.count", &s.count, Kind::Count)?;
+        self.same_shape("state.var", &var, "state.mean", &mean)?;
+        Ok(NormState { mean, var, count: self.count("state.count", &count_t)? })
     }
 
-    fn combined(&self) -> Result<Option<RecordedMoments>> {
-        if self.world == 1 {
-            return Ok(None);
+    fn update(&self, d: &StepDoc) -> Result<UpdateResult> {
+        let means = self.per_rank("batch_mean", &d.batch_mean, Kind::Float)?;
+        let vars = self.per_rank("batch_var", &d.batch_var, Kind::Float)?;
+        let counts = self.per_rank("batch_count", &d.batch_count, Kind::Count)?;
+        let mut batch = Vec::with_capacity(means.len());
+        for (r, ((mean, var), c)) in means.into_iter().zip(vars).zip(counts).enumerate() {
+            self.same_shape(&format!("batch_var[{r}]"), &var, "batch_mean", &mean)?;
+            batch.push(Moments { mean, var, count: self.count(&format!("batch_count[{r}]"), &c)? });
         }
-        let mean = self.tensor("combined_mean", Kind::Float)?;
-        let var = self.tensor("combined_var", Kind::Float)?;
-        let c = self.tensor("combined_count", Kind::Count)?;
-        Ok(Some(RecordedMoments { mean, var, count: self.count("combined_count", &c)? }))
-    }
-
-    fn update(&self) -> Result<UpdateResult> {
-        Ok(UpdateResult { batch: self.moments()?, combined: self.combined()?, state: self.state()? })
-    }
-}
-
-fn rename(e: TraceError, prefix: &str) -> TraceError {
-    match e {
-        TraceError::Field { step, op, field, reason } => {
-            TraceError::Field { step, op, field: format!("{prefix}{field}"), reason }
-        }
-        e => e,
+        let combined = if self.world == 1 {
+            None
+        } else {
+            let mean = self.one("combined_mean", &d.combined_mean, Kind::Float)?;
+            let var = self.one("combined_var", &d.combined_var, Kind::Float)?;
+            let c = self.one("combined_count", &d.combined_count, Kind::Count)?;
+            Some(Moments { mean, var, count: self.count("combined_count", &c)? })
+        };
+        Ok(UpdateResult { batch, combined, state: self.state(&d.state)? })
     }
 }
 
-fn header_err(field: &str, reason: impl Into<String>) -> TraceError {
-    TraceError::Header { field: field.into(), reason: reason.into() }
-}
-
-fn opt_f64(v: &Value, field: &str) -> Result<Option<f64>> {
-    match v.get(field) {
-        None | Some(Value::Null) => Ok(None),
-        Some(x) => x.as_f64().map(Some).ok_or_else(|| header_err(field, format!("{x} is not a number or null"))),
+fn op_name(op: OpName) -> &'static str {
+    match op {
+        OpName::RecordMoments => "record_moments",
+        OpName::RecordReward => "record_reward",
+        OpName::Normalize => "normalize",
+        OpName::LoadStateDict => "load_state_dict",
+        OpName::SetEmaDecay => "set_ema_decay",
+        OpName::CombineMoments => "combine_moments",
     }
 }
 
-fn string(v: &Value, field: &str) -> Result<String> {
-    v.get(field)
-        .and_then(Value::as_str)
-        .map(str::to_string)
-        .ok_or_else(|| header_err(field, "missing, or not a string"))
-}
-
-fn parse_doc(doc: &Value, t: &Tensors<'_, '_>) -> Result<Trace> {
-    if doc.get("format").and_then(Value::as_str) != Some("pm-trace") {
-        return Err(header_err("format", "missing, or not \"pm-trace\""));
-    }
-    let version = doc
-        .get("version")
-        .and_then(Value::as_u64)
-        .ok_or_else(|| header_err("version", "missing, or not an integer"))?;
-    if version != 1 {
-        return Err(TraceError::Version(version));
-    }
-    let r = doc.get("reference").ok_or_else(|| header_err("reference", "missing"))?;
-    let reference = Reference {
-        implementation: string(r, "implementation").map_err(|e| rename_header(e, "reference."))?,
-        source: string(r, "source").map_err(|e| rename_header(e, "reference."))?,
-        torch: string(r, "torch").map_err(|e| rename_header(e, "reference."))?,
-        device: string(r, "device").map_err(|e| rename_header(e, "reference."))?,
-        dist_backend: r.get("dist_backend").and_then(Value::as_str).map(str::to_string),
+fn parse_step(i: usize, raw: Value, t: &Tensors<'_, '_>, world: usize) -> Result<Step> {
+    let shown_op = raw.get("op").and_then(Value::as_str).unwrap_or("?").to_owned();
+    let field_err =
+        |field: &str, problem| TraceError::Field { step: i, op: shown_op.clone(), field: field.into(), problem };
+    let op: OpName = match raw.get("op") {
+        None | Some(Value::Null) => return Err(field_err("op", FieldProblem::Missing)),
+        Some(v) => serde_json::from_value(v.clone())
+            .map_err(|_| field_err("op", FieldProblem::Invalid(format!("unknown op {v}"))))?,
     };
-    let m = doc.get("module").ok_or_else(|| header_err("module", "missing"))?;
-    let class = match m.get("class").and_then(Value::as_str) {
-        Some("RunningMeanStd") => ModuleClass::RunningMeanStd,
-        Some("RewardRunningMeanStd") => ModuleClass::RewardRunningMeanStd,
-        other => {
-            return Err(header_err(
-                "module.class",
-                format!("{other:?}: expected RunningMeanStd or RewardRunningMeanStd"),
-            ))
-        }
-    };
-    let shape = match m.get("shape") {
-        None | Some(Value::Null) => None,
-        Some(Value::Array(a)) => Some(
-            a.iter()
-                .map(|d| {
-                    d.as_u64()
-                        .map(|d| d as usize)
-                        .ok_or_else(|| header_err("module.shape", format!("{d} is not a size")))
-                })
-                .collect::<Result<Vec<_>>>()?,
-        ),
-        Some(x) => return Err(header_err("module.shape", format!("{x} is not null or a list"))),
-    };
-    let epsilon = opt_f64(m, "epsilon")?.ok_or_else(|| header_err("module.epsilon", "missing"))?;
-    let module = ModuleSpec {
-        class,
-        shape,
-        epsilon,
-        clamp_value: opt_f64(m, "clamp_value")?,
-        ema_decay: opt_f64(m, "ema_decay")?,
-        gamma: opt_f64(m, "gamma")?,
-    };
-    if class == ModuleClass::RewardRunningMeanStd && module.gamma.is_none() {
-        return Err(header_err("module.gamma", "RewardRunningMeanStd needs a number"));
-    }
-    let world = doc
-        .get("world_size")
-        .and_then(Value::as_u64)
-        .ok_or_else(|| header_err("world_size", "missing, or not an integer"))? as usize;
-    if world == 0 || world > 4096 {
-        return Err(header_err("world_size", format!("{world} is not in 1..=4096")));
-    }
-    let raw_steps =
-        doc.get("steps").and_then(Value::as_array).ok_or_else(|| header_err("steps", "missing, or not a list"))?;
-    let mut steps = Vec::with_capacity(raw_steps.len());
-    for (i, s) in raw_steps.iter().enumerate() {
-        steps.push(parse_step(i, s, t, world)?);
-    }
-    Ok(Trace {
-        description: doc.get("description").and_then(Value::as_str).unwrap_or_default().to_string(),
-        reference,
-        module,
-        world_size: world,
-        steps,
-    })
-}
-
-fn rename_header(e: TraceError, prefix: &str) -> TraceError {
-    match e {
-        TraceError::Header { field, reason } => TraceError::Header { field: format!("{prefix}{field}"), reason },
-        e => e,
-    }
-}
-
-fn parse_step(i: usize, s: &Value, t: &Tensors<'_, '_>, world: usize) -> Result<Step> {
-    let op = s.get("op").and_then(Value::as_str).ok_or_else(|| TraceError::Field {
-        step: i,
-        op: "?".into(),
-        field: "op".into(),
-        reason: "missing, or not a string".into(),
-    })?;
-    let c = Ctx { step: i, op: op.to_string(), v: s, t, world };
-    let error = match s.get("error") {
-        None | Some(Value::Null) => None,
-        Some(Value::String(e)) => Some(e.clone()),
-        Some(x) => return Err(c.err("error", format!("{x} is not a string"))),
-    };
-    let ok = error.is_none();
+    let d: StepDoc =
+        serde_json::from_value(raw).map_err(|e| field_err("<step>", FieldProblem::Invalid(e.to_string())))?;
+    let c = Ctx { step: i, op: op_name(op), t, world };
+    let ok = d.error.is_none();
     let op = match op {
-        "record_moments" => {
-            let x = c.per_rank("x", Kind::Float)?;
-            Op::RecordMoments { x, result: if ok { Some(c.update()?) } else { None } }
+        OpName::RecordMoments => {
+            let x = c.per_rank("x", &d.x, Kind::Float)?;
+            Op::RecordMoments { x, result: if ok { Some(c.update(&d)?) } else { None } }
         }
-        "record_reward" => {
-            let reward = c.per_rank("reward", Kind::Float)?;
-            let terminated = c.per_rank("terminated", Kind::Mask)?;
-            let result = if ok { Some((c.per_rank("discounted_reward", Kind::Float)?, c.update()?)) } else { None };
+        OpName::RecordReward => {
+            let reward = c.per_rank("reward", &d.reward, Kind::Float)?;
+            let terminated = c.per_rank("terminated", &d.terminated, Kind::Mask)?;
+            let result = if ok {
+                Some((c.per_rank("discounted_reward", &d.discounted_reward, Kind::Float)?, c.update(&d)?))
+            } else {
+                None
+            };
             Op::RecordReward { reward, terminated, result }
         }
-        "normalize" => {
-            let x = c.tensor("x", Kind::Float)?;
-            let un_norm =
-                s.get("un_norm").and_then(Value::as_bool).ok_or_else(|| c.err("un_norm", "missing, or not a bool"))?;
+        OpName::Normalize => {
+            let x = c.one("x", &d.x, Kind::Float)?;
+            let direction = match d.un_norm {
+                Some(false) => Direction::Normalize,
+                Some(true) => Direction::UnNormalize,
+                None => return Err(c.err("un_norm", FieldProblem::Missing)),
+            };
             let result = if ok {
-                let out = c.tensor("out", Kind::Float)?;
-                let std = c.tensor("std", Kind::F32)?;
-                let state = c.state()?;
-                if std.dims() != state.mean.dims() {
-                    return Err(
-                        c.err("std", format!("shape {:?}; the module's is {:?}", std.dims(), state.mean.dims()))
-                    );
-                }
+                let out = c.one("out", &d.out, Kind::Float)?;
+                let std = c.one("std", &d.std, Kind::F32)?;
+                let state = c.state(&d.state)?;
+                c.same_shape("std", &std, "state.mean", &state.mean)?;
                 Some(NormalizeResult { out, std, state })
             } else {
                 None
             };
-            Op::Normalize { x, un_norm, result }
+            Op::Normalize { x, direction, result }
         }
-        "load_state_dict" => Op::LoadStateDict { state: c.state()? },
-        "set_ema_decay" => {
-            let ema_decay = match s.get("ema_decay") {
-                None => return Err(c.err("ema_decay", "missing (null or a number)")),
-                Some(Value::Null) => None,
-                Some(v) => Some(v.as_f64().ok_or_else(|| c.err("ema_decay", format!("{v} is not a number")))?),
-            };
-            Op::SetEmaDecay { ema_decay, state: if c.has("state") { Some(c.state()?) } else { None } }
+        OpName::LoadStateDict => Op::LoadStateDict { state: c.state(&d.state)? },
+        OpName::SetEmaDecay => {
+            let ema_decay = d.ema_decay.ok_or_else(|| c.err("ema_decay", FieldProblem::Missing))?;
+            let state = if d.state.is_some() { Some(c.state(&d.state)?) } else { None };
+            Op::SetEmaDecay { ema_decay, state }
         }
-        "combine_moments" => {
-            let means = c.list("means", Kind::Float)?;
-            let vars = c.list("vars", Kind::Float)?;
+        OpName::CombineMoments => {
+            let means = c.list("means", &d.means, Kind::Float)?;
+            let vars = c.list("vars", &d.vars, Kind::Float)?;
             if means.len() != vars.len() || means.is_empty() {
-                return Err(c.err(
-                    "vars",
-                    format!("{} means and {} vars: need the same number, at least 1", means.len(), vars.len()),
-                ));
+                let reason = format!("{} means and {} vars: need the same number, at least 1", means.len(), vars.len());
+                return Err(c.err("vars", FieldProblem::Invalid(reason)));
             }
-            let ct = c.raw("counts")?;
+            let Some(Names::One(counts_name)) = &d.counts else {
+                return Err(c.err("counts", FieldProblem::Missing));
+            };
+            let ct = c.t.get(counts_name).map_err(|p| c.err("counts", p))?;
             if ct.dtype() != DType::I64 || ct.dims() != [means.len()] {
-                return Err(c.err(
-                    "counts",
-                    format!("{:?} of shape {:?}; expected I64 of shape [{}]", ct.dtype(), ct.dims(), means.len()),
-                ));
+                let found = format!("{} of shape {}", ct.dtype().as_str(), Dims(ct.dims()));
+                return Err(c.err("counts", FieldProblem::WrongTensor { found, expected: "an I64 tensor [k]" }));
             }
-            let counts = ct.to_vec1::<i64>().map_err(|e| c.err("counts", e.to_string()))?;
+            let counts = ct.to_vec1::<i64>().map_err(|e| c.err("counts", FieldProblem::Invalid(e.to_string())))?;
             let result = if ok {
-                let mean = c.tensor("mean", Kind::Float)?;
-                let var = c.tensor("var", Kind::Float)?;
-                let ct = c.tensor("count", Kind::Count)?;
-                Some(RecordedMoments { mean, var, count: c.count("count", &ct)? })
+                let mean = c.one("mean", &d.mean, Kind::Float)?;
+                let var = c.one("var", &d.var, Kind::Float)?;
+                let ct = c.one("count", &d.count, Kind::Count)?;
+                Some(Moments { mean, var, count: c.count("count", &ct)? })
             } else {
                 None
             };
             Op::CombineMoments { means, vars, counts, result }
         }
-        other => return Err(c.err("op", format!("unknown op {other:?}"))),
     };
-    Ok(Step { op, error })
+    Ok(Step { op, error: d.error })
 }

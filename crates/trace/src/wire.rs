@@ -1,20 +1,28 @@
 //! One rank's observations as bytes, so that a rank in another process (MPI)
 //! can hand them to rank 0 for judging: a safetensors blob whose
-//! `__metadata__` holds one JSON object per step and whose tensors keep
-//! their exact bits.
+//! `__metadata__` holds one JSON object per step ([`WireStep`]) and whose
+//! tensors keep their exact bits.
 
 use std::collections::HashMap;
 
 use candle_core::safetensors::Load;
 use candle_core::{Device, Tensor};
-use pmstate_norm::{Moments, NormState};
-use serde_json::{json, Value};
+use pmstate_norm::{Collective, Moments, NormState};
+use serde::{Deserialize, Serialize};
 
-use crate::error::{Result, TraceError};
-use crate::replay::Obs;
+use crate::error::{FieldProblem, Result, TraceError};
+use crate::replay::Observation as Obs;
 
-fn err(reason: impl Into<String>) -> TraceError {
-    TraceError::Replay(format!("observations from a peer rank: {}", reason.into()))
+/// A step's observation without its tensors (they are named `{step}.{field}`).
+#[derive(Serialize, Deserialize)]
+#[serde(tag = "k", rename_all = "snake_case", deny_unknown_fields)]
+enum WireStep {
+    Failed { msg: String },
+    Skipped,
+    Update { batch_count: i64, combined_count: Option<i64>, discounted: bool, count: i64 },
+    Normalize { count: i64 },
+    State { count: i64 },
+    Combine { count: i64 },
 }
 
 /// Encodes a rank's observations.
@@ -29,8 +37,8 @@ pub(crate) fn encode(obs: &[Obs]) -> Result<Vec<u8>> {
             s.count
         };
         let step = match o {
-            Obs::Failed(m) => json!({"k": "failed", "msg": m}),
-            Obs::Skipped => json!({"k": "skipped"}),
+            Obs::Failed(m) => WireStep::Failed { msg: m.clone() },
+            Obs::Skipped => WireStep::Skipped,
             Obs::Update { batch, combined, discounted, state: s } => {
                 put(format!("{i}.batch.mean"), &batch.mean);
                 put(format!("{i}.batch.var"), &batch.var);
@@ -41,70 +49,69 @@ pub(crate) fn encode(obs: &[Obs]) -> Result<Vec<u8>> {
                 if let Some(d) = discounted {
                     put(format!("{i}.discounted"), d);
                 }
-                json!({
-                    "k": "update",
-                    "batch_count": batch.count,
-                    "combined_count": combined.as_ref().map(|c| c.count),
-                    "discounted": discounted.is_some(),
-                    "count": state(s, &mut put),
-                })
+                WireStep::Update {
+                    batch_count: batch.count,
+                    combined_count: combined.as_ref().map(|c| c.count),
+                    discounted: discounted.is_some(),
+                    count: state(s, &mut put),
+                }
             }
             Obs::Normalize { out, std, state: s } => {
                 put(format!("{i}.out"), out);
                 put(format!("{i}.std"), std);
-                json!({"k": "normalize", "count": state(s, &mut put)})
+                WireStep::Normalize { count: state(s, &mut put) }
             }
-            Obs::State(s) => json!({"k": "state", "count": state(s, &mut put)}),
+            Obs::State(s) => WireStep::State { count: state(s, &mut put) },
             Obs::Combine(m) => {
                 put(format!("{i}.mean"), &m.mean);
                 put(format!("{i}.var"), &m.var);
-                json!({"k": "combine", "count": m.count})
+                WireStep::Combine { count: m.count }
             }
         };
         steps.push(step);
     }
+    let write_err =
+        |tensor: &str, e: String| TraceError::Write { tensor: tensor.to_owned(), problem: FieldProblem::Invalid(e) };
     for (name, t) in &mut tensors {
         // safetensors wants contiguous CPU data; View::data panics on failure.
-        *t = t.to_device(&Device::Cpu).and_then(|t| t.contiguous()).map_err(|e| err(format!("{name}: {e}")))?;
+        *t = t.to_device(&Device::Cpu).and_then(|t| t.contiguous()).map_err(|e| write_err(name, e.to_string()))?;
     }
-    let meta = HashMap::from([("steps".to_string(), Value::Array(steps).to_string())]);
-    safetensors::serialize(tensors.iter().map(|(n, t)| (n.as_str(), t)), Some(meta)).map_err(|e| err(e.to_string()))
+    let steps = serde_json::to_string(&steps).map_err(TraceError::Json)?;
+    let meta = HashMap::from([("steps".to_string(), steps)]);
+    safetensors::serialize(tensors.iter().map(|(n, t)| (n.as_str(), t)), Some(meta))
+        .map_err(|e| write_err("<observations>", e.to_string()))
 }
 
-/// Decodes what [`encode`] wrote, for a trace of `steps` steps.
-pub(crate) fn decode(bytes: &[u8], steps: usize) -> Result<Vec<Obs>> {
-    let st = safetensors::SafeTensors::deserialize(bytes).map_err(|e| err(e.to_string()))?;
-    let (_, meta) = safetensors::SafeTensors::read_metadata(bytes).map_err(|e| err(e.to_string()))?;
-    let doc = meta.metadata().as_ref().and_then(|m| m.get("steps")).ok_or_else(|| err("no steps"))?;
-    let doc: Vec<Value> = serde_json::from_str(doc).map_err(|e| err(e.to_string()))?;
+/// Decodes what [`encode`] wrote, for a trace of `steps` steps; the error
+/// says what is wrong with the peer's bytes.
+pub(crate) fn decode(bytes: &[u8], steps: usize) -> std::result::Result<Vec<Obs>, String> {
+    let st = safetensors::SafeTensors::deserialize(bytes).map_err(|e| e.to_string())?;
+    let (_, meta) = safetensors::SafeTensors::read_metadata(bytes).map_err(|e| e.to_string())?;
+    let doc = meta.metadata().as_ref().and_then(|m| m.get("steps")).ok_or("no steps")?;
+    let doc: Vec<WireStep> = serde_json::from_str(doc).map_err(|e| e.to_string())?;
     if doc.len() != steps {
-        return Err(err(format!("{} steps, the trace has {steps}", doc.len())));
+        return Err(format!("{} steps, the trace has {steps}", doc.len()));
     }
-    let tensor = |name: String| -> Result<Tensor> {
-        let view = st.tensor(&name).map_err(|e| err(format!("{name}: {e}")))?;
-        view.load(&Device::Cpu).map_err(|e| err(format!("{name}: {e}")))
+    let tensor = |name: String| -> std::result::Result<Tensor, String> {
+        let view = st.tensor(&name).map_err(|e| format!("{name}: {e}"))?;
+        view.load(&Device::Cpu).map_err(|e| format!("{name}: {e}"))
     };
-    let int = |v: &Value, f: &str| v.get(f).and_then(Value::as_i64).ok_or_else(|| err(format!("missing {f}")));
-    let state = |i: usize, v: &Value| -> Result<NormState> {
-        Ok(NormState {
-            mean: tensor(format!("{i}.state.mean"))?,
-            var: tensor(format!("{i}.state.var"))?,
-            count: int(v, "count")?,
-        })
+    let state = |i: usize, count: i64| -> std::result::Result<NormState, String> {
+        Ok(NormState { mean: tensor(format!("{i}.state.mean"))?, var: tensor(format!("{i}.state.var"))?, count })
     };
-    doc.iter()
+    doc.into_iter()
         .enumerate()
-        .map(|(i, v)| {
-            Ok(match v.get("k").and_then(Value::as_str) {
-                Some("failed") => Obs::Failed(v.get("msg").and_then(Value::as_str).unwrap_or_default().to_string()),
-                Some("skipped") => Obs::Skipped,
-                Some("update") => Obs::Update {
+        .map(|(i, step)| {
+            Ok(match step {
+                WireStep::Failed { msg } => Obs::Failed(msg),
+                WireStep::Skipped => Obs::Skipped,
+                WireStep::Update { batch_count, combined_count, discounted, count } => Obs::Update {
                     batch: Moments {
                         mean: tensor(format!("{i}.batch.mean"))?,
                         var: tensor(format!("{i}.batch.var"))?,
-                        count: int(v, "batch_count")?,
+                        count: batch_count,
                     },
-                    combined: match v.get("combined_count").and_then(Value::as_i64) {
+                    combined: match combined_count {
                         Some(count) => Some(Moments {
                             mean: tensor(format!("{i}.combined.mean"))?,
                             var: tensor(format!("{i}.combined.var"))?,
@@ -112,25 +119,44 @@ pub(crate) fn decode(bytes: &[u8], steps: usize) -> Result<Vec<Obs>> {
                         }),
                         None => None,
                     },
-                    discounted: match v.get("discounted").and_then(Value::as_bool) {
-                        Some(true) => Some(tensor(format!("{i}.discounted"))?),
-                        _ => None,
-                    },
-                    state: state(i, v)?,
+                    discounted: if discounted { Some(tensor(format!("{i}.discounted"))?) } else { None },
+                    state: state(i, count)?,
                 },
-                Some("normalize") => Obs::Normalize {
+                WireStep::Normalize { count } => Obs::Normalize {
                     out: tensor(format!("{i}.out"))?,
                     std: tensor(format!("{i}.std"))?,
-                    state: state(i, v)?,
+                    state: state(i, count)?,
                 },
-                Some("state") => Obs::State(state(i, v)?),
-                Some("combine") => Obs::Combine(Moments {
+                WireStep::State { count } => Obs::State(state(i, count)?),
+                WireStep::Combine { count } => Obs::Combine(Moments {
                     mean: tensor(format!("{i}.mean"))?,
                     var: tensor(format!("{i}.var"))?,
-                    count: int(v, "count")?,
+                    count,
                 }),
-                k => return Err(err(format!("step {i}: unknown kind {k:?}"))),
             })
+        })
+        .collect()
+}
+
+/// Every rank's byte string, index = rank (lengths first, then the strings
+/// padded to the longest).
+pub(crate) fn gather_bytes(coll: &dyn Collective, bytes: &[u8]) -> pmstate_norm::Result<Vec<Vec<u8>>> {
+    let len = Tensor::new(&[bytes.len() as i64], &Device::Cpu)?;
+    let lens = coll
+        .all_gather(&len)?
+        .iter()
+        .map(|t| Ok(usize::try_from(t.to_vec1::<i64>()?[0]).unwrap_or(0)))
+        .collect::<pmstate_norm::Result<Vec<usize>>>()?;
+    let max = lens.iter().copied().max().unwrap_or(0);
+    let mut padded = bytes.to_vec();
+    padded.resize(max, 0);
+    let all = coll.all_gather(&Tensor::from_vec(padded, max, &Device::Cpu)?)?;
+    all.iter()
+        .zip(&lens)
+        .map(|(t, &n)| {
+            let mut v = t.to_vec1::<u8>()?;
+            v.truncate(n);
+            Ok(v)
         })
         .collect()
 }

@@ -1,7 +1,7 @@
 //! Structural errors name the step and field; nothing panics.
 
 use candle_core::{Device, Tensor};
-use pmstate_trace::{read_bytes, to_bytes, ModuleClass, ModuleSpec, Recorder, TraceError};
+use pmstate_trace::{read_bytes, to_bytes, Direction, ModuleClass, ModuleSpec, Recorder, TraceError};
 use serde_json::Value;
 
 /// A small valid trace's bytes.
@@ -16,7 +16,7 @@ fn valid() -> Vec<u8> {
     };
     let mut r = Recorder::new(spec, "structure").unwrap();
     r.record_moments(&Tensor::new(&[[1f32, 2.], [3., 5.]], &Device::Cpu).unwrap()).unwrap();
-    r.normalize(&Tensor::new(&[[1f32, 2.]], &Device::Cpu).unwrap(), false).unwrap();
+    r.normalize(&Tensor::new(&[[1f32, 2.]], &Device::Cpu).unwrap(), Direction::Normalize).unwrap();
     to_bytes(&r.finish()).unwrap()
 }
 
@@ -37,7 +37,7 @@ fn with_doc(bytes: &[u8], edit: impl FnOnce(&mut Value)) -> Vec<u8> {
 
 fn field_err(bytes: &[u8]) -> (usize, String, String) {
     match read_bytes(bytes) {
-        Err(TraceError::Field { step, field, reason, .. }) => (step, field, reason),
+        Err(TraceError::Field { step, field, problem, .. }) => (step, field, problem.to_string()),
         other => panic!("expected a field error, got {other:?}"),
     }
 }
@@ -96,7 +96,14 @@ fn unknown_ops_versions_and_missing_results_are_errors() {
     let (step, field, _) = field_err(&b);
     assert_eq!((step, field.as_str()), (0, "state"));
     let b = with_doc(&valid(), |d| d["module"]["class"] = Value::from("Other"));
-    assert!(matches!(read_bytes(&b), Err(TraceError::Header { .. })));
+    let err = read_bytes(&b).unwrap_err();
+    assert!(matches!(err, TraceError::Json(_)), "{err}");
+    assert!(err.to_string().contains("unknown variant `Other`"), "{err}");
+    // The format is ours: a field it does not define is an error, not ignored.
+    let b = with_doc(&valid(), |d| d["steps"][0]["surprise"] = Value::from(1));
+    let (step, field, reason) = field_err(&b);
+    assert_eq!((step, field.as_str()), (0, "<step>"));
+    assert!(reason.contains("unknown field `surprise`"), "{reason}");
 }
 
 #[test]

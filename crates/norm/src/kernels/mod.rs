@@ -8,10 +8,4 @@ pub mod cpu;
 pub(crate) mod generic;
 
 /// What `normalize` computes per element, with `m` = mean as f32 and `s` = std as f32.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Direction {
-    /// `clamp((x - m) / s)`; without a mean, `clamp(x / s)`.
-    Normalize,
-    /// `clamp(x) * s + m`; without a mean, `clamp(x) * s`.
-    UnNormalize,
-}
+pub(crate) use crate::normalizer::Direction;
