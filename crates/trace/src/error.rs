@@ -157,7 +157,7 @@ pub enum ReplayFailure {
     /// Handing the ranks' observations to rank 0 failed.
     Gather {
         /// The collective's error.
-        source: pmstate_norm::NormError,
+        source: Box<pmstate_norm::NormError>,
         /// This rank's first failed step, when it failed one.
         first_failure: Option<(usize, String)>,
     },
@@ -176,7 +176,7 @@ pub enum ReplayFailure {
         class: &'static str,
     },
     /// The normalizer refused a recorder step.
-    Norm(pmstate_norm::NormError),
+    Norm(Box<pmstate_norm::NormError>),
 }
 
 impl fmt::Display for ReplayFailure {

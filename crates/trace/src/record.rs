@@ -33,7 +33,7 @@ pub struct Recorder {
 }
 
 fn err(e: pmstate_norm::NormError) -> TraceError {
-    TraceError::Replay(ReplayFailure::Norm(e))
+    TraceError::Replay(ReplayFailure::Norm(Box::new(e)))
 }
 
 /// A step succeeded but left no state: a bug in the normalizer, reported as one.

@@ -202,8 +202,9 @@ pub fn replay_rank(trace: &Trace, opts: &ReplayOptions, coll: Arc<dyn Collective
         })
     };
     let gathered = if w == 1 { Ok(vec![]) } else { wire::gather_bytes(coll.as_ref(), &wire::encode(&mine)?) };
-    let gathered = gathered
-        .map_err(|source| TraceError::Replay(ReplayFailure::Gather { source, first_failure: first_failure() }))?;
+    let gathered = gathered.map_err(|source| {
+        TraceError::Replay(ReplayFailure::Gather { source: Box::new(source), first_failure: first_failure() })
+    })?;
     if rank != 0 {
         return Ok(None);
     }

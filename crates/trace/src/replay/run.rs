@@ -73,7 +73,7 @@ pub(crate) fn run_rank(
 }
 
 /// The recorded moments of this rank when the mode pins them.
-fn pinned<'a>(mode: Mode, result: Option<&'a UpdateResult>, rank: usize) -> Option<&'a Moments> {
+fn pinned(mode: Mode, result: Option<&UpdateResult>, rank: usize) -> Option<&Moments> {
     match (mode, result) {
         (Mode::Pinned, Some(u)) => u.batch.get(rank),
         _ => None,
