@@ -256,29 +256,9 @@ fn lookup<'a>(node: &'a Node, key: &str) -> Option<&'a Node> {
         return Some(node);
     }
     match node {
-        Node::Dict(d) => {
-            // Longest matching key first: state-dict keys contain dots.
-            let mut best: Option<(&Node, &str)> = None;
-            for (k, v) in &d.entries {
-                let label = match k {
-                    Node::Str(s) => Cow::Borrowed(s.as_str()),
-                    Node::Int(i) => Cow::Owned(i.to_string()),
-                    _ => continue,
-                };
-                let rest = if key == label {
-                    Some("")
-                } else {
-                    key.strip_prefix(label.as_ref()).and_then(|r| r.strip_prefix('.'))
-                };
-                if let Some(rest) = rest {
-                    if best.is_none_or(|(_, r)| rest.len() < r.len()) {
-                        best = Some((v, rest));
-                    }
-                }
-            }
-            let (v, rest) = best?;
-            lookup(v, rest)
-        }
+        Node::Dict(d) => lookup_in_dict(d, key),
+        // An object's fields read like a dict's entries (`agent.model.actor`).
+        Node::Object(o) => lookup_in_dict(o.fields()?, key),
         Node::List(xs) | Node::Tuple(xs) => {
             let (head, rest) = key.split_once('.').unwrap_or((key, ""));
             let i: usize = head.parse().ok()?;
@@ -286,6 +266,27 @@ fn lookup<'a>(node: &'a Node, key: &str) -> Option<&'a Node> {
         }
         _ => None,
     }
+}
+
+fn lookup_in_dict<'a>(d: &'a crate::tree::Dict, key: &str) -> Option<&'a Node> {
+    // Longest matching key first: state-dict keys contain dots.
+    let mut best: Option<(&Node, &str)> = None;
+    for (k, v) in &d.entries {
+        let label = match k {
+            Node::Str(s) => Cow::Borrowed(s.as_str()),
+            Node::Int(i) => Cow::Owned(i.to_string()),
+            _ => continue,
+        };
+        let rest =
+            if key == label { Some("") } else { key.strip_prefix(label.as_ref()).and_then(|r| r.strip_prefix('.')) };
+        if let Some(rest) = rest {
+            if best.is_none_or(|(_, r)| rest.len() < r.len()) {
+                best = Some((v, rest));
+            }
+        }
+    }
+    let (v, rest) = best?;
+    lookup(v, rest)
 }
 
 /// Appends the elements of a strided view to `out` in C order.

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use pmstate_pickle::Value;
 
 use crate::dtype::DType;
-use crate::tree::{Dict, Node, TensorRef};
+use crate::tree::{Construct, Dict, Node, Object, TensorRef};
 
 /// How a storage was declared in the pickle.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -115,12 +115,29 @@ impl Interpreter<'_> {
             Value::Global { module, name } if module == "torch" && DType::from_torch_name(&name).is_some() => {
                 Node::TorchDtype(name)
             }
+            Value::Global { module, name } => Node::Global { module, name },
+            Value::NewObj { cls, args, kwargs, setitems, appends } => {
+                let kwargs = kwargs.map(|k| self.node(*k)).transpose()?;
+                Node::Object(Box::new(Object {
+                    construct: Construct::NewObj,
+                    callable: self.node(*cls)?,
+                    args: self.node(*args)?,
+                    kwargs,
+                    state: None,
+                    setitems: self.pairs(setitems)?,
+                    appends: self.nodes(appends)?,
+                }))
+            }
             Value::Build { object, state } => {
                 let object = self.node(*object)?;
                 match object {
                     Node::Dict(mut d) if d.state.is_none() => {
                         d.state = Some(Box::new(self.node(*state)?));
                         Node::Dict(d)
+                    }
+                    Node::Object(mut o) if o.state.is_none() => {
+                        o.state = Some(self.node(*state)?);
+                        Node::Object(o)
                     }
                     other => {
                         // Keep the BUILD inert around whatever it was.
@@ -201,7 +218,7 @@ impl Interpreter<'_> {
                         other => Err(format!("_rebuild_parameter of a {}", other.kind())),
                     }
                 }
-                other => Ok(Node::Opaque(Value::reduce(callable, other))),
+                other => self.plain_reduce(callable, other),
             },
             _ if is_builtin(&callable, "set") && no_items => match args.as_tuple() {
                 Some([Value::List(_)]) | Some([]) => {
@@ -214,7 +231,7 @@ impl Interpreter<'_> {
                     };
                     Ok(Node::Set(self.nodes(items)?))
                 }
-                _ => Ok(Node::Opaque(Value::reduce(callable, args))),
+                _ => self.plain_reduce(callable, args),
             },
             // Protocol 2 pickles `b""` as `bytes()` (torch's safe loader refuses that form; we write `_codecs.encode`).
             _ if is_builtin(&callable, "bytes") && no_items && args.as_tuple() == Some(&[]) => {
@@ -222,7 +239,7 @@ impl Interpreter<'_> {
             }
             _ if is_builtin(&callable, "complex") && no_items => match args.as_tuple() {
                 Some(&[Value::Float(re), Value::Float(im)]) => Ok(Node::Complex(re, im)),
-                _ => Ok(Node::Opaque(Value::reduce(callable, args))),
+                _ => self.plain_reduce(callable, args),
             },
             (Some(("_codecs", "encode")), _) if no_items => match args.as_tuple() {
                 Some([Value::Str(s), Value::Str(enc)]) if enc == "latin1" => {
@@ -231,20 +248,36 @@ impl Interpreter<'_> {
                         Err(_) => Err("_codecs.encode of a non-latin1 string".into()),
                     }
                 }
-                _ => Ok(Node::Opaque(Value::reduce(callable, args))),
+                _ => self.plain_reduce(callable, args),
             },
             (Some(("torch", "device")), _) if no_items => match args.as_tuple() {
                 Some([Value::Str(kind)]) => Ok(Node::Device { kind: kind.clone(), index: None }),
                 Some([Value::Str(kind), Value::Int(i)]) => Ok(Node::Device { kind: kind.clone(), index: Some(*i) }),
-                _ => Ok(Node::Opaque(Value::reduce(callable, args))),
+                _ => self.plain_reduce(callable, args),
             },
-            _ => Ok(Node::Opaque(Value::Reduce {
-                callable: Box::new(callable),
-                args: Box::new(args),
-                setitems,
-                appends,
-            })),
+            _ => Ok(Node::Object(Box::new(Object {
+                construct: Construct::Reduce,
+                callable: self.node(callable)?,
+                args: self.node(args)?,
+                kwargs: None,
+                state: None,
+                setitems: self.pairs(setitems)?,
+                appends: self.nodes(appends)?,
+            }))),
         }
+    }
+
+    /// A call this reader does not interpret further: an object of its parts.
+    fn plain_reduce(&mut self, callable: Value, args: Value) -> Res<Node> {
+        Ok(Node::Object(Box::new(Object {
+            construct: Construct::Reduce,
+            callable: self.node(callable)?,
+            args: self.node(args)?,
+            kwargs: None,
+            state: None,
+            setitems: Vec::new(),
+            appends: Vec::new(),
+        })))
     }
 
     fn tensor(&mut self, v3: bool, args: &Value) -> Res<Node> {
@@ -410,7 +443,31 @@ pub(crate) fn to_value(n: &Node, resolve: &mut StorageResolver<'_>) -> crate::Re
                 "torch.{name} is not a torch dtype; refusing to write it as one"
             )))
         }
+        Node::Global { module, name } => g(module, name),
+        Node::Object(o) => object_value(o, resolve)?,
         Node::Opaque(v) => v.clone(),
+    })
+}
+
+fn object_value(o: &Object, resolve: &mut StorageResolver<'_>) -> crate::Result<Value> {
+    let setitems = o
+        .setitems
+        .iter()
+        .map(|(k, v)| Ok((to_value(k, resolve)?, to_value(v, resolve)?)))
+        .collect::<crate::Result<Vec<_>>>()?;
+    let appends = o.appends.iter().map(|x| to_value(x, resolve)).collect::<crate::Result<Vec<_>>>()?;
+    let callable = Box::new(to_value(&o.callable, resolve)?);
+    let args = Box::new(to_value(&o.args, resolve)?);
+    let object = match o.construct {
+        Construct::Reduce => Value::Reduce { callable, args, setitems, appends },
+        Construct::NewObj => {
+            let kwargs = o.kwargs.as_ref().map(|k| to_value(k, resolve).map(Box::new)).transpose()?;
+            Value::NewObj { cls: callable, args, kwargs, setitems, appends }
+        }
+    };
+    Ok(match &o.state {
+        Some(state) => Value::Build { object: Box::new(object), state: Box::new(to_value(state, resolve)?) },
+        None => object,
     })
 }
 

@@ -52,7 +52,7 @@ pub use read_torch::ReadOptions;
 pub use safetensors_io::{save_safetensors, ExportReport, SafetensorsOptions};
 pub use safety::is_safe_global;
 pub use storage::{Bytes, Storage};
-pub use tree::{dotted, Dict, Key, Node, Shape, TensorRef};
+pub use tree::{dotted, Construct, Dict, Key, Node, Object, Shape, TensorRef};
 pub use tree_json::{node_from_json, node_to_json, value_from_json, value_to_json};
 pub use varbuilder::{var_builder, CheckpointBackend};
 pub use write_torch::{save_torch, SaveOptions};

@@ -122,6 +122,7 @@ pub(crate) fn unsafe_globals(root: &Node) -> Vec<(String, String)> {
         let mut here = Vec::new();
         match node {
             Node::Opaque(v) => globals_in(v, &mut here),
+            Node::Global { module, name } if !is_safe_global(module, name) => here.push(format!("{module}.{name}")),
             Node::TorchDtype(name) if !is_safe_global("torch", name) => here.push(format!("torch.{name}")),
             _ => {}
         }

@@ -208,9 +208,67 @@ pub enum Node {
     },
     /// A dtype object (`torch.float32`), by torch's name.
     TorchDtype(String),
-    /// Anything else, kept as the inert pickle value it was read as: a
-    /// global torch's safe loader may reject ([`crate::Checkpoint::unsafe_globals`]).
+    /// A reference to a global (a class, a function, an enum type), never
+    /// imported. torch's safe loader rejects most of them
+    /// ([`crate::Checkpoint::unsafe_globals`]).
+    Global {
+        /// The module, e.g. `protomotions.agents.ppo.config`.
+        module: String,
+        /// The attribute, e.g. `PPOAgentConfig`.
+        name: String,
+    },
+    /// An object the pickle builds by calling a global (a dataclass, an
+    /// enum member, anything torch does not itself define), never built:
+    /// its parts are nodes, so tensors inside it are tensors of the tree.
+    Object(Box<Object>),
+    /// Anything else (a `BUILD` of something that is not an object, a
+    /// persistent id outside a tensor, a bytearray, a frozenset), kept as
+    /// the inert pickle value it was read as.
     Opaque(pmstate_pickle::Value),
+}
+
+/// How the pickle creates an [`Object`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Construct {
+    /// `REDUCE`: `callable(*args)` (enum members, most `__reduce__` results).
+    Reduce,
+    /// `NEWOBJ` / `NEWOBJ_EX`: `cls.__new__(cls, *args, **kwargs)` (dataclasses and other plain classes).
+    NewObj,
+}
+
+/// An object as the pickle describes it; nothing is ever called.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Object {
+    /// Reduce or new-object.
+    pub construct: Construct,
+    /// The callable or class (usually a [`Node::Global`]).
+    pub callable: Node,
+    /// The positional arguments (usually a [`Node::Tuple`]).
+    pub args: Node,
+    /// Keyword arguments (`NEWOBJ_EX` only).
+    pub kwargs: Option<Node>,
+    /// The state `BUILD` gives it (`__setstate__` / `__dict__.update`): a
+    /// dataclass's fields as a dict of name to value.
+    pub state: Option<Node>,
+    /// `obj[key] = value` applied to it, in order.
+    pub setitems: Vec<(Node, Node)>,
+    /// `obj.append(x)` / `obj.extend(xs)` applied to it, in order.
+    pub appends: Vec<Node>,
+}
+
+impl Object {
+    /// `module.name` of its callable when that is a global (`protomotions.agents.ppo.config.PPOAgentConfig`).
+    pub fn class_name(&self) -> Option<String> {
+        match &self.callable {
+            Node::Global { module, name } => Some(format!("{module}.{name}")),
+            _ => None,
+        }
+    }
+
+    /// Its attributes: the BUILD state when that is a dict (a dataclass's fields).
+    pub fn fields(&self) -> Option<&Dict> {
+        self.state.as_ref().and_then(Node::as_dict)
+    }
 }
 
 impl Node {
@@ -270,6 +328,8 @@ impl Node {
             Node::Tensor(_) => "Tensor",
             Node::Device { .. } => "device",
             Node::TorchDtype(_) => "dtype",
+            Node::Global { .. } => "global",
+            Node::Object(_) => "object",
             Node::Opaque(_) => "opaque",
         }
     }
@@ -314,6 +374,11 @@ impl fmt::Display for Node {
             Node::Device { kind, index: Some(i) } => write!(f, "device('{kind}:{i}')"),
             Node::Device { kind, index: None } => write!(f, "device('{kind}')"),
             Node::TorchDtype(name) => write!(f, "torch.{name}"),
+            Node::Global { module, name } => write!(f, "<global {module}.{name}>"),
+            Node::Object(o) => match o.class_name() {
+                Some(c) => write!(f, "<{c} object>"),
+                None => f.write_str("<object>"),
+            },
             Node::Opaque(v) => match v {
                 pmstate_pickle::Value::Global { module, name } => write!(f, "<global {module}.{name}>"),
                 _ => f.write_str("<opaque pickle value>"),
@@ -386,6 +451,56 @@ fn walk_inner<'a>(
                 path.pop();
             }
         }
+        Node::Object(o) => walk_object(o, path, reach, f),
         _ => {}
+    }
+}
+
+/// An object's parts: its fields as if it were a dict (`agent.model.actor`
+/// names a dataclass attribute), then what else carries values (arguments,
+/// stored items); `walk_all` also visits the callable.
+fn walk_object<'a>(
+    o: &'a Object,
+    path: &mut Vec<Key<'a>>,
+    reach: Reach,
+    f: &mut dyn FnMut(&[Key<'a>], &'a Node) -> bool,
+) {
+    if reach == Reach::Everything {
+        path.push(Key::Other("<callable>".into()));
+        walk_inner(&o.callable, path, reach, f);
+        path.pop();
+    }
+    let mut visit = |key: Key<'a>, node: &'a Node, path: &mut Vec<Key<'a>>| {
+        path.push(key);
+        walk_inner(node, path, reach, f);
+        path.pop();
+    };
+    match &o.args {
+        Node::Tuple(xs) if xs.is_empty() => {}
+        args => visit(Key::Other("<args>".into()), args, path),
+    }
+    if let Some(k) = &o.kwargs {
+        visit(Key::Other("<kwargs>".into()), k, path);
+    }
+    match &o.state {
+        Some(Node::Dict(d)) if d.state.is_none() => {
+            for (i, (k, v)) in d.entries.iter().enumerate() {
+                if reach == Reach::Everything {
+                    visit(Key::EntryKey(i), k, path);
+                }
+                visit(key_of(k), v, path);
+            }
+        }
+        Some(state) => visit(Key::State, state, path),
+        None => {}
+    }
+    for (i, (k, v)) in o.setitems.iter().enumerate() {
+        if reach == Reach::Everything {
+            visit(Key::EntryKey(i), k, path);
+        }
+        visit(key_of(k), v, path);
+    }
+    for (i, x) in o.appends.iter().enumerate() {
+        visit(Key::Int(i as i64), x, path);
     }
 }

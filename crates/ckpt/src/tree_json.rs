@@ -6,7 +6,7 @@ use pmstate_pickle::Value;
 use serde_json::{json, Map, Value as J};
 
 use crate::dtype::DType;
-use crate::tree::{Dict, Node, TensorRef};
+use crate::tree::{Construct, Dict, Node, Object, TensorRef};
 
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
@@ -69,6 +69,34 @@ pub fn node_to_json(n: &Node) -> J {
         }),
         Node::Device { kind, index } => json!({ "t": "device", "type": kind, "index": index }),
         Node::TorchDtype(name) => json!({ "t": "dtype", "name": name }),
+        Node::Global { module, name } => json!({ "t": "global", "module": module, "name": name }),
+        Node::Object(o) => {
+            let mut m = Map::new();
+            m.insert("t".into(), json!("object"));
+            m.insert(
+                "construct".into(),
+                json!(match o.construct {
+                    Construct::Reduce => "reduce",
+                    Construct::NewObj => "newobj",
+                }),
+            );
+            m.insert("callable".into(), node_to_json(&o.callable));
+            m.insert("args".into(), node_to_json(&o.args));
+            if let Some(k) = &o.kwargs {
+                m.insert("kwargs".into(), node_to_json(k));
+            }
+            if let Some(st) = &o.state {
+                m.insert("state".into(), node_to_json(st));
+            }
+            if !o.setitems.is_empty() {
+                let items = o.setitems.iter().map(|(k, v)| json!([node_to_json(k), node_to_json(v)])).collect();
+                m.insert("setitems".into(), J::Array(items));
+            }
+            if !o.appends.is_empty() {
+                m.insert("appends".into(), J::Array(o.appends.iter().map(node_to_json).collect()));
+            }
+            J::Object(m)
+        }
         Node::Opaque(v) => json!({ "t": "pickle", "v": value_to_json(v) }),
     }
 }
@@ -118,6 +146,37 @@ pub fn node_from_json(j: &J) -> Result<Node, String> {
                         return Err(format!("dtype node names torch.{name}, which is not a torch dtype"));
                     }
                     Node::TorchDtype(name.to_owned())
+                }
+                "global" => Node::Global {
+                    module: field("module")?.as_str().ok_or("global module")?.to_owned(),
+                    name: field("name")?.as_str().ok_or("global name")?.to_owned(),
+                },
+                "object" => {
+                    let construct = match field("construct")?.as_str() {
+                        Some("reduce") => Construct::Reduce,
+                        Some("newobj") => Construct::NewObj,
+                        _ => return Err("object construct is not \"reduce\" or \"newobj\"".into()),
+                    };
+                    let mut setitems = Vec::new();
+                    for item in m.get("setitems").and_then(J::as_array).map(Vec::as_slice).unwrap_or_default() {
+                        match item.as_array().map(Vec::as_slice) {
+                            Some([k, v]) => setitems.push((node_from_json(k)?, node_from_json(v)?)),
+                            _ => return Err("object setitem is not a pair".into()),
+                        }
+                    }
+                    let appends = match m.get("appends") {
+                        Some(a) => list(a)?,
+                        None => Vec::new(),
+                    };
+                    Node::Object(Box::new(Object {
+                        construct,
+                        callable: node_from_json(field("callable")?)?,
+                        args: node_from_json(field("args")?)?,
+                        kwargs: m.get("kwargs").map(node_from_json).transpose()?,
+                        state: m.get("state").map(node_from_json).transpose()?,
+                        setitems,
+                        appends,
+                    }))
                 }
                 "pickle" => Node::Opaque(value_from_json(field("v")?)?),
                 other => return Err(format!("unknown node type {other:?}")),

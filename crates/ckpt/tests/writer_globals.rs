@@ -4,8 +4,7 @@
 
 use std::collections::HashMap;
 
-use pmstate_ckpt::{Checkpoint, CkptError, Dict, Node, SaveOptions};
-use pmstate_pickle::Value;
+use pmstate_ckpt::{Checkpoint, CkptError, Construct, Dict, Node, Object, SaveOptions};
 
 fn one(key: &str, value: Node) -> Checkpoint {
     let root = Node::Dict(Dict { ordered: false, entries: vec![(Node::Str(key.into()), value)], state: None });
@@ -35,10 +34,19 @@ fn a_real_dtype_node_is_written_and_read_back() {
 
 #[test]
 fn opaque_unsafe_globals_in_keys_are_refused_unless_allowed() {
-    let call = Value::reduce(Value::global("os", "system"), Value::Tuple(vec![Value::Str("true".into())]));
-    let inner = Node::Dict(Dict { ordered: false, entries: vec![(Node::Opaque(call), Node::None)], state: None });
+    let call = Node::Object(Box::new(Object {
+        construct: Construct::Reduce,
+        callable: Node::Global { module: "os".into(), name: "system".into() },
+        args: Node::Tuple(vec![Node::Str("true".into())]),
+        kwargs: None,
+        state: None,
+        setitems: vec![],
+        appends: vec![],
+    }));
+    let inner = Node::Dict(Dict { ordered: false, entries: vec![(call, Node::None)], state: None });
     let ckpt = one("model", inner);
-    assert_eq!(ckpt.unsafe_globals(), vec![("model.<key of entry 0>".to_owned(), "os.system".to_owned())]);
+    let flagged = vec![("model.<key of entry 0>.<callable>".to_owned(), "os.system".to_owned())];
+    assert_eq!(ckpt.unsafe_globals(), flagged);
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("x.pt");
     let err = pmstate_ckpt::save_torch(&ckpt, &path, &SaveOptions::default()).unwrap_err();
