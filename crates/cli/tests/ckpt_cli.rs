@@ -167,7 +167,7 @@ fn inspect_escapes_control_characters_in_text_output() {
     assert!(text.contains("UNSAFE GLOBAL os.system (1 use, first at \\x1b[8m\\rmodel"), "{text}");
     // JSON carries the key exactly (serde escapes it as \u001b).
     let j = stdout_json(&pmstate(&["inspect", "--json", &hostile("unsafe_behind_escape.pt")]));
-    assert_eq!(j["unsafe_globals"][0]["key"], "\u{1b}[8m\rmodel");
+    assert_eq!(j["unsafe_globals"][0]["key"], "\u{1b}[8m\rmodel.<callable>");
     assert_eq!(j["unsafe_globals_distinct"][0]["uses"], 1);
 }
 
