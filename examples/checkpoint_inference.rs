@@ -9,7 +9,7 @@
 use std::sync::Arc;
 
 use candle_core::{DType, Device, Module, Tensor};
-use pmstate::ckpt::{load_normalizer, var_builder, Checkpoint};
+use pmstate::ckpt::{var_builder, Checkpoint};
 use pmstate::NormConfig;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -20,10 +20,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // The normalizer's config is not in the checkpoint: give the one the policy was trained with.
     let config = NormConfig { clamp_value: Some(5.0), ..NormConfig::default() };
     let obs_norm = "model._actor.mu.input_models.obs.running_obs_norm";
-    let (normalizer, warnings) = load_normalizer(&ckpt, obs_norm, config, None, &dev)?;
-    for w in warnings {
-        eprintln!("warning: {w}");
-    }
+    let normalizer = ckpt.load_normalizer(obs_norm, config, &dev)?;
     let obs_dim = normalizer.shape().ok_or("the observation normalizer never ran")?[0];
 
     // The actor MLP of the fixture: Linear, LayerNorm, ReLU, Linear, ReLU, Linear.

@@ -14,7 +14,7 @@ fn exercise(data: &[u8]) {
     }
     let _ = ckpt.unsafe_globals();
     let _ = ckpt.validate();
-    let _ = pmstate_ckpt::find_normalizers(&ckpt);
+    let _ = ckpt.normalizers();
     let json = pmstate_ckpt::node_to_json(&ckpt.root);
     let back = pmstate_ckpt::node_from_json(&json).expect("our own JSON decodes");
     assert_eq!(pmstate_ckpt::node_to_json(&back), json, "tree JSON round trip");

@@ -5,7 +5,7 @@
 //! `exp_avg_sq`, `step`) for every parameter, and the scalars ProtoMotions
 //! saves.
 //!
-//! - `open`: `Checkpoint::open` + `tensors()` + `find_normalizers`, what
+//! - `open`: `Checkpoint::open` + `tensors()` + `normalizers()`, what
 //!   `pmstate inspect` does before printing; reads no tensor data (the
 //!   storages stay mapped). Goal: < 5 ms.
 //! - `convert_safetensors`: `Checkpoint::open` + `save_safetensors` of the
@@ -34,8 +34,8 @@ use std::time::{Duration, Instant};
 
 use criterion::{BatchSize, Criterion, SamplingMode, Throughput};
 use pmstate_ckpt::{
-    find_normalizers, save_safetensors, save_torch, Bytes, Checkpoint, DType, Dict, Node, SafetensorsOptions,
-    SaveOptions, Storage, TensorRef,
+    save_safetensors, save_torch, Bytes, Checkpoint, DType, Dict, Node, SafetensorsOptions, SaveOptions, Storage,
+    TensorRef,
 };
 
 /// A checkpoint under construction: the storages its tensors use.
@@ -196,7 +196,7 @@ fn ppo_checkpoint(hidden: usize) -> Checkpoint {
 fn open_and_scan(path: &Path) -> usize {
     let ckpt = Checkpoint::open(path).unwrap();
     let tensors = ckpt.tensors().len();
-    let groups = find_normalizers(&ckpt).unwrap();
+    let groups = ckpt.normalizers().unwrap();
     assert_eq!(groups.len(), 3);
     tensors + groups.len()
 }
@@ -234,7 +234,7 @@ fn benches(c: &mut Criterion, dir: &Path, quick: bool) {
         .collect();
     let m = median(t);
     let verdict = if m < Duration::from_millis(5) { "met" } else { "NOT met" };
-    eprintln!("open + tensors + find_normalizers: median {:.3} ms (goal < 5 ms: {verdict})", m.as_secs_f64() * 1e3);
+    eprintln!("open + tensors + normalizers: median {:.3} ms (goal < 5 ms: {verdict})", m.as_secs_f64() * 1e3);
 
     let mut g = c.benchmark_group("ckpt");
     g.sample_size(20);

@@ -161,6 +161,21 @@ impl Checkpoint {
         Checkpoint { root, storages, path: "<memory>".into(), format: Format::Memory }
     }
 
+    /// The root value (a dict for every ProtoMotions checkpoint).
+    pub fn root(&self) -> &Node {
+        &self.root
+    }
+
+    /// The container it was read from.
+    pub fn format(&self) -> &Format {
+        &self.format
+    }
+
+    /// The file it came from, as given (`<memory>` for one built in memory), for messages.
+    pub fn path_str(&self) -> &str {
+        &self.path
+    }
+
     /// Every tensor with its dotted key, in tree order.
     pub fn tensors(&self) -> Vec<(String, &TensorRef)> {
         let mut out = Vec::new();

@@ -70,6 +70,16 @@ pub enum CkptError {
         /// The key.
         key: String,
     },
+    /// No normalizer of that name in the checkpoint.
+    #[error("{path}: no normalizer {name}{}", did_you_mean(closest))]
+    NormalizerNotFound {
+        /// The file.
+        path: String,
+        /// The name asked for.
+        name: String,
+        /// The nearest existing names (edit distance), best first.
+        closest: Vec<String>,
+    },
     /// A normalizer group could not be loaded or stored.
     #[error("normalizer {group}: {source}")]
     Norm {
@@ -89,6 +99,14 @@ pub enum CkptError {
     /// The caller asked for something inconsistent.
     #[error("{0}")]
     Usage(String),
+}
+
+fn did_you_mean(closest: &[String]) -> String {
+    if closest.is_empty() {
+        String::new()
+    } else {
+        format!(" (did you mean {}?)", closest.join(", or "))
+    }
 }
 
 /// Result alias of this crate.

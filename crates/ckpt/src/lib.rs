@@ -11,14 +11,15 @@
 //! Writers: [`save_torch`] (torch.save's layout, loadable by
 //! `torch.load(weights_only=True)`) and [`save_safetensors`] (the whole
 //! tree, restorable exactly, or one selected state dict). Normalizers:
-//! [`find_normalizers`], [`load_normalizer`], [`store_state`]. candle:
+//! [`Checkpoint::normalizers`], [`Checkpoint::load_normalizer`],
+//! [`Checkpoint::store_normalizer`]. candle:
 //! [`Checkpoint::to_candle`] and [`var_builder`].
 //!
 //! ```no_run
-//! use pmstate_ckpt::{find_normalizers, Checkpoint};
+//! use pmstate_ckpt::Checkpoint;
 //! let ckpt = Checkpoint::open("last.ckpt")?;
-//! for g in find_normalizers(&ckpt)? {
-//!     println!("{}: shape {:?}, count {}", g.name(), g.shape, g.count);
+//! for g in ckpt.normalizers()? {
+//!     println!("{}: {:?}", g.name, g.saved);
 //! }
 //! ckpt.save("last.safetensors", false)?; // and back: Checkpoint::open(...)?.save("last.pt", false)
 //! # Ok::<(), pmstate_ckpt::CkptError>(())
@@ -47,7 +48,7 @@ mod write_torch;
 pub use checkpoint::{Checkpoint, Format};
 pub use dtype::DType;
 pub use error::{CkptError, Result};
-pub use normalizers::{find_normalizers, load_normalizer, load_state, store_state, LoadWarning, NormalizerGroup};
+pub use normalizers::{LoadWarning, NormalizerGroup, SavedBuffers, Trained};
 pub use read_torch::ReadOptions;
 pub use safetensors_io::{save_safetensors, ExportReport, SafetensorsOptions};
 pub use safety::is_safe_global;

@@ -4,53 +4,63 @@
 //! A ProtoMotions `RunningMeanStd` saves three buffers under one prefix:
 //! `PREFIX.mean` (f64), `PREFIX.var` (f64, same shape), `PREFIX.count`
 //! (0-dim int64). `running_reward_norm` is a dict with exactly
-//! `mean`/`var`/`count`. A lazy normalizer that never ran saves nothing;
-//! loading an absent group gives a lazy normalizer, and loading a present
-//! one into a lazy normalizer takes the saved shape (the reference's
-//! `materialize_lazy_running_stats_from_state_dict`). The normalizer
-//! config (clamp, epsilon, EMA decay) is not in the checkpoint: the caller
-//! supplies it.
+//! `mean`/`var`/`count`. A lazy normalizer that never ran saves nothing but
+//! its module's `_metadata` entry; loading one gives a lazy normalizer, and
+//! loading a saved group into a lazy normalizer takes the saved shape (the
+//! reference's `materialize_lazy_running_stats_from_state_dict`). The
+//! normalizer config (clamp, epsilon, EMA decay) is not in the checkpoint:
+//! the caller supplies it (`pmstate-policy` reads it from the resolved configs).
+
+use std::collections::{HashMap, HashSet};
 
 use candle_core::{DType as CDType, Device};
 use pmstate_norm::{NormConfig, NormState, RunningMeanStd};
+use serde::Serialize;
 
 use crate::checkpoint::Checkpoint;
 use crate::dtype::DType;
 use crate::error::{CkptError, Result};
 use crate::storage::{Bytes, Storage};
-use crate::tree::{dotted, Node, TensorRef};
+use crate::tree::{dotted, Dict, Node, TensorRef};
 
-/// One normalizer's buffers in a checkpoint.
-#[derive(Debug, Clone, PartialEq)]
+/// One normalizer module in a checkpoint: saved buffers, or a lazy module
+/// that never ran (named only by its dict's `_metadata`).
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct NormalizerGroup {
-    /// Dotted key of the dict that holds the buffers (`model`, `running_reward_norm`).
+    /// The full dotted name (`model._actor.mu.norm.running_obs_norm`, `running_reward_norm`).
+    pub name: String,
+    /// Dotted key of the dict that holds (or would hold) the buffers (`model`, `running_reward_norm`).
     pub dict: String,
-    /// The key prefix inside that dict, with its trailing dot (`_actor.mu.input_models.obs.running_obs_norm.`), or empty.
+    /// The key prefix inside that dict, with its trailing dot (`_actor.mu.norm.running_obs_norm.`), or empty.
     pub base: String,
+    /// What was saved; `None` for a lazy normalizer that never ran.
+    pub saved: Option<SavedBuffers>,
+}
+
+/// The saved buffers' shape and count.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SavedBuffers {
     /// The buffers' shape.
     pub shape: Vec<usize>,
     /// The saved count.
     pub count: i64,
 }
 
-impl NormalizerGroup {
-    /// The group's full dotted name (`model._actor.mu.input_models.obs.running_obs_norm`).
-    pub fn name(&self) -> String {
-        let base = self.base.trim_end_matches('.');
-        match (self.dict.is_empty(), base.is_empty()) {
-            (true, _) => base.to_owned(),
-            (false, true) => self.dict.clone(),
-            (false, false) => format!("{}.{base}", self.dict),
-        }
-    }
-
-    fn key(&self, field: &str) -> String {
-        format!("{}{field}", self.base)
-    }
+/// How a checkpoint's normalizers were trained, when the caller knows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Trained {
+    /// All-time statistics (`norm_ema_decay: None`).
+    Welford,
+    /// Exponential moving average (`norm_ema_decay: d`): `count` never advanced.
+    Ema,
+    /// Not known: no warning can be given.
+    #[default]
+    Unknown,
 }
 
 /// A note from loading that the caller should see.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub enum LoadWarning {
     /// Resuming a normalizer trained with EMA in Welford mode: EMA never
     /// advances `count`, so the saved count is the one from when EMA
@@ -75,142 +85,247 @@ impl std::fmt::Display for LoadWarning {
     }
 }
 
-fn is_norm_tensor(n: Option<&Node>, dtype: DType) -> Option<&TensorRef> {
+fn join(dict: &str, base: &str) -> String {
+    let base = base.trim_end_matches('.');
+    match (dict.is_empty(), base.is_empty()) {
+        (true, _) => base.to_owned(),
+        (false, true) => dict.to_owned(),
+        (false, false) => format!("{dict}.{base}"),
+    }
+}
+
+fn typed<'a>(n: Option<&'a Node>, dtype: DType) -> Option<&'a TensorRef> {
     n.and_then(Node::as_tensor).filter(|t| t.dtype == dtype)
 }
 
-/// Every normalizer group in the checkpoint, in tree order.
-pub fn find_normalizers(ckpt: &Checkpoint) -> Result<Vec<NormalizerGroup>> {
-    let mut groups = Vec::new();
-    let mut err = None;
-    ckpt.root.walk(&mut |path, node| {
-        let Node::Dict(d) = node else { return true };
-        for (k, _) in &d.entries {
-            let Some(base) = k.as_str().and_then(|k| k.strip_suffix("mean")) else { continue };
-            if !(base.is_empty() || base.ends_with('.')) {
-                continue;
+impl Checkpoint {
+    /// Every normalizer module, in tree order: groups of saved buffers, then
+    /// (per dict) the lazy ones its `_metadata` names under a saved group's
+    /// module name (`running_obs_norm`) without buffers. Linear in the tree.
+    pub fn normalizers(&self) -> Result<Vec<NormalizerGroup>> {
+        let mut groups = Vec::new();
+        let mut err = None;
+        let mut leaves: HashSet<String> = HashSet::new();
+        let mut dicts: Vec<(String, &Dict)> = Vec::new();
+        self.root().walk(&mut |path, node| {
+            let Node::Dict(d) = node else { return true };
+            let keys: HashMap<&str, &Node> = d.entries.iter().filter_map(|(k, v)| Some((k.as_str()?, v))).collect();
+            for (k, _) in &d.entries {
+                let Some(base) = k.as_str().and_then(|k| k.strip_suffix("mean")) else { continue };
+                if !(base.is_empty() || base.ends_with('.')) {
+                    continue;
+                }
+                let field = |f: &str| keys.get(format!("{base}{f}").as_str()).copied();
+                let (Some(mean), Some(var), Some(count)) = (
+                    typed(field("mean"), DType::F64),
+                    typed(field("var"), DType::F64),
+                    typed(field("count"), DType::I64),
+                ) else {
+                    continue;
+                };
+                if mean.shape != var.shape || !count.shape.is_empty() {
+                    continue;
+                }
+                let dict = dotted(path);
+                match self.read_count(count) {
+                    Ok(c) => {
+                        let trimmed = base.trim_end_matches('.');
+                        if let Some(leaf) = trimmed.rsplit('.').next().filter(|l| !l.is_empty()) {
+                            leaves.insert(leaf.to_owned());
+                        }
+                        groups.push(NormalizerGroup {
+                            name: join(&dict, base),
+                            dict,
+                            base: base.to_owned(),
+                            saved: Some(SavedBuffers { shape: mean.shape.clone(), count: c }),
+                        });
+                    }
+                    Err(e) => err = Some(e),
+                }
             }
-            let mean = is_norm_tensor(d.get(&format!("{base}mean")), DType::F64);
-            let var = is_norm_tensor(d.get(&format!("{base}var")), DType::F64);
-            let count = is_norm_tensor(d.get(&format!("{base}count")), DType::I64);
-            let (Some(mean), Some(var), Some(count)) = (mean, var, count) else { continue };
-            if mean.shape != var.shape || !count.shape.is_empty() {
-                continue;
+            if d.metadata().is_some() {
+                dicts.push((dotted(path), d));
             }
-            match read_count(ckpt, count) {
-                Ok(c) => groups.push(NormalizerGroup {
-                    dict: dotted(path),
-                    base: base.to_owned(),
-                    shape: mean.shape.clone(),
-                    count: c,
-                }),
-                Err(e) => err = Some(e),
+            true
+        });
+        if let Some(e) = err {
+            return Err(e);
+        }
+        for (dict, d) in dicts {
+            let Some(Node::Dict(meta)) = d.metadata() else { continue };
+            let keys: HashSet<&str> = d.entries.iter().filter_map(|(k, _)| k.as_str()).collect();
+            for (k, _) in &meta.entries {
+                let Some(prefix) = k.as_str().filter(|p| !p.is_empty()) else { continue };
+                let leaf = prefix.rsplit('.').next().unwrap_or(prefix);
+                if leaves.contains(leaf) && !keys.contains(format!("{prefix}.mean").as_str()) {
+                    let base = format!("{prefix}.");
+                    groups.push(NormalizerGroup { name: join(&dict, &base), dict: dict.clone(), base, saved: None });
+                }
             }
         }
-        true
-    });
-    match err {
-        Some(e) => Err(e),
-        None => Ok(groups),
+        Ok(groups)
+    }
+
+    /// The group named `name` ([`NormalizerGroup::name`]), or an error that
+    /// names the closest existing groups.
+    pub fn normalizer(&self, name: &str) -> Result<NormalizerGroup> {
+        let groups = self.normalizers()?;
+        if let Some(g) = groups.iter().find(|g| g.name == name) {
+            return Ok(g.clone());
+        }
+        Err(CkptError::NormalizerNotFound {
+            path: self.path_str().to_owned(),
+            name: name.to_owned(),
+            closest: closest(name, groups.iter().map(|g| g.name.as_str())),
+        })
+    }
+
+    /// The saved state of the group named `name`, on `device`. A lazy group
+    /// has no state: an error.
+    pub fn normalizer_state(&self, name: &str, device: &Device) -> Result<NormState> {
+        let g = self.normalizer(name)?;
+        self.group_state(&g, device)?.ok_or_else(|| CkptError::Value {
+            path: self.path_str().to_owned(),
+            key: name.to_owned(),
+            reason: "a lazy normalizer that never ran: no buffers were saved".into(),
+        })
+    }
+
+    /// A `RunningMeanStd` with `config`, loaded from the group named
+    /// `name`; a lazy group gives a lazy normalizer. A name that is not a
+    /// normalizer of this checkpoint is an error naming the closest ones
+    /// (never a silently empty normalizer).
+    pub fn load_normalizer(&self, name: &str, config: NormConfig, device: &Device) -> Result<RunningMeanStd> {
+        self.load_normalizer_with(name, config, Trained::Unknown, device).map(|(rms, _)| rms)
+    }
+
+    /// [`Checkpoint::load_normalizer`] knowing how the checkpoint was
+    /// trained: EMA resumed as Welford returns [`LoadWarning::StaleCount`].
+    pub fn load_normalizer_with(
+        &self,
+        name: &str,
+        config: NormConfig,
+        trained: Trained,
+        device: &Device,
+    ) -> Result<(RunningMeanStd, Vec<LoadWarning>)> {
+        let norm_err = |source| CkptError::Norm { group: name.to_owned(), source: Box::new(source) };
+        let g = self.normalizer(name)?;
+        let mut rms = RunningMeanStd::new(config, None, device).map_err(norm_err)?;
+        let mut warnings = Vec::new();
+        if let Some(state) = self.group_state(&g, device)? {
+            let count = state.count;
+            rms.load_state(state).map_err(norm_err)?;
+            if trained == Trained::Ema && config.ema_decay.is_none() {
+                warnings.push(LoadWarning::StaleCount { group: name.to_owned(), count });
+            }
+        }
+        Ok((rms, warnings))
+    }
+
+    /// Writes `state` into the group named `name`: new storages for mean,
+    /// var and count, every other value and storage unchanged. A lazy group
+    /// (one that has since run) gets its three keys appended to its dict.
+    pub fn store_normalizer(&mut self, name: &str, state: &NormState) -> Result<()> {
+        let g = self.normalizer(name)?;
+        let bad = |path: &str, reason: String| CkptError::Value { path: path.to_owned(), key: name.to_owned(), reason };
+        let shape = state.mean.dims().to_vec();
+        if state.var.dims() != shape.as_slice() {
+            let reason = format!(
+                "var shape {} differs from mean's {}",
+                crate::tree::Shape(state.var.dims()),
+                crate::tree::Shape(&shape)
+            );
+            return Err(bad(self.path_str(), reason));
+        }
+        let f64_bytes = |t: &candle_core::Tensor| -> Result<Vec<u8>> {
+            let v: Vec<f64> = t
+                .to_dtype(CDType::F64)
+                .and_then(|t| t.flatten_all())
+                .and_then(|t| t.to_vec1())
+                .map_err(|source| CkptError::Candle { key: name.to_owned(), source: Box::new(source) })?;
+            Ok(v.iter().flat_map(|x| x.to_le_bytes()).collect())
+        };
+        let buffers = [
+            ("mean", DType::F64, shape.clone(), f64_bytes(&state.mean)?),
+            ("var", DType::F64, shape.clone(), f64_bytes(&state.var)?),
+            ("count", DType::I64, vec![], state.count.to_le_bytes().to_vec()),
+        ];
+        let mut nodes = Vec::new();
+        for (field, dtype, shape, bytes) in buffers {
+            let mut key = format!("pmstate:{name}.{field}");
+            while self.storages.contains_key(&key) {
+                key.push('\'');
+            }
+            nodes.push((format!("{}{field}", g.base), Node::Tensor(TensorRef::contiguous(key.clone(), dtype, shape))));
+            self.storages
+                .insert(key, Storage { typed: true, dtype, location: "cpu".into(), data: Bytes::owned(bytes) });
+        }
+        let path = self.path.clone();
+        let target = lookup_dict_mut(&mut self.root, &g.dict)
+            .ok_or_else(|| CkptError::NotFound { path, key: g.dict.clone() })?;
+        for (k, n) in nodes {
+            target.insert(&k, n);
+        }
+        Ok(())
+    }
+
+    /// The saved state of a group (None for a lazy one).
+    fn group_state(&self, g: &NormalizerGroup, device: &Device) -> Result<Option<NormState>> {
+        if g.saved.is_none() {
+            return Ok(None);
+        }
+        let field = |f: &str| -> Result<&TensorRef> {
+            let key = format!("{}.{f}", g.name);
+            let dict = self.get(&g.dict).and_then(Node::as_dict);
+            match dict.and_then(|d| d.get(&format!("{}{f}", g.base))) {
+                Some(Node::Tensor(t)) => Ok(t),
+                _ => Err(CkptError::NotFound { path: self.path_str().to_owned(), key }),
+            }
+        };
+        let mean = self.to_candle(field("mean")?, device)?;
+        let var = self.to_candle(field("var")?, device)?;
+        let count = self.read_count(field("count")?)?;
+        Ok(Some(NormState { mean, var, count }))
+    }
+
+    fn read_count(&self, t: &TensorRef) -> Result<i64> {
+        let b = self.tensor_bytes(t)?;
+        let arr: [u8; 8] = b[..].try_into().map_err(|_| CkptError::Value {
+            path: self.path_str().to_owned(),
+            key: t.storage.clone(),
+            reason: format!("count holds {} bytes, not 8", b.len()),
+        })?;
+        Ok(i64::from_le_bytes(arr))
     }
 }
 
-fn read_count(ckpt: &Checkpoint, t: &TensorRef) -> Result<i64> {
-    let b = ckpt.tensor_bytes(t)?;
-    let arr: [u8; 8] = b[..].try_into().map_err(|_| CkptError::Value {
-        path: ckpt.path.clone(),
-        key: t.storage.clone(),
-        reason: format!("count holds {} bytes, not 8", b.len()),
-    })?;
-    Ok(i64::from_le_bytes(arr))
+/// Up to three of `candidates` nearest to `name` by edit distance (only
+/// those within half of `name`'s length): what a misspelling most likely meant.
+pub(crate) fn closest<'a>(name: &str, candidates: impl Iterator<Item = &'a str>) -> Vec<String> {
+    let mut scored: Vec<(usize, &str)> = candidates.map(|c| (edit_distance(name, c), c)).collect();
+    scored.sort();
+    let Some(&(best, _)) = scored.first() else { return Vec::new() };
+    let limit = (name.chars().count().max(4) / 2).min(best + 2);
+    scored.into_iter().filter(|(d, _)| *d <= limit).take(3).map(|(_, c)| c.to_owned()).collect()
 }
 
-fn group_tensor<'a>(ckpt: &'a Checkpoint, g: &NormalizerGroup, field: &str) -> Result<&'a TensorRef> {
-    let dict = ckpt.get(&g.dict).and_then(Node::as_dict);
-    match dict.and_then(|d| d.get(&g.key(field))) {
-        Some(Node::Tensor(t)) => Ok(t),
-        _ => Err(CkptError::NotFound { path: ckpt.path.clone(), key: format!("{}.{field}", g.name()) }),
-    }
-}
-
-/// The saved state of a group, on `device`.
-pub fn load_state(ckpt: &Checkpoint, group: &NormalizerGroup, device: &Device) -> Result<NormState> {
-    let mean = ckpt.to_candle(group_tensor(ckpt, group, "mean")?, device)?;
-    let var = ckpt.to_candle(group_tensor(ckpt, group, "var")?, device)?;
-    let count = read_count(ckpt, group_tensor(ckpt, group, "count")?)?;
-    Ok(NormState { mean, var, count })
-}
-
-/// A `RunningMeanStd` with `config`, loaded from the group named `name`
-/// (see [`NormalizerGroup::name`]). An absent group gives a lazy
-/// normalizer (ProtoMotions saves nothing for one that never ran).
-/// `trained_with_ema`: how the checkpoint was trained, when known; EMA
-/// resumed as Welford returns [`LoadWarning::StaleCount`].
-pub fn load_normalizer(
-    ckpt: &Checkpoint,
-    name: &str,
-    config: NormConfig,
-    trained_with_ema: Option<bool>,
-    device: &Device,
-) -> Result<(RunningMeanStd, Vec<LoadWarning>)> {
-    let norm_err = |source| CkptError::Norm { group: name.to_owned(), source: Box::new(source) };
-    let mut rms = RunningMeanStd::new(config, None, device).map_err(norm_err)?;
-    let groups = find_normalizers(ckpt)?;
-    let mut warnings = Vec::new();
-    if let Some(g) = groups.iter().find(|g| g.name() == name) {
-        rms.load_state(load_state(ckpt, g, device)?).map_err(norm_err)?;
-        if trained_with_ema == Some(true) && config.ema_decay.is_none() {
-            warnings.push(LoadWarning::StaleCount { group: name.to_owned(), count: g.count });
+/// Levenshtein distance over chars, in O(|a|·|b|) time and O(|b|) memory.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut diag = row[0];
+        row[0] = i + 1;
+        for (j, &cb) in b.iter().enumerate() {
+            let up = row[j + 1];
+            row[j + 1] = (up + 1).min(row[j] + 1).min(diag + usize::from(ca != cb));
+            diag = up;
         }
     }
-    Ok((rms, warnings))
+    row[b.len()]
 }
 
-/// Writes `state` into the group's buffers: new storages for mean, var and
-/// count; every other value and storage unchanged. For a group that does
-/// not exist yet (a lazy normalizer that has since run), give the dict key
-/// and base: the three keys are appended to that dict.
-pub fn store_state(ckpt: &mut Checkpoint, dict: &str, base: &str, state: &NormState) -> Result<()> {
-    let group = if base.is_empty() { dict.to_owned() } else { format!("{dict}.{}", base.trim_end_matches('.')) };
-    let bad = |reason: String| CkptError::Value { path: ckpt.path.clone(), key: group.clone(), reason };
-    let shape = state.mean.dims().to_vec();
-    if state.var.dims() != shape.as_slice() {
-        return Err(bad(format!("var shape {:?} differs from mean's {shape:?}", state.var.dims())));
-    }
-    let f64_bytes = |t: &candle_core::Tensor| -> Result<Vec<u8>> {
-        let v: Vec<f64> = t
-            .to_dtype(CDType::F64)
-            .and_then(|t| t.flatten_all())
-            .and_then(|t| t.to_vec1())
-            .map_err(|source| CkptError::Candle { key: group.clone(), source: Box::new(source) })?;
-        Ok(v.iter().flat_map(|x| x.to_le_bytes()).collect())
-    };
-    let buffers = [
-        ("mean", DType::F64, shape.clone(), f64_bytes(&state.mean)?),
-        ("var", DType::F64, shape.clone(), f64_bytes(&state.var)?),
-        ("count", DType::I64, vec![], state.count.to_le_bytes().to_vec()),
-    ];
-    let mut new_storages = Vec::new();
-    let mut nodes = Vec::new();
-    for (field, dtype, shape, bytes) in buffers {
-        let mut key = format!("pmstate:{group}.{field}");
-        while ckpt.storages.contains_key(&key) {
-            key.push('\'');
-        }
-        nodes.push((format!("{base}{field}"), Node::Tensor(TensorRef::contiguous(key.clone(), dtype, shape))));
-        new_storages.push((key, Storage { typed: true, dtype, location: "cpu".into(), data: Bytes::owned(bytes) }));
-    }
-    let path = ckpt.path.clone();
-    let target =
-        lookup_dict_mut(&mut ckpt.root, dict).ok_or_else(|| CkptError::NotFound { path, key: dict.to_owned() })?;
-    for (k, n) in nodes {
-        target.insert(&k, n);
-    }
-    ckpt.storages.extend(new_storages);
-    Ok(())
-}
-
-fn lookup_dict_mut<'a>(node: &'a mut Node, key: &str) -> Option<&'a mut crate::tree::Dict> {
+fn lookup_dict_mut<'a>(node: &'a mut Node, key: &str) -> Option<&'a mut Dict> {
     if key.is_empty() {
         return node.as_dict_mut();
     }
@@ -237,4 +352,25 @@ fn lookup_dict_mut<'a>(node: &'a mut Node, key: &str) -> Option<&'a mut crate::t
     let (i, rest_len) = best?;
     let rest = key[key.len() - rest_len..].to_owned();
     lookup_dict_mut(&mut d.entries[i].1, &rest)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{closest, edit_distance};
+
+    #[test]
+    fn edit_distance_counts_single_character_edits() {
+        assert_eq!(edit_distance("kitten", "sitting"), 3);
+        assert_eq!(edit_distance("", "abc"), 3);
+        assert_eq!(edit_distance("same", "same"), 0);
+    }
+
+    #[test]
+    fn closest_names_are_the_near_misses_only() {
+        let groups =
+            ["model._actor.mu.norm.running_obs_norm", "model._critic.norm.running_obs_norm", "running_reward_norm"];
+        let got = closest("model._actor.mu.norm.runing_obs_norm", groups.iter().copied());
+        assert_eq!(got, ["model._actor.mu.norm.running_obs_norm"]);
+        assert!(closest("something.else.entirely", groups.iter().copied()).is_empty());
+    }
 }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use candle_core::{DType as CDType, Device, Tensor};
 use common::*;
-use pmstate_ckpt::{find_normalizers, load_normalizer, load_state, store_state, var_builder, Checkpoint, LoadWarning};
+use pmstate_ckpt::{var_builder, Checkpoint, CkptError, LoadWarning, Trained};
 use pmstate_norm::NormConfig;
 
 const ACTOR: &str = "model._actor.mu.input_models.obs.running_obs_norm";
@@ -42,44 +42,65 @@ fn f64_bytes(t: &Tensor) -> Vec<u8> {
 #[test]
 fn finds_every_group_with_torchs_counts_and_shapes() {
     let ckpt = Checkpoint::open(fixture("ppo_full.ckpt")).unwrap();
-    let groups = find_normalizers(&ckpt).unwrap();
-    let names: Vec<String> = groups.iter().map(|g| g.name()).collect();
-    assert_eq!(names, [ACTOR, CRITIC, "running_reward_norm"]);
-    for g in &groups {
+    let groups = ckpt.normalizers().unwrap();
+    let names: Vec<&str> = groups.iter().map(|g| g.name.as_str()).collect();
+    // Saved groups in tree order, then the lazy one _metadata names (it never ran).
+    assert_eq!(names, [ACTOR, CRITIC, "running_reward_norm", LAZY]);
+    for g in &groups[..3] {
+        let saved = g.saved.as_ref().unwrap();
         // The count we read is the one torch saved: same bytes as its count buffer.
-        assert_eq!(sha256_hex(&g.count.to_le_bytes()), leaf_sha("ppo_full.ckpt", &format!("{}.count", g.name())));
-        assert!(g.count > 1, "{}: the fixture's normalizers ran", g.name());
+        assert_eq!(sha256_hex(&saved.count.to_le_bytes()), leaf_sha("ppo_full.ckpt", &format!("{}.count", g.name)));
+        assert!(saved.count > 1, "{}: the fixture's normalizers ran", g.name);
     }
-    assert_eq!(groups[0].shape, [12]);
-    assert_eq!(groups[2].shape, [1]);
-    // The legacy and deflated files hold groups too (the inference checkpoint's model is a plain dict).
+    assert_eq!(groups[0].saved.as_ref().unwrap().shape, [12]);
+    assert_eq!(groups[2].saved.as_ref().unwrap().shape, [1]);
+    assert_eq!(groups[3].saved, None);
+    // The inference checkpoint's model is a plain dict (no _metadata): its saved groups only.
     let inference = Checkpoint::open(fixture("inference.ckpt")).unwrap();
-    assert_eq!(find_normalizers(&inference).unwrap().len(), 2);
+    assert_eq!(inference.normalizers().unwrap().len(), 2);
 }
 
 #[test]
 fn loads_a_group_into_a_running_mean_std_exactly() {
     let ckpt = Checkpoint::open(fixture("ppo_full.ckpt")).unwrap();
-    let (rms, warnings) = load_normalizer(&ckpt, ACTOR, NormConfig::default(), None, &Device::Cpu).unwrap();
-    assert!(warnings.is_empty());
+    let rms = ckpt.load_normalizer(ACTOR, NormConfig::default(), &Device::Cpu).unwrap();
     let state = rms.state().expect("loaded");
     assert_eq!(sha256_hex(&f64_bytes(&state.mean)), leaf_sha("ppo_full.ckpt", &format!("{ACTOR}.mean")));
     assert_eq!(sha256_hex(&f64_bytes(&state.var)), leaf_sha("ppo_full.ckpt", &format!("{ACTOR}.var")));
     // A lazy normalizer that never ran saved nothing: it loads lazy, and takes a shape on first use.
-    let (lazy, _) = load_normalizer(&ckpt, LAZY, NormConfig::default(), None, &Device::Cpu).unwrap();
+    let lazy = ckpt.load_normalizer(LAZY, NormConfig::default(), &Device::Cpu).unwrap();
     assert!(!lazy.is_initialized());
     let md = ckpt.get("model").and_then(|m| m.as_dict()).and_then(|d| d.metadata()).unwrap();
     assert!(md.get("_actor.mu.input_models.future.running_obs_norm").is_some(), "the module is in _metadata");
 }
 
+/// A misspelled or absent name is an error naming the closest groups, never
+/// an empty normalizer (a server would normalize with mean 0 and var 1).
+#[test]
+fn a_misspelled_normalizer_is_an_error_naming_the_closest() {
+    let ckpt = Checkpoint::open(fixture("ppo_full.ckpt")).unwrap();
+    let typo = "model._actor.mu.input_models.obs.runing_obs_norm";
+    let err = ckpt.load_normalizer(typo, NormConfig::default(), &Device::Cpu).unwrap_err();
+    match &err {
+        CkptError::NormalizerNotFound { name, closest, .. } => {
+            assert_eq!(name, typo);
+            assert_eq!(closest.first().map(String::as_str), Some(ACTOR));
+        }
+        other => panic!("expected NormalizerNotFound, got {other}"),
+    }
+    assert!(err.to_string().contains(&format!("did you mean {ACTOR}")), "{err}");
+    let err = ckpt.load_normalizer("model._actor.mu.norm.running_obs_norm", NormConfig::default(), &Device::Cpu);
+    assert!(matches!(err, Err(CkptError::NormalizerNotFound { .. })));
+}
+
 #[test]
 fn resuming_ema_as_welford_warns_about_the_stale_count() {
     let ckpt = Checkpoint::open(fixture("ppo_full.ckpt")).unwrap();
-    let count = find_normalizers(&ckpt).unwrap()[0].count;
-    let (_, warnings) = load_normalizer(&ckpt, ACTOR, NormConfig::default(), Some(true), &Device::Cpu).unwrap();
+    let count = ckpt.normalizer(ACTOR).unwrap().saved.unwrap().count;
+    let (_, warnings) = ckpt.load_normalizer_with(ACTOR, NormConfig::default(), Trained::Ema, &Device::Cpu).unwrap();
     assert_eq!(warnings, [LoadWarning::StaleCount { group: ACTOR.into(), count }]);
     let ema = NormConfig { ema_decay: Some(0.99), ..NormConfig::default() };
-    let (rms, warnings) = load_normalizer(&ckpt, ACTOR, ema, Some(false), &Device::Cpu).unwrap();
+    let (rms, warnings) = ckpt.load_normalizer_with(ACTOR, ema, Trained::Welford, &Device::Cpu).unwrap();
     assert!(warnings.is_empty(), "Welford -> EMA keeps mean/var and ignores count");
     assert_eq!(rms.count(), Some(count));
 }
@@ -89,29 +110,28 @@ fn updated_state_is_written_back_and_nothing_else_changes() {
     let dev = Device::Cpu;
     let mut ckpt = Checkpoint::open(fixture("ppo_full.ckpt")).unwrap();
     let original = Checkpoint::open(fixture("ppo_full.ckpt")).unwrap();
-    let (mut rms, _) = load_normalizer(&ckpt, ACTOR, NormConfig::default(), None, &dev).unwrap();
+    let mut rms = ckpt.load_normalizer(ACTOR, NormConfig::default(), &dev).unwrap();
     let batch = Tensor::arange(0f32, 48., &dev).unwrap().reshape((4, 12)).unwrap();
     rms.record_moments(&batch).unwrap();
     let updated = rms.state().unwrap();
-    store_state(&mut ckpt, "model", "_actor.mu.input_models.obs.running_obs_norm.", &updated).unwrap();
+    ckpt.store_normalizer(ACTOR, &updated).unwrap();
     // A lazy normalizer that has since run gets its keys added.
-    let (mut lazy, _) = load_normalizer(&ckpt, LAZY, NormConfig::default(), None, &dev).unwrap();
+    let mut lazy = ckpt.load_normalizer(LAZY, NormConfig::default(), &dev).unwrap();
     lazy.record_moments(&Tensor::ones((3, 5), CDType::F32, &dev).unwrap()).unwrap();
-    store_state(&mut ckpt, "model", "_actor.mu.input_models.future.running_obs_norm.", &lazy.state().unwrap()).unwrap();
+    ckpt.store_normalizer(LAZY, &lazy.state().unwrap()).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("resumed.ckpt");
     ckpt.save(&out, false).unwrap();
     let again = Checkpoint::open(&out).unwrap();
-    let groups = find_normalizers(&again).unwrap();
-    let names: Vec<String> = groups.iter().map(|g| g.name()).collect();
+    let groups = again.normalizers().unwrap();
+    let names: Vec<&str> = groups.iter().map(|g| g.name.as_str()).collect();
     // Updated keys stay in place; the new group's keys go to the end of the state dict.
     assert_eq!(names, [ACTOR, CRITIC, LAZY, "running_reward_norm"]);
-    let g = groups.iter().find(|g| g.name() == ACTOR).unwrap();
-    let back = load_state(&again, g, &dev).unwrap();
+    let back = again.normalizer_state(ACTOR, &dev).unwrap();
     assert_eq!(back.count, updated.count);
     assert_eq!(f64_bytes(&back.mean), f64_bytes(&updated.mean));
     assert_eq!(f64_bytes(&back.var), f64_bytes(&updated.var));
-    assert_eq!(groups.iter().find(|g| g.name() == LAZY).unwrap().shape, [5]);
+    assert_eq!(groups.iter().find(|g| g.name == LAZY).unwrap().saved.as_ref().unwrap().shape, [5]);
     // Every other tensor is byte-identical, in the same order.
     let changed = |k: &str| k.starts_with(&format!("{ACTOR}.")) || k.starts_with(&format!("{LAZY}."));
     let before: Vec<_> = original.tensors().into_iter().filter(|(k, _)| !changed(k)).collect();

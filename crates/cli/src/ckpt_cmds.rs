@@ -6,8 +6,8 @@ use std::time::Instant;
 
 use candle_core::Device;
 use pmstate_ckpt::{
-    find_normalizers, load_state, save_safetensors, save_torch, Checkpoint, CkptError, Node, NormalizerGroup,
-    SafetensorsOptions, SaveOptions, TensorRef,
+    save_safetensors, save_torch, Checkpoint, CkptError, Node, NormalizerGroup, SafetensorsOptions, SaveOptions,
+    TensorRef,
 };
 use serde_json::{json, Value as J};
 
@@ -46,42 +46,23 @@ fn summary(values: &[f64]) -> J {
 }
 
 fn group_json(ckpt: &Checkpoint, g: &NormalizerGroup) -> Result<J, CliError> {
-    let state = load_state(ckpt, g, &Device::Cpu)?;
+    let state = ckpt.normalizer_state(&g.name, &Device::Cpu)?;
     let mean: Vec<f64> = state.mean.flatten_all()?.to_vec1()?;
     let var: Vec<f64> = state.var.flatten_all()?.to_vec1()?;
     let std: Vec<f64> = var.iter().map(|v| v.sqrt()).collect();
     Ok(json!({
-        "name": g.name(),
-        "shape": g.shape,
-        "count": g.count,
+        "name": g.name,
+        "shape": state.mean.dims(),
+        "count": state.count,
         "mean": summary(&mean),
         "std": summary(&std),
     }))
 }
 
-/// Normalizer modules that saved no buffers: `_metadata` names a module
-/// whose last component matches a saved group's (`running_obs_norm`) but
-/// the dict has no `mean` under it (ProtoMotions' lazy normalizers that never ran).
-fn lazy_groups(ckpt: &Checkpoint, groups: &[NormalizerGroup]) -> Vec<String> {
-    let leaf = |s: &str| s.trim_end_matches('.').rsplit('.').next().unwrap_or("").to_owned();
-    let names: std::collections::HashSet<String> =
-        groups.iter().map(|g| leaf(&g.base)).filter(|s| !s.is_empty()).collect();
-    let mut lazy = Vec::new();
-    ckpt.root.walk(&mut |path, node| {
-        if let Node::Dict(d) = node {
-            if let Some(Node::Dict(meta)) = d.metadata() {
-                for (k, _) in &meta.entries {
-                    let Some(prefix) = k.as_str() else { continue };
-                    if names.contains(&leaf(prefix)) && d.get(&format!("{prefix}.mean")).is_none() {
-                        let dict = pmstate_ckpt::dotted(path);
-                        lazy.push(if dict.is_empty() { prefix.to_owned() } else { format!("{dict}.{prefix}") });
-                    }
-                }
-            }
-        }
-        true
-    });
-    lazy
+/// Saved groups and the names of lazy ones (never ran, no buffers).
+fn split_groups(ckpt: &Checkpoint) -> Result<(Vec<NormalizerGroup>, Vec<String>), CliError> {
+    let (saved, lazy): (Vec<_>, Vec<_>) = ckpt.normalizers()?.into_iter().partition(|g| g.saved.is_some());
+    Ok((saved, lazy.into_iter().map(|g| g.name).collect()))
 }
 
 fn tree_lines(node: &Node, depth: usize, key: &str, out: &mut Vec<String>) {
@@ -129,8 +110,7 @@ pub fn inspect(path: &Path, json_out: bool) -> Result<ExitCode, CliError> {
     let t0 = Instant::now();
     let ckpt = open(path)?;
     let tensors = ckpt.tensors();
-    let groups = find_normalizers(&ckpt)?;
-    let lazy = lazy_groups(&ckpt, &groups);
+    let (groups, lazy) = split_groups(&ckpt)?;
     let flagged = ckpt.unsafe_globals();
     let storage_bytes: u64 = ckpt.storages.values().map(|s| s.data.len() as u64).sum();
     let groups_json = groups.iter().map(|g| group_json(&ckpt, g)).collect::<Result<Vec<_>, _>>()?;
@@ -232,8 +212,7 @@ fn print_groups(groups: &[J], lazy: &[String]) {
 
 pub fn normalizers(path: &Path, json_out: bool) -> Result<ExitCode, CliError> {
     let ckpt = open(path)?;
-    let groups = find_normalizers(&ckpt)?;
-    let lazy = lazy_groups(&ckpt, &groups);
+    let (groups, lazy) = split_groups(&ckpt)?;
     let groups_json = groups.iter().map(|g| group_json(&ckpt, g)).collect::<Result<Vec<_>, _>>()?;
     if json_out {
         crate::output::json_line(
