@@ -94,7 +94,7 @@ fn join(dict: &str, base: &str) -> String {
     }
 }
 
-fn typed<'a>(n: Option<&'a Node>, dtype: DType) -> Option<&'a TensorRef> {
+fn typed(n: Option<&Node>, dtype: DType) -> Option<&TensorRef> {
     n.and_then(Node::as_tensor).filter(|t| t.dtype == dtype)
 }
 
