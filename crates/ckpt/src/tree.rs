@@ -56,6 +56,21 @@ pub struct Dict {
 }
 
 impl Dict {
+    /// The entries in insertion order.
+    pub fn entries(&self) -> &[(Node, Node)] {
+        &self.entries
+    }
+
+    /// Whether it is a `collections.OrderedDict` (else a plain `dict`).
+    pub fn is_ordered(&self) -> bool {
+        self.ordered
+    }
+
+    /// The object state torch restores with `BUILD` (`{'_metadata': ...}` on a state dict).
+    pub fn state(&self) -> Option<&Node> {
+        self.state.as_deref()
+    }
+
     /// The value under string key `key`.
     pub fn get(&self, key: &str) -> Option<&Node> {
         self.entries.iter().find(|(k, _)| k.as_str() == Some(key)).map(|(_, v)| v)
