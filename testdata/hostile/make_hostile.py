@@ -126,7 +126,7 @@ EXPECTED = {
     "zip_bomb.pt": "limit on inflated data",
     "st_overlapping.safetensors": "safetensors",
     "st_huge_header.safetensors": "safetensors",
-    "st_bad_tree.safetensors": "no storage 9",
+    "st_bad_tree.safetensors": "refers to storage 9, which is not in the checkpoint",
     "trace_missing_tensor.pmtrace.safetensors": "trace",
     "unsafe_in_dict_key.pt": "unsafe: os.system",
     "unsafe_in_metadata.pt": "unsafe: os.system",

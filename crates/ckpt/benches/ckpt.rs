@@ -34,8 +34,8 @@ use std::time::{Duration, Instant};
 
 use criterion::{BatchSize, Criterion, SamplingMode, Throughput};
 use pmstate_ckpt::{
-    save_safetensors, save_torch, Bytes, Checkpoint, DType, Dict, Node, SafetensorsOptions, SaveOptions, Storage,
-    TensorRef,
+    save_safetensors, save_torch, Bytes, Checkpoint, DType, Dict, Durability, Node, SafetensorsOptions, Storage,
+    TensorRef, WriteOptions,
 };
 
 /// A checkpoint under construction: the storages its tensors use.
@@ -95,7 +95,7 @@ fn s(k: &str) -> Node {
 }
 
 fn dict(ordered: bool, entries: Vec<(Node, Node)>) -> Node {
-    Node::Dict(Dict { ordered, entries, state: None })
+    Node::Dict(Dict::from_entries(ordered, entries).expect("unique keys"))
 }
 
 /// An MLP's parameter shapes: Linear layers at even indices (ReLU between).
@@ -189,7 +189,7 @@ fn ppo_checkpoint(hidden: usize) -> Checkpoint {
             ),
         ],
     );
-    Checkpoint::from_parts(root, b.storages)
+    Checkpoint::from_parts(root, b.storages).expect("a valid checkpoint")
 }
 
 /// What `pmstate inspect` does before printing: open, list tensors, find normalizers.
@@ -216,7 +216,7 @@ fn median(mut v: Vec<Duration>) -> Duration {
 fn benches(c: &mut Criterion, dir: &Path, quick: bool) {
     let src = dir.join("last.ckpt");
     let ckpt = ppo_checkpoint(if quick { 256 } else { 2048 });
-    save_torch(&ckpt, &src, &SaveOptions::default()).unwrap();
+    save_torch(&ckpt, &src, &WriteOptions::default()).unwrap();
     drop(ckpt);
     let size = std::fs::metadata(&src).unwrap().len();
     let st = dir.join("last.safetensors");
@@ -265,7 +265,8 @@ fn benches(c: &mut Criterion, dir: &Path, quick: bool) {
             || fresh(&st),
             |()| {
                 let ckpt = Checkpoint::open(&src).unwrap();
-                let opts = SafetensorsOptions { no_fsync: true, ..Default::default() };
+                let write = WriteOptions { durability: Durability::NoFsync, ..Default::default() };
+                let opts = SafetensorsOptions { write, select: None };
                 save_safetensors(&ckpt, &st, &opts).unwrap()
             },
             BatchSize::PerIteration,
@@ -289,7 +290,7 @@ fn benches(c: &mut Criterion, dir: &Path, quick: bool) {
             || fresh(&back),
             |()| {
                 let ckpt = Checkpoint::open(&st).unwrap();
-                save_torch(&ckpt, &back, &SaveOptions::default()).unwrap()
+                save_torch(&ckpt, &back, &WriteOptions::default()).unwrap()
             },
             BatchSize::PerIteration,
         )

@@ -1,20 +1,25 @@
-//! [`Checkpoint`]: a loaded file's tree and storages.
+//! [`Checkpoint`]: a file's tree and storages, validated once.
+//!
+//! Every reader (torch zip, torch legacy, safetensors) returns a [`Parsed`];
+//! only this module turns one into a `Checkpoint`, after checking every
+//! tensor against its storage. Everything downstream (writers, normalizers,
+//! candle) trusts a `Checkpoint` and never re-checks.
 
 use std::borrow::Cow;
 use std::collections::HashMap;
-use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use memmap2::Mmap;
+use pmstate_pickle::Limits;
 
-use crate::error::{io_err, CkptError, Result};
-use crate::read_torch::{is_legacy, read_legacy, read_zip, Parsed, ReadOptions};
-use crate::storage::{Backing, Storage};
+use crate::error::{CkptError, Result, ValueProblem};
+use crate::io::source::Source;
+use crate::io::storage::Storage;
 use crate::tree::{dotted, Node, TensorRef};
 
-/// The container a checkpoint was read from.
+/// The container a checkpoint was read from, or is to be written as.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Format {
     /// A torch.save zip archive, with the name of its one folder.
     TorchZip {
@@ -25,7 +30,7 @@ pub enum Format {
     TorchLegacy,
     /// A safetensors file.
     Safetensors {
-        /// Whether it carried a pmstate tree in `__metadata__` (otherwise the tree is a flat dict of its tensors).
+        /// Whether it carries a pmstate tree in `__metadata__` (otherwise the tree is a flat dict of its tensors).
         with_tree: bool,
     },
     /// Built in memory.
@@ -33,6 +38,19 @@ pub enum Format {
 }
 
 impl Format {
+    /// The format a file of this name is written in: `.safetensors` is
+    /// safetensors (with the whole tree); `.pt`, `.pth`, `.ckpt` and `.bin`
+    /// are torch.save's zip layout (its folder named after the file, as
+    /// torch names it). Any other extension is `None`.
+    pub fn for_path(path: &Path) -> Option<Format> {
+        let ext = path.extension().and_then(|e| e.to_str())?.to_ascii_lowercase();
+        match ext.as_str() {
+            "safetensors" => Some(Format::Safetensors { with_tree: true }),
+            "pt" | "pth" | "ckpt" | "bin" => Some(Format::TorchZip { prefix: crate::torch::archive_prefix(path) }),
+            _ => None,
+        }
+    }
+
     /// A short stable name for machine-readable output: `torch-zip`,
     /// `torch-legacy`, `safetensors`, `safetensors-tree` or `memory`.
     pub fn id(&self) -> &'static str {
@@ -58,14 +76,56 @@ impl std::fmt::Display for Format {
     }
 }
 
+/// Bounds on what reading a file may claim: every one turns a hostile
+/// input into an error naming the limit instead of exhausted memory. The
+/// defaults admit any real ProtoMotions checkpoint with room to spare; see
+/// the README's limits table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReadOptions {
+    /// Limits for every pickle record.
+    pub pickle: Limits,
+    /// Most bytes all compressed (deflated) records together, `data.pkl`
+    /// included, may expand to: the zip-bomb guard. `None`: 32 times the
+    /// file size plus 64 MiB, which real deflated checkpoints (ratios of 1.1
+    /// to 3) never approach. Each record is also held to the size its
+    /// storage declares.
+    pub max_inflated_bytes: Option<u64>,
+    /// Most JSON values in a safetensors file's `pmstate.tree` (each tree
+    /// node is at least one). Default 4,194,304, as the pickle node budget.
+    pub max_tree_values: u64,
+    /// Most bytes a non-contiguous view may expand to when its elements are
+    /// gathered (a stride-0 view of one element can claim 10^12): `None` is
+    /// 4 times its storage plus 64 MiB.
+    pub max_view_bytes: Option<u64>,
+}
+
+impl Default for ReadOptions {
+    fn default() -> Self {
+        ReadOptions {
+            pickle: Limits::default(),
+            max_inflated_bytes: None,
+            max_tree_values: 1 << 22,
+            max_view_bytes: None,
+        }
+    }
+}
+
+/// What a reader found: the tree, the storages, the container.
+pub(crate) struct Parsed {
+    pub root: Node,
+    pub storages: HashMap<String, Storage>,
+    pub format: Format,
+}
+
 /// A checkpoint: the tree `torch.load` would return, as inert data, and
-/// the storages its tensors view.
+/// the storages its tensors view. Built only by validating constructors,
+/// so every tensor it holds lies inside its storage.
 ///
 /// ```no_run
 /// use pmstate_ckpt::Checkpoint;
 /// let ckpt = Checkpoint::open("last.ckpt")?;
 /// for (key, t) in ckpt.tensors() {
-///     println!("{key}: {} {:?}", t.dtype, t.shape);
+///     println!("{key}: {} {}", t.dtype, pmstate_ckpt::Shape(&t.shape));
 /// }
 /// let w = ckpt.tensor("model._actor.mu.mlp.0.weight")?;
 /// let w = ckpt.to_candle(w, &candle_core::Device::Cpu)?;
@@ -73,50 +133,24 @@ impl std::fmt::Display for Format {
 /// ```
 #[derive(Debug, Clone)]
 pub struct Checkpoint {
-    /// The root value (a dict for every ProtoMotions checkpoint).
-    pub root: Node,
-    /// Storages by key.
-    pub storages: HashMap<String, Storage>,
-    /// The file it came from (for messages), or `<memory>`.
-    pub path: String,
-    /// The container it came from.
-    pub format: Format,
+    root: Node,
+    storages: HashMap<String, Storage>,
+    path: String,
+    format: Format,
+    source: Option<Arc<Source>>,
+    options: ReadOptions,
 }
 
-/// Opens a file for reading and maps it. The map is read-only and private.
-#[allow(unsafe_code)]
-pub(crate) fn map_file(path: &Path) -> Result<Arc<Backing>> {
-    let file = File::open(path).map_err(io_err(path))?;
-    // SAFETY: the map is read-only; the one hazard is another process
-    // truncating or rewriting the file while we hold it (then reads may see
-    // the new bytes or fault), as with every mmap-based reader (safetensors,
-    // torch.load(mmap=True)). pmstate's own writers never modify a file in
-    // place: they write a temporary file and rename it over the target.
-    // Tested by `tests/fixtures.rs`, which reads mapped fixtures.
-    let map = unsafe { Mmap::map(&file) }.map_err(io_err(path))?;
-    Ok(Arc::new(Backing::Map(map, file)))
-}
-
-/// Sets the kernel's read-ahead policy for a mapped file. Parsing touches a
-/// few scattered pages (the pickle, every zip entry's local header, the
-/// central directory); with the default policy each of those faults also
-/// reads ahead up to `read_ahead_kb` (often MiBs) of tensor data on a cold
-/// cache, so `open` uses `Random` while parsing and restores `Normal` for
-/// the sequential reads of tensor data that may follow.
-fn advise(map: &Backing, random: bool) {
-    #[cfg(unix)]
-    if let Backing::Map(m, _) = map {
-        let advice = if random { memmap2::Advice::Random } else { memmap2::Advice::Normal };
-        let _ = m.advise(advice); // only a hint
+impl std::fmt::Debug for Source {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Source({} bytes)", self.len())
     }
-    #[cfg(not(unix))]
-    let _ = (map, random);
 }
 
 impl Checkpoint {
     /// Reads a `.pt`/`.ckpt`/`.pth`/`.bin` (zip or legacy, by content) or a
-    /// `.safetensors` file, with default limits. Tensor data is mapped, not
-    /// read, where the file stores it uncompressed.
+    /// `.safetensors` file, with default limits. Tensor data is read only
+    /// when asked for.
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
         Self::open_with(path, &ReadOptions::default())
     }
@@ -124,46 +158,75 @@ impl Checkpoint {
     /// [`Checkpoint::open`] with explicit limits.
     pub fn open_with(path: impl AsRef<Path>, opts: &ReadOptions) -> Result<Self> {
         let path = path.as_ref();
-        let map = map_file(path)?;
-        advise(&map, true);
-        let parsed = Self::parse(path.display().to_string(), &map, is_safetensors_path(path), opts);
-        advise(&map, false);
-        parsed
+        let src = Arc::new(Source::open(path)?);
+        let by_name = Format::for_path(path).is_some_and(|f| matches!(f, Format::Safetensors { .. }));
+        let ckpt = Self::parse(path.display().to_string(), src, by_name, opts)?;
+        ckpt.check_unchanged()?;
+        Ok(ckpt)
     }
 
     /// Reads a checkpoint held in memory (any format [`Checkpoint::open`]
     /// reads); `name` is used in messages. Storages are ranges of `bytes`.
     pub fn from_bytes(bytes: Vec<u8>, name: &str, opts: &ReadOptions) -> Result<Self> {
-        Self::parse(name.to_owned(), &Arc::new(Backing::Mem(bytes)), false, opts)
+        Self::parse(name.to_owned(), Arc::new(Source::Mem(bytes)), false, opts)
     }
 
-    fn parse(shown: String, map: &Arc<Backing>, safetensors_name: bool, opts: &ReadOptions) -> Result<Self> {
-        if map.starts_with(b"PK") {
-            let Parsed { root, storages, prefix, .. } = read_zip(&shown, map, opts)?;
-            let prefix = prefix.unwrap_or_default();
-            return Ok(Checkpoint { root, storages, path: shown, format: Format::TorchZip { prefix } });
-        }
-        if is_legacy(map) {
-            let Parsed { root, storages, .. } = read_legacy(&shown, map, opts)?;
-            return Ok(Checkpoint { root, storages, path: shown, format: Format::TorchLegacy });
-        }
-        if safetensors_name || crate::safetensors_io::looks_like_safetensors(map) {
-            return crate::safetensors_io::read(&shown, map, opts);
-        }
-        Err(CkptError::Container {
-            path: shown,
-            reason: "neither a torch zip archive, a legacy torch.save stream, nor a safetensors file".into(),
-        })
+    fn parse(shown: String, src: Arc<Source>, safetensors_name: bool, opts: &ReadOptions) -> Result<Self> {
+        let head = src.read_vec(0, src.len().min(16) as usize)?;
+        let parsed = if head.starts_with(b"PK") {
+            crate::torch::read_zip(&shown, &src, opts)?
+        } else if crate::torch::is_legacy(&head) {
+            crate::torch::read_legacy(&shown, &src, opts)?
+        } else if safetensors_name || crate::safetensors::looks_like_safetensors(&head, src.len()) {
+            crate::safetensors::read(&shown, &src, opts)?
+        } else {
+            return Err(CkptError::NotACheckpoint { path: shown });
+        };
+        Self::from_parsed(shown, Some(src), parsed, *opts)
     }
 
-    /// A checkpoint built in memory from a tree and its storages.
-    pub fn from_parts(root: Node, storages: HashMap<String, Storage>) -> Self {
-        Checkpoint { root, storages, path: "<memory>".into(), format: Format::Memory }
+    /// A checkpoint built in memory from a tree and its storages, validated
+    /// as a read one is (every tensor inside its storage, one object
+    /// identity per tensor, dtypes agreeing with typed storages).
+    pub fn from_parts(root: Node, storages: HashMap<String, Storage>) -> Result<Self> {
+        let parsed = Parsed { root, storages, format: Format::Memory };
+        Self::from_parsed("<memory>".into(), None, parsed, ReadOptions::default())
+    }
+
+    pub(crate) fn from_parsed(
+        path: String,
+        source: Option<Arc<Source>>,
+        parsed: Parsed,
+        options: ReadOptions,
+    ) -> Result<Self> {
+        let Parsed { root, storages, format } = parsed;
+        let ckpt = Checkpoint { root, storages, path, format, source, options };
+        ckpt.validate()?;
+        Ok(ckpt)
+    }
+
+    /// The tree and the storages, taken apart (to edit the tree and build a
+    /// new checkpoint with [`Checkpoint::from_parts`]).
+    pub fn into_parts(self) -> (Node, HashMap<String, Storage>) {
+        (self.root, self.storages)
     }
 
     /// The root value (a dict for every ProtoMotions checkpoint).
     pub fn root(&self) -> &Node {
         &self.root
+    }
+
+    pub(crate) fn root_mut(&mut self) -> &mut Node {
+        &mut self.root
+    }
+
+    /// The storages, by key.
+    pub fn storages(&self) -> &HashMap<String, Storage> {
+        &self.storages
+    }
+
+    pub(crate) fn add_storage(&mut self, key: String, storage: Storage) {
+        self.storages.insert(key, storage);
     }
 
     /// The container it was read from.
@@ -176,10 +239,31 @@ impl Checkpoint {
         &self.path
     }
 
-    /// Every tensor with its dotted key, in tree order.
+    /// The source file name, for messages.
+    pub fn path(&self) -> PathBuf {
+        PathBuf::from(&self.path)
+    }
+
+    /// The limits it was read with.
+    pub fn read_options(&self) -> &ReadOptions {
+        &self.options
+    }
+
+    /// Errors with [`CkptError::InputChanged`] if the input file was
+    /// rewritten in place since it was opened. Writers call it before
+    /// committing their output.
+    pub fn check_unchanged(&self) -> Result<()> {
+        match &self.source {
+            Some(src) => src.check_unchanged(),
+            None => Ok(()),
+        }
+    }
+
+    /// Every tensor with its dotted key, in tree order: also those inside
+    /// dict keys, `_metadata` and objects.
     pub fn tensors(&self) -> Vec<(String, &TensorRef)> {
         let mut out = Vec::new();
-        self.root.walk(&mut |path, node| {
+        self.root.walk_all(&mut |path, node| {
             if let Node::Tensor(t) = node {
                 out.push((dotted(path), t));
             }
@@ -189,7 +273,8 @@ impl Checkpoint {
     }
 
     /// The node at a dotted key. Dict keys may themselves contain dots
-    /// (state dicts do): the longest key that matches wins.
+    /// (state dicts do): the longest key that matches wins. Dataclass
+    /// fields are reached like dict entries (`agent.model.actor`).
     pub fn get(&self, key: &str) -> Option<&Node> {
         lookup(&self.root, key)
     }
@@ -198,72 +283,166 @@ impl Checkpoint {
     pub fn tensor(&self, key: &str) -> Result<&TensorRef> {
         match self.get(key) {
             Some(Node::Tensor(t)) => Ok(t),
-            Some(other) => Err(CkptError::Value {
+            Some(other) => Err(CkptError::WrongKind {
                 path: self.path.clone(),
                 key: key.to_owned(),
-                reason: format!("is a {}, not a tensor", other.kind()),
+                expected: "tensor",
+                found: other.kind(),
             }),
-            None => Err(CkptError::NotFound { path: self.path.clone(), key: key.to_owned() }),
+            None => Err(self.not_found(key)),
         }
     }
 
-    /// The storage of a tensor.
+    /// A [`CkptError::NotFound`] for `key`, naming the nearest tensor keys.
+    pub(crate) fn not_found(&self, key: &str) -> CkptError {
+        let keys = self.tensors();
+        let closest = crate::normalizers::closest(key, keys.iter().map(|(k, _)| k.as_str()));
+        CkptError::NotFound { path: self.path.clone(), key: key.to_owned(), closest }
+    }
+
+    /// The storage of a tensor of this checkpoint.
     pub fn storage_of(&self, t: &TensorRef) -> Result<&Storage> {
-        self.storages.get(&t.storage).ok_or_else(|| CkptError::Value {
+        self.storage(&t.storage)
+    }
+
+    /// The storage under `key`.
+    pub fn storage(&self, key: &str) -> Result<&Storage> {
+        self.storages.get(key).ok_or_else(|| CkptError::Value {
             path: self.path.clone(),
-            key: t.storage.clone(),
-            reason: "tensor refers to a storage that is not in the checkpoint".into(),
+            key: key.to_owned(),
+            problem: ValueProblem::MissingStorage(key.to_owned()),
         })
     }
 
     /// The tensor's elements as C-contiguous little-endian bytes: borrowed
-    /// from the storage when the view is contiguous, gathered otherwise.
+    /// from the storage when the view is contiguous and the storage is in
+    /// memory, read or gathered otherwise. A view that would expand past
+    /// [`ReadOptions::max_view_bytes`] (a stride-0 view of a few elements
+    /// claiming terabytes) is [`CkptError::Limit`] naming its storage.
     pub fn tensor_bytes(&self, t: &TensorRef) -> Result<Cow<'_, [u8]>> {
         let storage = self.storage_of(t)?;
-        let bad = |reason: String| CkptError::Value { path: self.path.clone(), key: t.storage.clone(), reason };
         let elem = t.dtype.size();
-        if t.numel() == 0 {
+        let nbytes = t
+            .checked_nbytes()
+            .ok_or_else(|| self.value_err(&t.storage, ValueProblem::Overflow { what: "element count" }))?;
+        if nbytes == 0 {
             return Ok(Cow::Borrowed(&[]));
         }
-        let extent = t.extent().and_then(|e| e.checked_mul(elem)).ok_or_else(|| bad("view overflows".into()))?;
-        if extent > storage.data.len() {
-            return Err(bad(format!("view reaches byte {extent} of a {}-byte storage", storage.data.len())));
-        }
+        // Validated at construction: the view lies inside the storage.
+        let extent = t.extent().unwrap_or(0);
         if t.is_contiguous() {
-            let start = t.offset * elem;
-            return Ok(Cow::Borrowed(&storage.data[start..start + t.nbytes()]));
+            return storage.data.read_range(t.offset * elem, nbytes);
         }
-        let mut out = Vec::with_capacity(t.nbytes());
-        gather(&storage.data, elem, t.offset, &t.shape, &t.stride, &mut out);
+        let limit = self.options.max_view_bytes.unwrap_or((storage.data.len() as u64).saturating_mul(4) + (64 << 20));
+        if nbytes as u64 > limit {
+            return Err(CkptError::Limit {
+                path: self.path.clone(),
+                limit: "ReadOptions::max_view_bytes",
+                what: format!("gathering the view of storage {} (size {})", t.storage, crate::tree::Shape(&t.shape)),
+                max: limit,
+                needed: nbytes as u64,
+            });
+        }
+        let base = t.offset * elem;
+        let span = storage.data.read_range(base, extent * elem - base)?;
+        let mut out = Vec::with_capacity(nbytes);
+        gather(&span, elem, &t.shape, &t.stride, &mut out);
         Ok(Cow::Owned(out))
     }
 
-    /// The tensor as a candle tensor on `device` (copied; candle owns its memory).
-    pub fn to_candle(&self, t: &TensorRef, device: &candle_core::Device) -> Result<candle_core::Tensor> {
-        let dtype = t.dtype.candle().ok_or_else(|| CkptError::UnsupportedDtype {
-            key: t.storage.clone(),
-            dtype: format!("{} (candle has no such dtype)", t.dtype),
-        })?;
-        let bytes = self.tensor_bytes(t)?;
-        candle_core::Tensor::from_raw_buffer(&bytes, dtype, &t.shape, device)
-            .map_err(|source| CkptError::Candle { key: t.storage.clone(), source: Box::new(source) })
+    fn value_err(&self, key: &str, problem: ValueProblem) -> CkptError {
+        CkptError::Value { path: self.path.clone(), key: key.to_owned(), problem }
     }
 
     /// Globals in the tree that `torch.load(weights_only=True)` would
-    /// reject, with their dotted keys: what `inspect` flags and what
-    /// writing a `.pt` refuses without `allow_unsafe_globals`.
+    /// reject, with their dotted keys: what `inspect` flags and what both
+    /// writers refuse unless the caller allows them.
     pub fn unsafe_globals(&self) -> Vec<(String, String)> {
-        crate::safety::unsafe_globals(&self.root)
+        crate::torch::unsafe_globals(&self.root)
     }
 
-    /// The source file name, for messages.
-    pub fn path(&self) -> PathBuf {
-        PathBuf::from(&self.path)
+    /// Checks every tensor (wherever it sits in the tree) against its
+    /// storage: the storage exists, typed storages match the tensor's dtype,
+    /// the element count fits, the view stays inside; and tensors sharing an
+    /// object identity are the same tensor.
+    fn validate(&self) -> Result<()> {
+        let mut identities: HashMap<u64, &TensorRef> = HashMap::new();
+        let mut failure = None;
+        self.root.walk_all(&mut |path, node| {
+            let Node::Tensor(t) = node else { return true };
+            if let Err(problem) = self.check_tensor(t, &mut identities) {
+                let key = if path.is_empty() { "<root>".to_owned() } else { dotted(path) };
+                failure.get_or_insert_with(|| self.value_err(&key, problem));
+                return false;
+            }
+            true
+        });
+        match failure {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
     }
-}
 
-pub(crate) fn is_safetensors_path(path: &Path) -> bool {
-    path.extension().and_then(|e| e.to_str()).is_some_and(|e| e.eq_ignore_ascii_case("safetensors"))
+    fn check_tensor<'a>(
+        &self,
+        t: &'a TensorRef,
+        identities: &mut HashMap<u64, &'a TensorRef>,
+    ) -> Result<(), ValueProblem> {
+        let storage = self.storages.get(&t.storage).ok_or_else(|| ValueProblem::MissingStorage(t.storage.clone()))?;
+        if t.shape.len() != t.stride.len() {
+            return Err(ValueProblem::RankMismatch { shape: t.shape.clone(), stride: t.stride.clone() });
+        }
+        if storage.typed && storage.dtype != t.dtype {
+            return Err(ValueProblem::DtypeMismatch {
+                storage: t.storage.clone(),
+                tensor: t.dtype,
+                declared: storage.dtype,
+            });
+        }
+        t.checked_nbytes().ok_or(ValueProblem::Overflow { what: "element count" })?;
+        if let Some(id) = t.object {
+            if let Some(first) = identities.insert(id, t) {
+                if first != t {
+                    return Err(ValueProblem::ObjectIdentity(id));
+                }
+            }
+        }
+        if t.numel() == 0 {
+            return Ok(());
+        }
+        let extent = t.extent().ok_or(ValueProblem::Overflow { what: "view extent" })?;
+        let end = extent.checked_mul(t.dtype.size()).ok_or(ValueProblem::Overflow { what: "view extent" })?;
+        if end > storage.data.len() {
+            return Err(ValueProblem::ViewPastStorage(Box::new(crate::error::View {
+                offset: t.offset,
+                shape: t.shape.clone(),
+                stride: t.stride.clone(),
+                extent,
+                storage_bytes: storage.data.len(),
+            })));
+        }
+        Ok(())
+    }
+
+    /// Writes the checkpoint, choosing the format by extension
+    /// ([`Format::for_path`]), with default options (unsafe globals refused,
+    /// fsync before the rename). Atomic.
+    pub fn save(&self, path: impl AsRef<Path>) -> Result<()> {
+        self.save_with(path, &crate::WriteOptions::default())
+    }
+
+    /// [`Checkpoint::save`] with explicit options.
+    pub fn save_with(&self, path: impl AsRef<Path>, opts: &crate::WriteOptions<'_>) -> Result<()> {
+        let path = path.as_ref();
+        match Format::for_path(path) {
+            Some(Format::Safetensors { .. }) => {
+                let st = crate::SafetensorsOptions { write: *opts, select: None };
+                crate::save_safetensors(self, path, &st).map(|_| ())
+            }
+            Some(_) => crate::save_torch(self, path, opts),
+            None => Err(CkptError::NotACheckpoint { path: path.display().to_string() }),
+        }
+    }
 }
 
 fn lookup<'a>(node: &'a Node, key: &str) -> Option<&'a Node> {
@@ -283,86 +462,51 @@ fn lookup<'a>(node: &'a Node, key: &str) -> Option<&'a Node> {
     }
 }
 
+/// The longest dotted prefix of `key` that is a key of `d` (state-dict keys
+/// contain dots), then the rest below it: one hash lookup per dot.
 fn lookup_in_dict<'a>(d: &'a crate::tree::Dict, key: &str) -> Option<&'a Node> {
-    // Longest matching key first: state-dict keys contain dots.
-    let mut best: Option<(&Node, &str)> = None;
-    for (k, v) in &d.entries {
-        let label = match k {
-            Node::Str(s) => Cow::Borrowed(s.as_str()),
-            Node::Int(i) => Cow::Owned(i.to_string()),
-            _ => continue,
-        };
-        let rest =
-            if key == label { Some("") } else { key.strip_prefix(label.as_ref()).and_then(|r| r.strip_prefix('.')) };
-        if let Some(rest) = rest {
-            if best.is_none_or(|(_, r)| rest.len() < r.len()) {
-                best = Some((v, rest));
-            }
-        }
-    }
-    let (v, rest) = best?;
-    lookup(v, rest)
+    let (position, rest) = split_key(d, key)?;
+    lookup(d.value_at(position), rest)
 }
 
-/// Appends the elements of a strided view to `out` in C order.
-fn gather(data: &[u8], elem: usize, offset: usize, shape: &[usize], stride: &[usize], out: &mut Vec<u8>) {
-    if shape.is_empty() {
-        out.extend_from_slice(&data[offset * elem..(offset + 1) * elem]);
-        return;
+/// The entry of `d` the longest dotted prefix of `key` names, and the rest of `key`.
+pub(crate) fn split_key<'k>(d: &crate::tree::Dict, key: &'k str) -> Option<(usize, &'k str)> {
+    if let Some(i) = d.position_of_label(key) {
+        return Some((i, ""));
     }
-    if shape.len() == 1 {
-        for i in 0..shape[0] {
-            let at = (offset + i * stride[0]) * elem;
-            out.extend_from_slice(&data[at..at + elem]);
+    let mut end = key.len();
+    while let Some(dot) = key[..end].rfind('.') {
+        if let Some(i) = d.position_of_label(&key[..dot]) {
+            return Some((i, &key[dot + 1..]));
         }
-        return;
+        end = dot;
     }
-    for i in 0..shape[0] {
-        gather(data, elem, offset + i * stride[0], &shape[1..], &stride[1..], out);
-    }
+    None
 }
 
-impl Checkpoint {
-    /// Checks every tensor against its storage: the storage exists, typed
-    /// storages match the tensor's dtype, and the view stays inside it.
-    pub fn validate(&self) -> Result<()> {
-        for (key, t) in self.tensors() {
-            let bad = |reason: String| CkptError::Value { path: self.path.clone(), key: key.clone(), reason };
-            let storage = self.storages.get(&t.storage).ok_or_else(|| bad(format!("no storage {}", t.storage)))?;
-            if t.shape.len() != t.stride.len() {
-                return Err(bad(format!("size {:?} and stride {:?} differ in length", t.shape, t.stride)));
+/// Appends the elements of a strided view of `span` (which starts at the
+/// view's first element) to `out` in C order. Iterative: a tensor of ten
+/// thousand dimensions costs no stack.
+fn gather(span: &[u8], elem: usize, shape: &[usize], stride: &[usize], out: &mut Vec<u8>) {
+    let rank = shape.len();
+    let mut index = vec![0usize; rank];
+    let mut at = 0usize;
+    loop {
+        out.extend_from_slice(&span[at * elem..(at + 1) * elem]);
+        // Advance the multi-index, last dimension fastest.
+        let mut d = rank;
+        loop {
+            if d == 0 {
+                return;
             }
-            if storage.typed && storage.dtype != t.dtype {
-                return Err(bad(format!("a {} tensor over a {} storage", t.dtype, storage.dtype)));
+            d -= 1;
+            if index[d] + 1 < shape[d] {
+                index[d] += 1;
+                at += stride[d];
+                break;
             }
-            if t.numel() == 0 {
-                continue;
-            }
-            let end = t.extent().and_then(|e| e.checked_mul(t.dtype.size()));
-            if end.is_none_or(|e| e > storage.data.len()) {
-                return Err(bad(format!(
-                    "view (offset {}, size {:?}, stride {:?}) leaves its {}-byte storage",
-                    t.offset,
-                    t.shape,
-                    t.stride,
-                    storage.data.len()
-                )));
-            }
-        }
-        Ok(())
-    }
-
-    /// Writes the checkpoint, choosing the format by extension: `.safetensors`
-    /// is safetensors (the whole tree), anything else (`.pt`, `.pth`,
-    /// `.ckpt`, `.bin`) torch.save's zip layout. Atomic.
-    pub fn save(&self, path: impl AsRef<Path>, allow_unsafe_globals: bool) -> Result<()> {
-        let path = path.as_ref();
-        if is_safetensors_path(path) {
-            let opts = crate::SafetensorsOptions { allow_unsafe_globals, ..Default::default() };
-            crate::save_safetensors(self, path, &opts).map(|_| ())
-        } else {
-            let opts = crate::SaveOptions { allow_unsafe_globals, ..Default::default() };
-            crate::save_torch(self, path, &opts)
+            at -= index[d] * stride[d];
+            index[d] = 0;
         }
     }
 }

@@ -19,8 +19,8 @@ use serde::Serialize;
 
 use crate::checkpoint::Checkpoint;
 use crate::dtype::DType;
-use crate::error::{CkptError, Result};
-use crate::storage::{Bytes, Storage};
+use crate::error::{CkptError, Result, ValueProblem};
+use crate::io::storage::{Bytes, Storage};
 use crate::tree::{dotted, Dict, Node, TensorRef};
 
 /// One normalizer module in a checkpoint: saved buffers, or a lazy module
@@ -44,6 +44,50 @@ pub struct SavedBuffers {
     pub shape: Vec<usize>,
     /// The saved count.
     pub count: i64,
+}
+
+/// What `inspect` and `normalizers` show of a saved group: shape, count,
+/// and the spread of its mean and std (`sqrt(var)`).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct NormalizerSummary {
+    /// The group's name.
+    pub name: String,
+    /// The buffers' shape.
+    pub shape: Vec<usize>,
+    /// The saved count.
+    pub count: i64,
+    /// min / max / mean over the elements of `mean`.
+    pub mean: Summary,
+    /// min / max / mean over the elements of `sqrt(var)`.
+    pub std: Summary,
+}
+
+/// min, max and mean of some values (`None` for none).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Summary {
+    /// The smallest.
+    pub min: Option<f64>,
+    /// The largest.
+    pub max: Option<f64>,
+    /// The average.
+    pub mean: Option<f64>,
+}
+
+impl Summary {
+    fn of(values: impl Iterator<Item = f64>) -> Summary {
+        let (mut min, mut max, mut sum, mut n) = (f64::INFINITY, f64::NEG_INFINITY, 0.0, 0usize);
+        for v in values {
+            min = min.min(v);
+            max = max.max(v);
+            sum += v;
+            n += 1;
+        }
+        if n == 0 {
+            Summary { min: None, max: None, mean: None }
+        } else {
+            Summary { min: Some(min), max: Some(max), mean: Some(sum / n as f64) }
+        }
+    }
 }
 
 /// How a checkpoint's normalizers were trained, when the caller knows.
@@ -109,8 +153,8 @@ impl Checkpoint {
         let mut dicts: Vec<(String, &Dict)> = Vec::new();
         self.root().walk(&mut |path, node| {
             let Node::Dict(d) = node else { return true };
-            let keys: HashMap<&str, &Node> = d.entries.iter().filter_map(|(k, v)| Some((k.as_str()?, v))).collect();
-            for (k, _) in &d.entries {
+            let keys: HashMap<&str, &Node> = d.entries().iter().filter_map(|(k, v)| Some((k.as_str()?, v))).collect();
+            for (k, _) in d.entries() {
                 let Some(base) = k.as_str().and_then(|k| k.strip_suffix("mean")) else { continue };
                 if !(base.is_empty() || base.ends_with('.')) {
                     continue;
@@ -153,8 +197,8 @@ impl Checkpoint {
         }
         for (dict, d) in dicts {
             let Some(Node::Dict(meta)) = d.metadata() else { continue };
-            let keys: HashSet<&str> = d.entries.iter().filter_map(|(k, _)| k.as_str()).collect();
-            for (k, _) in &meta.entries {
+            let keys: HashSet<&str> = d.entries().iter().filter_map(|(k, _)| k.as_str()).collect();
+            for (k, _) in meta.entries() {
                 let Some(prefix) = k.as_str().filter(|p| !p.is_empty()) else { continue };
                 let leaf = prefix.rsplit('.').next().unwrap_or(prefix);
                 if leaves.contains(leaf) && !keys.contains(format!("{prefix}.mean").as_str()) {
@@ -180,14 +224,40 @@ impl Checkpoint {
         })
     }
 
+    /// The [`NormalizerSummary`] of the saved group named `name`.
+    pub fn normalizer_summary(&self, name: &str) -> Result<NormalizerSummary> {
+        let g = self.normalizer(name)?;
+        let saved = g.saved.clone().ok_or_else(|| CkptError::WrongKind {
+            path: self.path_str().to_owned(),
+            key: name.to_owned(),
+            expected: "normalizer with saved buffers",
+            found: "lazy normalizer that never ran",
+        })?;
+        let f64s = |field: &str| -> Result<Vec<f64>> {
+            let t = self.group_tensor(&g, field)?;
+            let bytes = self.tensor_bytes(t)?;
+            Ok(bytes.chunks_exact(8).map(|c| f64::from_le_bytes(c.try_into().unwrap_or([0; 8]))).collect())
+        };
+        let mean = f64s("mean")?;
+        let var = f64s("var")?;
+        Ok(NormalizerSummary {
+            name: g.name.clone(),
+            shape: saved.shape,
+            count: saved.count,
+            mean: Summary::of(mean.into_iter()),
+            std: Summary::of(var.into_iter().map(f64::sqrt)),
+        })
+    }
+
     /// The saved state of the group named `name`, on `device`. A lazy group
     /// has no state: an error.
     pub fn normalizer_state(&self, name: &str, device: &Device) -> Result<NormState> {
         let g = self.normalizer(name)?;
-        self.group_state(&g, device)?.ok_or_else(|| CkptError::Value {
+        self.group_state(&g, device)?.ok_or_else(|| CkptError::WrongKind {
             path: self.path_str().to_owned(),
             key: name.to_owned(),
-            reason: "a lazy normalizer that never ran: no buffers were saved".into(),
+            expected: "normalizer with saved buffers",
+            found: "lazy normalizer that never ran",
         })
     }
 
@@ -227,15 +297,17 @@ impl Checkpoint {
     /// (one that has since run) gets its three keys appended to its dict.
     pub fn store_normalizer(&mut self, name: &str, state: &NormState) -> Result<()> {
         let g = self.normalizer(name)?;
-        let bad = |path: &str, reason: String| CkptError::Value { path: path.to_owned(), key: name.to_owned(), reason };
         let shape = state.mean.dims().to_vec();
         if state.var.dims() != shape.as_slice() {
-            let reason = format!(
-                "var shape {} differs from mean's {}",
-                crate::tree::Shape(state.var.dims()),
-                crate::tree::Shape(&shape)
-            );
-            return Err(bad(self.path_str(), reason));
+            let source = pmstate_norm::NormError::InvalidState {
+                field: "var",
+                reason: format!(
+                    "shape {} differs from mean's {}",
+                    crate::tree::Shape(state.var.dims()),
+                    crate::tree::Shape(&shape)
+                ),
+            };
+            return Err(CkptError::Norm { group: name.to_owned(), source: Box::new(source) });
         }
         let f64_bytes = |t: &candle_core::Tensor| -> Result<Vec<u8>> {
             let v: Vec<f64> = t
@@ -253,16 +325,14 @@ impl Checkpoint {
         let mut nodes = Vec::new();
         for (field, dtype, shape, bytes) in buffers {
             let mut key = format!("pmstate:{name}.{field}");
-            while self.storages.contains_key(&key) {
+            while self.storages().contains_key(&key) {
                 key.push('\'');
             }
             nodes.push((format!("{}{field}", g.base), Node::Tensor(TensorRef::contiguous(key.clone(), dtype, shape))));
-            self.storages
-                .insert(key, Storage { typed: true, dtype, location: "cpu".into(), data: Bytes::owned(bytes) });
+            self.add_storage(key, Storage { typed: true, dtype, location: "cpu".into(), data: Bytes::owned(bytes) });
         }
-        let path = self.path.clone();
-        let target = lookup_dict_mut(&mut self.root, &g.dict)
-            .ok_or_else(|| CkptError::NotFound { path, key: g.dict.clone() })?;
+        let missing = self.not_found(&g.dict);
+        let target = lookup_dict_mut(self.root_mut(), &g.dict).ok_or(missing)?;
         for (k, n) in nodes {
             target.insert(&k, n);
         }
@@ -274,18 +344,18 @@ impl Checkpoint {
         if g.saved.is_none() {
             return Ok(None);
         }
-        let field = |f: &str| -> Result<&TensorRef> {
-            let key = format!("{}.{f}", g.name);
-            let dict = self.get(&g.dict).and_then(Node::as_dict);
-            match dict.and_then(|d| d.get(&format!("{}{f}", g.base))) {
-                Some(Node::Tensor(t)) => Ok(t),
-                _ => Err(CkptError::NotFound { path: self.path_str().to_owned(), key }),
-            }
-        };
-        let mean = self.to_candle(field("mean")?, device)?;
-        let var = self.to_candle(field("var")?, device)?;
-        let count = self.read_count(field("count")?)?;
+        let mean = self.to_candle(self.group_tensor(g, "mean")?, device)?;
+        let var = self.to_candle(self.group_tensor(g, "var")?, device)?;
+        let count = self.read_count(self.group_tensor(g, "count")?)?;
         Ok(Some(NormState { mean, var, count }))
+    }
+
+    fn group_tensor(&self, g: &NormalizerGroup, field: &str) -> Result<&TensorRef> {
+        let dict = self.get(&g.dict).and_then(Node::as_dict);
+        match dict.and_then(|d| d.get(&format!("{}{field}", g.base))) {
+            Some(Node::Tensor(t)) => Ok(t),
+            _ => Err(self.not_found(&format!("{}.{field}", g.name))),
+        }
     }
 
     fn read_count(&self, t: &TensorRef) -> Result<i64> {
@@ -293,7 +363,7 @@ impl Checkpoint {
         let arr: [u8; 8] = b[..].try_into().map_err(|_| CkptError::Value {
             path: self.path_str().to_owned(),
             key: t.storage.clone(),
-            reason: format!("count holds {} bytes, not 8", b.len()),
+            problem: ValueProblem::Malformed { what: "normalizer count", found: format!("{} bytes, not 8", b.len()) },
         })?;
         Ok(i64::from_le_bytes(arr))
     }
@@ -331,27 +401,9 @@ fn lookup_dict_mut<'a>(node: &'a mut Node, key: &str) -> Option<&'a mut Dict> {
     }
     let d = node.as_dict_mut()?;
     // Longest matching key first, as `Checkpoint::get`.
-    let mut best: Option<(usize, usize)> = None;
-    for (i, (k, _)) in d.entries.iter().enumerate() {
-        let label = match k {
-            Node::Str(s) => s.clone(),
-            Node::Int(n) => n.to_string(),
-            _ => continue,
-        };
-        let rest_len = if key == label {
-            Some(0)
-        } else {
-            key.strip_prefix(label.as_str()).and_then(|r| r.strip_prefix('.')).map(str::len)
-        };
-        if let Some(r) = rest_len {
-            if best.is_none_or(|(_, b)| r < b) {
-                best = Some((i, r));
-            }
-        }
-    }
-    let (i, rest_len) = best?;
-    let rest = key[key.len() - rest_len..].to_owned();
-    lookup_dict_mut(&mut d.entries[i].1, &rest)
+    let (position, rest) = crate::checkpoint::split_key(d, key)?;
+    let rest = rest.to_owned();
+    lookup_dict_mut(d.value_at_mut(position), &rest)
 }
 
 #[cfg(test)]

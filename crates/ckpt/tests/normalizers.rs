@@ -121,7 +121,7 @@ fn updated_state_is_written_back_and_nothing_else_changes() {
     ckpt.store_normalizer(LAZY, &lazy.state().unwrap()).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("resumed.ckpt");
-    ckpt.save(&out, false).unwrap();
+    ckpt.save(&out).unwrap();
     let again = Checkpoint::open(&out).unwrap();
     let groups = again.normalizers().unwrap();
     let names: Vec<&str> = groups.iter().map(|g| g.name.as_str()).collect();

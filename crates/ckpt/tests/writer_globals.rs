@@ -1,39 +1,45 @@
 //! The `.pt` writer emits only globals on torch's weights_only allowlist,
-//! or globals the tree carried in opaque values when the caller allowed
-//! them: never a global made up from data.
+//! or globals the tree carried itself when the caller allowed them: never a
+//! global made up from data.
 
 use std::collections::HashMap;
 
-use pmstate_ckpt::{Checkpoint, CkptError, Construct, Dict, Node, Object, SaveOptions};
+use pmstate_ckpt::{Checkpoint, CkptError, Construct, Dict, Node, Object, UnsafeGlobals, ValueProblem, WriteOptions};
 
-fn one(key: &str, value: Node) -> Checkpoint {
-    let root = Node::Dict(Dict { ordered: false, entries: vec![(Node::Str(key.into()), value)], state: None });
+fn one(key: &str, value: Node) -> Result<Checkpoint, CkptError> {
+    let root = Node::Dict(Dict::from_entries(false, vec![(Node::Str(key.into()), value)]).unwrap());
     Checkpoint::from_parts(root, HashMap::new())
 }
 
 #[test]
 fn a_dtype_node_naming_a_function_is_never_written() {
-    let ckpt = one("d", Node::TorchDtype("load".into()));
+    let ckpt = one("d", Node::TorchDtype("load".into())).unwrap();
     let dir = tempfile::tempdir().unwrap();
-    for allow_unsafe_globals in [false, true] {
-        let opts = SaveOptions { allow_unsafe_globals, ..Default::default() };
+    for unsafe_globals in [UnsafeGlobals::Refuse, UnsafeGlobals::Allow] {
+        let opts = WriteOptions { unsafe_globals, ..Default::default() };
         let err = pmstate_ckpt::save_torch(&ckpt, dir.path().join("x.pt"), &opts).unwrap_err();
         assert!(err.to_string().contains("torch.load"), "{err}");
+        if unsafe_globals == UnsafeGlobals::Allow {
+            assert!(
+                matches!(&err, CkptError::Unwritable { problem: ValueProblem::NotADtype(n), .. } if n == "load"),
+                "{err}"
+            );
+        }
     }
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
 }
 
 #[test]
 fn a_real_dtype_node_is_written_and_read_back() {
-    let ckpt = one("d", Node::TorchDtype("float32".into()));
+    let ckpt = one("d", Node::TorchDtype("float32".into())).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("x.pt");
-    pmstate_ckpt::save_torch(&ckpt, &path, &SaveOptions::default()).unwrap();
-    assert_eq!(Checkpoint::open(&path).unwrap().root, ckpt.root);
+    ckpt.save(&path).unwrap();
+    assert_eq!(Checkpoint::open(&path).unwrap().root(), ckpt.root());
 }
 
 #[test]
-fn opaque_unsafe_globals_in_keys_are_refused_unless_allowed() {
+fn unsafe_globals_in_keys_are_refused_unless_allowed() {
     let call = Node::Object(Box::new(Object {
         construct: Construct::Reduce,
         callable: Node::Global { module: "os".into(), name: "system".into() },
@@ -43,16 +49,16 @@ fn opaque_unsafe_globals_in_keys_are_refused_unless_allowed() {
         setitems: vec![],
         appends: vec![],
     }));
-    let inner = Node::Dict(Dict { ordered: false, entries: vec![(call, Node::None)], state: None });
-    let ckpt = one("model", inner);
+    let inner = Node::Dict(Dict::from_entries(false, vec![(call, Node::None)]).unwrap());
+    let ckpt = one("model", inner).unwrap();
     let flagged = vec![("model.<key of entry 0>.<callable>".to_owned(), "os.system".to_owned())];
     assert_eq!(ckpt.unsafe_globals(), flagged);
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("x.pt");
-    let err = pmstate_ckpt::save_torch(&ckpt, &path, &SaveOptions::default()).unwrap_err();
+    let err = ckpt.save(&path).unwrap_err();
     assert!(matches!(err, CkptError::UnsafeGlobals { count: 1, .. }), "{err}");
-    let opts = SaveOptions { allow_unsafe_globals: true, ..Default::default() };
-    pmstate_ckpt::save_torch(&ckpt, &path, &opts).unwrap();
+    let opts = WriteOptions { unsafe_globals: UnsafeGlobals::Allow, ..Default::default() };
+    ckpt.save_with(&path, &opts).unwrap();
     let back = Checkpoint::open(&path).unwrap();
     assert_eq!(back.unsafe_globals(), ckpt.unsafe_globals());
 }

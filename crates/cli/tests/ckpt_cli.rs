@@ -119,7 +119,7 @@ fn diff_reports_value_changes_within_tolerances() {
     state.count += 1;
     ckpt.store_normalizer(&name, &state).unwrap();
     let changed = dir.path().join("changed.ckpt");
-    ckpt.save(&changed, false).unwrap();
+    ckpt.save(&changed).unwrap();
     let changed = changed.display().to_string();
 
     let d = pmstate(&["diff", "--json", &fixture("ppo_full.ckpt"), &changed]);

@@ -3,6 +3,7 @@
 /// Why a pickle could not be read or written. Read errors carry the byte
 /// offset of the opcode at fault.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum PickleError {
     /// The input ended inside an opcode or before `STOP`.
     #[error("pickle truncated at byte {offset}: {what}")]

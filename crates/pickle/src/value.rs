@@ -175,3 +175,34 @@ impl Value {
         count
     }
 }
+
+/// A short human form, for messages: scalars as Python writes them,
+/// containers by kind and length, globals and calls by name. Never the
+/// whole value (a message must stay short whatever the input holds).
+impl std::fmt::Display for Value {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Value::None => f.write_str("None"),
+            Value::Bool(true) => f.write_str("True"),
+            Value::Bool(false) => f.write_str("False"),
+            Value::Int(i) => write!(f, "{i}"),
+            Value::BigInt(b) => write!(f, "<int of {} bytes>", b.len()),
+            Value::Float(x) => write!(f, "{x:?}"),
+            Value::Str(s) if s.chars().count() <= 40 => write!(f, "'{s}'"),
+            Value::Str(s) => write!(f, "<str of {} chars>", s.chars().count()),
+            Value::Bytes(b) => write!(f, "<bytes of length {}>", b.len()),
+            Value::ByteArray(b) => write!(f, "<bytearray of length {}>", b.len()),
+            Value::List(xs) => write!(f, "<list of {} items>", xs.len()),
+            Value::Tuple(xs) => write!(f, "<tuple of {} items>", xs.len()),
+            Value::Dict(kv) => write!(f, "<dict of {} entries>", kv.len()),
+            Value::Set(xs) => write!(f, "<set of {} items>", xs.len()),
+            Value::FrozenSet(xs) => write!(f, "<frozenset of {} items>", xs.len()),
+            Value::Global { module, name } => write!(f, "<global {module}.{name}>"),
+            Value::Reduce { callable, .. } => write!(f, "<call of {callable}>"),
+            Value::NewObj { cls, .. } => write!(f, "<new {cls} object>"),
+            Value::Build { object, .. } => write!(f, "<built {object}>"),
+            Value::PersistentId(_) => f.write_str("<persistent id>"),
+            Value::Shared { value, .. } => write!(f, "{value}"),
+        }
+    }
+}

@@ -45,7 +45,7 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
 fn child<'a>(node: &'a Node, key: &J) -> Option<&'a Node> {
     match node {
         Node::Dict(d) => d
-            .entries
+            .entries()
             .iter()
             .find(|(k, _)| match (k, key) {
                 (Node::Str(s), J::String(j)) => s == j,
@@ -117,7 +117,7 @@ fn scalar_matches(n: &Node, leaf: &J) -> Result<(), String> {
     if ok {
         Ok(())
     } else {
-        Err(format!("value {n:?} != manifest {leaf}"))
+        Err(format!("value {n} != manifest {leaf}"))
     }
 }
 
@@ -129,7 +129,7 @@ pub fn check_against_manifest(ckpt: &Checkpoint, fixture: &J) -> Vec<String> {
     let file = fixture["file"].as_str().unwrap();
     for c in fixture["containers"].as_array().unwrap() {
         let path = c["path"].as_array().unwrap();
-        let Some(n) = at(&ckpt.root, path) else {
+        let Some(n) = at(ckpt.root(), path) else {
             errs.push(format!("{file}: container {path:?} missing"));
             continue;
         };
@@ -138,12 +138,12 @@ pub fn check_against_manifest(ckpt: &Checkpoint, fixture: &J) -> Vec<String> {
         }
         if let (Some(keys), Node::Dict(d)) = (c["keys"].as_array(), n) {
             let ours: Vec<J> = d
-                .entries
+                .entries()
                 .iter()
                 .map(|(k, _)| match k {
                     Node::Str(s) => J::String(s.clone()),
                     Node::Int(i) => J::from(*i),
-                    other => J::String(format!("{other:?}")),
+                    other => J::String(other.to_string()),
                 })
                 .collect();
             if &ours != keys {
@@ -158,7 +158,7 @@ pub fn check_against_manifest(ckpt: &Checkpoint, fixture: &J) -> Vec<String> {
         if let Some(meta) = c["metadata"].as_array() {
             let ours = n.as_dict().and_then(|d| d.metadata());
             let ours: Option<Vec<J>> = ours.and_then(Node::as_dict).map(|m| {
-                m.entries
+                m.entries()
                     .iter()
                     .map(|(k, v)| {
                         let version = v.get("version").and_then(|x| match x {
@@ -177,7 +177,7 @@ pub fn check_against_manifest(ckpt: &Checkpoint, fixture: &J) -> Vec<String> {
     let mut groups: std::collections::HashMap<u64, String> = std::collections::HashMap::new();
     for leaf in fixture["leaves"].as_array().unwrap() {
         let path = leaf["path"].as_array().unwrap();
-        let Some(n) = at(&ckpt.root, path) else {
+        let Some(n) = at(ckpt.root(), path) else {
             errs.push(format!("{file}: leaf {path:?} missing"));
             continue;
         };
@@ -191,7 +191,7 @@ pub fn check_against_manifest(ckpt: &Checkpoint, fixture: &J) -> Vec<String> {
             }
             continue;
         };
-        let storage = ckpt.storages.get(&t.storage).expect("storage present");
+        let storage = ckpt.storages().get(&t.storage).expect("storage present");
         let checks = [
             ("dtype", J::String(format!("torch.{}", t.dtype)), leaf["dtype"].clone()),
             ("shape", serde_json::json!(t.shape), leaf["shape"].clone()),

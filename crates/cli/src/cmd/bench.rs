@@ -1,35 +1,97 @@
 //! `pmstate bench`: times the normalizer's hot paths against a plain copy.
 
+use std::process::ExitCode;
 use std::time::Instant;
 
 use candle_core::{Device, Tensor};
 use pmstate_norm::{NormConfig, RunningMeanStd};
 use serde::Serialize;
 
-use crate::CliError;
+use crate::args::DeviceArg;
+use crate::{output, CliError, Global};
+
+/// `pmstate bench [--threads N] [--device cpu|cuda] [--min-time S] [--shape RxC]...`
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Worker threads (default: all cores).
+    #[arg(long, value_parser = crate::args::positive)]
+    threads: Option<usize>,
+    /// Where the batches live.
+    #[arg(long, value_enum, default_value = "cpu")]
+    device: DeviceArg,
+    /// Seconds to keep timing each op (after at least 7 calls).
+    #[arg(long, default_value_t = 0.5, value_parser = crate::args::non_negative)]
+    min_time: f64,
+    /// Only these shapes, as ROWSxCOLS (repeatable).
+    #[arg(long = "shape", value_parser = crate::args::shape)]
+    shapes: Vec<(usize, usize)>,
+}
+
+/// Runs the benchmark: a table, or (`--json`) one object per line with op,
+/// rows, cols, device, threads, seconds (median per call) and gbps.
+pub fn run(a: Args, g: Global) -> Result<ExitCode, CliError> {
+    let threads = a.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let (device, device_name) = a.device.open()?;
+    let shapes = if a.shapes.is_empty() { SHAPES.to_vec() } else { a.shapes };
+    let opts = Options { threads, device, device_name, min_time: a.min_time, shapes, quiet: g.quiet };
+    let mut rows = vec![];
+    let mut failed = None;
+    bench(&opts, |r| {
+        if g.json {
+            if let Err(e) = output::json_line(r) {
+                failed.get_or_insert(e);
+            }
+        } else {
+            rows.push(format!(
+                "{:<20} {:>6}x{:<4} {:>7} {:>3} {:>12.1} {:>8.2}",
+                r.op,
+                r.rows,
+                r.cols,
+                r.device,
+                r.threads,
+                r.seconds * 1e6,
+                r.gbps
+            ));
+        }
+    })?;
+    if let Some(e) = failed {
+        return Err(e.into());
+    }
+    if !g.json {
+        output::line(format!(
+            "{:<20} {:>11} {:>7} {:>3} {:>12} {:>8}",
+            "op", "shape", "device", "thr", "median µs", "GB/s"
+        ));
+        for r in rows {
+            output::line(r);
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
 
 /// The shapes ProtoMotions-sized observation batches come in.
-pub const SHAPES: [(usize, usize); 3] = [(4096, 358), (16384, 512), (65536, 64)];
+const SHAPES: [(usize, usize); 3] = [(4096, 358), (16384, 512), (65536, 64)];
 
 /// One timing: `seconds` is the median per call, `gbps` the bytes the op
 /// must move (read and written) per second.
 #[derive(Debug, Serialize)]
-pub struct Record {
-    pub op: &'static str,
-    pub rows: usize,
-    pub cols: usize,
-    pub device: String,
-    pub threads: usize,
-    pub seconds: f64,
-    pub gbps: f64,
+struct Record {
+    op: &'static str,
+    rows: usize,
+    cols: usize,
+    device: String,
+    threads: usize,
+    seconds: f64,
+    gbps: f64,
 }
 
-pub struct Options {
-    pub threads: usize,
-    pub device: Device,
-    pub device_name: String,
-    pub min_time: f64,
-    pub shapes: Vec<(usize, usize)>,
+struct Options {
+    threads: usize,
+    device: Device,
+    device_name: String,
+    min_time: f64,
+    shapes: Vec<(usize, usize)>,
+    quiet: bool,
 }
 
 /// Deterministic observation-like data: offset features, spread ~1.
@@ -65,7 +127,7 @@ fn time(min_time: f64, device: &Device, mut f: impl FnMut() -> Result<(), CliErr
     Ok(samples[samples.len() / 2])
 }
 
-pub fn run(opts: &Options, mut on_record: impl FnMut(&Record) + Send) -> Result<(), CliError> {
+fn bench(opts: &Options, mut on_record: impl FnMut(&Record) + Send) -> Result<(), CliError> {
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(opts.threads)
         .build()
@@ -83,10 +145,12 @@ pub fn run(opts: &Options, mut on_record: impl FnMut(&Record) + Send) -> Result<
             let ops: [(&'static str, f64); 4] =
                 [("normalize", 2.0), ("record_moments", 1.0), ("record_moments_ema", 1.0), ("copy", 2.0)];
             for (op, passes) in ops {
-                crate::output::err_line(format!(
-                    "bench: {op} {rows}x{cols} on {} ({} threads)...",
-                    opts.device_name, opts.threads
-                ));
+                if !opts.quiet {
+                    output::err_line(format!(
+                        "bench: {op} {rows}x{cols} on {} ({} threads)...",
+                        opts.device_name, opts.threads
+                    ));
+                }
                 let seconds = match op {
                     "normalize" => time(opts.min_time, &opts.device, || {
                         std::hint::black_box(welford.normalize(&x)?);

@@ -2,6 +2,7 @@
 //! all_gathers, the combine and update on rank 0, three broadcasts) and of
 //! one all_gather alone, on W ranks in lockstep.
 
+use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -9,27 +10,98 @@ use candle_core::{Device, Tensor};
 use pmstate_norm::{Collective, InProcessGroup, Moments, NormConfig, RunningMeanStd};
 use serde::Serialize;
 
-use crate::CliError;
+use crate::cmd::replay::CollectiveArg;
+use crate::{output, CliError, Global};
+
+/// `pmstate bench-collective [--collective inproc|mpi] [--world-size W]... [--dim D] [--iters N]`
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// inproc: W threads (each --world-size); mpi: this process is one
+    /// rank of `mpirun -np W`, rank 0 prints.
+    #[arg(long, value_enum, default_value = "inproc")]
+    collective: CollectiveArg,
+    /// World sizes for inproc (repeatable; default 2 and 4).
+    #[arg(long = "world-size", value_parser = crate::args::positive)]
+    world_sizes: Vec<usize>,
+    /// Features per state (D).
+    #[arg(long, default_value_t = 358, value_parser = crate::args::positive)]
+    dim: usize,
+    /// Timed calls per op (after a tenth as many warm-up calls).
+    #[arg(long, default_value_t = 2000, value_parser = crate::args::positive)]
+    iters: usize,
+}
+
+/// The error for `--collective mpi` in a build without MPI.
+#[cfg(not(feature = "mpi"))]
+pub fn no_mpi() -> CliError {
+    CliError::Usage(
+        "this pmstate was built without the `mpi` feature (cargo build -p pmstate-cli --features mpi)".into(),
+    )
+}
+
+/// Runs the benchmark: a table, or (`--json`) one object per line with op,
+/// collective, world_size, dim, iters, median_s, mean_s.
+pub fn run(a: Args, g: Global) -> Result<ExitCode, CliError> {
+    let opts = Options { dim: a.dim, iters: a.iters };
+    let (print, records) = match a.collective {
+        CollectiveArg::Inproc => {
+            let ws = if a.world_sizes.is_empty() { vec![2, 4] } else { a.world_sizes };
+            let mut all = vec![];
+            for w in ws {
+                all.extend(run_inproc(w, &opts)?);
+            }
+            (true, all)
+        }
+        #[cfg(feature = "mpi")]
+        CollectiveArg::Mpi => run_mpi(&opts)?,
+        #[cfg(not(feature = "mpi"))]
+        CollectiveArg::Mpi => return Err(no_mpi()),
+    };
+    if print {
+        if !g.json {
+            output::line(format!(
+                "{:<11} {:<7} {:>2} {:>5} {:>12} {:>12}",
+                "op", "coll", "W", "D", "median µs", "mean µs"
+            ));
+        }
+        for r in &records {
+            if g.json {
+                output::json_line(r)?;
+            } else {
+                output::line(format!(
+                    "{:<11} {:<7} {:>2} {:>5} {:>12.1} {:>12.1}",
+                    r.op,
+                    r.collective,
+                    r.world_size,
+                    r.dim,
+                    r.median_s * 1e6,
+                    r.mean_s * 1e6
+                ));
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
 
 /// One timing, measured on rank 0.
 #[derive(Debug, Serialize)]
-pub struct Record {
+struct Record {
     /// `update` (record_batch_moments over the collective) or `all_gather`.
-    pub op: &'static str,
+    op: &'static str,
     /// `inproc` or `mpi`.
-    pub collective: &'static str,
-    pub world_size: usize,
-    pub dim: usize,
-    pub iters: usize,
+    collective: &'static str,
+    world_size: usize,
+    dim: usize,
+    iters: usize,
     /// Median seconds per call.
-    pub median_s: f64,
+    median_s: f64,
     /// Mean seconds per call.
-    pub mean_s: f64,
+    mean_s: f64,
 }
 
-pub struct Options {
-    pub dim: usize,
-    pub iters: usize,
+struct Options {
+    dim: usize,
+    iters: usize,
 }
 
 /// What each rank runs: warm-up, then `iters` timed calls of each op.
@@ -81,7 +153,7 @@ fn bench_rank(c: Arc<dyn Collective>, name: &'static str, opts: &Options) -> Res
 }
 
 /// W threads over an in-process group.
-pub fn run_inproc(world_size: usize, opts: &Options) -> Result<Vec<Record>, CliError> {
+fn run_inproc(world_size: usize, opts: &Options) -> Result<Vec<Record>, CliError> {
     let groups = InProcessGroup::new(world_size, Duration::from_secs(60));
     let per_rank: Vec<Result<Vec<Record>, CliError>> = std::thread::scope(|s| {
         let hs: Vec<_> = groups
@@ -104,7 +176,7 @@ pub fn run_inproc(world_size: usize, opts: &Options) -> Result<Vec<Record>, CliE
 
 /// This process as one rank of MPI_COMM_WORLD; records on rank 0 only.
 #[cfg(feature = "mpi")]
-pub fn run_mpi(opts: &Options) -> Result<(bool, Vec<Record>), CliError> {
+fn run_mpi(opts: &Options) -> Result<(bool, Vec<Record>), CliError> {
     let c = Arc::new(pmstate_norm::MpiCollective::init(Duration::from_secs(60))?);
     let rank0 = c.rank() == 0;
     let records = bench_rank(c, "mpi", opts)?;

@@ -7,6 +7,7 @@ use std::collections::HashMap;
 use pmstate_pickle::Value;
 
 use crate::dtype::DType;
+use crate::error::ValueProblem;
 use crate::tree::{Construct, Dict, Node, Object, TensorRef};
 
 /// How a storage was declared in the pickle.
@@ -48,7 +49,7 @@ pub(crate) struct Interpreter<'d> {
     pub keys: Vec<String>,
 }
 
-type Res<T> = Result<T, String>;
+type Res<T> = Result<T, ValueProblem>;
 
 fn is_global(v: &Value, module: &str, name: &str) -> bool {
     v.as_global() == Some((module, name))
@@ -65,25 +66,25 @@ fn empty_ordered_dict(v: &Value) -> bool {
             && setitems.is_empty() && appends.is_empty())
 }
 
-fn usize_of(v: &Value, what: &str) -> Res<usize> {
+fn usize_of(v: &Value, what: &'static str) -> Res<usize> {
     match v.as_i64() {
-        Some(i) if i >= 0 => usize::try_from(i).map_err(|_| format!("{what} {i} too large")),
-        Some(i) => Err(format!("negative {what} {i}")),
-        None => Err(format!("{what} is not an int: {v:?}")),
+        Some(i) if i >= 0 => usize::try_from(i).map_err(|_| ValueProblem::Overflow { what }),
+        Some(i) => Err(ValueProblem::Negative { what, value: i }),
+        None => Err(ValueProblem::NotAnInt { what, found: v.to_string() }),
     }
 }
 
-fn usize_tuple(v: &Value, what: &str) -> Res<Vec<usize>> {
+fn usize_tuple(v: &Value, what: &'static str) -> Res<Vec<usize>> {
     let items = match v {
         Value::Tuple(t) | Value::List(t) => t,
         // torch.Size pickles as a tuple; accept its REDUCE form too.
         Value::Reduce { callable, args, .. } if is_global(callable, "torch", "Size") => {
             return match args.as_tuple() {
                 Some([inner]) => usize_tuple(inner, what),
-                _ => Err(format!("{what}: malformed torch.Size")),
+                _ => Err(ValueProblem::Malformed { what, found: format!("torch.Size of {args}") }),
             };
         }
-        _ => return Err(format!("{what} is not a tuple: {v:?}")),
+        _ => return Err(ValueProblem::Malformed { what, found: format!("{v}, not a tuple") }),
     };
     items.iter().map(|x| usize_of(x, what)).collect()
 }
@@ -98,7 +99,7 @@ impl Interpreter<'_> {
         }
     }
 
-    /// Converts one pickle value. `Err` carries a message; the caller adds file and key.
+    /// Converts one pickle value. `Err` carries the problem; the caller adds file and key.
     pub fn node(&mut self, v: Value) -> Res<Node> {
         Ok(match v {
             Value::None => Node::None,
@@ -111,7 +112,7 @@ impl Interpreter<'_> {
             Value::List(xs) => Node::List(self.nodes(xs)?),
             Value::Tuple(xs) => Node::Tuple(self.nodes(xs)?),
             Value::Set(xs) => Node::Set(self.nodes(xs)?),
-            Value::Dict(kv) => Node::Dict(Dict { ordered: false, entries: self.pairs(kv)?, state: None }),
+            Value::Dict(kv) => Node::Dict(self.dict(false, kv)?),
             Value::Global { module, name } if module == "torch" && DType::from_torch_name(&name).is_some() => {
                 Node::TorchDtype(name)
             }
@@ -131,9 +132,9 @@ impl Interpreter<'_> {
             Value::Build { object, state } => {
                 let object = self.node(*object)?;
                 match object {
-                    Node::Dict(mut d) if d.state.is_none() => {
-                        d.state = Some(Box::new(self.node(*state)?));
-                        Node::Dict(d)
+                    Node::Dict(d) if d.state().is_none() => {
+                        let state = self.node(*state)?;
+                        Node::Dict(d.with_state(Some(state)))
                     }
                     Node::Object(mut o) if o.state.is_none() => {
                         o.state = Some(self.node(*state)?);
@@ -175,7 +176,7 @@ impl Interpreter<'_> {
             let label = match &k {
                 Value::Str(s) => s.clone(),
                 Value::Int(i) => i.to_string(),
-                other => format!("{other:?}"),
+                other => other.to_string(),
             };
             let k = self.node(k)?;
             self.keys.push(label);
@@ -185,9 +186,15 @@ impl Interpreter<'_> {
         Ok(out)
     }
 
+    /// A dict of these pairs; equal keys are an error (a reader could keep either).
+    fn dict(&mut self, ordered: bool, kv: Vec<(Value, Value)>) -> Res<Dict> {
+        let entries = self.pairs(kv)?;
+        Dict::from_entries(ordered, entries).map_err(|d| ValueProblem::DuplicateKey(d.0))
+    }
+
     /// An opaque BUILD may wrap something we interpreted: turn it back.
     fn value_of_opaque(&mut self, n: Node) -> Res<Value> {
-        to_value(&n, &mut |_| Ok(None)).map_err(|e| e.to_string())
+        to_value(&n, &mut |_| Err(ValueProblem::StorageReference))
     }
 
     fn reduce(
@@ -201,7 +208,7 @@ impl Interpreter<'_> {
         let no_items = setitems.is_empty() && appends.is_empty();
         match (callable.as_global(), rebuild(&callable).as_deref()) {
             (Some(("collections", "OrderedDict")), _) if appends.is_empty() && args.as_tuple() == Some(&[]) => {
-                Ok(Node::Dict(Dict { ordered: true, entries: self.pairs(setitems)?, state: None }))
+                Ok(Node::Dict(self.dict(true, setitems)?))
             }
             (_, Some(name @ ("_rebuild_tensor_v2" | "_rebuild_tensor_v3"))) if no_items => {
                 self.tensor(name == "_rebuild_tensor_v3", &args)
@@ -215,7 +222,10 @@ impl Interpreter<'_> {
                             t.parameter = Some(requires_grad);
                             Ok(Node::Tensor(t))
                         }
-                        other => Err(format!("_rebuild_parameter of a {}", other.kind())),
+                        other => Err(ValueProblem::Malformed {
+                            what: "_rebuild_parameter",
+                            found: format!("a parameter of a {}", other.kind()),
+                        }),
                     }
                 }
                 other => self.plain_reduce(callable, other),
@@ -245,7 +255,7 @@ impl Interpreter<'_> {
                 Some([Value::Str(s), Value::Str(enc)]) if enc == "latin1" => {
                     match s.chars().map(|c| u8::try_from(u32::from(c))).collect::<Result<Vec<u8>, _>>() {
                         Ok(bytes) => Ok(Node::Bytes(bytes)),
-                        Err(_) => Err("_codecs.encode of a non-latin1 string".into()),
+                        Err(_) => Err(ValueProblem::NotLatin1),
                     }
                 }
                 _ => self.plain_reduce(callable, args),
@@ -281,25 +291,32 @@ impl Interpreter<'_> {
     }
 
     fn tensor(&mut self, v3: bool, args: &Value) -> Res<Node> {
-        let a = args.as_tuple().ok_or("tensor rebuild args are not a tuple")?;
+        let a = args
+            .as_tuple()
+            .ok_or_else(|| ValueProblem::Malformed { what: "tensor rebuild args", found: args.to_string() })?;
         let want = if v3 { 7 } else { 6 };
         if a.len() != want {
             // A 7th (v2) / 8th (v3) element is tensor metadata (e.g. conj bits); not carried.
-            return Err(format!("tensor rebuild with {} arguments (this reader handles {want})", a.len()));
+            return Err(ValueProblem::Malformed {
+                what: "tensor rebuild args",
+                found: format!("{} arguments (this reader handles {want}; extra ones are tensor metadata)", a.len()),
+            });
         }
         if !empty_ordered_dict(&a[5]) {
-            return Err("tensor with backward hooks".into());
+            return Err(ValueProblem::Unsupported("a tensor with backward hooks"));
         }
         let Value::PersistentId(pid) = &a[0] else {
-            return Err(format!("tensor storage is not a persistent id: {:?}", a[0]));
+            return Err(ValueProblem::Malformed {
+                what: "tensor storage",
+                found: format!("{}, not a persistent id", a[0]),
+            });
         };
         let (key, decl) = self.storage_decl(pid)?;
         let dtype = if v3 {
             match a[6].as_global() {
-                Some(("torch", name)) => {
-                    DType::from_torch_name(name).ok_or_else(|| format!("unsupported dtype torch.{name}"))?
-                }
-                _ => return Err(format!("v3 dtype is not a torch dtype: {:?}", a[6])),
+                Some(("torch", name)) => DType::from_torch_name(name)
+                    .ok_or(ValueProblem::Unsupported("a dtype this reader does not carry"))?,
+                _ => return Err(ValueProblem::Malformed { what: "v3 dtype", found: a[6].to_string() }),
             }
         } else {
             decl.dtype
@@ -307,7 +324,7 @@ impl Interpreter<'_> {
         let shape = usize_tuple(&a[2], "size")?;
         let stride = usize_tuple(&a[3], "stride")?;
         if shape.len() != stride.len() {
-            return Err(format!("size {shape:?} and stride {stride:?} differ in length"));
+            return Err(ValueProblem::RankMismatch { shape, stride });
         }
         let t = TensorRef {
             storage: key.clone(),
@@ -324,7 +341,7 @@ impl Interpreter<'_> {
         let decl = match entry {
             Some(prev) => {
                 if prev.typed != decl.typed || prev.location != decl.location || prev.nbytes != decl.nbytes {
-                    return Err(format!("storage {key} declared twice differently"));
+                    return Err(ValueProblem::StorageRedeclared(key));
                 }
                 prev
             }
@@ -336,58 +353,80 @@ impl Interpreter<'_> {
             }
         };
         if decl.typed && decl.dtype != dtype {
-            return Err(format!("tensor of {dtype} over a {} storage", decl.dtype));
+            return Err(ValueProblem::DtypeMismatch { storage: key, tensor: dtype, declared: decl.dtype });
         }
-        let extent = t.extent().ok_or("view size overflows")?;
-        let need = extent.checked_mul(dtype.size()).ok_or("view size overflows")?;
+        t.checked_nbytes().ok_or(ValueProblem::Overflow { what: "element count" })?;
+        let extent = t.extent().ok_or(ValueProblem::Overflow { what: "view extent" })?;
+        let need = extent.checked_mul(dtype.size()).ok_or(ValueProblem::Overflow { what: "view extent" })?;
         if !t.shape.contains(&0) && need > decl.nbytes {
-            return Err(format!(
-                "view (offset {}, size {:?}, stride {:?}) reaches element {extent} of a storage of {} bytes",
-                t.offset, t.shape, t.stride, decl.nbytes
-            ));
+            return Err(ValueProblem::ViewPastStorage(Box::new(crate::error::View {
+                offset: t.offset,
+                shape: t.shape,
+                stride: t.stride,
+                extent,
+                storage_bytes: decl.nbytes,
+            })));
         }
         Ok(Node::Tensor(t))
     }
 
     fn storage_decl(&self, pid: &Value) -> Res<(String, StorageDecl)> {
-        let p = pid.as_tuple().ok_or("persistent id is not a tuple")?;
+        let p = pid
+            .as_tuple()
+            .ok_or_else(|| ValueProblem::Malformed { what: "persistent id", found: format!("{pid}, not a tuple") })?;
         let n = match self.form {
             PidForm::Zip => 5,
             PidForm::Legacy => 6,
         };
         if p.len() != n || p[0].as_str() != Some("storage") {
-            return Err(format!("persistent id is not a storage {n}-tuple: {pid:?}"));
+            return Err(ValueProblem::Malformed {
+                what: "persistent id",
+                found: format!("{pid}, not a storage {n}-tuple"),
+            });
         }
         if self.form == PidForm::Legacy && p[5] != Value::None {
-            return Err("legacy storage views are not supported".into());
+            return Err(ValueProblem::Unsupported("legacy storage views"));
         }
         let key = match &p[2] {
             Value::Str(s) => s.clone(),
             Value::Int(i) => i.to_string(),
-            other => return Err(format!("storage key is not a string: {other:?}")),
+            other => return Err(ValueProblem::Malformed { what: "storage key", found: other.to_string() }),
         };
-        let location = p[3].as_str().ok_or("storage location is not a string")?.to_owned();
+        let location = p[3]
+            .as_str()
+            .ok_or_else(|| ValueProblem::Malformed { what: "storage location", found: p[3].to_string() })?
+            .to_owned();
         let numel = usize_of(&p[4], "storage numel")?;
         let (typed, dtype) = match p[1].as_global() {
             Some(("torch" | "torch.storage", "UntypedStorage")) => (false, DType::U8),
-            Some(("torch", cls)) => {
-                (true, DType::from_storage_class(cls).ok_or_else(|| format!("unsupported storage type torch.{cls}"))?)
-            }
-            _ => return Err(format!("storage type is not a torch storage class: {:?}", p[1])),
+            Some(("torch", cls)) => (
+                true,
+                DType::from_storage_class(cls).ok_or_else(|| ValueProblem::StorageClass(format!("torch.{cls}")))?,
+            ),
+            _ => return Err(ValueProblem::StorageClass(p[1].to_string())),
         };
-        let nbytes = numel.checked_mul(if typed { dtype.size() } else { 1 }).ok_or("storage size overflows")?;
+        let nbytes = numel
+            .checked_mul(if typed { dtype.size() } else { 1 })
+            .ok_or(ValueProblem::Overflow { what: "storage size" })?;
         Ok((key, StorageDecl { typed, dtype, nbytes, location }))
     }
 }
 
-/// What the writer does with each tensor: returns the persistent id
-/// (the storage key it is written under, with its declaration).
-pub(crate) type StorageResolver<'a> = dyn FnMut(&TensorRef) -> crate::Result<Option<(String, StorageDecl)>> + 'a;
+/// What the writer does with each tensor: the storage key it is written
+/// under, with its declaration.
+pub(crate) type StorageResolver<'a> = dyn FnMut(&TensorRef) -> Result<(String, StorageDecl), ValueProblem> + 'a;
+
+fn values(xs: &[Node], resolve: &mut StorageResolver<'_>) -> Res<Vec<Value>> {
+    xs.iter().map(|x| to_value(x, resolve)).collect()
+}
+
+fn value_pairs(kv: &[(Node, Node)], resolve: &mut StorageResolver<'_>) -> Res<Vec<(Value, Value)>> {
+    kv.iter().map(|(k, v)| Ok((to_value(k, resolve)?, to_value(v, resolve)?))).collect()
+}
 
 /// Converts a checkpoint tree back to the pickle value torch.save would
-/// write. `resolve` names each tensor's storage (None: the tensor cannot be
-/// written, an error).
-pub(crate) fn to_value(n: &Node, resolve: &mut StorageResolver<'_>) -> crate::Result<Value> {
+/// write; `resolve` names each tensor's storage.
+pub(crate) fn to_value(n: &Node, resolve: &mut StorageResolver<'_>) -> Res<Value> {
     let g = Value::global;
     Ok(match n {
         Node::None => Value::None,
@@ -400,19 +439,12 @@ pub(crate) fn to_value(n: &Node, resolve: &mut StorageResolver<'_>) -> crate::Re
         }
         Node::Str(s) => Value::Str(s.clone()),
         Node::Bytes(b) => Value::Bytes(b.clone()),
-        Node::List(xs) => Value::List(xs.iter().map(|x| to_value(x, resolve)).collect::<crate::Result<_>>()?),
-        Node::Tuple(xs) => Value::Tuple(xs.iter().map(|x| to_value(x, resolve)).collect::<crate::Result<_>>()?),
-        Node::Set(xs) => Value::reduce(
-            g("__builtin__", "set"),
-            Value::Tuple(vec![Value::List(xs.iter().map(|x| to_value(x, resolve)).collect::<crate::Result<_>>()?)]),
-        ),
+        Node::List(xs) => Value::List(values(xs, resolve)?),
+        Node::Tuple(xs) => Value::Tuple(values(xs, resolve)?),
+        Node::Set(xs) => Value::reduce(g("__builtin__", "set"), Value::Tuple(vec![Value::List(values(xs, resolve)?)])),
         Node::Dict(d) => {
-            let pairs = d
-                .entries
-                .iter()
-                .map(|(k, v)| Ok((to_value(k, resolve)?, to_value(v, resolve)?)))
-                .collect::<crate::Result<Vec<_>>>()?;
-            let object = if d.ordered {
+            let pairs = value_pairs(d.entries(), resolve)?;
+            let object = if d.is_ordered() {
                 Value::Reduce {
                     callable: Box::new(g("collections", "OrderedDict")),
                     args: Box::new(Value::Tuple(vec![])),
@@ -422,7 +454,7 @@ pub(crate) fn to_value(n: &Node, resolve: &mut StorageResolver<'_>) -> crate::Re
             } else {
                 Value::Dict(pairs)
             };
-            match &d.state {
+            match d.state() {
                 Some(state) => Value::Build { object: Box::new(object), state: Box::new(to_value(state, resolve)?) },
                 None => object,
             }
@@ -438,24 +470,16 @@ pub(crate) fn to_value(n: &Node, resolve: &mut StorageResolver<'_>) -> crate::Re
         // Only names of real dtypes become globals: anything else would be a
         // global made up from data (`torch.load`).
         Node::TorchDtype(name) if DType::from_torch_name(name).is_some() => g("torch", name),
-        Node::TorchDtype(name) => {
-            return Err(crate::CkptError::Usage(format!(
-                "torch.{name} is not a torch dtype; refusing to write it as one"
-            )))
-        }
+        Node::TorchDtype(name) => return Err(ValueProblem::NotADtype(name.clone())),
         Node::Global { module, name } => g(module, name),
         Node::Object(o) => object_value(o, resolve)?,
         Node::Opaque(v) => v.clone(),
     })
 }
 
-fn object_value(o: &Object, resolve: &mut StorageResolver<'_>) -> crate::Result<Value> {
-    let setitems = o
-        .setitems
-        .iter()
-        .map(|(k, v)| Ok((to_value(k, resolve)?, to_value(v, resolve)?)))
-        .collect::<crate::Result<Vec<_>>>()?;
-    let appends = o.appends.iter().map(|x| to_value(x, resolve)).collect::<crate::Result<Vec<_>>>()?;
+fn object_value(o: &Object, resolve: &mut StorageResolver<'_>) -> Res<Value> {
+    let setitems = value_pairs(&o.setitems, resolve)?;
+    let appends = values(&o.appends, resolve)?;
     let callable = Box::new(to_value(&o.callable, resolve)?);
     let args = Box::new(to_value(&o.args, resolve)?);
     let object = match o.construct {
@@ -475,14 +499,17 @@ fn empty_od() -> Value {
     Value::reduce(Value::global("collections", "OrderedDict"), Value::Tuple(vec![]))
 }
 
-fn ints(xs: &[usize]) -> Value {
-    Value::Tuple(xs.iter().map(|&x| Value::Int(x as i64)).collect())
+/// An i64 for the pickle: torch's sizes, strides and offsets are int64.
+pub(crate) fn int(x: usize) -> Res<Value> {
+    i64::try_from(x).map(Value::Int).map_err(|_| ValueProblem::IntTooLarge(x.to_string()))
 }
 
-fn tensor_value(t: &TensorRef, resolve: &mut StorageResolver<'_>) -> crate::Result<Value> {
-    let Some((key, decl)) = resolve(t)? else {
-        return Err(crate::CkptError::Usage(format!("tensor over unknown storage {}", t.storage)));
-    };
+fn ints(xs: &[usize]) -> Res<Value> {
+    Ok(Value::Tuple(xs.iter().map(|&x| int(x)).collect::<Res<_>>()?))
+}
+
+fn tensor_value(t: &TensorRef, resolve: &mut StorageResolver<'_>) -> Res<Value> {
+    let (key, decl) = resolve(t)?;
     let v3 = t.dtype.storage_class().is_none();
     let (cls, numel) = match t.dtype.storage_class() {
         Some(cls) => (Value::global("torch", cls), decl.nbytes / t.dtype.size()),
@@ -493,16 +520,10 @@ fn tensor_value(t: &TensorRef, resolve: &mut StorageResolver<'_>) -> crate::Resu
         cls,
         Value::Str(key),
         Value::Str(decl.location),
-        Value::Int(numel as i64),
+        int(numel)?,
     ])));
-    let mut args = vec![
-        pid,
-        Value::Int(t.offset as i64),
-        ints(&t.shape),
-        ints(&t.stride),
-        Value::Bool(t.requires_grad),
-        empty_od(),
-    ];
+    let mut args =
+        vec![pid, int(t.offset)?, ints(&t.shape)?, ints(&t.stride)?, Value::Bool(t.requires_grad), empty_od()];
     if v3 {
         args.push(Value::global("torch", t.dtype.torch_name()));
     }

@@ -1,17 +1,73 @@
 //! `pmstate replay`: replays pm-trace files and reports per trace.
 
 use std::path::{Path, PathBuf};
+use std::process::ExitCode;
 use std::time::Duration;
 
+use clap::ValueEnum;
 #[cfg(feature = "mpi")]
 use pmstate_trace::replay_rank;
 use pmstate_trace::{read_file, replay, Mode, ReplayOptions, Report};
 use serde::Serialize;
 
-use crate::CliError;
+use crate::{CliError, Global};
+
+/// How batch moments and std are obtained.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum ModeArg {
+    /// torch's batch moments and std fed in: every result bit for bit.
+    Pinned,
+    /// Computed here: results within the documented bounds.
+    Free,
+}
+
+/// How the trace's ranks run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum CollectiveArg {
+    /// W threads in this process, one per rank (at most 64).
+    Inproc,
+    /// One rank per MPI process (start with `mpirun -np W`; needs the `mpi` feature).
+    Mpi,
+}
+
+/// `pmstate replay [--mode pinned|free] [--timeout S] [--collective inproc|mpi] PATH...`
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// pinned: torch's batch moments and std fed in, results bit for bit;
+    /// free: computed here, results within the documented bounds.
+    #[arg(long, value_enum, default_value = "pinned")]
+    mode: ModeArg,
+    /// Seconds a rank waits for its peers before the replay fails.
+    #[arg(long, default_value_t = 60.0, value_parser = crate::args::positive_seconds)]
+    timeout: f64,
+    /// inproc: W threads; mpi: this process is one rank of `mpirun -np W`
+    /// (rank 0 prints, every rank exits with rank 0's code).
+    #[arg(long, value_enum, default_value = "inproc")]
+    collective: CollectiveArg,
+    /// Trace files (`*.pmtrace.safetensors`) or folders of them.
+    #[arg(required = true)]
+    paths: Vec<PathBuf>,
+}
+
+/// Runs the command; exit 0 all pass, 1 a mismatch, 2 an unreadable trace.
+pub fn run(a: Args, g: Global) -> Result<ExitCode, CliError> {
+    let mode = match a.mode {
+        ModeArg::Pinned => Mode::Pinned,
+        ModeArg::Free => Mode::Free,
+    };
+    let timeout = Duration::from_secs_f64(a.timeout);
+    let code = match a.collective {
+        CollectiveArg::Inproc => run_inproc(&a.paths, mode, g.json, timeout)?,
+        #[cfg(feature = "mpi")]
+        CollectiveArg::Mpi => run_mpi(&a.paths, mode, g.json, timeout)?,
+        #[cfg(not(feature = "mpi"))]
+        CollectiveArg::Mpi => return Err(crate::cmd::bench_collective::no_mpi()),
+    };
+    Ok(ExitCode::from(code))
+}
 
 /// Expands folders into their `*.pmtrace.safetensors` files (sorted).
-pub fn collect(paths: &[PathBuf]) -> Result<Vec<PathBuf>, CliError> {
+fn collect(paths: &[PathBuf]) -> Result<Vec<PathBuf>, CliError> {
     let mut out = vec![];
     for p in paths {
         if p.is_dir() {
@@ -149,7 +205,7 @@ impl Tally {
 
 /// Replays every file with in-process ranks; returns the process exit code
 /// (0 all pass, 1 a mismatch, 2 a trace that could not be read).
-pub fn run(paths: &[PathBuf], mode: Mode, json: bool, timeout: Duration) -> Result<u8, CliError> {
+fn run_inproc(paths: &[PathBuf], mode: Mode, json: bool, timeout: Duration) -> Result<u8, CliError> {
     let files = collect(paths)?;
     let opts = ReplayOptions { mode, timeout, ..ReplayOptions::default() };
     let mut tally = Tally::new(mode, json);
@@ -167,7 +223,7 @@ pub fn run(paths: &[PathBuf], mode: Mode, json: bool, timeout: Duration) -> Resu
 /// communicator broke (a peer timed out), every rank that knows returns 2
 /// and leaves without MPI_Finalize, so that mpirun ends the job.
 #[cfg(feature = "mpi")]
-pub fn run_mpi(paths: &[PathBuf], mode: Mode, json: bool, timeout: Duration) -> Result<u8, CliError> {
+fn run_mpi(paths: &[PathBuf], mode: Mode, json: bool, timeout: Duration) -> Result<u8, CliError> {
     use std::sync::Arc;
 
     use candle_core::{Device, Tensor};

@@ -1,5 +1,6 @@
-//! A candle-nn `VarBuilder` over a checkpoint's state dict, so a candle
-//! model loads its weights straight from a ProtoMotions `.ckpt`.
+//! Checkpoint tensors as candle tensors, and a candle-nn `VarBuilder` over a
+//! checkpoint's state dict, so a candle model loads its weights straight
+//! from a ProtoMotions `.ckpt`.
 
 use std::sync::Arc;
 
@@ -9,7 +10,21 @@ use candle_nn::{Init, VarBuilder};
 
 use crate::checkpoint::Checkpoint;
 use crate::error::{CkptError, Result};
-use crate::tree::Node;
+use crate::tree::{Node, TensorRef};
+
+impl Checkpoint {
+    /// The tensor as a candle tensor on `device` (copied; candle owns its memory).
+    pub fn to_candle(&self, t: &TensorRef, device: &Device) -> Result<Tensor> {
+        let dtype = t.dtype.candle().ok_or_else(|| CkptError::UnsupportedDtype {
+            path: self.path_str().to_owned(),
+            key: t.storage.clone(),
+            dtype: format!("{} (candle has no such dtype)", t.dtype),
+        })?;
+        let bytes = self.tensor_bytes(t)?;
+        Tensor::from_raw_buffer(&bytes, dtype, &t.shape, device)
+            .map_err(|source| CkptError::Candle { key: t.storage.clone(), source: Box::new(source) })
+    }
+}
 
 /// Serves the tensors of one dict of a checkpoint (the state dict under
 /// `model`, typically) by their state-dict names. Stored entries are
@@ -22,19 +37,21 @@ pub struct CheckpointBackend {
 
 impl CheckpointBackend {
     /// A backend over the dict at dotted key `dict` (`""` for the root).
-    pub fn new(ckpt: Arc<Checkpoint>, dict: &str) -> Result<Self> {
+    pub fn new(ckpt: impl Into<Arc<Checkpoint>>, dict: &str) -> Result<Self> {
+        let ckpt = ckpt.into();
         match ckpt.get(dict) {
             Some(Node::Dict(_)) => Ok(CheckpointBackend { ckpt, dict: dict.to_owned() }),
-            Some(other) => Err(CkptError::Value {
-                path: ckpt.path.clone(),
+            Some(other) => Err(CkptError::WrongKind {
+                path: ckpt.path_str().to_owned(),
                 key: dict.to_owned(),
-                reason: format!("is a {}, not a state dict", other.kind()),
+                expected: "state dict",
+                found: other.kind(),
             }),
-            None => Err(CkptError::NotFound { path: ckpt.path.clone(), key: dict.to_owned() }),
+            None => Err(ckpt.not_found(dict)),
         }
     }
 
-    fn lookup(&self, name: &str) -> candle_core::Result<&crate::tree::TensorRef> {
+    fn lookup(&self, name: &str) -> candle_core::Result<&TensorRef> {
         let d = self.ckpt.get(&self.dict).and_then(Node::as_dict);
         match d.and_then(|d| d.get(name)) {
             Some(Node::Tensor(t)) => Ok(t),
@@ -76,14 +93,19 @@ impl SimpleBackend for CheckpointBackend {
 /// checkpoints), producing tensors of `dtype` on `device`.
 ///
 /// ```no_run
-/// use std::sync::Arc;
 /// use pmstate_ckpt::{var_builder, Checkpoint};
-/// let ckpt = Arc::new(Checkpoint::open("last.ckpt")?);
+/// let ckpt = Checkpoint::open("last.ckpt")?;
 /// let vb = var_builder(ckpt, "model", candle_core::DType::F32, &candle_core::Device::Cpu)?;
 /// let layer = candle_nn::linear(358, 1024, vb.pp("_actor.mu.mlp.0"))?;
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
-pub fn var_builder(ckpt: Arc<Checkpoint>, dict: &str, dtype: CDType, device: &Device) -> Result<VarBuilder<'static>> {
+/// `ckpt` is a `Checkpoint` or an `Arc<Checkpoint>` the caller keeps using.
+pub fn var_builder(
+    ckpt: impl Into<Arc<Checkpoint>>,
+    dict: &str,
+    dtype: CDType,
+    device: &Device,
+) -> Result<VarBuilder<'static>> {
     let backend = CheckpointBackend::new(ckpt, dict)?;
     Ok(VarBuilder::from_backend(Box::new(backend), dtype, device.clone()))
 }

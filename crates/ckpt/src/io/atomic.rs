@@ -1,0 +1,247 @@
+//! Atomic writes that behave like files: a temporary file beside the
+//! target, renamed over it only once complete, so a failed write never
+//! leaves a half-written file; with the permissions `cp` or `torch.save`
+//! would give the result; and no temporary file left behind by an error or
+//! (through [`remove_temporary_files`], which the CLI calls from its signal
+//! handler) by SIGINT/SIGTERM.
+//!
+//! Temporary files are named `.pmstate-<pid>-<random>.tmp`, so one left by a
+//! killed process (SIGKILL, power loss) can be told from one being written:
+//! [`stale_temporary_files`] lists those whose process is gone.
+
+use std::collections::HashSet;
+use std::fs::{File, OpenOptions};
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use crate::error::{io_err, CkptError, Result};
+
+/// Temporary files being written by this process (removed on SIGINT/SIGTERM by the CLI).
+static LIVE: Mutex<Option<HashSet<PathBuf>>> = Mutex::new(None);
+
+const PREFIX: &str = ".pmstate-";
+const SUFFIX: &str = ".tmp";
+
+fn register(path: &Path) {
+    if let Ok(mut live) = LIVE.lock() {
+        live.get_or_insert_with(HashSet::new).insert(path.to_owned());
+    }
+}
+
+fn unregister(path: &Path) {
+    if let Ok(mut live) = LIVE.lock() {
+        if let Some(set) = live.as_mut() {
+            set.remove(path);
+        }
+    }
+}
+
+/// Removes every temporary file this process is writing: for a signal
+/// handler about to end the process (the writes in flight are abandoned).
+/// Returns how many were removed.
+pub fn remove_temporary_files() -> usize {
+    let paths: Vec<PathBuf> = match LIVE.lock() {
+        Ok(mut live) => live.take().map(|s| s.into_iter().collect()).unwrap_or_default(),
+        Err(_) => return 0,
+    };
+    paths.iter().filter(|p| std::fs::remove_file(p).is_ok()).count()
+}
+
+/// pmstate temporary files in `dir` whose writing process no longer runs
+/// (killed before it could clean up): safe to delete. On systems without
+/// `/proc`, files older than an hour count as stale.
+pub fn stale_temporary_files(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
+    let mut stale = Vec::new();
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else { continue };
+        let Some(middle) = name.strip_prefix(PREFIX).and_then(|n| n.strip_suffix(SUFFIX)) else { continue };
+        let pid = middle.split('-').next().and_then(|p| p.parse::<u32>().ok());
+        let alive = match pid {
+            Some(pid) if Path::new("/proc/self").exists() => {
+                pid == std::process::id() || Path::new(&format!("/proc/{pid}")).exists()
+            }
+            _ => entry
+                .metadata()
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|t| t.elapsed().ok())
+                .is_some_and(|age| age.as_secs() < 3600),
+        };
+        if !alive {
+            stale.push(entry.path());
+        }
+    }
+    stale.sort();
+    Ok(stale)
+}
+
+/// Creates a new temporary file in `dir` with mode `0666 & ~umask` (what
+/// `open(O_CREAT)` gives `torch.save` and `cp`).
+fn create_temporary(dir: &Path, target: &Path) -> Result<(File, PathBuf)> {
+    let pid = std::process::id();
+    let mut attempt = 0u32;
+    loop {
+        let tag = fastrand::u64(..);
+        let path = dir.join(format!("{PREFIX}{pid}-{tag:016x}{SUFFIX}"));
+        let mut opts = OpenOptions::new();
+        opts.write(true).create_new(true);
+        #[cfg(unix)]
+        std::os::unix::fs::OpenOptionsExt::mode(&mut opts, 0o666);
+        match opts.open(&path) {
+            Ok(f) => return Ok((f, path)),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && attempt < 16 => attempt += 1,
+            Err(e) => return Err(io_err(target)(e)),
+        }
+    }
+}
+
+/// Writes `path` through `fill`, which receives a buffered writer over a
+/// temporary file in the same directory. On success the file is synced
+/// (unless `fsync` is false) and renamed over `path`; on any error the
+/// temporary file is removed and `path` is untouched. Replacing an existing
+/// file keeps that file's permissions (as writing into it would); a new
+/// file gets `0666 & ~umask`.
+///
+/// Without the fsync the write is still atomic for every reader while the
+/// machine runs (the name points at the old file or at the whole new one),
+/// but a power loss or kernel crash soon after may leave the new name with
+/// missing data on filesystems that do not order the rename after the data.
+pub(crate) fn write_atomically<T>(
+    path: &Path,
+    fsync: bool,
+    fill: impl FnOnce(&mut BufWriter<File>) -> Result<T>,
+) -> Result<T> {
+    let dir = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    if path.is_dir() {
+        return Err(CkptError::NotAFile { path: path.display().to_string(), kind: "a directory" });
+    }
+    let (file, tmp) = create_temporary(dir, path)?;
+    register(&tmp);
+    let outcome = finish(file, &tmp, path, fsync, fill);
+    if outcome.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    unregister(&tmp);
+    outcome
+}
+
+fn finish<T>(
+    file: File,
+    tmp: &Path,
+    path: &Path,
+    fsync: bool,
+    fill: impl FnOnce(&mut BufWriter<File>) -> Result<T>,
+) -> Result<T> {
+    let mut w = BufWriter::with_capacity(1 << 20, file);
+    let out = fill(&mut w)?;
+    let file = w.into_inner().map_err(|e| e.into_error()).map_err(io_err(path))?;
+    if let Ok(existing) = std::fs::metadata(path) {
+        file.set_permissions(existing.permissions()).map_err(io_err(path))?;
+    }
+    if fsync {
+        file.sync_all().map_err(io_err(path))?;
+    }
+    drop(file);
+    std::fs::rename(tmp, path).map_err(io_err(path))?;
+    Ok(out)
+}
+
+/// A writer that reports how many bytes went through it.
+pub(crate) struct Counting<'a, W: Write> {
+    pub inner: W,
+    pub written: u64,
+    pub progress: Option<&'a (dyn Fn(u64) + Sync)>,
+}
+
+impl<W: Write> Write for Counting<'_, W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.written += n as u64;
+        if let Some(p) = self.progress {
+            p(self.written);
+        }
+        Ok(n)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[cfg(unix)]
+    fn mode(p: &Path) -> u32 {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::metadata(p).unwrap().permissions().mode() & 0o777
+    }
+
+    /// A new file gets 0666 & ~umask; replacing a file keeps its mode.
+    #[cfg(unix)]
+    #[test]
+    fn outputs_get_the_permissions_cp_would_give() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let fresh = dir.path().join("fresh.bin");
+        write_atomically(&fresh, false, |w| w.write_all(b"x").map_err(io_err(&fresh))).unwrap();
+        // What the kernel gives a new file with mode 0666 here.
+        let probe = dir.path().join("probe");
+        let mut o = OpenOptions::new();
+        std::os::unix::fs::OpenOptionsExt::mode(o.write(true).create_new(true), 0o666);
+        drop(o.open(&probe).unwrap());
+        assert_eq!(mode(&fresh), mode(&probe));
+        assert_ne!(mode(&fresh), 0o600, "not the temporary file's private mode");
+        let shared = dir.path().join("shared.bin");
+        std::fs::write(&shared, b"old").unwrap();
+        std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o640)).unwrap();
+        write_atomically(&shared, false, |w| w.write_all(b"new").map_err(io_err(&shared))).unwrap();
+        assert_eq!(mode(&shared), 0o640);
+        assert_eq!(std::fs::read(&shared).unwrap(), b"new");
+    }
+
+    /// An error leaves neither the target changed nor a temporary file.
+    #[test]
+    fn a_failed_write_leaves_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("t.bin");
+        std::fs::write(&target, b"keep").unwrap();
+        let err = write_atomically(&target, false, |w| -> Result<()> {
+            w.write_all(b"partial").map_err(io_err(&target))?;
+            Err(CkptError::InputChanged { path: "in".into() })
+        });
+        assert!(err.is_err());
+        assert_eq!(std::fs::read(&target).unwrap(), b"keep");
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+    }
+
+    /// Temporary files in flight are removed by the signal-handler hook;
+    /// one whose process is gone is reported as stale.
+    #[test]
+    fn temporary_files_are_cleaned_and_stale_ones_found() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("t.bin");
+        write_atomically(&target, false, |_| -> Result<()> {
+            assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1, "the temporary file exists");
+            assert_eq!(remove_temporary_files(), 1);
+            assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+            Err(CkptError::InputChanged { path: "in".into() })
+        })
+        .unwrap_err();
+        let dead = dir.path().join(format!("{PREFIX}{}-00{SUFFIX}", u32::MAX - 1));
+        std::fs::write(&dead, b"left by a killed run").unwrap();
+        let mine = dir.path().join(format!("{PREFIX}{}-01{SUFFIX}", std::process::id()));
+        std::fs::write(&mine, b"being written").unwrap();
+        std::fs::write(dir.path().join("unrelated.tmp"), b"").unwrap();
+        let stale = stale_temporary_files(dir.path()).unwrap();
+        if Path::new("/proc/self").exists() {
+            assert_eq!(stale, [dead]);
+        }
+    }
+}

@@ -1,0 +1,14 @@
+//! torch.save files: reading the zip archive and the legacy stream,
+//! interpreting their pickles, writing the zip layout, and torch's
+//! allowlist of safe globals.
+
+mod allowlist;
+mod interpret;
+mod read;
+mod write;
+
+pub use allowlist::is_safe_global;
+pub(crate) use allowlist::unsafe_globals;
+pub(crate) use read::{is_legacy, read_legacy, read_zip};
+pub(crate) use write::archive_prefix;
+pub use write::save_torch;

@@ -1,0 +1,60 @@
+//! `pmstate diff`: two checkpoints compared.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use pmstate_ckpt::{diff, Checkpoint, Difference, Tolerance};
+use serde::Serialize;
+
+use crate::{output, CliError, Global};
+
+/// `pmstate diff [--rtol R] [--atol A] A B`
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Relative tolerance for floats (>= 0).
+    #[arg(long, default_value_t = 0.0, value_parser = crate::args::non_negative)]
+    rtol: f64,
+    /// Absolute tolerance (>= 0); integers are compared exactly within it.
+    #[arg(long, default_value_t = 0.0, value_parser = crate::args::non_negative)]
+    atol: f64,
+    /// The first checkpoint.
+    a: PathBuf,
+    /// The second checkpoint.
+    b: PathBuf,
+}
+
+#[derive(Serialize)]
+struct Report<'a> {
+    a: String,
+    b: String,
+    rtol: f64,
+    atol: f64,
+    equal: bool,
+    differences: &'a [Difference],
+}
+
+/// Runs the command: exit 0 equal, 1 different.
+pub fn run(args: Args, g: Global) -> Result<ExitCode, CliError> {
+    let a = Checkpoint::open(&args.a)?;
+    let b = Checkpoint::open(&args.b)?;
+    let tol = Tolerance { rtol: args.rtol, atol: args.atol };
+    let diffs = diff(&a, &b, tol)?;
+    if g.json {
+        output::json_line(&Report {
+            a: args.a.display().to_string(),
+            b: args.b.display().to_string(),
+            rtol: tol.rtol,
+            atol: tol.atol,
+            equal: diffs.is_empty(),
+            differences: &diffs,
+        })?;
+    } else if diffs.is_empty() {
+        output::line(format!("no differences (rtol {}, atol {})", tol.rtol, tol.atol));
+    } else {
+        for d in &diffs {
+            output::json_line(d)?;
+        }
+        output::line(format!("{} difference(s)", diffs.len()));
+    }
+    Ok(if diffs.is_empty() { ExitCode::SUCCESS } else { ExitCode::from(1) })
+}

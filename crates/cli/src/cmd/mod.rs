@@ -1,0 +1,10 @@
+//! One module per command: its `Args` (clap derive) and its `run`.
+
+pub mod bench;
+pub mod bench_collective;
+pub mod clean_tmp;
+pub mod convert;
+pub mod diff;
+pub mod inspect;
+pub mod normalizers;
+pub mod replay;

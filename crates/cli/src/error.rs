@@ -1,0 +1,28 @@
+//! The CLI's errors: everything is exit 2 except what a command decides
+//! itself (a difference, a refusal: exit 1).
+
+/// Why a command could not do its job.
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    /// The arguments do not make sense together (or name nothing usable).
+    #[error("{0}")]
+    Usage(String),
+    /// A normalizer operation failed.
+    #[error(transparent)]
+    Norm(#[from] pmstate_norm::NormError),
+    /// candle failed (allocation, device).
+    #[error("candle: {0}")]
+    Candle(#[from] candle_core::Error),
+    /// Writing output failed.
+    #[error("writing output: {0}")]
+    Io(#[from] std::io::Error),
+    /// Encoding JSON output failed.
+    #[error("encoding JSON: {0}")]
+    Json(#[from] serde_json::Error),
+    /// Reading or writing a checkpoint failed.
+    #[error(transparent)]
+    Ckpt(#[from] pmstate_ckpt::CkptError),
+    /// Reading or replaying a trace failed.
+    #[error(transparent)]
+    Trace(#[from] pmstate_trace::TraceError),
+}
