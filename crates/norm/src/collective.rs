@@ -187,7 +187,7 @@ impl InProcessGroup {
         let now = std::time::Instant::now();
         if now >= deadline {
             let mut g = g;
-            let msg = format!("timed out after {:?} waiting for peers", self.timeout);
+            let msg = format!("timed out after {} s waiting for peers", self.timeout.as_secs_f64());
             g.poisoned.get_or_insert_with(|| msg.clone());
             self.shared.cv.notify_all();
             return Err(self.err(op, msg));

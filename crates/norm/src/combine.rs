@@ -3,7 +3,7 @@
 use candle_core::{DType, Tensor};
 
 use crate::config::Arithmetic;
-use crate::error::{NormError, Result};
+use crate::error::{dims, NormError, Result};
 use crate::promote::{self, add, div, sub};
 
 /// Moments of a set of samples: population variance, sample count.
@@ -65,7 +65,7 @@ fn check_parts(means: &[Tensor], vars: &[Tensor], counts: &[i64]) -> Result<()> 
         for (what, t) in [("mean", m), ("var", v)] {
             if !matches!(t.dtype(), DType::F32 | DType::F64) {
                 return Err(NormError::InvalidParts {
-                    reason: format!("part {i}: {what} has dtype {:?}; need F32 or F64", t.dtype()),
+                    reason: format!("part {i}: {what} has dtype {}; need F32 or F64", t.dtype().as_str()),
                 });
             }
             if !t.device().same_device(dev) {
@@ -76,7 +76,7 @@ fn check_parts(means: &[Tensor], vars: &[Tensor], counts: &[i64]) -> Result<()> 
         }
         if promote::broadcast_shapes(m.dims(), v.dims()).is_none() {
             return Err(NormError::InvalidParts {
-                reason: format!("part {i}: mean {:?} and var {:?} do not broadcast", m.dims(), v.dims()),
+                reason: format!("part {i}: mean {} and var {} do not broadcast", dims(m.dims()), dims(v.dims())),
             });
         }
     }
@@ -84,9 +84,10 @@ fn check_parts(means: &[Tensor], vars: &[Tensor], counts: &[i64]) -> Result<()> 
     for (i, t) in means.iter().chain(vars).enumerate() {
         shape = promote::broadcast_shapes(&shape, t.dims()).ok_or_else(|| NormError::InvalidParts {
             reason: format!(
-                "part {}: shape {:?} does not broadcast with the other parts ({shape:?})",
+                "part {}: shape {} does not broadcast with the other parts ({})",
                 i % means.len(),
-                t.dims()
+                dims(t.dims()),
+                dims(&shape)
             ),
         })?;
     }
@@ -96,84 +97,86 @@ fn check_parts(means: &[Tensor], vars: &[Tensor], counts: &[i64]) -> Result<()> 
     Ok(())
 }
 
+/// One part of a combine: mean, variance and the count type of the arithmetic.
+struct Part<C> {
+    mean: Tensor,
+    var: Tensor,
+    count: C,
+}
+
+/// The reference's pairwise tree: parts 0+1, 2+3, ... merged level by
+/// level, an odd last part carried up unchanged, until one part is left.
+/// `merge` is the arithmetic (compat or exact).
+fn pairwise_tree<C: Copy>(
+    mut parts: Vec<Part<C>>,
+    mut merge: impl FnMut(&Part<C>, &Part<C>) -> Result<Part<C>>,
+) -> Result<Part<C>> {
+    while parts.len() > 1 {
+        let mut next = Vec::with_capacity(parts.len().div_ceil(2));
+        let mut it = parts.into_iter();
+        while let Some(a) = it.next() {
+            match it.next() {
+                Some(b) => next.push(merge(&a, &b)?),
+                None => next.push(a),
+            }
+        }
+        parts = next;
+    }
+    parts.pop().ok_or_else(|| NormError::InvalidParts { reason: "no parts to combine".into() })
+}
+
 /// The reference, op for op. Count arithmetic happens on 0-dim float32
 /// tensors there; f32 scalars here are the same IEEE operations.
 fn combine_compat(means: &[Tensor], vars: &[Tensor], counts: &[i64]) -> Result<Moments> {
-    let mut means: Vec<Tensor> = means.to_vec();
-    let mut vars: Vec<Tensor> = vars.to_vec();
-    let mut counts: Vec<f32> = counts.iter().map(|&c| c as f32).collect();
-    while means.len() > 1 {
-        let (mut nm, mut nv, mut nc) = (vec![], vec![], vec![]);
-        for i in (0..means.len()).step_by(2) {
-            if i + 1 < means.len() {
-                let (ma, va, ca) = (&means[i], &vars[i], counts[i]);
-                let (mb, vb, cb) = (&means[i + 1], &vars[i + 1], counts[i + 1]);
-                let total = ca + cb;
-                let delta = sub(mb, ma)?;
-                let mean = add(ma, &promote::mul_count(&delta, cb / total)?)?;
-                let m2a = promote::mul_count(va, ca)?;
-                let m2b = promote::mul_count(vb, cb)?;
-                let cross = promote::mul_count(&delta.sqr()?, ca * cb / total)?;
-                let m2 = add(&add(&m2a, &m2b)?, &cross)?;
-                nm.push(mean);
-                nv.push(promote::div_count(&m2, total)?);
-                nc.push(total);
-            } else {
-                nm.push(means[i].clone());
-                nv.push(vars[i].clone());
-                nc.push(counts[i]);
-            }
-        }
-        (means, vars, counts) = (nm, nv, nc);
-    }
+    let parts = means
+        .iter()
+        .zip(vars)
+        .zip(counts)
+        .map(|((m, v), &c)| Part { mean: m.clone(), var: v.clone(), count: c as f32 })
+        .collect();
+    let last = pairwise_tree(parts, |a, b| {
+        let total = a.count + b.count;
+        let delta = sub(&b.mean, &a.mean)?;
+        let mean = add(&a.mean, &promote::mul_count(&delta, b.count / total)?)?;
+        let m2a = promote::mul_count(&a.var, a.count)?;
+        let m2b = promote::mul_count(&b.var, b.count)?;
+        let cross = promote::mul_count(&delta.sqr()?, a.count * b.count / total)?;
+        let m2 = add(&add(&m2a, &m2b)?, &cross)?;
+        Ok(Part { mean, var: promote::div_count(&m2, total)?, count: total })
+    })?;
     Ok(Moments {
-        mean: means.remove(0),
-        var: promote::clamp_min(&vars[0], 0.0)?,
+        mean: last.mean,
+        var: promote::clamp_min(&last.var, 0.0)?,
         // `.long()` truncates toward zero.
-        count: counts[0] as i64,
+        count: last.count as i64,
     })
 }
 
 fn combine_exact(means: &[Tensor], vars: &[Tensor], counts: &[i64]) -> Result<Moments> {
-    let f64s = |ts: &[Tensor]| ts.iter().map(|t| t.to_dtype(DType::F64)).collect::<Result<Vec<_>, _>>();
-    let mut means = f64s(means)?;
-    let mut vars = f64s(vars)?;
-    let mut counts: Vec<i64> = counts.to_vec();
-    while means.len() > 1 {
-        let (mut nm, mut nv, mut nc) = (vec![], vec![], vec![]);
-        for i in (0..means.len()).step_by(2) {
-            if i + 1 < means.len() {
-                let (ma, va, ca) = (&means[i], &vars[i], counts[i]);
-                let (mb, vb, cb) = (&means[i + 1], &vars[i + 1], counts[i + 1]);
-                let total = ca.checked_add(cb).ok_or_else(|| NormError::InvalidCount {
-                    op: "combine_moments",
-                    reason: format!("{ca} + {cb} overflows i64"),
-                })?;
-                if total == 0 {
-                    // Two empty parts: nothing to weigh, keep the first.
-                    nm.push(ma.clone());
-                    nv.push(va.clone());
-                    nc.push(0);
-                    continue;
-                }
-                let (fa, fb, ft) = (ca as f64, cb as f64, total as f64);
-                let delta = sub(mb, ma)?;
-                let mean = add(ma, &promote::scalar_mul(fb / ft, &delta)?)?;
-                let m2 = add(
-                    &add(&promote::scalar_mul(fa, va)?, &promote::scalar_mul(fb, vb)?)?,
-                    &promote::scalar_mul(fa * fb / ft, &delta.sqr()?)?,
-                )?;
-                let var = div(&m2, &promote::scalar(ft, DType::F64, m2.device())?)?;
-                nm.push(mean);
-                nv.push(var);
-                nc.push(total);
-            } else {
-                nm.push(means[i].clone());
-                nv.push(vars[i].clone());
-                nc.push(counts[i]);
-            }
+    let parts = means
+        .iter()
+        .zip(vars)
+        .zip(counts)
+        .map(|((m, v), &c)| Ok(Part { mean: m.to_dtype(DType::F64)?, var: v.to_dtype(DType::F64)?, count: c }))
+        .collect::<Result<Vec<_>>>()?;
+    let last = pairwise_tree(parts, |a, b| {
+        let total = a.count.checked_add(b.count).ok_or_else(|| NormError::InvalidCount {
+            op: "combine_moments",
+            reason: format!("{} + {} overflows i64", a.count, b.count),
+        })?;
+        if total == 0 {
+            // Two empty parts: nothing to weigh, keep the first.
+            return Ok(Part { mean: a.mean.clone(), var: a.var.clone(), count: 0 });
         }
-        (means, vars, counts) = (nm, nv, nc);
-    }
-    Ok(Moments { mean: means.remove(0), var: promote::clamp_min(&vars[0], 0.0)?, count: counts[0] })
+        let (fa, fb, ft) = (a.count as f64, b.count as f64, total as f64);
+        let delta = sub(&b.mean, &a.mean)?;
+        let mean = add(&a.mean, &promote::scalar_mul(fb / ft, &delta)?)?;
+        let m2 = add(
+            &add(&promote::scalar_mul(fa, &a.var)?, &promote::scalar_mul(fb, &b.var)?)?,
+            &promote::scalar_mul(fa * fb / ft, &delta.sqr()?)?,
+        )?;
+        let var = div(&m2, &promote::scalar(ft, DType::F64, m2.device())?)?;
+        Ok(Part { mean, var, count: total })
+    })?;
+    Ok(Moments { mean: last.mean, var: promote::clamp_min(&last.var, 0.0)?, count: last.count })
 }

@@ -8,6 +8,7 @@ use candle_core::DType;
 /// and an operation that returns an error has left the normalizer's state
 /// exactly as it was.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum NormError {
     /// A configuration value outside its domain.
     #[error("invalid config: {field} = {value}: {reason}")]
@@ -20,7 +21,7 @@ pub enum NormError {
         reason: &'static str,
     },
     /// An input whose shape does not fit the normalizer (or another input).
-    #[error("{op}: shape mismatch: {what} has shape {got:?}, expected {expected}")]
+    #[error("{op}: shape mismatch: {what} has shape {}, expected {expected}", dims(got))]
     ShapeMismatch {
         /// The operation that failed.
         op: &'static str,
@@ -32,7 +33,7 @@ pub enum NormError {
         expected: String,
     },
     /// An input of a dtype the operation does not take.
-    #[error("{op}: {what} has dtype {dtype:?}; {expected}")]
+    #[error("{op}: {what} has dtype {}; {expected}", dtype.as_str())]
     UnsupportedDType {
         /// The operation that failed.
         op: &'static str,
@@ -44,7 +45,7 @@ pub enum NormError {
         expected: &'static str,
     },
     /// A batch with no rows: the reference would silently turn the state into NaN.
-    #[error("{op}: empty batch ({what} has shape {shape:?}); the state is unchanged")]
+    #[error("{op}: empty batch ({what} has shape {}); the state is unchanged", dims(shape))]
     EmptyBatch {
         /// The operation that failed.
         op: &'static str,
@@ -92,7 +93,7 @@ pub enum NormError {
         reason: String,
     },
     /// A tensor on a different device than the normalizer.
-    #[error("{op}: {what} is on {got:?}, the normalizer lives on {expected:?}")]
+    #[error("{op}: {what} is on {}, the normalizer lives on {}", location(got), location(expected))]
     DeviceMismatch {
         /// The operation that failed.
         op: &'static str,
@@ -118,6 +119,21 @@ pub enum NormError {
     /// An error from candle itself (allocation, device, backend).
     #[error("candle: {0}")]
     Candle(#[from] candle_core::Error),
+}
+
+/// A shape as `[2, 3]`.
+pub(crate) fn dims(d: &[usize]) -> String {
+    let inner: Vec<String> = d.iter().map(usize::to_string).collect();
+    format!("[{}]", inner.join(", "))
+}
+
+/// A device as people name it: `cpu`, `cuda:0`, `metal:0`.
+pub(crate) fn location(l: &candle_core::DeviceLocation) -> String {
+    match l {
+        candle_core::DeviceLocation::Cpu => "cpu".into(),
+        candle_core::DeviceLocation::Cuda { gpu_id } => format!("cuda:{gpu_id}"),
+        candle_core::DeviceLocation::Metal { gpu_id } => format!("metal:{gpu_id}"),
+    }
 }
 
 /// Result alias of this crate.

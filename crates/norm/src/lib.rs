@@ -34,6 +34,8 @@
 mod collective;
 mod combine;
 mod config;
+#[cfg(any(feature = "mpi", feature = "nccl"))]
+mod deadline;
 mod error;
 pub(crate) mod kernels;
 #[cfg(feature = "mpi")]

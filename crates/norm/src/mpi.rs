@@ -22,6 +22,7 @@ use mpi::raw::AsRaw;
 use mpi::topology::{Communicator, SimpleCommunicator};
 
 use crate::collective::Collective;
+use crate::deadline::{poll_until, timed_out, Broken, Wait};
 use crate::error::{NormError, Result};
 use crate::tensor_io::{dtype_from_code, tensor_to_ne_bytes};
 use crate::wire_header::{agree, check_encodable, Header, OpKind};
@@ -37,7 +38,7 @@ struct Inner {
     /// `None` once finalized (or handed over to `abort`).
     universe: Option<mpi::environment::Universe>,
     world: SimpleCommunicator,
-    broken: Option<String>,
+    broken: Broken,
     stranded: Vec<Stranded>,
 }
 
@@ -109,7 +110,7 @@ impl MpiCollective {
             usize::try_from(world_size).map_err(|_| err(format!("MPI world size {world_size}")))?,
         );
         Ok(MpiCollective {
-            inner: Mutex::new(Inner { universe: Some(universe), world, broken: None, stranded: vec![] }),
+            inner: Mutex::new(Inner { universe: Some(universe), world, broken: Broken::default(), stranded: vec![] }),
             rank,
             world_size,
             timeout,
@@ -128,7 +129,7 @@ impl MpiCollective {
 
     /// Why the communicator is unusable (a peer timed out or MPI failed), if it is.
     pub fn broken(&self) -> Option<String> {
-        self.lock().broken.clone()
+        self.lock().broken.reason().map(str::to_owned)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
@@ -145,9 +146,7 @@ impl MpiCollective {
         let op = kind.name();
         let deadline = Instant::now() + self.timeout;
         let mut g = self.lock();
-        if let Some(b) = &g.broken {
-            return Err(self.err(op, format!("the communicator is broken by an earlier failure: {b}")));
-        }
+        g.broken.check().map_err(|e| self.err(op, e))?;
         let local = encode(t);
         let header = Header::new(kind, root, t.dims(), local.as_ref().map(|(d, b)| (*d, b.len())).ok());
         let all = self.all_gather_bytes(&mut g, op, header.to_bytes(), deadline)?;
@@ -225,8 +224,8 @@ impl MpiCollective {
         Ok(buf)
     }
 
-    /// Polls `request` until it completes or `deadline` passes. Spins
-    /// briefly, then yields, then sleeps 100 µs between tests.
+    /// Polls `request` until it completes or `deadline` passes
+    /// ([`poll_until`]); an abandoned request keeps its buffers forever.
     fn wait(
         &self,
         g: &mut Inner,
@@ -236,38 +235,25 @@ impl MpiCollective {
         recv: Vec<u8>,
         deadline: Instant,
     ) -> Result<(Vec<u8>, Vec<u8>)> {
-        let start = Instant::now();
-        loop {
+        let outcome = poll_until(deadline, || {
             let mut flag: c_int = 0;
             // SAFETY: `request` is the active request returned by the
             // nonblocking call (or already completed and set to null by a
             // previous MPI_Test, which is then a no-op); status is ignored.
             let rc = unsafe { ffi::MPI_Test(&mut request, &mut flag, ffi::RSMPI_STATUS_IGNORE) };
-            if rc != ffi::MPI_SUCCESS as c_int {
-                g.stranded.push(Stranded { _request: request, _send: send, _recv: recv });
-                return Err(self.fail(g, op, format!("MPI_Test: {}", error_string(rc))));
-            }
-            if flag != 0 {
-                return Ok((send, recv));
-            }
-            let now = Instant::now();
-            if now >= deadline {
-                g.stranded.push(Stranded { _request: request, _send: send, _recv: recv });
-                let msg = format!(
-                    "timed out after {:?} waiting for peers (a rank exited, stalled, or called another collective)",
-                    self.timeout
-                );
-                return Err(self.fail(g, op, msg));
-            }
-            let waited = now - start;
-            if waited < Duration::from_micros(50) {
-                std::hint::spin_loop();
-            } else if waited < Duration::from_millis(20) {
-                std::thread::yield_now();
+            if rc == ffi::MPI_SUCCESS as c_int {
+                Ok(flag != 0)
             } else {
-                std::thread::sleep(Duration::from_micros(100));
+                Err(format!("MPI_Test: {}", error_string(rc)))
             }
-        }
+        });
+        let reason = match outcome {
+            Wait::Done => return Ok((send, recv)),
+            Wait::Failed(e) => e,
+            Wait::TimedOut => timed_out(self.timeout),
+        };
+        g.stranded.push(Stranded { _request: request, _send: send, _recv: recv });
+        Err(self.fail(g, op, reason))
     }
 
     fn check(&self, g: &mut Inner, op: &'static str, call: &str, rc: c_int) -> Result<()> {
@@ -279,7 +265,7 @@ impl MpiCollective {
     }
 
     fn fail(&self, g: &mut Inner, op: &'static str, reason: String) -> NormError {
-        g.broken.get_or_insert_with(|| reason.clone());
+        g.broken.mark(&reason);
         self.err(op, reason)
     }
 }
@@ -289,7 +275,7 @@ impl Drop for MpiCollective {
         let g = self.inner.get_mut().unwrap_or_else(|p| p.into_inner());
         // Buffers of abandoned requests must outlive MPI: never free them.
         std::mem::forget(std::mem::take(&mut g.stranded));
-        if g.broken.is_some() {
+        if g.broken.reason().is_some() {
             // MPI_Finalize may wait for the missing peer: leave without it
             // (mpirun then reports this process as not finalized).
             std::mem::forget(g.universe.take());

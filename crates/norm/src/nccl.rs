@@ -28,6 +28,7 @@ use candle_core::op::BackpropOp;
 use candle_core::{CudaDevice, DType, Device, Storage, Tensor};
 
 use crate::collective::Collective;
+use crate::deadline::{poll_until, timed_out, Broken, Wait};
 use crate::error::{NormError, Result};
 use crate::wire_header::{agree_words, check_encodable, Header, OpKind};
 
@@ -63,7 +64,7 @@ impl std::fmt::Debug for NcclId {
 struct Inner {
     /// `None` once aborted.
     comm: Option<Comm>,
-    broken: Option<String>,
+    broken: Broken,
 }
 
 /// One rank of an NCCL communicator, on one CUDA device; tensors passed to
@@ -102,7 +103,12 @@ fn nccl_err(op: &'static str, rank: usize, world_size: usize, reason: String) ->
 fn cuda_device(device: &Device, op: &'static str) -> Result<CudaDevice> {
     match device {
         Device::Cuda(d) => Ok(d.clone()),
-        other => Err(nccl_err(op, 0, 0, format!("NCCL needs a CUDA device, got {:?}", other.location()))),
+        other => Err(nccl_err(
+            op,
+            0,
+            0,
+            format!("NCCL needs a CUDA device, got {}", crate::error::location(&other.location())),
+        )),
     }
 }
 
@@ -136,13 +142,13 @@ impl NcclCollective {
     }
 
     fn wrap(comm: Comm, device: CudaDevice, stream: Arc<CudaStream>, rank: usize, w: usize, timeout: Duration) -> Self {
-        let inner = Mutex::new(Inner { comm: Some(comm), broken: None });
+        let inner = Mutex::new(Inner { comm: Some(comm), broken: Broken::default() });
         NcclCollective { inner, device, stream, rank, world_size: w, timeout }
     }
 
     /// Why the communicator is unusable (a peer timed out, NCCL failed), if it is.
     pub fn broken(&self) -> Option<String> {
-        self.lock().broken.clone()
+        self.lock().broken.reason().map(str::to_owned)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
@@ -156,7 +162,7 @@ impl NcclCollective {
     /// Marks the communicator broken and aborts it (dropping a cudarc
     /// `Comm` calls `ncclCommAbort`).
     fn fail(&self, g: &mut Inner, op: &'static str, reason: String) -> NormError {
-        g.broken.get_or_insert_with(|| reason.clone());
+        g.broken.mark(&reason);
         drop(g.comm.take());
         self.err(op, reason)
     }
@@ -164,26 +170,14 @@ impl NcclCollective {
     /// Waits for the work queued on the stream so far, until `deadline`.
     fn wait(&self, g: &mut Inner, op: &'static str, deadline: Instant) -> Result<()> {
         let event = self.stream.record_event(None).map_err(|e| self.fail(g, op, format!("recording an event: {e}")))?;
-        let start = Instant::now();
-        loop {
-            match event.try_is_complete() {
-                Ok(true) => return Ok(()),
-                Ok(false) => {}
-                Err(e) => return Err(self.fail(g, op, format!("CUDA error while waiting: {e}"))),
-            }
-            let now = Instant::now();
-            if now >= deadline {
-                let msg = format!(
-                    "timed out after {:?} waiting for peers (a rank exited, stalled, or called another collective); \
-                     the communicator was aborted",
-                    self.timeout
-                );
-                return Err(self.fail(g, op, msg));
-            }
-            if now - start < Duration::from_millis(1) {
-                std::hint::spin_loop();
-            } else {
-                std::thread::sleep(Duration::from_micros(50));
+        let outcome =
+            poll_until(deadline, || event.try_is_complete().map_err(|e| format!("CUDA error while waiting: {e}")));
+        match outcome {
+            Wait::Done => Ok(()),
+            Wait::Failed(e) => Err(self.fail(g, op, e)),
+            Wait::TimedOut => {
+                let msg = format!("{}; the communicator was aborted", timed_out(self.timeout));
+                Err(self.fail(g, op, msg))
             }
         }
     }
@@ -192,13 +186,14 @@ impl NcclCollective {
         let op = kind.name();
         let deadline = Instant::now() + self.timeout;
         let mut g = self.lock();
-        if let Some(b) = &g.broken {
-            return Err(self.err(op, format!("the communicator is broken by an earlier failure: {b}")));
-        }
+        g.broken.check().map_err(|e| self.err(op, e))?;
         let local = if t.device().same_device(&Device::Cuda(self.device.clone())) {
             check_encodable(t)
         } else {
-            Err(format!("the tensor is on {:?}, not on this rank's NCCL device", t.device().location()))
+            Err(format!(
+                "the tensor is on {}, not on this rank's NCCL device",
+                crate::error::location(&t.device().location())
+            ))
         };
         let bytes = t.elem_count() * t.dtype().size_in_bytes();
         let header = Header::new(kind, root, t.dims(), local.as_ref().ok().map(|&c| (c, bytes)));
@@ -212,7 +207,7 @@ impl NcclCollective {
             DType::I64 => self.data::<i64>(&mut g, kind, &t, root, deadline),
             DType::F32 => self.data::<f32>(&mut g, kind, &t, root, deadline),
             DType::F64 => self.data::<f64>(&mut g, kind, &t, root, deadline),
-            d => Err(self.err(op, format!("dtype {d:?} has no NCCL type here"))),
+            d => Err(self.err(op, format!("dtype {} has no NCCL type here", d.as_str()))),
         }
     }
 

@@ -4,7 +4,7 @@ use candle_core::{DType, Device, Tensor};
 
 use crate::combine::Moments;
 use crate::config::{validate_gamma, NormConfig};
-use crate::error::{NormError, Result};
+use crate::error::{dims, NormError, Result};
 use crate::normalizer::{Direction, MomentUpdate, Normalizer};
 use crate::promote;
 use crate::running::{apply, NormState, RunningMeanStd};
@@ -156,9 +156,9 @@ impl RewardRunningMeanStd {
                 what: "reward/terminated",
                 got: reward.dims().to_vec(),
                 expected: format!(
-                    "shapes that broadcast with the discounted return {:?} (terminated {:?})",
-                    prev.dims(),
-                    terminated.dims()
+                    "shapes that broadcast with the discounted return {} (terminated {})",
+                    dims(prev.dims()),
+                    dims(terminated.dims())
                 ),
             });
         }
@@ -195,7 +195,7 @@ impl RewardRunningMeanStd {
                 op,
                 what: "std",
                 got: std_f32.dims().to_vec(),
-                expected: format!("an F32 tensor of shape {:?} (got {})", own.dims(), std_f32.dtype().as_str()),
+                expected: format!("an F32 tensor of shape {} (got {})", dims(own.dims()), std_f32.dtype().as_str()),
             });
         }
         apply(&self.rms, r, None, std_f32, direction)

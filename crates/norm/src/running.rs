@@ -7,7 +7,7 @@ use candle_core::{DType, Device, Shape, Tensor};
 use crate::collective::{Collective, SingleProcess};
 use crate::combine::{combine_moments, Moments};
 use crate::config::{validate_ema_decay, Arithmetic, NormConfig};
-use crate::error::{NormError, Result};
+use crate::error::{dims, NormError, Result};
 use crate::kernels::{cpu, generic};
 use crate::normalizer::{Direction, MomentUpdate, Normalizer};
 use crate::promote;
@@ -166,21 +166,21 @@ impl RunningMeanStd {
             if !t.dtype().is_float() {
                 return Err(NormError::InvalidState {
                     field,
-                    reason: format!("dtype {:?}; need a float dtype (F64 in checkpoints)", t.dtype()),
+                    reason: format!("dtype {}; need a float dtype (F64 in checkpoints)", t.dtype().as_str()),
                 });
             }
         }
         if mean.dims() != var.dims() {
             return Err(NormError::InvalidState {
                 field: "var",
-                reason: format!("shape {:?} differs from mean's {:?}", var.dims(), mean.dims()),
+                reason: format!("shape {} differs from mean's {}", dims(var.dims()), dims(mean.dims())),
             });
         }
         if let Some(shape) = self.shape() {
             if shape != mean.dims() {
                 return Err(NormError::InvalidState {
                     field: "mean",
-                    reason: format!("shape {:?} differs from the normalizer's {shape:?}", mean.dims()),
+                    reason: format!("shape {} differs from the normalizer's {}", dims(mean.dims()), dims(shape)),
                 });
             }
         }
@@ -407,7 +407,7 @@ impl RunningMeanStd {
                     op,
                     what,
                     got: dims.to_vec(),
-                    expected: format!("a shape that broadcasts to the normalizer's {shape:?}"),
+                    expected: format!("a shape that broadcasts to the normalizer's {}", crate::error::dims(shape)),
                 });
             }
         }
@@ -429,7 +429,11 @@ fn check_std(op: &'static str, std: &Tensor, s: &Stats) -> Result<()> {
             op,
             what: "std",
             got: std.dims().to_vec(),
-            expected: format!("an F32 tensor of the normalizer's shape {:?} (got {:?})", s.std_f32.dims(), std.dtype()),
+            expected: format!(
+                "an F32 tensor of the normalizer's shape {} (got {})",
+                dims(s.std_f32.dims()),
+                std.dtype().as_str()
+            ),
         });
     }
     Ok(())
@@ -456,7 +460,7 @@ pub(crate) fn apply(
             op,
             what: "x",
             got: x.dims().to_vec(),
-            expected: format!("a shape that broadcasts with the normalizer's {state_dims:?}"),
+            expected: format!("a shape that broadcasts with the normalizer's {}", dims(state_dims)),
         });
     };
     let clamp = rms.config.clamp_value;

@@ -70,6 +70,6 @@ pub(crate) fn tensor_to_ne_bytes(t: &Tensor) -> Result<Vec<u8>> {
         DType::I64 => bytes!(i64),
         DType::F32 => bytes!(f32),
         DType::F64 => bytes!(f64),
-        d => Err(NormError::Candle(candle_core::Error::Msg(format!("no byte encoding for dtype {d:?}")))),
+        d => Err(NormError::Candle(candle_core::Error::Msg(format!("no byte encoding for dtype {}", d.as_str())))),
     }
 }

@@ -89,13 +89,14 @@ impl Header {
     }
 
     fn describe(&self) -> String {
-        let dtype = dtype_from_code(self.dtype).map_or_else(|| format!("dtype#{}", self.dtype), |d| format!("{d:?}"));
+        let dtype =
+            dtype_from_code(self.dtype).map_or_else(|| format!("dtype#{}", self.dtype), |d| d.as_str().to_owned());
         let op = match self.op {
             1 => "all_gather".to_string(),
             2 => format!("broadcast from rank {}", self.root),
             o => format!("op#{o}"),
         };
-        format!("{op} of {dtype} {:?}", self.dims)
+        format!("{op} of {dtype} {}", crate::error::dims(&self.dims.iter().map(|&d| d as usize).collect::<Vec<_>>()))
     }
 }
 
@@ -104,7 +105,7 @@ pub(crate) fn check_encodable(t: &Tensor) -> Result<u64, String> {
     if t.rank() > MAX_DIMS {
         return Err(format!("{} dimensions; at most {MAX_DIMS} are supported", t.rank()));
     }
-    dtype_code(t.dtype()).ok_or_else(|| format!("dtype {:?} is not supported", t.dtype()))
+    dtype_code(t.dtype()).ok_or_else(|| format!("dtype {} is not supported", t.dtype().as_str()))
 }
 
 /// The verdict on every rank's header (`all`: W headers as native-endian

@@ -2,8 +2,13 @@
 
 /// Bounds applied while reading a pickle. The defaults admit any real
 /// checkpoint's `data.pkl` (ProtoMotions': a few hundred KiB, a few
-/// thousand nodes) with orders of magnitude to spare, while keeping the
-/// memory a hostile input can claim to a small multiple of its size.
+/// thousand nodes; a resolved-configs file: 45 KiB, about 10,000 nodes)
+/// with orders of magnitude to spare, while keeping what a hostile input
+/// can claim small: at most 4,194,304 nodes (memo references and DUPs
+/// charged at their full expanded size, so a few KB that reference one list
+/// a million times are refused), about 1 GiB of decoded tree and checkpoint
+/// tree together at the worst, and never more than 4 nodes per input byte
+/// beyond the first 65,536.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
     /// Largest accepted input, in bytes.
@@ -50,8 +55,8 @@ impl Default for Limits {
         Limits {
             max_input_bytes: 1 << 30,
             max_depth: 256,
-            max_nodes: 50_000_000,
-            max_nodes_per_input_byte: 16,
+            max_nodes: 1 << 22,
+            max_nodes_per_input_byte: 4,
             max_memo_entries: 10_000_000,
             max_literal_bytes: 1 << 30,
         }

@@ -229,8 +229,8 @@ fn memory_stays_a_small_multiple_of_the_input() {
     assert!(p.len() < 8 << 10);
     match from_slice(&p, &Limits::default()) {
         Err(PickleError::Limit { limit: "max_nodes", max, .. }) => {
-            // The budget scales with the input: 16 units per byte plus 64 Ki.
-            assert_eq!(max, 16 * p.len() as u64 + 65536);
+            // The budget scales with the input: 4 units per byte plus 64 Ki.
+            assert_eq!(max, 4 * p.len() as u64 + 65536);
         }
         other => panic!("expected the max_nodes limit, got {other:?}"),
     }
@@ -258,25 +258,29 @@ fn fuzz_regression_dup_tuple_amplification() {
 #[test]
 fn fuzz_regression_rewrite_denser_than_input() {
     // Found by the pickle_reader fuzz target at 9.6M executions: 2542 bytes
-    // of text GLOBAL / INST / DUP that read to ~104k nodes, within the
-    // 16-per-byte budget. The rewrite (memoized globals, binary opcodes) is
-    // shorter, so its own input-scaled budget is smaller and the defaults
-    // refuse it with a clear limit error. Under the budget the original had,
-    // it reads back and rewrites to the same bytes (Shared ids are
-    // renumbered, so the values compare through their bytes).
+    // of text GLOBAL / INST / DUP that read to ~104k nodes, within a
+    // 16-per-byte budget (the default then; 4 per byte now refuses it). The
+    // rewrite (memoized globals, binary opcodes) is shorter, so its own
+    // input-scaled budget is smaller and the defaults refuse it with a
+    // clear limit error. Under the budget the original had, it reads back
+    // and rewrites to the same bytes (Shared ids are renumbered, so the
+    // values compare through their bytes).
     let p = std::fs::read(concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/tests/data/fuzz_regressions/rewrite_denser_than_input.pkl"
     ))
     .unwrap();
-    let value = from_slice(&p, &Limits::default()).unwrap();
+    let err = from_slice(&p, &Limits::default()).unwrap_err();
+    assert!(matches!(err, PickleError::Limit { limit: "max_nodes", .. }), "{err}");
+    let sixteen = Limits { max_nodes_per_input_byte: 16, ..Limits::default() };
+    let value = from_slice(&p, &sixteen).unwrap();
     let rewritten = to_vec(&value).unwrap();
     assert!(rewritten.len() < p.len(), "{} >= {}", rewritten.len(), p.len());
     match from_slice(&rewritten, &Limits::default()) {
         Ok(v) => assert!(to_vec(&v).unwrap() == rewritten, "rewrite is not a fixed point"),
         Err(e) => assert!(matches!(e, PickleError::Limit { limit: "max_nodes", .. }), "{e}"),
     }
-    let original_budget = Limits::default().scaled_to(p.len()).max_nodes + 2;
+    let original_budget = sixteen.scaled_to(p.len()).max_nodes + 2;
     let limits = Limits { max_nodes: original_budget, max_nodes_per_input_byte: u64::MAX, ..Limits::default() };
     let again = from_slice(&rewritten, &limits).unwrap();
     assert!(to_vec(&again).unwrap() == rewritten, "rewrite is not a fixed point");

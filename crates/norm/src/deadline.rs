@@ -1,0 +1,110 @@
+//! Waiting for a collective with a deadline, and the broken state a failed
+//! wait leaves behind: one policy for the MPI and NCCL engines.
+//!
+//! A peer that exited or stalled never completes its half of a collective,
+//! and MPI and NCCL would wait forever. Both engines start their operation
+//! nonblocking and poll it here; at the deadline the communicator is
+//! marked broken (MPI) or aborted (NCCL), and every later call fails at once.
+
+use std::time::{Duration, Instant};
+
+/// How a wait ended.
+pub(crate) enum Wait {
+    /// The operation completed.
+    Done,
+    /// Polling it failed (the library's error).
+    Failed(String),
+    /// The deadline passed first.
+    TimedOut,
+}
+
+/// Polls `poll` (true: done) until it completes, fails, or `deadline`
+/// passes. Spins for the first 50 µs (a collective among ranks in step
+/// completes in microseconds), then yields until 1 ms, then sleeps 50 µs
+/// between polls (a rank waiting for a slow peer must not burn a core).
+pub(crate) fn poll_until(deadline: Instant, mut poll: impl FnMut() -> Result<bool, String>) -> Wait {
+    let start = Instant::now();
+    loop {
+        match poll() {
+            Ok(true) => return Wait::Done,
+            Ok(false) => {}
+            Err(e) => return Wait::Failed(e),
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            return Wait::TimedOut;
+        }
+        let waited = now - start;
+        if waited < Duration::from_micros(50) {
+            std::hint::spin_loop();
+        } else if waited < Duration::from_millis(1) {
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(Duration::from_micros(50));
+        }
+    }
+}
+
+/// The message of a timed-out wait.
+pub(crate) fn timed_out(timeout: Duration) -> String {
+    format!(
+        "timed out after {} s waiting for peers (a rank exited, stalled, or called another collective)",
+        timeout.as_secs_f64()
+    )
+}
+
+/// Whether a communicator is still usable: once a collective failed or
+/// timed out, the ranks are out of step and every later call must fail at
+/// once rather than pair with the wrong operation of a peer.
+#[derive(Debug, Default)]
+pub(crate) struct Broken(Option<String>);
+
+impl Broken {
+    /// The reason it broke, if it did.
+    pub(crate) fn reason(&self) -> Option<&str> {
+        self.0.as_deref()
+    }
+
+    /// Errors (the message for a later call) once broken.
+    pub(crate) fn check(&self) -> Result<(), String> {
+        match &self.0 {
+            Some(b) => Err(format!("the communicator is broken by an earlier failure: {b}")),
+            None => Ok(()),
+        }
+    }
+
+    /// Marks it broken (the first reason is kept).
+    pub(crate) fn mark(&mut self, reason: &str) {
+        self.0.get_or_insert_with(|| reason.to_owned());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_wait_ends_done_failed_or_timed_out() {
+        let far = Instant::now() + Duration::from_secs(60);
+        let mut n = 0;
+        assert!(matches!(
+            poll_until(far, || {
+                n += 1;
+                Ok(n == 3)
+            }),
+            Wait::Done
+        ));
+        assert!(matches!(poll_until(far, || Err("boom".into())), Wait::Failed(e) if e == "boom"));
+        assert!(matches!(poll_until(Instant::now(), || Ok(false)), Wait::TimedOut));
+    }
+
+    #[test]
+    fn a_broken_communicator_stays_broken_with_its_first_reason() {
+        let mut b = Broken::default();
+        assert!(b.check().is_ok());
+        b.mark("first");
+        b.mark("second");
+        assert_eq!(b.reason(), Some("first"));
+        assert!(b.check().unwrap_err().contains("first"));
+    }
+}
