@@ -16,6 +16,8 @@
 //! joined (no timeout here: cudarc's safe API has no nonblocking init), and
 //! a peer process that dies mid-collective is noticed only through the
 //! timeout (NCCL itself may report a remote error later, or never).
+// Unsafe code is allowed here (denied elsewhere): the engine is shared across threads by a Send/Sync impl argued below.
+#![allow(unsafe_code)]
 
 use std::os::raw::c_char;
 use std::sync::{Arc, Mutex};

@@ -1,8 +1,4 @@
-//! pm-trace v1 (`docs/trace-format.md` in the repository): traces recorded from
-//! ProtoMotions' normalizers on PyTorch, their reader and writer, and the
-//! replay engine that runs them on [`pmstate_norm`] and compares every
-//! recorded result (pinned: bit for bit; free: within derived bounds).
-
+#![doc = include_str!("../README.md")]
 #![warn(missing_docs)]
 // Parses untrusted files: fuzzed without a sanitizer, so no unsafe code here.
 #![forbid(unsafe_code)]

@@ -18,7 +18,13 @@ use crate::dtype::DType;
 use crate::tree::{Construct, Dict, Node, Object, TensorRef};
 
 fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut out = String::with_capacity(bytes.len() * 2);
+    for &b in bytes {
+        out.push(DIGITS[usize::from(b >> 4)] as char);
+        out.push(DIGITS[usize::from(b & 15)] as char);
+    }
+    out
 }
 
 fn unhex(s: &str) -> Result<Vec<u8>, String> {

@@ -168,7 +168,7 @@ fn first_input_features(trace: &Trace) -> Option<usize> {
 }
 
 /// Replays one rank of `trace` in this process over `coll` (one rank per
-/// process, e.g. [`MpiCollective`](pmstate_norm::MpiCollective) with the
+/// process, e.g. `pmstate_norm::MpiCollective` with the
 /// `mpi` feature), then hands every rank's observations to rank 0, which
 /// judges them as [`replay`] does (every rank must end each step with rank
 /// 0's state). Returns the report on rank 0 and `None` on the others.
