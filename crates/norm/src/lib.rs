@@ -25,6 +25,7 @@ mod wire_header;
 #[doc(hidden)]
 pub mod bench_support {
     pub use crate::kernels::cpu::copy;
+    pub use crate::kernels::isa::{current as isa, select as select_isa, Isa, IsaError, ENV as ISA_ENV};
 }
 
 pub use collective::{Collective, InProcessGroup, SingleProcess};

@@ -6,6 +6,7 @@ use std::mem::MaybeUninit;
 
 use rayon::prelude::*;
 
+use super::isa::{self, Isa};
 use super::Direction;
 
 /// Elements per task: small enough to spread work over threads, large
@@ -104,50 +105,132 @@ impl Partial {
     }
 }
 
-/// Columns per register tile of [`shifted_sums`]: four AVX-512 registers of f64.
-const TILE: usize = 32;
 /// Rows summed into a register tile before it goes back to memory: few
 /// enough that the rows stream through the prefetcher side by side.
 const GROUP: usize = 8;
 
-/// Sums of `x - shift` and `(x - shift)^2` per column over a block of rows,
-/// in f64, in row order, with `mul_add` (fused on every variant, so every
-/// ISA variant gives the same bits; the baseline variant calls libm). For
-/// each group of GROUP rows, tiles of TILE columns are summed down the group
-/// in registers and stored once.
-#[multiversion::multiversion(targets("x86_64+avx512f+avx512vl+avx2+fma", "x86_64+avx2+fma"))]
-fn shifted_sums<T: Elem>(block: &[T], cols: usize, shift: &[f64], s1: &mut [f64], s2: &mut [f64]) {
-    let tiled = cols / TILE * TILE;
-    for group in block.chunks(GROUP * cols) {
-        for j in (0..tiled).step_by(TILE) {
-            let mut a = [0f64; TILE];
-            let mut q = [0f64; TILE];
-            let mut k = [0f64; TILE];
-            a.copy_from_slice(&s1[j..j + TILE]);
-            q.copy_from_slice(&s2[j..j + TILE]);
-            k.copy_from_slice(&shift[j..j + TILE]);
-            for row in group.chunks_exact(cols) {
-                let xs = &row[j..j + TILE];
-                for i in 0..TILE {
-                    let d = xs[i].to_f64() - k[i];
-                    a[i] += d;
-                    q[i] = d.mul_add(d, q[i]);
-                }
-            }
-            s1[j..j + TILE].copy_from_slice(&a);
-            s2[j..j + TILE].copy_from_slice(&q);
+/// Runs `$body` (an expression over the enclosing function's arguments)
+/// compiled for the instruction set `$isa`: inside, `const W: usize` is the
+/// register tile width in f64 lanes (see [`shifted_sums`]). Each variant is a
+/// `#[target_feature]` function, called only after `Isa::is_supported`
+/// (`is_x86_feature_detected!`) said this CPU has its features.
+macro_rules! with_isa {
+    ($isa:expr, <$T:ident>, ($($arg:ident: $ty:ty),*), |$w:ident| $body:expr) => {{
+        #[inline(always)]
+        fn body<$T: Elem, const $w: usize>($($arg: $ty),*) {
+            $body
         }
-        if tiled < cols {
-            let (s1, s2, shift) = (&mut s1[tiled..], &mut s2[tiled..], &shift[tiled..]);
-            for row in group.chunks_exact(cols) {
-                for (((a, q), &k), &v) in s1.iter_mut().zip(s2.iter_mut()).zip(shift).zip(&row[tiled..]) {
-                    let d = v.to_f64() - k;
-                    *a += d;
-                    *q = d.mul_add(d, *q);
-                }
-            }
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
+        unsafe fn avx512<$T: Elem>($($arg: $ty),*) {
+            body::<$T, 32>($($arg),*)
+        }
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = "avx2,fma")]
+        unsafe fn avx2<$T: Elem>($($arg: $ty),*) {
+            body::<$T, 32>($($arg),*)
+        }
+        let isa: Isa = $isa;
+        debug_assert!(isa.is_supported(), "{isa} kernel requested on a CPU without it");
+        match isa {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `avx512` only needs the CPU to have the features it is
+            // compiled with (avx512f, avx512vl, avx2, fma), and the guard has
+            // just checked each of them with `is_x86_feature_detected!`.
+            Isa::Avx512 if Isa::Avx512.is_supported() => unsafe { avx512::<$T>($($arg),*) },
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: as above, for avx2 and fma.
+            Isa::Avx2 if Isa::Avx2.is_supported() => unsafe { avx2::<$T>($($arg),*) },
+            _ => body::<$T, 32>($($arg),*),
+        }
+    }};
+}
+
+/// Sums of `x - shift` and `(x - shift)^2` per column over a block of rows,
+/// in f64, in row order, with `mul_add` (fused on every instruction set, so
+/// every one gives the same bits; the baseline calls libm's `fma`).
+fn shifted_sums<T: Elem>(isa: Isa, block: &[T], cols: usize, shift: &[f64], s1: &mut [f64], s2: &mut [f64]) {
+    with_isa!(isa, <T>, (block: &[T], cols: usize, shift: &[f64], s1: &mut [f64], s2: &mut [f64]), |W| {
+        for group in block.chunks(GROUP * cols) {
+            group_sums::<T, W>(group, cols, shift, s1, s2);
+        }
+    })
+}
+
+/// [`shifted_sums`] over one group of rows, in register tiles of `W`
+/// columns: for each tile, `W` sums and `W` sums of squares are loaded into
+/// registers, summed down the group's rows, and stored once. Columns past
+/// the last whole tile are summed in one more tile that ends at the last
+/// column (overlapping the one before) and stores only the new columns:
+/// each column is still summed once per row, in row order.
+#[inline(always)]
+fn group_sums<T: Elem, const W: usize>(group: &[T], cols: usize, shift: &[f64], s1: &mut [f64], s2: &mut [f64]) {
+    if cols < W {
+        return narrow_group_sums(group, cols, shift, s1, s2);
+    }
+    let mut j = 0;
+    while j + W <= cols {
+        tile_sums::<T, W>(group, cols, j, 0, shift, s1, s2);
+        j += W;
+    }
+    if j < cols {
+        tile_sums::<T, W>(group, cols, cols - W, j - (cols - W), shift, s1, s2);
+    }
+}
+
+/// [`group_sums`] for fewer columns than a tile: tiles of 4, then column by column.
+#[inline(always)]
+fn narrow_group_sums<T: Elem>(group: &[T], cols: usize, shift: &[f64], s1: &mut [f64], s2: &mut [f64]) {
+    const N: usize = 4;
+    if cols >= N {
+        let mut j = 0;
+        while j + N <= cols {
+            tile_sums::<T, N>(group, cols, j, 0, shift, s1, s2);
+            j += N;
+        }
+        if j < cols {
+            tile_sums::<T, N>(group, cols, cols - N, j - (cols - N), shift, s1, s2);
+        }
+        return;
+    }
+    for row in group.chunks_exact(cols) {
+        for (((a, q), &k), &v) in s1.iter_mut().zip(s2.iter_mut()).zip(shift).zip(row) {
+            let d = v.to_f64() - k;
+            *a += d;
+            *q = d.mul_add(d, *q);
         }
     }
+}
+
+/// Columns `j..j + W` of [`group_sums`] in registers; stores columns
+/// `j + keep..j + W` only.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn tile_sums<T: Elem, const W: usize>(
+    group: &[T],
+    cols: usize,
+    j: usize,
+    keep: usize,
+    shift: &[f64],
+    s1: &mut [f64],
+    s2: &mut [f64],
+) {
+    let mut a = [0f64; W];
+    let mut q = [0f64; W];
+    let mut k = [0f64; W];
+    a.copy_from_slice(&s1[j..j + W]);
+    q.copy_from_slice(&s2[j..j + W]);
+    k.copy_from_slice(&shift[j..j + W]);
+    for row in group.chunks_exact(cols) {
+        let xs: &[T; W] = row[j..j + W].try_into().expect("a tile lies within its row");
+        for i in 0..W {
+            let d = xs[i].to_f64() - k[i];
+            a[i] += d;
+            q[i] = d.mul_add(d, q[i]);
+        }
+    }
+    s1[j + keep..j + W].copy_from_slice(&a[keep..]);
+    s2[j + keep..j + W].copy_from_slice(&q[keep..]);
 }
 
 /// Moments of one block of rows in one pass, shifted by the block's first
@@ -155,14 +238,14 @@ fn shifted_sums<T: Elem>(block: &[T], cols: usize, shift: &[f64], s1: &mut [f64]
 /// sqrt(n) population std devs of its block's mean, so
 /// M2 = s2 - s1^2/n cancels at most a factor n (<= the block's rows) of f64
 /// precision.
-fn block_moments<T: Elem>(block: &[T], cols: usize, scratch: &mut [f64], out: &mut Partial) {
+fn block_moments<T: Elem>(isa: Isa, block: &[T], cols: usize, scratch: &mut [f64], out: &mut Partial) {
     let rows = block.len() / cols;
     for (k, &v) in scratch.iter_mut().zip(&block[..cols]) {
         *k = v.to_f64();
     }
     out.mean.iter_mut().for_each(|s| *s = 0.0);
     out.m2.iter_mut().for_each(|s| *s = 0.0);
-    shifted_sums(block, cols, scratch, &mut out.mean, &mut out.m2);
+    shifted_sums(isa, block, cols, scratch, &mut out.mean, &mut out.m2);
     let n = rows as f64;
     for ((m, q), &k) in out.mean.iter_mut().zip(out.m2.iter_mut()).zip(scratch.iter()) {
         let s1 = *m;
@@ -172,12 +255,12 @@ fn block_moments<T: Elem>(block: &[T], cols: usize, scratch: &mut [f64], out: &m
     out.n = n;
 }
 
-fn task_moments<T: Elem>(rows: &[T], cols: usize) -> Partial {
+fn task_moments<T: Elem>(isa: Isa, rows: &[T], cols: usize) -> Partial {
     let mut acc = Partial::empty(cols);
     let mut blk = Partial::empty(cols);
     let mut scratch = vec![0.0; cols];
     for block in rows.chunks(BLOCK_ROWS * cols) {
-        block_moments(block, cols, &mut scratch, &mut blk);
+        block_moments(isa, block, cols, &mut scratch, &mut blk);
         acc.merge(&blk);
     }
     acc
@@ -185,11 +268,17 @@ fn task_moments<T: Elem>(rows: &[T], cols: usize) -> Partial {
 
 /// Per-column mean and population variance of a row-major `rows × cols`
 /// matrix, accumulated in f64. Reads the data from memory once (each block
-/// twice from cache). Deterministic for any number of threads.
+/// twice from cache). Deterministic for any number of threads, the same
+/// bits on every instruction set.
 pub(crate) fn moments<T: Elem>(data: &[T], cols: usize) -> (Vec<f64>, Vec<f64>) {
+    moments_with(isa::current(), data, cols)
+}
+
+/// [`moments`] with the kernels of `isa` (which this CPU must support).
+pub(crate) fn moments_with<T: Elem>(isa: Isa, data: &[T], cols: usize) -> (Vec<f64>, Vec<f64>) {
     debug_assert!(cols > 0 && data.len() % cols == 0);
     let task = rows_per_task(cols) * cols;
-    let partials: Vec<Partial> = data.par_chunks(task).map(|c| task_moments(c, cols)).collect();
+    let partials: Vec<Partial> = data.par_chunks(task).map(|c| task_moments(isa, c, cols)).collect();
     let mut total = Partial::empty(cols);
     for p in &partials {
         total.merge(p);
@@ -274,31 +363,40 @@ fn map_tasks<T: Elem>(x: &[T], cols: usize, task: impl Fn(&[T], &mut [MaybeUnini
     out
 }
 
-#[multiversion::multiversion(targets("x86_64+avx512f+avx512vl+avx2+fma", "x86_64+avx2+fma"))]
-fn normalize_task<T: Elem>(xs: &[T], out: &mut [MaybeUninit<T>], p: &Affine<'_, T>) {
-    let cols = p.std.len();
-    for (orow, xrow) in out.chunks_exact_mut(cols).zip(xs.chunks_exact(cols)) {
-        row_kernel(xrow, orow, p);
-    }
+fn normalize_task<T: Elem>(isa: Isa, xs: &[T], out: &mut [MaybeUninit<T>], p: &Affine<'_, T>) {
+    with_isa!(isa, <T>, (xs: &[T], out: &mut [MaybeUninit<T>], p: &Affine<'_, T>), |W| {
+        let cols = p.std.len();
+        for (orow, xrow) in out.chunks_exact_mut(cols).zip(xs.chunks_exact(cols)) {
+            row_kernel(xrow, orow, p);
+        }
+    })
 }
 
-#[multiversion::multiversion(targets("x86_64+avx512f+avx512vl+avx2+fma", "x86_64+avx2+fma"))]
-fn copy_task<T: Elem>(xs: &[T], out: &mut [MaybeUninit<T>]) {
-    for (o, &v) in out.iter_mut().zip(xs) {
-        o.write(v);
-    }
+fn copy_task<T: Elem>(isa: Isa, xs: &[T], out: &mut [MaybeUninit<T>]) {
+    with_isa!(isa, <T>, (xs: &[T], out: &mut [MaybeUninit<T>]), |W| {
+        for (o, &v) in out.iter_mut().zip(xs) {
+            o.write(v);
+        }
+    })
 }
 
 /// normalize / un_norm of a row-major matrix whose rows have `p.std.len()`
 /// elements, in one fused pass.
 pub(crate) fn normalize<T: Elem>(x: &[T], p: &Affine<'_, T>) -> Vec<T> {
-    map_tasks(x, p.std.len(), |xs, o| normalize_task(xs, o, p))
+    normalize_with(isa::current(), x, p)
 }
 
-/// A plain parallel copy through the same allocation and threading as
-/// `normalize`: the bandwidth limit that normalize is measured against.
+/// [`normalize`] with the kernels of `isa` (which this CPU must support).
+pub(crate) fn normalize_with<T: Elem>(isa: Isa, x: &[T], p: &Affine<'_, T>) -> Vec<T> {
+    map_tasks(x, p.std.len(), |xs, o| normalize_task(isa, xs, o, p))
+}
+
+/// A plain parallel copy through the same allocation, threading and
+/// instruction set as `normalize`: the bandwidth limit that normalize is
+/// measured against.
 pub fn copy<T: Elem>(x: &[T], cols: usize) -> Vec<T> {
-    map_tasks(x, cols, |xs, o| copy_task(xs, o))
+    let isa = isa::current();
+    map_tasks(x, cols, |xs, o| copy_task(isa, xs, o))
 }
 
 #[cfg(test)]
@@ -350,6 +448,49 @@ mod tests {
         for (rows, cols) in [(1, 1), (3, 1), (1, 5), (100_003, 3), (7, 70_000)] {
             let x: Vec<f64> = (0..rows * cols).map(|i| i as f64 + 0.5).collect();
             assert_eq!(copy(&x, cols), x);
+        }
+    }
+
+    /// Every instruction set this CPU has (so the `unsafe` calls of the
+    /// `#[target_feature]` variants run) gives the scalar kernels' bits, and
+    /// the tiles (whole, overlapping tail, narrow) sum each column once.
+    #[test]
+    fn every_supported_isa_gives_the_same_bits() {
+        let isas: Vec<Isa> = Isa::ALL.into_iter().filter(|i| i.is_supported()).collect();
+        let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        for cols in [1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 31, 32, 33, 47, 64, 70, 358] {
+            for rows in [1, 7, 9, 300, 513] {
+                let x64: Vec<f64> =
+                    (0..rows * cols).map(|i| ((i * 7919) % 1013) as f64 * 0.37 - 100.0 + (i % cols) as f64).collect();
+                let x32: Vec<f32> = x64.iter().map(|&v| v as f32).collect();
+                let (m, v) = moments_with(Isa::Scalar, &x32, cols);
+                let (m64, v64) = moments_with(Isa::Scalar, &x64, cols);
+                for c in 0..cols {
+                    let col: Vec<f64> = x32.iter().skip(c).step_by(cols).map(|&x| x as f64).collect();
+                    let mean = col.iter().sum::<f64>() / rows as f64;
+                    let var = col.iter().map(|x| (x - mean) * (x - mean)).sum::<f64>() / rows as f64;
+                    assert!((m[c] - mean).abs() <= 1e-12 * mean.abs().max(1.0), "{cols}x{rows} col {c}");
+                    assert!((v[c] - var).abs() <= 1e-9 * var.max(1.0), "{cols}x{rows} col {c}: {} {}", v[c], var);
+                }
+                let std = vec![1.5f32; cols];
+                let mean = vec![0.25f32; cols];
+                let p =
+                    Affine { mean: Some(&mean), std: &std, clamp: Some((-5.0, 5.0)), direction: Direction::Normalize };
+                let z = normalize_with(Isa::Scalar, &x32, &p);
+                for &isa in &isas {
+                    let (mi, vi) = moments_with(isa, &x32, cols);
+                    assert_eq!((bits(&mi), bits(&vi)), (bits(&m), bits(&v)), "{isa} f32 {rows}x{cols}");
+                    let (mi, vi) = moments_with(isa, &x64, cols);
+                    assert_eq!((bits(&mi), bits(&vi)), (bits(&m64), bits(&v64)), "{isa} f64 {rows}x{cols}");
+                    let zi = normalize_with(isa, &x32, &p);
+                    assert!(
+                        zi.iter().zip(&z).all(|(a, b)| a.to_bits() == b.to_bits()),
+                        "{isa} normalize {rows}x{cols}"
+                    );
+                    let ci: Vec<f32> = map_tasks(&x32, cols, |xs, o| copy_task(isa, xs, o));
+                    assert_eq!(ci, x32);
+                }
+            }
         }
     }
 

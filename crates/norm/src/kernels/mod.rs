@@ -6,6 +6,7 @@
 
 pub mod cpu;
 pub(crate) mod generic;
+pub mod isa;
 
 /// What `normalize` computes per element, with `m` = mean as f32 and `s` = std as f32.
 pub(crate) use crate::normalizer::Direction;
