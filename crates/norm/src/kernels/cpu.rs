@@ -105,13 +105,15 @@ impl Partial {
     }
 }
 
-/// Rows summed into a register tile before it goes back to memory: few
-/// enough that the rows stream through the prefetcher side by side.
-const GROUP: usize = 8;
+/// Rows summed into a register tile before it goes back to memory: enough
+/// to amortize loading and storing the tile's sums, few enough that the
+/// rows stream through the prefetcher side by side.
+const GROUP: usize = 16;
 
 /// Runs `$body` (an expression over the enclosing function's arguments)
 /// compiled for the instruction set `$isa`: inside, `const W: usize` is the
-/// register tile width in f64 lanes (see [`shifted_sums`]). Each variant is a
+/// register tile width of f64 lanes that fits that instruction set's
+/// register file (see [`shifted_sums`]). Each variant is a
 /// `#[target_feature]` function, called only after `Isa::is_supported`
 /// (`is_x86_feature_detected!`) said this CPU has its features.
 macro_rules! with_isa {
@@ -123,12 +125,14 @@ macro_rules! with_isa {
         #[cfg(target_arch = "x86_64")]
         #[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
         unsafe fn avx512<$T: Elem>($($arg: $ty),*) {
+            // 32 zmm registers of 8 f64: tiles of 4 (sums, squares, shifts).
             body::<$T, 32>($($arg),*)
         }
         #[cfg(target_arch = "x86_64")]
         #[target_feature(enable = "avx2,fma")]
         unsafe fn avx2<$T: Elem>($($arg: $ty),*) {
-            body::<$T, 32>($($arg),*)
+            // 16 ymm registers of 4 f64: tiles of 4 leave room for temporaries.
+            body::<$T, 16>($($arg),*)
         }
         let isa: Isa = $isa;
         debug_assert!(isa.is_supported(), "{isa} kernel requested on a CPU without it");
@@ -141,7 +145,8 @@ macro_rules! with_isa {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: as above, for avx2 and fma.
             Isa::Avx2 if Isa::Avx2.is_supported() => unsafe { avx2::<$T>($($arg),*) },
-            _ => body::<$T, 32>($($arg),*),
+            // SSE2 registers of 2 f64 (16 of them): tiles of 4 again.
+            _ => body::<$T, 8>($($arg),*),
         }
     }};
 }
@@ -149,6 +154,13 @@ macro_rules! with_isa {
 /// Sums of `x - shift` and `(x - shift)^2` per column over a block of rows,
 /// in f64, in row order, with `mul_add` (fused on every instruction set, so
 /// every one gives the same bits; the baseline calls libm's `fma`).
+///
+/// A register tile of `W` columns holds `W` sums, `W` sums of squares and
+/// `W` shifts: 3W/L registers of L f64 lanes, plus temporaries. The tile
+/// width is per instruction set so that this fits: 32 columns take 12 of
+/// AVX-512's 32 registers, but would take 24 of AVX2's 16, and LLVM then
+/// keeps the sums on the stack (a load, add and store per row and vector,
+/// plus register shuffling): record_moments ran at 2-3x a copy on AVX2.
 fn shifted_sums<T: Elem>(isa: Isa, block: &[T], cols: usize, shift: &[f64], s1: &mut [f64], s2: &mut [f64]) {
     with_isa!(isa, <T>, (block: &[T], cols: usize, shift: &[f64], s1: &mut [f64], s2: &mut [f64]), |W| {
         for group in block.chunks(GROUP * cols) {
