@@ -79,8 +79,55 @@ fn bench_json_has_the_documented_fields() {
     for r in &rows {
         assert_eq!((r["rows"].as_u64(), r["cols"].as_u64(), r["threads"].as_u64()), (Some(64), Some(8), Some(1)));
         assert_eq!(r["device"], "cpu");
+        assert!(["avx512", "avx2", "scalar"].contains(&r["isa"].as_str().unwrap()), "{r}");
         assert!(r["seconds"].as_f64().unwrap() > 0.0 && r["gbps"].as_f64().unwrap() > 0.0);
+    }
+    // --isa: the one asked for, or (never running what the CPU lacks) exit 2.
+    for (isa, supported) in [
+        ("scalar", true),
+        ("avx2", cfg!(target_arch = "x86_64") && has_x86("avx2") && has_x86("fma")),
+        (
+            "avx512",
+            cfg!(target_arch = "x86_64")
+                && has_x86("avx2")
+                && has_x86("fma")
+                && has_x86("avx512f")
+                && has_x86("avx512vl"),
+        ),
+    ] {
+        let out = pmstate()
+            .args(["bench", "--json", "--threads", "1", "--min-time", "0", "--shape", "9x5", "--isa", isa])
+            .output()
+            .unwrap();
+        if supported {
+            assert!(out.status.success(), "{isa}: {}", String::from_utf8_lossy(&out.stderr));
+            for l in String::from_utf8_lossy(&out.stdout).lines() {
+                assert_eq!(serde_json::from_str::<serde_json::Value>(l).unwrap()["isa"], isa);
+            }
+        } else {
+            assert_eq!(out.status.code(), Some(2), "{isa}");
+            assert!(String::from_utf8_lossy(&out.stderr).contains("does not support"), "{isa}");
+        }
     }
     let out = pmstate().args(["bench", "--threads", "0"]).output().unwrap();
     assert_eq!(out.status.code(), Some(2));
+}
+
+/// Whether this CPU has an x86 feature (false elsewhere).
+fn has_x86(feature: &str) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        match feature {
+            "avx2" => std::arch::is_x86_feature_detected!("avx2"),
+            "fma" => std::arch::is_x86_feature_detected!("fma"),
+            "avx512f" => std::arch::is_x86_feature_detected!("avx512f"),
+            "avx512vl" => std::arch::is_x86_feature_detected!("avx512vl"),
+            _ => unreachable!("{feature}"),
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = feature;
+        false
+    }
 }

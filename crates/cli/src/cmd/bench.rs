@@ -4,6 +4,7 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use candle_core::{Device, Tensor};
+use pmstate_norm::bench_support::{select_isa, Isa};
 use pmstate_norm::{NormConfig, RunningMeanStd};
 use serde::Serialize;
 
@@ -25,15 +26,32 @@ pub struct Args {
     /// Only these shapes, as ROWSxCOLS (repeatable).
     #[arg(long = "shape", value_parser = crate::args::shape)]
     shapes: Vec<(usize, usize)>,
+    /// CPU kernels' instruction set (an error if the CPU lacks it); auto: the best, or PMSTATE_CPU_ISA.
+    #[arg(long, value_enum, default_value = "auto")]
+    isa: IsaArg,
+}
+
+/// `--isa`: the instruction set the CPU kernels run with (never one the CPU lacks).
+#[derive(Clone, Copy, Debug, Default, clap::ValueEnum)]
+pub enum IsaArg {
+    /// The best the CPU has, or what PMSTATE_CPU_ISA asks for.
+    #[default]
+    Auto,
+    /// AVX-512 (F, VL) with AVX2 and FMA.
+    Avx512,
+    /// AVX2 and FMA.
+    Avx2,
+    /// The baseline (no vector extensions beyond the target's default).
+    Scalar,
 }
 
 /// Runs the benchmark: a table, or (`--json`) one object per line with op,
-/// rows, cols, device, threads, seconds (median per call) and gbps.
+/// rows, cols, device, threads, isa, seconds (median per call) and gbps.
 pub fn run(a: Args, g: Global) -> Result<ExitCode, CliError> {
     let threads = a.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     let (device, device_name) = a.device.open()?;
     let shapes = if a.shapes.is_empty() { SHAPES.to_vec() } else { a.shapes };
-    let opts = Options { threads, device, device_name, min_time: a.min_time, shapes, quiet: g.quiet };
+    let opts = Options { threads, device, device_name, min_time: a.min_time, shapes, quiet: g.quiet, isa: a.isa };
     let mut rows = vec![];
     let mut failed = None;
     bench(&opts, |r| {
@@ -43,12 +61,13 @@ pub fn run(a: Args, g: Global) -> Result<ExitCode, CliError> {
             }
         } else {
             rows.push(format!(
-                "{:<20} {:>6}x{:<4} {:>7} {:>3} {:>12.1} {:>8.2}",
+                "{:<20} {:>6}x{:<4} {:>7} {:>3} {:>6} {:>12.1} {:>8.2}",
                 r.op,
                 r.rows,
                 r.cols,
                 r.device,
                 r.threads,
+                r.isa.unwrap_or("-"),
                 r.seconds * 1e6,
                 r.gbps
             ));
@@ -81,6 +100,8 @@ struct Record {
     cols: usize,
     device: String,
     threads: usize,
+    /// The instruction set of the CPU kernels (null on other devices).
+    isa: Option<&'static str>,
     seconds: f64,
     gbps: f64,
 }
@@ -92,6 +113,7 @@ struct Options {
     min_time: f64,
     shapes: Vec<(usize, usize)>,
     quiet: bool,
+    isa: IsaArg,
 }
 
 /// Deterministic observation-like data: offset features, spread ~1.
@@ -128,6 +150,15 @@ fn time(min_time: f64, device: &Device, mut f: impl FnMut() -> Result<(), CliErr
 }
 
 fn bench(opts: &Options, mut on_record: impl FnMut(&Record) + Send) -> Result<(), CliError> {
+    let choice = match opts.isa {
+        IsaArg::Auto => None,
+        IsaArg::Avx512 => Some(Isa::Avx512),
+        IsaArg::Avx2 => Some(Isa::Avx2),
+        IsaArg::Scalar => Some(Isa::Scalar),
+    };
+    let isa = select_isa(choice)
+        .map_err(|e| CliError::Usage(if choice.is_some() { format!("--isa: {e}") } else { e.to_string() }))?;
+    let isa = opts.device.is_cpu().then_some(isa.name());
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(opts.threads)
         .build()
@@ -147,8 +178,10 @@ fn bench(opts: &Options, mut on_record: impl FnMut(&Record) + Send) -> Result<()
             for (op, passes) in ops {
                 if !opts.quiet {
                     output::err_line(format!(
-                        "bench: {op} {rows}x{cols} on {} ({} threads)...",
-                        opts.device_name, opts.threads
+                        "bench: {op} {rows}x{cols} on {} ({} threads, {})...",
+                        opts.device_name,
+                        opts.threads,
+                        isa.unwrap_or("-")
                     ));
                 }
                 let seconds = match op {
@@ -177,6 +210,7 @@ fn bench(opts: &Options, mut on_record: impl FnMut(&Record) + Send) -> Result<()
                     cols,
                     device: opts.device_name.clone(),
                     threads: opts.threads,
+                    isa,
                     seconds,
                     gbps: passes * bytes / seconds / 1e9,
                 });
