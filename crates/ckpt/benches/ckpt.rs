@@ -50,7 +50,7 @@ impl Builder {
         assert_eq!(data.len(), shape.iter().product::<usize>() * dtype.size());
         self.storages
             .insert(key.clone(), Storage { typed: true, dtype, location: "cpu".into(), data: Bytes::owned(data) });
-        Node::Tensor(TensorRef {
+        Node::Tensor(Box::new(TensorRef {
             storage: key,
             dtype,
             offset: 0,
@@ -59,7 +59,7 @@ impl Builder {
             requires_grad: false,
             parameter: None,
             object: None,
-        })
+        }))
     }
 
     /// f32 values in [-scale, scale) from a cheap LCG (incompressible enough, fast to make).

@@ -265,7 +265,7 @@ impl Checkpoint {
         let mut out = Vec::new();
         self.root.walk_all(&mut |path, node| {
             if let Node::Tensor(t) = node {
-                out.push((dotted(path), t));
+                out.push((dotted(path), &**t));
             }
             true
         });

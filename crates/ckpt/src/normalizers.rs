@@ -328,7 +328,10 @@ impl Checkpoint {
             while self.storages().contains_key(&key) {
                 key.push('\'');
             }
-            nodes.push((format!("{}{field}", g.base), Node::Tensor(TensorRef::contiguous(key.clone(), dtype, shape))));
+            nodes.push((
+                format!("{}{field}", g.base),
+                Node::Tensor(Box::new(TensorRef::contiguous(key.clone(), dtype, shape))),
+            ));
             self.add_storage(key, Storage { typed: true, dtype, location: "cpu".into(), data: Bytes::owned(bytes) });
         }
         let missing = self.not_found(&g.dict);

@@ -31,7 +31,7 @@ mod tests {
     use crate::{Bytes, Checkpoint, DType, Dict, Node, Storage, TensorRef, WriteOptions};
 
     fn tensor(storage: &str, offset: usize, shape: &[usize]) -> Node {
-        Node::Tensor(TensorRef {
+        Node::Tensor(Box::new(TensorRef {
             storage: storage.into(),
             dtype: DType::F32,
             offset,
@@ -40,7 +40,7 @@ mod tests {
             requires_grad: false,
             parameter: None,
             object: None,
-        })
+        }))
     }
 
     fn storage(words: usize, seed: u32) -> Storage {

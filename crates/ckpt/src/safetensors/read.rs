@@ -13,7 +13,7 @@ use crate::dtype::DType;
 use crate::error::{CkptError, Result};
 use crate::io::source::Source;
 use crate::io::storage::{Bytes, Storage};
-use crate::tree::json::{check_size, json_depth_of_tree_depth, node_from_json, parse_checked};
+use crate::tree::json::{check_size, json_depth_of_tree_depth, node_from_str};
 use crate::tree::{Dict, Node, TensorRef};
 
 /// Whether a file's first bytes start like safetensors (a plausible header
@@ -97,7 +97,7 @@ fn foreign(tensors: Vec<(String, DType, Vec<usize>, Bytes)>) -> Parsed {
             name.clone(),
             Storage { typed: dtype.storage_class().is_some(), dtype, location: "cpu".into(), data },
         );
-        entries.push((Node::Str(name), Node::Tensor(t)));
+        entries.push((Node::Str(name), Node::Tensor(Box::new(t))));
     }
     // Header names are unique (checked when the header was parsed).
     let root = Dict::from_entries(false, entries).map(Node::Dict).unwrap_or(Node::None);
@@ -128,7 +128,5 @@ fn read_tree(path: &str, text: &str, opts: &ReadOptions) -> Result<Node> {
             needed: size.depth as u64,
         });
     }
-    let err = |source| CkptError::Metadata { path: path.to_owned(), field: TREE_KEY, source };
-    let json = parse_checked(text).map_err(err)?;
-    node_from_json(&json).map_err(|m| err(serde::de::Error::custom(m)))
+    node_from_str(text).map_err(|source| CkptError::Metadata { path: path.to_owned(), field: TREE_KEY, source })
 }

@@ -143,7 +143,7 @@ impl Interpreter<'_> {
                     other => {
                         // Keep the BUILD inert around whatever it was.
                         let object = self.value_of_opaque(other)?;
-                        Node::Opaque(Value::Build { object: Box::new(object), state })
+                        Node::Opaque(Box::new(Value::Build { object: Box::new(object), state }))
                     }
                 }
             }
@@ -156,7 +156,7 @@ impl Interpreter<'_> {
                 }
                 other => other,
             },
-            other => Node::Opaque(other),
+            other => Node::Opaque(Box::new(other)),
         })
     }
 
@@ -367,7 +367,7 @@ impl Interpreter<'_> {
                 storage_bytes: decl.nbytes,
             })));
         }
-        Ok(Node::Tensor(t))
+        Ok(Node::Tensor(Box::new(t)))
     }
 
     fn storage_decl(&self, pid: &Value) -> Res<(String, StorageDecl)> {
@@ -473,7 +473,7 @@ pub(crate) fn to_value(n: &Node, resolve: &mut StorageResolver<'_>) -> Res<Value
         Node::TorchDtype(name) => return Err(ValueProblem::NotADtype(name.clone())),
         Node::Global { module, name } => g(module, name),
         Node::Object(o) => object_value(o, resolve)?,
-        Node::Opaque(v) => v.clone(),
+        Node::Opaque(v) => (**v).clone(),
     })
 }
 

@@ -19,7 +19,7 @@ pub struct Dict {
     ordered: bool,
     entries: Vec<(Node, Node)>,
     state: Option<Box<Node>>,
-    index: OnceLock<Index>,
+    index: OnceLock<Box<Index>>,
 }
 
 #[derive(Default)]
@@ -113,7 +113,7 @@ impl Dict {
 
     fn index(&self) -> &Index {
         self.index.get_or_init(|| {
-            let mut ix = Index::default();
+            let mut ix = Box::<Index>::default();
             for (i, (k, _)) in self.entries.iter().enumerate() {
                 match k {
                     Node::Str(s) => {

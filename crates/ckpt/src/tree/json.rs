@@ -7,7 +7,7 @@
 //! gigabytes); every object writes its tag (`t`, or `f` for a float) first.
 //! Reading first scans the text for its size and depth ([`check_size`]),
 //! so a hostile tree is refused before anything is allocated, then decodes
-//! (any key order).
+//! straight into nodes ([`node_from_str`], any key order).
 
 use pmstate_pickle::Value;
 use serde::ser::{SerializeMap, SerializeSeq, Serializer};
@@ -82,7 +82,7 @@ pub fn node_from_json(j: &J) -> Result<Node, String> {
                         .map_err(|d| format!("dict key {} appears twice", d.0))?;
                     Node::Dict(dict.with_state(state))
                 }
-                "tensor" => Node::Tensor(tensor_from_json(m)?),
+                "tensor" => Node::Tensor(Box::new(tensor_from_json(m)?)),
                 "device" => Node::Device {
                     kind: field("type")?.as_str().ok_or("device type")?.to_owned(),
                     index: m.get("index").and_then(J::as_i64),
@@ -125,7 +125,7 @@ pub fn node_from_json(j: &J) -> Result<Node, String> {
                         appends,
                     }))
                 }
-                "pickle" => Node::Opaque(value_from_json(field("v")?)?),
+                "pickle" => Node::Opaque(Box::new(value_from_json(field("v")?)?)),
                 other => return Err(format!("unknown node type {other:?}")),
             }
         }
@@ -514,18 +514,223 @@ pub(crate) fn check_size(text: &str) -> JsonSize {
     JsonSize { values, depth: max_depth }
 }
 
-/// Parses tree JSON text whose size [`check_size`] has bounded: serde_json's
-/// own recursion limit (128) is lifted, the caller having checked the depth.
-pub(crate) fn parse_checked(text: &str) -> Result<J, serde_json::Error> {
-    let mut de = serde_json::Deserializer::from_str(text);
-    de.disable_recursion_limit();
-    let v = <J as serde::Deserialize>::deserialize(&mut de)?;
-    de.end()?;
-    Ok(v)
-}
-
 /// JSON depth a node of tree depth `depth` needs: each container level is
 /// an object holding an array (and a dict item is one more array).
 pub(crate) fn json_depth_of_tree_depth(depth: usize) -> usize {
     depth.saturating_mul(3).saturating_add(2)
+}
+
+/// Decodes tree JSON text straight into a [`Node`], streaming: containers'
+/// children are decoded as they are read, never held as JSON values first
+/// (a tree of two million floats costs its nodes, not gigabytes of JSON
+/// maps). Fields may come in any order (files written before the writer
+/// put the tag first have their keys sorted); only the small scalar fields
+/// of an object are buffered until its tag is known.
+pub(crate) fn node_from_str(text: &str) -> Result<Node, serde_json::Error> {
+    let mut de = serde_json::Deserializer::from_str(text);
+    de.disable_recursion_limit();
+    let node = serde::de::DeserializeSeed::deserialize(NodeSeed, &mut de)?;
+    de.end()?;
+    Ok(node)
+}
+
+struct NodeSeed;
+
+impl<'de> serde::de::DeserializeSeed<'de> for NodeSeed {
+    type Value = Node;
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Node, D::Error> {
+        d.deserialize_any(NodeVisitor)
+    }
+}
+
+struct NodesSeed;
+
+impl<'de> serde::de::DeserializeSeed<'de> for NodesSeed {
+    type Value = Vec<Node>;
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Vec<Node>, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = Vec<Node>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("an array of nodes")
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<Node>, A::Error> {
+                let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(1 << 16));
+                while let Some(n) = seq.next_element_seed(NodeSeed)? {
+                    out.push(n);
+                }
+                Ok(out)
+            }
+        }
+        d.deserialize_seq(V)
+    }
+}
+
+struct PairsSeed;
+
+impl<'de> serde::de::DeserializeSeed<'de> for PairsSeed {
+    type Value = Vec<(Node, Node)>;
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        struct Pair;
+        impl<'de> serde::de::DeserializeSeed<'de> for Pair {
+            type Value = (Node, Node);
+            fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+                struct V;
+                impl<'de> serde::de::Visitor<'de> for V {
+                    type Value = (Node, Node);
+                    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                        f.write_str("a [key, value] pair")
+                    }
+                    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+                        let err = || serde::de::Error::custom("dict item is not a pair");
+                        let k = seq.next_element_seed(NodeSeed)?.ok_or_else(err)?;
+                        let v = seq.next_element_seed(NodeSeed)?.ok_or_else(err)?;
+                        if seq.next_element::<serde::de::IgnoredAny>()?.is_some() {
+                            return Err(err());
+                        }
+                        Ok((k, v))
+                    }
+                }
+                d.deserialize_seq(V)
+            }
+        }
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = Vec<(Node, Node)>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("an array of [key, value] pairs")
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+                let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(1 << 16));
+                while let Some(p) = seq.next_element_seed(Pair)? {
+                    out.push(p);
+                }
+                Ok(out)
+            }
+        }
+        d.deserialize_seq(V)
+    }
+}
+
+/// The parts of a tagged object as they are read.
+#[derive(Default)]
+struct Parts {
+    tag: Option<String>,
+    float: Option<String>,
+    v_nodes: Option<Vec<Node>>,
+    v_value: Option<J>,
+    items: Option<Vec<(Node, Node)>>,
+    setitems: Option<Vec<(Node, Node)>>,
+    appends: Option<Vec<Node>>,
+    state: Option<Node>,
+    callable: Option<Node>,
+    args: Option<Node>,
+    kwargs: Option<Node>,
+    /// Small scalar fields (tensor metadata, hex strings, names), decoded by tag.
+    rest: Map<String, J>,
+}
+
+struct NodeVisitor;
+
+impl<'de> serde::de::Visitor<'de> for NodeVisitor {
+    type Value = Node;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a pmstate tree node")
+    }
+    fn visit_unit<E: serde::de::Error>(self) -> Result<Node, E> {
+        Ok(Node::None)
+    }
+    fn visit_bool<E: serde::de::Error>(self, b: bool) -> Result<Node, E> {
+        Ok(Node::Bool(b))
+    }
+    fn visit_i64<E: serde::de::Error>(self, i: i64) -> Result<Node, E> {
+        Ok(Node::Int(i))
+    }
+    fn visit_u64<E: serde::de::Error>(self, u: u64) -> Result<Node, E> {
+        i64::try_from(u)
+            .map(Node::Int)
+            .map_err(|_| E::custom(format!("integer {u} does not fit i64 (big ints are tagged)")))
+    }
+    fn visit_f64<E: serde::de::Error>(self, x: f64) -> Result<Node, E> {
+        Err(E::custom(format!("non-integer number {x} (floats are written by their bits)")))
+    }
+    fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<Node, E> {
+        Ok(Node::Str(s.to_owned()))
+    }
+    fn visit_string<E: serde::de::Error>(self, s: String) -> Result<Node, E> {
+        Ok(Node::Str(s))
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, _seq: A) -> Result<Node, A::Error> {
+        Err(serde::de::Error::custom("unexpected bare array"))
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Node, A::Error> {
+        let mut p = Parts::default();
+        while let Some(key) = map.next_key::<String>()? {
+            match key.as_str() {
+                "t" => p.tag = Some(map.next_value()?),
+                "f" => p.float = Some(map.next_value()?),
+                "v" if p.tag.as_deref() == Some("pickle") => p.v_value = Some(map.next_value()?),
+                "v" => p.v_nodes = Some(map.next_value_seed(NodesSeed)?),
+                "items" => p.items = Some(map.next_value_seed(PairsSeed)?),
+                "setitems" => p.setitems = Some(map.next_value_seed(PairsSeed)?),
+                "appends" => p.appends = Some(map.next_value_seed(NodesSeed)?),
+                "state" => p.state = Some(map.next_value_seed(NodeSeed)?),
+                "callable" => p.callable = Some(map.next_value_seed(NodeSeed)?),
+                "args" => p.args = Some(map.next_value_seed(NodeSeed)?),
+                "kwargs" => p.kwargs = Some(map.next_value_seed(NodeSeed)?),
+                _ => {
+                    let v: J = map.next_value()?;
+                    p.rest.insert(key, v);
+                }
+            }
+        }
+        assemble(p).map_err(serde::de::Error::custom)
+    }
+}
+
+/// Builds the node an object's parts describe.
+fn assemble(p: Parts) -> Result<Node, String> {
+    if let Some(bits) = &p.float {
+        if p.tag.is_some() || !p.rest.is_empty() {
+            return Err("a float object has one field, \"f\"".into());
+        }
+        return unfloat(&J::String(bits.clone())).map(Node::Float);
+    }
+    let tag = p.tag.ok_or("object without a type tag")?;
+    let missing = |what: &str| format!("{tag} without {what}");
+    Ok(match tag.as_str() {
+        "list" => Node::List(p.v_nodes.ok_or_else(|| missing("v"))?),
+        "tuple" => Node::Tuple(p.v_nodes.ok_or_else(|| missing("v"))?),
+        "set" => Node::Set(p.v_nodes.ok_or_else(|| missing("v"))?),
+        "dict" | "odict" => {
+            let items = p.items.ok_or_else(|| missing("items"))?;
+            let dict =
+                Dict::from_entries(tag == "odict", items).map_err(|d| format!("dict key {} appears twice", d.0))?;
+            Node::Dict(dict.with_state(p.state))
+        }
+        "object" => {
+            let construct = match p.rest.get("construct").and_then(J::as_str) {
+                Some("reduce") => Construct::Reduce,
+                Some("newobj") => Construct::NewObj,
+                _ => return Err("object construct is not \"reduce\" or \"newobj\"".into()),
+            };
+            Node::Object(Box::new(Object {
+                construct,
+                callable: p.callable.ok_or_else(|| missing("callable"))?,
+                args: p.args.ok_or_else(|| missing("args"))?,
+                kwargs: p.kwargs,
+                state: p.state,
+                setitems: p.setitems.unwrap_or_default(),
+                appends: p.appends.unwrap_or_default(),
+            }))
+        }
+        "pickle" => Node::Opaque(Box::new(value_from_json(&p.v_value.ok_or_else(|| missing("v"))?)?)),
+        // The rest have only small scalar fields: decode them as before.
+        _ => {
+            let mut m = p.rest;
+            m.insert("t".into(), J::String(tag));
+            node_from_json(&J::Object(m))?
+        }
+    })
 }

@@ -28,3 +28,13 @@ impl fmt::Display for Shape<'_> {
         f.write_str("]")
     }
 }
+
+#[cfg(test)]
+mod size_tests {
+    /// A tree of millions of scalars costs what its nodes cost: keep them small
+    /// (tensors, dicts' indexes and raw pickle values are boxed).
+    #[test]
+    fn nodes_stay_small() {
+        assert!(std::mem::size_of::<super::Node>() <= 56, "{}", std::mem::size_of::<super::Node>());
+    }
+}

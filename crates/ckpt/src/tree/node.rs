@@ -31,8 +31,8 @@ pub enum Node {
     Set(Vec<Node>),
     /// A dict or OrderedDict.
     Dict(Dict),
-    /// A tensor or parameter.
-    Tensor(TensorRef),
+    /// A tensor or parameter (boxed: a tree holds far more scalars than tensors).
+    Tensor(Box<TensorRef>),
     /// `torch.device(type, index)`.
     Device {
         /// `cpu`, `cuda`, ...
@@ -58,7 +58,7 @@ pub enum Node {
     /// Anything else (a `BUILD` of something that is not an object, a
     /// persistent id outside a tensor, a bytearray, a frozenset), kept as
     /// the inert pickle value it was read as.
-    Opaque(pmstate_pickle::Value),
+    Opaque(Box<pmstate_pickle::Value>),
 }
 
 /// How the pickle creates an [`Object`].
@@ -195,7 +195,7 @@ impl fmt::Display for Node {
                 Some(c) => write!(f, "<{c} object>"),
                 None => f.write_str("<object>"),
             },
-            Node::Opaque(v) => match v {
+            Node::Opaque(v) => match &**v {
                 pmstate_pickle::Value::Global { module, name } => write!(f, "<global {module}.{name}>"),
                 _ => f.write_str("<opaque pickle value>"),
             },
