@@ -32,6 +32,7 @@
 mod atomic;
 mod bulk_copy;
 mod checkpoint;
+mod configs;
 mod dtype;
 mod error;
 mod interpret;
@@ -46,6 +47,7 @@ mod varbuilder;
 mod write_torch;
 
 pub use checkpoint::{Checkpoint, Format};
+pub use configs::{config_node_to_json, SMALL_TENSOR};
 pub use dtype::DType;
 pub use error::{CkptError, Result};
 pub use normalizers::{LoadWarning, NormalizerGroup, SavedBuffers, Trained};

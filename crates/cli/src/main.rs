@@ -5,6 +5,7 @@
 mod bench;
 mod bench_collective;
 mod ckpt_cmds;
+mod config_cmd;
 mod output;
 mod replay;
 
@@ -152,6 +153,18 @@ enum Command {
     Normalizers {
         #[arg(long)]
         json: bool,
+        file: PathBuf,
+    },
+    /// Show a resolved-configs file (resolved_configs.pt), or the part of it
+    /// at `--get`, read without executing anything: dataclasses with their
+    /// class, enums with their value, ints and floats kept apart.
+    Config {
+        /// The JSON tree on one line instead of an indented tree.
+        #[arg(long)]
+        json: bool,
+        /// Only the value at this dotted path (e.g. agent.model.actor.mu_model.norm_clamp_value).
+        #[arg(long)]
+        get: Option<String>,
         file: PathBuf,
     },
     /// Compare two checkpoints: keys, types, scalars, tensors within
@@ -305,6 +318,10 @@ fn run(cli: Cli) -> Result<ExitCode, CliError> {
             ckpt_cmds::convert(&input, &output, select, allow_unsafe_globals, no_fsync, json)
         }
         Command::Normalizers { json, file } => ckpt_cmds::normalizers(&file, json),
+        Command::Config { json, get, file } => {
+            let format = if json { config_cmd::Format::Json } else { config_cmd::Format::Text };
+            config_cmd::run(&file, get.as_deref(), format)
+        }
         Command::Diff { json, rtol, atol, a, b } => ckpt_cmds::diff(&a, &b, ckpt_cmds::Tolerance { rtol, atol }, json),
     }
 }
