@@ -7,6 +7,7 @@ mod bench_collective;
 mod ckpt_cmds;
 mod config_cmd;
 mod output;
+mod policy_cmds;
 mod replay;
 
 /// mimalloc keeps freed large blocks for reuse: glibc returns every block
@@ -35,6 +36,8 @@ pub enum CliError {
     Json(#[from] serde_json::Error),
     #[error(transparent)]
     Ckpt(#[from] pmstate_ckpt::CkptError),
+    #[error(transparent)]
+    Policy(#[from] pmstate_policy::PolicyError),
 }
 
 #[derive(Parser)]
@@ -167,6 +170,31 @@ enum Command {
         get: Option<String>,
         file: PathBuf,
     },
+    /// Load a ProtoMotions policy (checkpoint + resolved configs) and describe or run it.
+    Policy {
+        #[command(subcommand)]
+        command: PolicyCommand,
+    },
+    /// Time the forward (actor and critic) of the full-size smpl tracker
+    /// (actor 6x1024, critic 4x1024, obs 358 + 576 + 69) at batch 1, 64,
+    /// 1024 and 4096, and reading its weights once (the batch-1 floor).
+    BenchPolicy {
+        /// One JSON object per line: op, batch, threads, seconds (median per call), rows_per_s, weight_bytes.
+        #[arg(long)]
+        json: bool,
+        /// Worker threads for the matrix products and the normalizer (default: all cores).
+        #[arg(long)]
+        threads: Option<usize>,
+        /// Seconds to keep timing each batch size (after at least 7 calls).
+        #[arg(long, default_value_t = 1.0)]
+        min_time: f64,
+        /// Only these batch sizes (repeatable).
+        #[arg(long = "batch")]
+        batches: Vec<usize>,
+        /// Also write the benchmark's weights (safetensors state dict) here, for benches/policy_side_by_side.py.
+        #[arg(long)]
+        write_weights: Option<PathBuf>,
+    },
     /// Compare two checkpoints: keys, types, scalars, tensors within
     /// |a - b| <= atol + rtol * |b| (NaN equals NaN). Exit 1 if they differ.
     Diff {
@@ -178,6 +206,44 @@ enum Command {
         atol: f64,
         a: PathBuf,
         b: PathBuf,
+    },
+}
+
+#[derive(Subcommand)]
+enum PolicyCommand {
+    /// in_keys and their widths, action size, layers, normalizer settings and counts.
+    Describe {
+        /// The resolved configs (default: resolved_configs_inference.pt, else resolved_configs.pt, next to CHECKPOINT).
+        #[arg(long)]
+        config: Option<PathBuf>,
+        #[arg(long)]
+        json: bool,
+        checkpoint: PathBuf,
+    },
+    /// Run the eval-mode forward on observations: OBS holds one f32 [B, D]
+    /// tensor per in_key; OUT gets mean_action, value, std, norm_obs (and
+    /// action, neglogp with --sample; disc_logits, disc_reward, disc_value
+    /// with --discriminator).
+    Run {
+        #[arg(long)]
+        config: Option<PathBuf>,
+        #[arg(long)]
+        obs: PathBuf,
+        #[arg(long)]
+        out: PathBuf,
+        #[arg(long, value_enum, default_value = "cpu")]
+        device: DeviceArg,
+        /// Also draw actions around the mean (the noise stream of --seed).
+        #[arg(long)]
+        sample: bool,
+        #[arg(long, default_value_t = 0, requires = "sample")]
+        seed: u64,
+        /// Also run the AMP discriminator and its critic.
+        #[arg(long)]
+        discriminator: bool,
+        #[arg(long)]
+        json: bool,
+        checkpoint: PathBuf,
     },
 }
 
@@ -318,6 +384,43 @@ fn run(cli: Cli) -> Result<ExitCode, CliError> {
             ckpt_cmds::convert(&input, &output, select, allow_unsafe_globals, no_fsync, json)
         }
         Command::Normalizers { json, file } => ckpt_cmds::normalizers(&file, json),
+        Command::Policy { command } => match command {
+            PolicyCommand::Describe { config, json, checkpoint } => {
+                let format = if json { policy_cmds::Format::Json } else { policy_cmds::Format::Text };
+                policy_cmds::describe(&checkpoint, config.as_deref(), format)
+            }
+            PolicyCommand::Run { config, obs, out, device: dev, sample, seed, discriminator, json, checkpoint } => {
+                let (device, _) = device(dev)?;
+                let opts = policy_cmds::RunOptions {
+                    checkpoint,
+                    config,
+                    obs,
+                    out,
+                    device,
+                    sample: sample.then_some(seed),
+                    discriminator,
+                };
+                policy_cmds::run(&opts, if json { policy_cmds::Format::Json } else { policy_cmds::Format::Text })
+            }
+        },
+        Command::BenchPolicy { json, threads, min_time, batches, write_weights } => {
+            let threads = threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+            if threads == 0 || batches.contains(&0) {
+                return Err(CliError::Usage("--threads and --batch must be at least 1".into()));
+            }
+            // candle's CPU matmul sizes its gemm parallelism from RAYON_NUM_THREADS
+            // (read on every call) and runs it on the current rayon pool: set
+            // both, here on the main thread before any worker exists.
+            std::env::set_var("RAYON_NUM_THREADS", threads.to_string());
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .map_err(|e| CliError::Usage(format!("--threads {threads}: {e}")))?;
+            let batches = if batches.is_empty() { policy_cmds::BENCH_BATCHES.to_vec() } else { batches };
+            let opts = policy_cmds::BenchOptions { threads, min_time, batches, write_weights };
+            let format = if json { policy_cmds::Format::Json } else { policy_cmds::Format::Text };
+            pool.install(|| policy_cmds::bench(&opts, format))
+        }
         Command::Config { json, get, file } => {
             let format = if json { config_cmd::Format::Json } else { config_cmd::Format::Text };
             config_cmd::run(&file, get.as_deref(), format)

@@ -1,0 +1,405 @@
+//! `pmstate policy describe|run` and `pmstate bench-policy`.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Instant;
+
+use candle_core::{DType, Device, Tensor};
+use pmstate_policy::config::{
+    ActorConfig, Family, LayerConfig, MlpConfig, ModelConfig, ModuleConfig, NormSettings, Number,
+};
+use pmstate_policy::module_ops::ModuleOp;
+use pmstate_policy::{Activation, Description, Policy};
+use serde::Serialize;
+
+use crate::{output, CliError};
+
+/// How a command prints.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// Lines for people.
+    Text,
+    /// JSON.
+    Json,
+}
+
+/// `pmstate policy describe`.
+pub fn describe(checkpoint: &Path, config: Option<&Path>, format: Format) -> Result<ExitCode, CliError> {
+    let policy = Policy::load(checkpoint, config, &Device::Cpu)?;
+    let d = policy.describe()?;
+    match format {
+        Format::Json => output::json_line(&d)?,
+        Format::Text => {
+            for l in describe_text(&d) {
+                output::line(l);
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn describe_text(d: &Description) -> Vec<String> {
+    let mut out = vec![format!("checkpoint: {}", d.checkpoint)];
+    if let Some(c) = &d.config {
+        out.push(format!("config: {c}"));
+    }
+    let fam = match d.family {
+        Family::Ppo => "PPO",
+        Family::Amp => "AMP",
+    };
+    out.push(format!("model: {} ({fam})", d.model));
+    let std = if d.learnable_std {
+        "learnable std"
+    } else {
+        match d.logstd_source {
+            pmstate_policy::actor::LogstdSource::Checkpoint => "fixed std",
+            pmstate_policy::actor::LogstdSource::ConfigOverride => {
+                "fixed std (the config's actor_logstd overrides the checkpoint's)"
+            }
+        }
+    };
+    out.push(format!("actions: {} ({std}, mean std {:.6})", d.action_size, d.std_mean));
+    out.push("in_keys:".into());
+    let kw = d.in_keys.iter().map(|k| k.key.len()).max().unwrap_or(0);
+    for k in &d.in_keys {
+        let w = k.width.map_or("?".to_string(), |w| w.to_string());
+        let by = if k.read_by.is_empty() {
+            "listed by the config, read by no network".to_string()
+        } else {
+            k.read_by.join(", ")
+        };
+        out.push(format!("  {:<kw$}  {w:>5}  ({by})", k.key));
+    }
+    for g in &d.width_groups {
+        out.push(format!("  width sum: {} = {} ({})", g.keys.join(" + "), g.total, g.module));
+    }
+    out.push("networks:".into());
+    for n in &d.networks {
+        out.push(format!("  {}: {} -> {}", n.role, n.path, n.out_key));
+        for m in &n.modules {
+            out.push(format!("    {} {} [{}] -> {}", m.class, m.path, m.in_keys.join(", "), m.out_key));
+            if m.module_operations != ["Forward"] {
+                out.push(format!("      module operations: {}", m.module_operations.join(", ")));
+            }
+            if !m.layers.is_empty() {
+                out.push(format!("      layers: {}", m.layers.join(", ")));
+            }
+            if let Some(a) = m.output_activation {
+                out.push(format!("      output activation: {a}"));
+            }
+            match &m.normalizer {
+                Some(nd) => {
+                    let clamp = nd.clamp.map_or("none".to_string(), |c| c.to_string());
+                    let mode = match nd.ema_decay {
+                        Some(e) => format!("EMA {e}"),
+                        None => "Welford".into(),
+                    };
+                    out.push(format!(
+                        "      normalizer {}: width {}, clamp {clamp}, {mode}, count {}, epsilon {:e}",
+                        nd.name, nd.width, nd.count, nd.epsilon
+                    ));
+                }
+                None => out.push("      normalizer: none".into()),
+            }
+        }
+    }
+    out
+}
+
+/// Options of `pmstate policy run`.
+pub struct RunOptions {
+    /// The checkpoint.
+    pub checkpoint: PathBuf,
+    /// The configs file (default: next to the checkpoint).
+    pub config: Option<PathBuf>,
+    /// Observations.
+    pub obs: PathBuf,
+    /// Output file.
+    pub out: PathBuf,
+    /// Device.
+    pub device: Device,
+    /// Draw actions with this seed.
+    pub sample: Option<u64>,
+    /// Also run the discriminator (AMP).
+    pub discriminator: bool,
+}
+
+#[derive(Serialize)]
+struct RunReport {
+    out: String,
+    tensors: Vec<(String, Vec<usize>)>,
+}
+
+/// `pmstate policy run`.
+pub fn run(opts: &RunOptions, format: Format) -> Result<ExitCode, CliError> {
+    let policy = Policy::load(&opts.checkpoint, opts.config.as_deref(), &opts.device)?;
+    let obs = candle_core::safetensors::load(&opts.obs, &Device::Cpu)
+        .map_err(|e| CliError::Usage(format!("{}: {e}", opts.obs.display())))?;
+    let mut tensors: Vec<(String, Tensor)> = Vec::new();
+    let outputs = match opts.sample {
+        Some(seed) => {
+            let s = policy.sample(&obs, seed)?;
+            tensors.push(("action".into(), s.action));
+            tensors.push(("neglogp".into(), s.neglogp));
+            s.outputs
+        }
+        None => policy.forward(&obs)?,
+    };
+    tensors.push(("mean_action".into(), outputs.mean_action));
+    tensors.push(("value".into(), outputs.value));
+    tensors.push(("std".into(), outputs.std));
+    if let Some(n) = outputs.norm_obs {
+        tensors.push(("norm_obs".into(), n));
+    }
+    if opts.discriminator {
+        let d = policy.discriminate(&obs)?;
+        tensors.push(("disc_logits".into(), d.disc_logits));
+        tensors.push(("disc_reward".into(), d.disc_reward));
+        tensors.push(("disc_value".into(), d.disc_value));
+    }
+    let map: HashMap<String, Tensor> = tensors
+        .iter()
+        .map(|(k, t)| Ok((k.clone(), t.to_device(&Device::Cpu)?.contiguous()?)))
+        .collect::<Result<_, CliError>>()?;
+    write_atomic(&opts.out, &map)?;
+    let report = RunReport {
+        out: opts.out.display().to_string(),
+        tensors: tensors.iter().map(|(k, t)| (k.clone(), t.dims().to_vec())).collect(),
+    };
+    match format {
+        Format::Json => output::json_line(&report)?,
+        Format::Text => {
+            let parts: Vec<String> = report.tensors.iter().map(|(k, s)| format!("{k} {s:?}")).collect();
+            output::line(format!("wrote {}: {}", report.out, parts.join(", ")));
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Writes next to the target, then renames over it.
+fn write_atomic(path: &Path, map: &HashMap<String, Tensor>) -> Result<(), CliError> {
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "out".into());
+    let tmp = path.with_file_name(format!(".{name}.{}.tmp", std::process::id()));
+    candle_core::safetensors::save(map, &tmp).map_err(|e| CliError::Usage(format!("{}: {e}", path.display())))?;
+    std::fs::rename(&tmp, path).map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        CliError::Io(std::io::Error::new(e.kind(), format!("{}: {e}", path.display())))
+    })
+}
+
+// ------------------------------------------------------------------ bench
+
+/// The full-size smpl tracker: obs widths, actor and critic hidden layers.
+pub const BENCH_KEYS: [(&str, usize); 3] =
+    [("max_coords_obs", 358), ("mimic_target_poses", 576), ("previous_actions", 69)];
+/// Actions of the smpl tracker.
+pub const BENCH_ACTIONS: usize = 69;
+/// Batch sizes timed.
+pub const BENCH_BATCHES: [usize; 4] = [1, 64, 1024, 4096];
+
+/// One timing of `bench-policy`.
+#[derive(Debug, Serialize)]
+pub struct BenchRecord {
+    /// `forward` (actor and critic) or `stream` (reading the weights once).
+    pub op: &'static str,
+    /// Batch size.
+    pub batch: usize,
+    /// Threads.
+    pub threads: usize,
+    /// Median seconds per call.
+    pub seconds: f64,
+    /// Rows per second.
+    pub rows_per_s: f64,
+    /// Weight bytes read per call.
+    pub weight_bytes: usize,
+}
+
+fn xorshift(seed: u64) -> impl FnMut() -> f32 {
+    let mut s = seed | 1;
+    move || {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+}
+
+fn mlp_cfg(out_key: &str, layers: usize, num_out: usize) -> MlpConfig {
+    MlpConfig {
+        in_keys: BENCH_KEYS.iter().map(|(k, _)| k.to_string()).collect(),
+        out_key: out_key.into(),
+        norm: NormSettings { normalize_obs: true, clamp: Some(Number::Int(5)), ema_decay: Some(0.999) },
+        layers: vec![LayerConfig { units: 1024, activation: Activation::Relu, use_layer_norm: false }; layers],
+        num_out,
+        output_activation: None,
+        module_operations: vec![ModuleOp::Forward],
+    }
+}
+
+/// The smpl tracker's model config, built in Rust.
+pub fn bench_config() -> ModelConfig {
+    ModelConfig {
+        family: Family::Ppo,
+        in_keys: BENCH_KEYS.iter().map(|(k, _)| k.to_string()).collect(),
+        actor: ActorConfig {
+            mu_key: "actor_trunk_out".into(),
+            num_out: BENCH_ACTIONS,
+            actor_logstd: -2.9,
+            learnable_std: false,
+            mu_model: ModuleConfig::Mlp(mlp_cfg("actor_trunk_out", 6, BENCH_ACTIONS)),
+        },
+        critic: ModuleConfig::Mlp(mlp_cfg("value", 4, 1)),
+        amp: None,
+    }
+}
+
+/// Deterministic weights of the benchmark model as a state dict (kaiming-uniform scale).
+pub fn bench_weights() -> Result<HashMap<String, Tensor>, CliError> {
+    let dev = Device::Cpu;
+    let width: usize = BENCH_KEYS.iter().map(|(_, w)| w).sum();
+    let mut rnd = xorshift(0x5eed);
+    let mut m = HashMap::new();
+    for (prefix, layers, out) in [("_actor.mu", 6usize, BENCH_ACTIONS), ("_critic", 4, 1)] {
+        let mut fan_in = width;
+        for i in 0..=layers {
+            let fan_out = if i == layers { out } else { 1024 };
+            let bound = 1.0 / (fan_in as f32).sqrt();
+            let w: Vec<f32> = (0..fan_in * fan_out).map(|_| rnd() * bound).collect();
+            let b: Vec<f32> = (0..fan_out).map(|_| rnd() * bound).collect();
+            m.insert(format!("{prefix}.mlp.{}.weight", 2 * i), Tensor::from_vec(w, (fan_out, fan_in), &dev)?);
+            m.insert(format!("{prefix}.mlp.{}.bias", 2 * i), Tensor::from_vec(b, fan_out, &dev)?);
+            fan_in = fan_out;
+        }
+        let mean: Vec<f64> = (0..width).map(|_| rnd() as f64 * 2.0).collect();
+        let var: Vec<f64> = (0..width).map(|_| (rnd() as f64 + 1.5) * 2.0).collect();
+        m.insert(format!("{prefix}.norm.running_obs_norm.mean"), Tensor::from_vec(mean, width, &dev)?);
+        m.insert(format!("{prefix}.norm.running_obs_norm.var"), Tensor::from_vec(var, width, &dev)?);
+        m.insert(format!("{prefix}.norm.running_obs_norm.count"), Tensor::new(1i64, &dev)?);
+    }
+    m.insert("_actor.logstd".into(), Tensor::full(-2.9f32, BENCH_ACTIONS, &dev)?);
+    Ok(m)
+}
+
+/// Deterministic observations of `batch` rows.
+pub fn bench_obs(batch: usize) -> Result<HashMap<String, Tensor>, CliError> {
+    let mut rnd = xorshift(0x0b5 + batch as u64);
+    let mut m = HashMap::new();
+    for (k, w) in BENCH_KEYS {
+        let v: Vec<f32> = (0..batch * w).map(|_| rnd() * 3.0).collect();
+        m.insert(k.to_string(), Tensor::from_vec(v, (batch, w), &Device::Cpu)?);
+    }
+    Ok(m)
+}
+
+/// Options of `bench-policy`.
+pub struct BenchOptions {
+    /// Threads.
+    pub threads: usize,
+    /// Seconds to keep timing each batch size.
+    pub min_time: f64,
+    /// Batch sizes.
+    pub batches: Vec<usize>,
+    /// Write the weights (safetensors) here, for the side-by-side script.
+    pub write_weights: Option<PathBuf>,
+}
+
+fn median_seconds(min_time: f64, mut f: impl FnMut() -> Result<(), CliError>) -> Result<f64, CliError> {
+    for _ in 0..3 {
+        f()?;
+    }
+    let mut samples = vec![];
+    let start = Instant::now();
+    while samples.len() < 7 || (start.elapsed().as_secs_f64() < min_time && samples.len() < 100_000) {
+        let t = Instant::now();
+        f()?;
+        samples.push(t.elapsed().as_secs_f64());
+    }
+    samples.sort_by(f64::total_cmp);
+    Ok(samples[samples.len() / 2])
+}
+
+/// `pmstate bench-policy`.
+pub fn bench(opts: &BenchOptions, format: Format) -> Result<ExitCode, CliError> {
+    let weights = bench_weights()?;
+    let path = match &opts.write_weights {
+        Some(p) => p.clone(),
+        None => std::env::temp_dir().join(format!("pmstate-bench-policy-{}.safetensors", std::process::id())),
+    };
+    candle_core::safetensors::save(&weights, &path)?;
+    let ckpt = pmstate_ckpt::Checkpoint::open(&path);
+    if opts.write_weights.is_none() {
+        let _ = std::fs::remove_file(&path);
+    }
+    let policy = Policy::from_parts(bench_config(), &ckpt?, &Device::Cpu)?;
+    let weight_bytes: usize = weights
+        .iter()
+        .filter(|(k, _)| k.contains(".mlp."))
+        .map(|(_, t)| t.elem_count() * t.dtype().size_in_bytes())
+        .sum();
+    let mut records = vec![];
+    // The physical floor at batch 1: reading every weight once.
+    let flat: Vec<f32> = weights
+        .iter()
+        .filter(|(k, _)| k.contains(".mlp."))
+        .map(|(_, t)| t.flatten_all().and_then(|t| t.to_dtype(DType::F32)).and_then(|t| t.to_vec1::<f32>()))
+        .collect::<Result<Vec<_>, _>>()?
+        .concat();
+    let mut sink = 0f32;
+    let stream = median_seconds(opts.min_time, || {
+        use rayon::prelude::*;
+        sink += flat.par_chunks(1 << 16).map(|c| c.iter().fold(0f32, |a, &b| a + b)).sum::<f32>();
+        Ok(())
+    })?;
+    std::hint::black_box(sink);
+    records.push(BenchRecord {
+        op: "stream",
+        batch: 0,
+        threads: opts.threads,
+        seconds: stream,
+        rows_per_s: 0.0,
+        weight_bytes,
+    });
+    for &b in &opts.batches {
+        let obs = bench_obs(b)?;
+        let s = median_seconds(opts.min_time, || {
+            let o = policy.forward(&obs)?;
+            std::hint::black_box(o);
+            Ok(())
+        })?;
+        records.push(BenchRecord {
+            op: "forward",
+            batch: b,
+            threads: opts.threads,
+            seconds: s,
+            rows_per_s: b as f64 / s,
+            weight_bytes,
+        });
+    }
+    match format {
+        Format::Json => {
+            for r in &records {
+                output::json_line(r)?;
+            }
+        }
+        Format::Text => {
+            output::line(format!("{:<8} {:>6} {:>3} {:>12} {:>12}", "op", "batch", "thr", "median µs", "rows/s"));
+            for r in &records {
+                output::line(format!(
+                    "{:<8} {:>6} {:>3} {:>12.1} {:>12.0}",
+                    r.op,
+                    r.batch,
+                    r.threads,
+                    r.seconds * 1e6,
+                    r.rows_per_s
+                ));
+            }
+            output::line(format!(
+                "weights {:.1} MB; stream = reading them once with {} threads",
+                weight_bytes as f64 / 1e6,
+                opts.threads
+            ));
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
