@@ -9,6 +9,7 @@ pub mod config;
 pub mod describe;
 pub mod discriminator;
 mod error;
+pub mod kernels;
 mod load;
 pub mod mlp;
 mod model;

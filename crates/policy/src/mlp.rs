@@ -11,6 +11,7 @@ use pmstate_ckpt::Checkpoint;
 use crate::activation::Activation;
 use crate::config::MlpConfig;
 use crate::error::{PolicyError, Result};
+use crate::kernels::{Epilogue, PackedLinear};
 
 /// LayerNorm's epsilon (`nn.LayerNorm` default).
 pub const LAYER_NORM_EPS: f64 = 1e-5;
@@ -26,6 +27,8 @@ pub struct Linear {
     pub bias: Tensor,
     /// State-dict prefix (`_actor.mu.mlp.0`).
     pub key: String,
+    /// The weights packed for the CPU kernel (CPU only).
+    pub packed: Option<PackedLinear>,
 }
 
 impl Linear {
@@ -129,15 +132,19 @@ impl Mlp {
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let dims = x.dims().to_vec();
         let x2 = if dims.len() > 2 { x.reshape(((), dims[dims.len() - 1]))? } else { x.clone() };
-        let mut h = x2.contiguous()?;
-        for layer in &self.hidden {
-            h = layer.linear.forward(&h)?;
-            if let Some(ln) = &layer.layer_norm {
-                h = ln.forward(&h)?;
+        let y = if self.out.packed.is_some() && x2.device().is_cpu() && x2.dtype() == DType::F32 {
+            self.forward_packed(&x2)?
+        } else {
+            let mut h = x2.contiguous()?;
+            for layer in &self.hidden {
+                h = layer.linear.forward(&h)?;
+                if let Some(ln) = &layer.layer_norm {
+                    h = ln.forward(&h)?;
+                }
+                h = layer.activation.apply(&h)?;
             }
-            h = layer.activation.apply(&h)?;
-        }
-        let y = self.out.forward(&h)?;
+            self.out.forward(&h)?
+        };
         if dims.len() > 2 {
             let mut out_dims = dims[..dims.len() - 1].to_vec();
             out_dims.push(self.out.out_features());
@@ -145,6 +152,36 @@ impl Mlp {
         } else {
             Ok(y)
         }
+    }
+
+    /// The CPU path: packed kernels, ReLU fused; LayerNorm and other activations through candle.
+    fn forward_packed(&self, x: &Tensor) -> Result<Tensor> {
+        let m = x.dims()[0];
+        let mut h: Vec<f32> = x.flatten_all()?.to_vec1::<f32>()?;
+        let cpu = Device::Cpu;
+        let run = |l: &Linear, h: &[f32], ep: Epilogue| -> Result<Vec<f32>> {
+            match &l.packed {
+                Some(p) => Ok(p.forward(h, m, ep)),
+                None => Err(PolicyError::Graph { path: l.key.clone(), reason: "weights not packed".into() }),
+            }
+        };
+        for layer in &self.hidden {
+            let fused =
+                layer.layer_norm.is_none() && matches!(layer.activation, Activation::Relu | Activation::Identity);
+            if fused {
+                let ep = if layer.activation == Activation::Relu { Epilogue::Relu } else { Epilogue::Identity };
+                h = run(&layer.linear, &h, ep)?;
+            } else {
+                let y = run(&layer.linear, &h, Epilogue::Identity)?;
+                let mut t = Tensor::from_vec(y, (m, layer.linear.out_features()), &cpu)?;
+                if let Some(ln) = &layer.layer_norm {
+                    t = ln.forward(&t)?;
+                }
+                h = layer.activation.apply(&t)?.flatten_all()?.to_vec1::<f32>()?;
+            }
+        }
+        let y = run(&self.out, &h, Epilogue::Identity)?;
+        Ok(Tensor::from_vec(y, (m, self.out.out_features()), &cpu)?)
     }
 
     /// Every Linear (hidden then output), for reports and bounds.
@@ -218,5 +255,12 @@ fn load_linear(
     }
     let bias = load_vec(ckpt, dict, &format!("{key}.bias"), dims[0], path, dev)?;
     let weight_t = weight.t()?.contiguous()?;
-    Ok(Linear { weight, weight_t, bias, key: key.to_owned() })
+    let packed = if dev.is_cpu() {
+        let w = weight.flatten_all()?.to_vec1::<f32>()?;
+        let b = bias.to_vec1::<f32>()?;
+        Some(PackedLinear::new(&w, &b, dims[0], dims[1]))
+    } else {
+        None
+    };
+    Ok(Linear { weight, weight_t, bias, key: key.to_owned(), packed })
 }
