@@ -62,6 +62,12 @@ enum CollectiveArg {
 }
 
 #[derive(Clone, Copy, ValueEnum)]
+enum KernelsArg {
+    Packed,
+    Candle,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
 enum ModeArg {
     Pinned,
     Free,
@@ -194,6 +200,9 @@ enum Command {
         /// Also write the benchmark's weights (safetensors state dict) here, for benches/policy_side_by_side.py.
         #[arg(long)]
         write_weights: Option<PathBuf>,
+        /// packed: pmstate-policy's own CPU kernels; candle: candle's matmul (the gemm crate), for comparison.
+        #[arg(long, value_enum, default_value = "packed")]
+        kernels: KernelsArg,
     },
     /// Compare two checkpoints: keys, types, scalars, tensors within
     /// |a - b| <= atol + rtol * |b| (NaN equals NaN). Exit 1 if they differ.
@@ -403,7 +412,7 @@ fn run(cli: Cli) -> Result<ExitCode, CliError> {
                 policy_cmds::run(&opts, if json { policy_cmds::Format::Json } else { policy_cmds::Format::Text })
             }
         },
-        Command::BenchPolicy { json, threads, min_time, batches, write_weights } => {
+        Command::BenchPolicy { json, threads, min_time, batches, write_weights, kernels } => {
             let threads = threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
             if threads == 0 || batches.contains(&0) {
                 return Err(CliError::Usage("--threads and --batch must be at least 1".into()));
@@ -417,7 +426,11 @@ fn run(cli: Cli) -> Result<ExitCode, CliError> {
                 .build()
                 .map_err(|e| CliError::Usage(format!("--threads {threads}: {e}")))?;
             let batches = if batches.is_empty() { policy_cmds::BENCH_BATCHES.to_vec() } else { batches };
-            let opts = policy_cmds::BenchOptions { threads, min_time, batches, write_weights };
+            let kernels = match kernels {
+                KernelsArg::Packed => pmstate_policy::CpuKernels::Packed,
+                KernelsArg::Candle => pmstate_policy::CpuKernels::Candle,
+            };
+            let opts = policy_cmds::BenchOptions { threads, min_time, batches, write_weights, kernels };
             let format = if json { policy_cmds::Format::Json } else { policy_cmds::Format::Text };
             pool.install(|| policy_cmds::bench(&opts, format))
         }

@@ -304,6 +304,8 @@ pub struct BenchOptions {
     pub batches: Vec<usize>,
     /// Write the weights (safetensors) here, for the side-by-side script.
     pub write_weights: Option<PathBuf>,
+    /// Which CPU matrix product.
+    pub kernels: pmstate_policy::CpuKernels,
 }
 
 /// (median, min) seconds per call.
@@ -334,7 +336,7 @@ pub fn bench(opts: &BenchOptions, format: Format) -> Result<ExitCode, CliError> 
     if opts.write_weights.is_none() {
         let _ = std::fs::remove_file(&path);
     }
-    let policy = Policy::from_parts(bench_config(), &ckpt?, &Device::Cpu)?;
+    let policy = Policy::from_parts(bench_config(), &ckpt?, &Device::Cpu)?.with_cpu_kernels(opts.kernels)?;
     let weight_bytes: usize = weights
         .iter()
         .filter(|(k, _)| k.contains(".mlp."))

@@ -19,6 +19,16 @@
 //! - **sphere projection** `x / ||x||`: `e_i = (1 + |y_i| sqrt(n)) / ||x|| max_j e_j + gamma(n + 3) |y_i|`.
 //! - shape operations move errors with their elements.
 //!
+//! Inside an MLP that layer-by-layer bound grows with the product of the
+//! `|W|` row sums (signs that cancel are counted as adding up), so for each
+//! row a tighter first-order bound is also computed, through the signed
+//! Jacobian `J` of the rest of the Sequential at the reference point:
+//! `e_out = sum over stages |J_after(stage)| r(stage) + |J_all| e_in`, with
+//! `r` the stage's own rounding from the rules above, times 1.01 for the
+//! neglected second-order terms; the smaller of the two bounds is used. A
+//! row where a ReLU input lies within its error of 0 (rounding could pick
+//! the other side of the kink) keeps the layer-by-layer bound.
+//!
 //! Two float32 forwards that both obey the model differ by at most twice the
 //! bound: [`within`] checks `|a - b| <= 2 bound` (torch vs this crate) and
 //! the proptest checks `|ours - reference| <= bound`.
@@ -262,16 +272,211 @@ fn normalize(x: &Bounded, n: &ObsNormalizer) -> Result<Bounded> {
     }))
 }
 
+/// The MLP with both bounds: the layer-by-layer one (always valid, loose:
+/// `|W|` ignores the signs that cancel downstream) and, per row, the
+/// first-order one through the signed Jacobians (tight); the smaller wins.
 fn mlp(x: &Bounded, m: &Mlp) -> Result<Bounded> {
     let mut h = x.clone();
+    let mut stages: Vec<Stage> = Vec::new();
     for layer in &m.hidden {
-        h = linear(&h, &layer.linear)?;
+        h = tighten(x, &mut stages, Stage::linear(&layer.linear, linear(&h, &layer.linear)?)?);
         if let Some(ln) = &layer.layer_norm {
             h = layer_norm(&h, &ln.weight, &ln.bias)?;
+            stages.push(Stage::LayerNorm { weight: vec_f64(&ln.weight)?, out: h.clone() });
         }
         h = activation(&h, layer.activation);
+        stages.push(Stage::Activation { f: layer.activation, out: h.clone() });
     }
-    linear(&h, &m.out)
+    Ok(tighten(x, &mut stages, Stage::linear(&m.out, linear(&h, &m.out)?)?))
+}
+
+/// Appends a Linear stage with its output bound replaced by the smaller of
+/// the layer-by-layer and the Jacobian bound, and returns that output: the
+/// layers after it (and the kink checks) start from the tighter one.
+fn tighten(x: &Bounded, stages: &mut Vec<Stage>, stage: Stage) -> Bounded {
+    stages.push(stage);
+    let tight = jacobian_bound(x, stages);
+    let Some(Stage::Linear { out, .. }) = stages.last_mut() else { return x.clone() };
+    for (b, t) in out.bound.iter_mut().zip(tight) {
+        if let Some(t) = t {
+            *b = b.min(t);
+        }
+    }
+    out.clone()
+}
+
+/// One stage of the Sequential with its (loose-bounded) output.
+enum Stage {
+    Linear { weight: Vec<f64>, bias: Vec<f64>, n_in: usize, n_out: usize, out: Bounded },
+    LayerNorm { weight: Vec<f64>, out: Bounded },
+    Activation { f: Activation, out: Bounded },
+}
+
+impl Stage {
+    fn linear(l: &Linear, out: Bounded) -> Result<Stage> {
+        Ok(Stage::Linear {
+            weight: vec_f64(&l.weight)?,
+            bias: vec_f64(&l.bias)?,
+            n_in: l.in_features(),
+            n_out: l.out_features(),
+            out,
+        })
+    }
+
+    fn out(&self) -> &Bounded {
+        match self {
+            Stage::Linear { out, .. } | Stage::LayerNorm { out, .. } | Stage::Activation { out, .. } => out,
+        }
+    }
+}
+
+/// Safety factor on the first-order bound for the neglected O(u^2) terms.
+const SECOND_ORDER: f64 = 1.01;
+
+/// Per output element of every row: `sum over stages |J_after| r_stage + |J_all| e_in`,
+/// where `r_stage` is the stage's own rounding and `J` the signed Jacobian
+/// of the rest of the Sequential at the reference point. `None` for a row
+/// where a kink (ReLU at 0, where rounding may pick the other side) makes
+/// the Jacobian uncertain; the loose bound covers those.
+fn jacobian_bound(x: &Bounded, stages: &[Stage]) -> Vec<Option<f64>> {
+    let Some(last) = stages.last() else { return vec![None; x.value.len()] };
+    let n_out = last.out().last();
+    let rows = x.rows();
+    let mut out = vec![None; rows * n_out];
+    for r in 0..rows {
+        // stage inputs of this row
+        let input = |i: usize| -> (&[f64], &[f64]) {
+            let b = if i == 0 { x } else { stages[i - 1].out() };
+            let w = b.last();
+            (&b.value[r * w..(r + 1) * w], &b.bound[r * w..(r + 1) * w])
+        };
+        // G: n_out x width, row-major; starts as the identity at the output
+        let mut width = n_out;
+        let mut g = vec![0.0; n_out * n_out];
+        for i in 0..n_out {
+            g[i * n_out + i] = 1.0;
+        }
+        let mut acc = vec![0.0; n_out];
+        let mut uncertain = false;
+        for (si, st) in stages.iter().enumerate().rev() {
+            let (xin, ein) = input(si);
+            let o = st.out();
+            let ow = o.last();
+            let ov = &o.value[r * ow..(r + 1) * ow];
+            // this stage's own rounding at its output
+            let own: Vec<f64> = match st {
+                Stage::Linear { weight, bias, n_in, n_out: no, .. } => {
+                    let gm = gamma(n_in + 1);
+                    (0..*no)
+                        .map(|j| {
+                            let row = &weight[j * n_in..(j + 1) * n_in];
+                            gm * (bias[j].abs() + row.iter().zip(xin).map(|(w, v)| w.abs() * v.abs()).sum::<f64>())
+                        })
+                        .collect()
+                }
+                Stage::LayerNorm { weight, .. } => {
+                    let n = xin.len();
+                    let (mean, s, mean_abs) = ln_stats(xin);
+                    let gm = gamma(2 * n + 8);
+                    (0..n)
+                        .map(|i| {
+                            let xt = ((xin[i] - mean) / s).abs();
+                            weight[i].abs() * gm * (1.0 + xt) * (1.0 + mean_abs / s) + 2.0 * U * ov[i].abs()
+                        })
+                        .collect()
+                }
+                Stage::Activation { f, .. } => xin.iter().map(|&z| f.rounding(z)).collect(),
+            };
+            for (a, grow) in acc.iter_mut().zip(g.chunks_exact(width)) {
+                *a += grow.iter().zip(&own).map(|(gv, e): (&f64, &f64)| gv.abs() * e).sum::<f64>();
+            }
+            // G <- G * J_stage
+            g = match st {
+                Stage::Linear { weight, n_in, n_out: no, .. } => {
+                    let mut ng = vec![0.0; n_out * n_in];
+                    for (grow, nrow) in g.chunks_exact(*no).zip(ng.chunks_exact_mut(*n_in)) {
+                        for (j, &gj) in grow.iter().enumerate() {
+                            if gj != 0.0 {
+                                for (nv, w) in nrow.iter_mut().zip(&weight[j * n_in..(j + 1) * n_in]) {
+                                    *nv += gj * w;
+                                }
+                            }
+                        }
+                    }
+                    width = *n_in;
+                    ng
+                }
+                Stage::Activation { f, .. } => {
+                    let d: Vec<f64> = xin
+                        .iter()
+                        .zip(ein)
+                        .map(|(&z, &e)| {
+                            if *f == Activation::Relu && z.abs() <= e {
+                                uncertain = true;
+                            }
+                            slope(*f, z)
+                        })
+                        .collect();
+                    for grow in g.chunks_exact_mut(width) {
+                        for (gv, dv) in grow.iter_mut().zip(&d) {
+                            *gv *= dv;
+                        }
+                    }
+                    g
+                }
+                Stage::LayerNorm { weight, .. } => {
+                    let n = xin.len();
+                    let (mean, s, _) = ln_stats(xin);
+                    let xt: Vec<f64> = xin.iter().map(|v| (v - mean) / s).collect();
+                    for grow in g.chunks_exact_mut(width) {
+                        for (gv, w) in grow.iter_mut().zip(weight) {
+                            *gv *= w / s;
+                        }
+                        let m1 = grow.iter().sum::<f64>() / n as f64;
+                        let mx = grow.iter().zip(&xt).map(|(a, b)| a * b).sum::<f64>() / n as f64;
+                        for (gv, t) in grow.iter_mut().zip(&xt) {
+                            *gv -= m1 + mx * t;
+                        }
+                    }
+                    g
+                }
+            };
+        }
+        if uncertain {
+            continue;
+        }
+        let (_, e0) = input(0);
+        for (i, grow) in g.chunks_exact(width).enumerate() {
+            let total = acc[i] + grow.iter().zip(e0).map(|(gv, e)| gv.abs() * e).sum::<f64>();
+            out[r * n_out + i] = Some(total * SECOND_ORDER);
+        }
+    }
+    out
+}
+
+fn ln_stats(x: &[f64]) -> (f64, f64, f64) {
+    let n = x.len() as f64;
+    let mean = x.iter().sum::<f64>() / n;
+    let var = x.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / n;
+    (mean, (var + LAYER_NORM_EPS).sqrt(), x.iter().map(|v| v.abs()).sum::<f64>() / n)
+}
+
+/// The derivative of an activation (central difference for the smooth ones).
+fn slope(f: Activation, z: f64) -> f64 {
+    match f {
+        Activation::Relu => {
+            if z > 0.0 {
+                1.0
+            } else {
+                0.0
+            }
+        }
+        Activation::Identity => 1.0,
+        _ => {
+            let h = 1e-6 * (1.0 + z.abs());
+            (f.eval_f64(z + h) - f.eval_f64(z - h)) / (2.0 * h)
+        }
+    }
 }
 
 /// Named bounded arrays (the reference TensorDict) plus normalizer outputs by module path.

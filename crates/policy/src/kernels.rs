@@ -29,8 +29,9 @@ use rayon::prelude::*;
 
 /// Output columns per packed panel.
 pub const NR: usize = 32;
-/// Rows per task (a multiple of every MR).
-const MC: usize = 96;
+/// Most rows per task (a multiple of every MR): its packed rows (MC x K)
+/// stay in L2 while every panel goes by.
+const MC: usize = 192;
 /// Depth of one pass over a panel: `KC x NR` weights (32 KiB) stay in L1
 /// while every micro-panel of the task's rows goes by.
 const KC: usize = 256;
@@ -128,58 +129,55 @@ impl PackedLinear {
         y
     }
 
+    /// Row blocks in parallel; each task packs its rows, then goes panel by
+    /// panel (K in L1-sized chunks) and writes its rows of `y` directly.
     fn run<const MR: usize>(&self, x: &[f32], m: usize, epilogue: Epilogue, isa: Isa) -> Vec<f32> {
         let (k, n) = (self.k, self.n);
         let p = n.div_ceil(NR);
-        let mb = m.div_ceil(MC);
-        // rows per task's tile: MC, or all rows (rounded up to MR) when fewer
-        let tr = MC.min(m.div_ceil(MR) * MR);
-        // A packed: micro-panels of MR rows, k-major inside: [m / MR][k][MR]
-        let mut a = vec![0f32; m.div_ceil(MR) * MR * k];
-        a.par_chunks_mut(MR * k).enumerate().for_each(|(i, dst)| {
-            for r in 0..MR {
-                let row = i * MR + r;
-                if row >= m {
-                    break;
-                }
-                let src = &x[row * k..(row + 1) * k];
-                for (kk, &v) in src.iter().enumerate() {
-                    dst[kk * MR + r] = v;
-                }
-            }
-        });
-        // results: [mb][p][tr][NR]
-        let mut tiles = vec![0f32; mb * p * tr * NR];
-        tiles.par_chunks_mut(tr * NR).enumerate().for_each(|(t, out)| {
-            let (blk, pi) = (t / p, t % p);
-            let b = &self.panels[pi * k * NR..(pi + 1) * k * NR];
-            let bias: &[f32] = &self.bias[pi * NR..(pi + 1) * NR];
-            let a_blk = &a[blk * MC * k..];
-            let rows = (m - blk * MC).min(MC);
-            let micro_panels = rows.div_ceil(MR);
-            let mut k0 = 0;
-            while k0 < k {
-                let k1 = (k0 + KC).min(k);
-                let first = k0 == 0;
-                let ep = if k1 == k { epilogue } else { Epilogue::Identity };
-                let bk = &b[k0 * NR..k1 * NR];
-                for (i, o) in out.chunks_exact_mut(MR * NR).take(micro_panels).enumerate() {
-                    let ak = &a_blk[i * MR * k + k0 * MR..i * MR * k + k1 * MR];
-                    match isa {
-                        Isa::Avx512 => block_avx512::<MR>(ak, bk, bias, o, first, ep),
-                        Isa::Other => block_avx2::<MR>(ak, bk, bias, o, first, ep),
+        // at least two tasks per thread where the batch allows, at most MC rows each
+        let threads = rayon::current_num_threads().max(1);
+        let mc = (m.div_ceil(2 * threads).div_ceil(MR) * MR).clamp(MR, MC);
+        let mut y = vec![0f32; m * n];
+        y.par_chunks_mut(mc * n).enumerate().for_each(|(blk, ys)| {
+            let rows = ys.len() / n;
+            let panels = rows.div_ceil(MR);
+            // this block's rows packed: [panels][k][MR], zero-padded
+            let mut a = vec![0f32; panels * MR * k];
+            for (i, dst) in a.chunks_exact_mut(MR * k).enumerate() {
+                for r in 0..MR {
+                    let row = blk * mc + i * MR + r;
+                    if row >= m {
+                        break;
+                    }
+                    for (kk, &v) in x[row * k..(row + 1) * k].iter().enumerate() {
+                        dst[kk * MR + r] = v;
                     }
                 }
-                k0 = k1;
             }
-        });
-        // scatter to row-major [m, n]
-        let mut y = vec![0f32; m * n];
-        y.par_chunks_mut(n).enumerate().for_each(|(row, dst)| {
-            let (blk, r) = (row / MC, row % MC);
-            for (pi, cols) in dst.chunks_mut(NR).enumerate() {
-                let tile = &tiles[((blk * p + pi) * tr + r) * NR..][..cols.len()];
-                cols.copy_from_slice(tile);
+            let mut tile = vec![0f32; panels * MR * NR];
+            for pi in 0..p {
+                let b = &self.panels[pi * k * NR..(pi + 1) * k * NR];
+                let bias: &[f32] = &self.bias[pi * NR..(pi + 1) * NR];
+                let mut k0 = 0;
+                while k0 < k {
+                    let k1 = (k0 + KC).min(k);
+                    let first = k0 == 0;
+                    let ep = if k1 == k { epilogue } else { Epilogue::Identity };
+                    let bk = &b[k0 * NR..k1 * NR];
+                    for (i, o) in tile.chunks_exact_mut(MR * NR).enumerate() {
+                        let ak = &a[i * MR * k + k0 * MR..i * MR * k + k1 * MR];
+                        match isa {
+                            Isa::Avx512 => block_avx512::<MR>(ak, bk, bias, o, first, ep),
+                            Isa::Other => block_avx2::<MR>(ak, bk, bias, o, first, ep),
+                        }
+                    }
+                    k0 = k1;
+                }
+                let c0 = pi * NR;
+                let w = NR.min(n - c0);
+                for (r, yrow) in ys.chunks_exact_mut(n).enumerate() {
+                    yrow[c0..c0 + w].copy_from_slice(&tile[r * NR..r * NR + w]);
+                }
             }
         });
         y

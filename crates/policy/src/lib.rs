@@ -23,5 +23,6 @@ pub use config::{ModelConfig, ModuleConfig, Number};
 pub use describe::Description;
 pub use error::{PolicyError, Result};
 pub use load::{find_config, read_model_config, CONFIG_NAMES};
+pub use mlp::CpuKernels;
 pub use model::{AmpNetworks, DiscOutputs, Outputs, Part, Policy, Sampled};
 pub use network::TensorMap;

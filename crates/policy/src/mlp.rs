@@ -184,10 +184,39 @@ impl Mlp {
         Ok(Tensor::from_vec(y, (m, self.out.out_features()), &cpu)?)
     }
 
+    /// Chooses the CPU matrix product (see [`CpuKernels`]).
+    pub fn set_cpu_kernels(&mut self, kernels: CpuKernels) -> Result<()> {
+        for l in self.hidden.iter_mut().map(|h| &mut h.linear).chain(std::iter::once(&mut self.out)) {
+            l.packed = match kernels {
+                CpuKernels::Candle => None,
+                CpuKernels::Packed if l.weight.device().is_cpu() => Some(pack(&l.weight, &l.bias)?),
+                CpuKernels::Packed => None,
+            };
+        }
+        Ok(())
+    }
+
     /// Every Linear (hidden then output), for reports and bounds.
     pub fn linears(&self) -> impl Iterator<Item = &Linear> {
         self.hidden.iter().map(|h| &h.linear).chain(std::iter::once(&self.out))
     }
+}
+
+/// Which matrix product a CPU forward uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CpuKernels {
+    /// This crate's packed kernels ([`crate::kernels`]): the default.
+    #[default]
+    Packed,
+    /// candle's matmul (the gemm crate), as on other devices.
+    Candle,
+}
+
+fn pack(weight: &Tensor, bias: &Tensor) -> Result<PackedLinear> {
+    let (n, k) = weight.dims2()?;
+    let w = weight.flatten_all()?.to_vec1::<f32>()?;
+    let b = bias.to_vec1::<f32>()?;
+    Ok(PackedLinear::new(&w, &b, n, k))
 }
 
 fn full_key(dict: &str, key: &str) -> String {
@@ -255,12 +284,6 @@ fn load_linear(
     }
     let bias = load_vec(ckpt, dict, &format!("{key}.bias"), dims[0], path, dev)?;
     let weight_t = weight.t()?.contiguous()?;
-    let packed = if dev.is_cpu() {
-        let w = weight.flatten_all()?.to_vec1::<f32>()?;
-        let b = bias.to_vec1::<f32>()?;
-        Some(PackedLinear::new(&w, &b, dims[0], dims[1]))
-    } else {
-        None
-    };
+    let packed = if dev.is_cpu() { Some(pack(&weight, &bias)?) } else { None };
     Ok(Linear { weight, weight_t, bias, key: key.to_owned(), packed })
 }

@@ -147,6 +147,19 @@ impl Policy {
         })
     }
 
+    /// Uses `kernels` for every Linear on CPU (a no-op on other devices).
+    pub fn with_cpu_kernels(mut self, kernels: crate::mlp::CpuKernels) -> Result<Self> {
+        let mut nets: Vec<&mut Network> = vec![&mut self.actor.mu, &mut self.critic];
+        if let Some(a) = &mut self.amp {
+            nets.push(&mut a.discriminator);
+            nets.push(&mut a.disc_critic);
+        }
+        for n in nets {
+            n.set_cpu_kernels(kernels)?;
+        }
+        Ok(self)
+    }
+
     /// The parsed model config.
     pub fn config(&self) -> &ModelConfig {
         &self.config

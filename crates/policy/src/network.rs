@@ -183,6 +183,17 @@ impl Network {
         }
     }
 
+    /// Chooses the CPU matrix product of every MLP in it.
+    pub fn set_cpu_kernels(&mut self, kernels: crate::mlp::CpuKernels) -> Result<()> {
+        match self {
+            Network::Leaf(l) => match &mut l.mlp {
+                Some(m) => m.set_cpu_kernels(kernels),
+                None => Ok(()),
+            },
+            Network::Container { models, .. } => models.iter_mut().try_for_each(|m| m.set_cpu_kernels(kernels)),
+        }
+    }
+
     /// Every leaf, in forward order.
     pub fn leaves(&self) -> Vec<&Leaf> {
         match self {

@@ -83,6 +83,14 @@ fn check_variant(v: &str, ckpt_name: &str) {
     let mu = &reference.values[&policy.actor().mu_key];
     assert_within("mean_action (torch)", v, &exp["mean_action"], mu, 2.0);
     assert_within("mean_action", v, &out.mean_action, mu, 1.0);
+    {
+        let (g, e) = (flat(&out.mean_action), flat(&exp["mean_action"]));
+        let diff = g.iter().zip(&e).map(|(a, b)| (a - b).abs() as f64).fold(0.0, f64::max);
+        let bmax = mu.bound.iter().cloned().fold(0.0, f64::max);
+        let ratio = g.iter().zip(&e).zip(&mu.bound).map(|((a, b), bd)| (a - b).abs() as f64 / bd).fold(0.0, f64::max);
+        let vmax = mu.value.iter().map(|v| v.abs()).fold(0.0, f64::max);
+        eprintln!("{v}: mean_action max |torch - ours| {diff:.2e}, max bound {bmax:.2e}, max |value| {vmax:.2e}, worst diff/bound {ratio:.3}");
+    }
     let val = &reference.values[policy.critic().out_key()];
     assert_within("value (torch)", v, &exp["value"], val, 2.0);
     assert_within("value", v, &out.value, val, 1.0);
