@@ -60,7 +60,11 @@ pub struct LayerNorm {
 }
 
 impl LayerNorm {
-    /// Normalizes the last dim (population variance, eps 1e-5), then scales and shifts.
+    /// Normalizes the last dim (population variance, eps 1e-5), then scales
+    /// and shifts. Two passes (mean, then the mean of squared deviations),
+    /// as torch does; candle-nn's fused `layer_norm` is not used because it
+    /// takes the variance as `E[x^2] - E[x]^2` in float32, which cancels
+    /// when the mean is large against the spread.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let mean = x.mean_keepdim(D::Minus1)?;
         let xc = x.broadcast_sub(&mean)?;
