@@ -24,7 +24,11 @@ warm-up calls, at least 7 calls and --min-time seconds; the three sides
 take turns, --rounds times, and the table shows the fastest call over all
 rounds (the least disturbed one: a shared 2-core machine with builds
 running beside it moves medians by 2x) and, for reference, the median of
-the last round. Prints a Markdown table (docs/policy-speed.md).
+the last round. Also CPU seconds per call of the whole process (every
+thread; `time.process_time()` here, /proc/self/task/*/schedstat in
+pmstate), minimum over rounds: at one thread it is the work itself, what
+other processes take from the cores does not count. Prints Markdown
+tables (docs/policy-speed.md).
 """
 import argparse
 import json
@@ -43,16 +47,17 @@ BATCHES = [1, 64, 1024, 4096]
 
 
 def median_seconds(fn, min_time):
-    """(median, min) seconds per call."""
+    """(median, min, CPU seconds per call of the whole process)."""
     for _ in range(3):
         fn()
     samples = []
+    cpu0 = time.process_time()
     start = time.perf_counter()
     while len(samples) < 7 or (time.perf_counter() - start < min_time and len(samples) < 100000):
         t = time.perf_counter()
         fn()
         samples.append(time.perf_counter() - t)
-    return statistics.median(samples), min(samples)
+    return statistics.median(samples), min(samples), (time.process_time() - cpu0) / len(samples)
 
 
 def read_safetensors(path):
@@ -156,18 +161,18 @@ def main():
         for rnd in range(args.rounds):
             if rnd > 0:
                 rust = run_pmstate()
+            def keep(key, med, mn, cpu):
+                prev = best.get(key, (None, float("inf"), float("inf")))
+                best[key] = (med, min(prev[1], mn), min(prev[2], cpu if cpu is not None else float("inf")))
+
             for r in rust:
-                key = ("pmstate", r["op"], r["batch"])
-                prev = best.get(key, (None, float("inf")))
-                best[key] = (r["seconds"], min(prev[1], r["min_seconds"]))
+                keep(("pmstate", r["op"], r["batch"]), r["seconds"], r["min_seconds"], r.get("cpu_seconds"))
             for b in batches:
                 x = inputs[b]
                 with torch.inference_mode():
-                    med, mn = median_seconds(lambda: model(*x), args.min_time)
-                best[("torch", b)] = (med, min(best.get(("torch", b), (0, float("inf")))[1], mn))
+                    keep(("torch", b), *median_seconds(lambda: model(*x), args.min_time))
                 feed = {n: t.numpy() for n, t in zip(names, x)}
-                med, mn = median_seconds(lambda: sess.run(None, feed), args.min_time)
-                best[("ort", b)] = (med, min(best.get(("ort", b), (0, float("inf")))[1], mn))
+                keep(("ort", b), *median_seconds(lambda: sess.run(None, feed), args.min_time))
 
         stream = best[("pmstate", "stream", 0)]
         wbytes = rust[0]["weight_bytes"]
@@ -176,6 +181,7 @@ def main():
             pm, to, on = best[("pmstate", "forward", b)], best[("torch", b)], best[("ort", b)]
             rows.append({"batch": b, "threads": args.threads, "pmstate_s": pm[1], "torch_s": to[1], "ort_s": on[1],
                          "pmstate_median_s": pm[0], "torch_median_s": to[0], "ort_median_s": on[0],
+                         "pmstate_cpu_s": pm[2], "torch_cpu_s": to[2], "ort_cpu_s": on[2],
                          "stream_s": stream[1], "weight_bytes": wbytes})
 
     print(f"threads {args.threads}, {args.rounds} rounds; weights {wbytes / 1e6:.1f} MB, read once in "
@@ -189,6 +195,15 @@ def main():
               f"| {r['batch'] / r['pmstate_s']:.0f} | {r['torch_s'] / r['pmstate_s']:.2f}x "
               f"| {r['ort_s'] / r['pmstate_s']:.2f}x | {r['pmstate_median_s'] * 1e3:.2f}, "
               f"{r['torch_median_s'] * 1e3:.2f}, {r['ort_median_s'] * 1e3:.2f} ms |")
+    print()
+    print("CPU seconds per call (all threads of each process):")
+    print()
+    print("| batch | pmstate | torch eager | onnxruntime | torch / pmstate | onnxruntime / pmstate |")
+    print("|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        print(f"| {r['batch']} | {r['pmstate_cpu_s'] * 1e3:.3f} ms | {r['torch_cpu_s'] * 1e3:.3f} ms "
+              f"| {r['ort_cpu_s'] * 1e3:.3f} ms | {r['torch_cpu_s'] / r['pmstate_cpu_s']:.2f}x "
+              f"| {r['ort_cpu_s'] / r['pmstate_cpu_s']:.2f}x |")
     b1 = next((r for r in rows if r["batch"] == 1), None)
     if b1:
         print()

@@ -211,6 +211,10 @@ pub struct BenchRecord {
     pub seconds: f64,
     /// Fastest call (on a shared machine, the least disturbed one).
     pub min_seconds: f64,
+    /// CPU seconds per call of all this process's threads, averaged over
+    /// the timed calls (Linux: /proc/self/task/*/schedstat); time other
+    /// processes take from the cores does not count. None elsewhere.
+    pub cpu_seconds: Option<f64>,
     /// Rows per second.
     pub rows_per_s: f64,
     /// Weight bytes read per call.
@@ -308,20 +312,38 @@ pub struct BenchOptions {
     pub kernels: pmstate_policy::CpuKernels,
 }
 
-/// (median, min) seconds per call.
-fn median_seconds(min_time: f64, mut f: impl FnMut() -> Result<(), CliError>) -> Result<(f64, f64), CliError> {
+/// CPU nanoseconds used so far by every thread of this process.
+fn cpu_ns() -> Option<u64> {
+    let mut total = 0u64;
+    for task in std::fs::read_dir("/proc/self/task").ok()? {
+        let stat = std::fs::read_to_string(task.ok()?.path().join("schedstat")).ok()?;
+        total += stat.split_whitespace().next()?.parse::<u64>().ok()?;
+    }
+    Some(total)
+}
+
+/// (median, min, CPU seconds per call).
+fn median_seconds(
+    min_time: f64,
+    mut f: impl FnMut() -> Result<(), CliError>,
+) -> Result<(f64, f64, Option<f64>), CliError> {
     for _ in 0..3 {
         f()?;
     }
     let mut samples = vec![];
+    let cpu0 = cpu_ns();
     let start = Instant::now();
     while samples.len() < 7 || (start.elapsed().as_secs_f64() < min_time && samples.len() < 100_000) {
         let t = Instant::now();
         f()?;
         samples.push(t.elapsed().as_secs_f64());
     }
+    let cpu = match (cpu0, cpu_ns()) {
+        (Some(a), Some(b)) => Some(b.saturating_sub(a) as f64 * 1e-9 / samples.len() as f64),
+        _ => None,
+    };
     samples.sort_by(f64::total_cmp);
-    Ok((samples[samples.len() / 2], samples[0]))
+    Ok((samples[samples.len() / 2], samples[0], cpu))
 }
 
 /// `pmstate bench-policy`.
@@ -375,6 +397,7 @@ pub fn bench(opts: &BenchOptions, format: Format) -> Result<ExitCode, CliError> 
         threads: opts.threads,
         seconds: stream.0,
         min_seconds: stream.1,
+        cpu_seconds: stream.2,
         rows_per_s: 0.0,
         weight_bytes,
     });
@@ -391,6 +414,7 @@ pub fn bench(opts: &BenchOptions, format: Format) -> Result<ExitCode, CliError> 
             threads: opts.threads,
             seconds: s.0,
             min_seconds: s.1,
+            cpu_seconds: s.2,
             rows_per_s: b as f64 / s.0,
             weight_bytes,
         });
@@ -403,17 +427,18 @@ pub fn bench(opts: &BenchOptions, format: Format) -> Result<ExitCode, CliError> 
         }
         Format::Text => {
             output::line(format!(
-                "{:<8} {:>6} {:>3} {:>12} {:>12} {:>12}",
-                "op", "batch", "thr", "median µs", "min µs", "rows/s"
+                "{:<8} {:>6} {:>3} {:>12} {:>12} {:>12} {:>12}",
+                "op", "batch", "thr", "median µs", "min µs", "cpu µs", "rows/s"
             ));
             for r in &records {
                 output::line(format!(
-                    "{:<8} {:>6} {:>3} {:>12.1} {:>12.1} {:>12.0}",
+                    "{:<8} {:>6} {:>3} {:>12.1} {:>12.1} {:>12.1} {:>12.0}",
                     r.op,
                     r.batch,
                     r.threads,
                     r.seconds * 1e6,
                     r.min_seconds * 1e6,
+                    r.cpu_seconds.unwrap_or(f64::NAN) * 1e6,
                     r.rows_per_s
                 ));
             }

@@ -133,11 +133,6 @@ impl Bounded {
             bound: idx.iter().map(|&i| self.bound[i]).collect(),
         }
     }
-
-    /// `value ± bound` contains `x` for every element (shapes as flat lists).
-    pub fn contains(&self, x: &[f32]) -> Option<usize> {
-        x.iter().zip(self.value.iter().zip(&self.bound)).position(|(&x, (&v, &b))| !((x as f64 - v).abs() <= b))
-    }
 }
 
 fn strides(shape: &[usize]) -> Vec<usize> {
@@ -173,7 +168,13 @@ fn vec_f64(t: &Tensor) -> Result<Vec<f64>> {
 pub fn within(got: &[f32], reference: &Bounded, factor: f64) -> Option<(usize, f64, f64)> {
     got.iter().zip(reference.value.iter().zip(&reference.bound)).enumerate().find_map(|(i, (&g, (&v, &b)))| {
         let d = (g as f64 - v).abs();
-        (!(d <= factor * b)).then_some((i, d, factor * b))
+        let limit = factor * b;
+        // NaN fails
+        if d <= limit {
+            None
+        } else {
+            Some((i, d, limit))
+        }
     })
 }
 

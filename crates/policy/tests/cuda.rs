@@ -29,7 +29,9 @@ fn on_gpu() {
         let obs = candle_core::safetensors::load(d.join("obs.safetensors"), &Device::Cpu).unwrap();
         let r = cpu.reference(&obs).unwrap();
         let out = cuda.forward(&obs).unwrap();
-        for (t, key) in [(&out.mean_action, cpu.actor().mu_key.clone()), (&out.value, cpu.critic().out_key().to_owned())] {
+        for (t, key) in
+            [(&out.mean_action, cpu.actor().mu_key.clone()), (&out.value, cpu.critic().out_key().to_owned())]
+        {
             let got = t.to_device(&Device::Cpu).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
             assert!(pmstate_policy::bound::within(&got, &r.values[&key], 2.0).is_none(), "{v}: {key} on CUDA");
         }
