@@ -19,7 +19,8 @@ pub struct Description {
     pub model: &'static str,
     /// PPO or AMP.
     pub family: Family,
-    /// The model's in_keys with the width the checkpoint determines (None: only group sums are known).
+    /// The keys it takes (its networks' in_keys, then keys only the config lists) with the width
+    /// the checkpoint determines (None: only group sums are known).
     pub in_keys: Vec<KeyWidth>,
     /// Sums the checkpoint fixes where single widths are open.
     pub width_groups: Vec<Group>,
@@ -171,7 +172,7 @@ impl Policy {
             networks.push(network_desc("disc_critic", &a.disc_critic));
         }
         let in_keys = self
-            .in_keys()
+            .accepted_keys()
             .into_iter()
             .map(|k| KeyWidth {
                 width: self.widths.known.get(&k).copied(),

@@ -224,12 +224,25 @@ impl Policy {
     }
 
     /// The model's in_keys: the union of its networks' (actor, critic,
-    /// then the AMP ones), then any extra keys the config lists.
+    /// then the AMP ones), in first-use order.
     pub fn in_keys(&self) -> Vec<String> {
         let mut out = self.required_keys(Part::ActorCritic);
-        for k in self.required_keys(Part::Discriminator).into_iter().chain(self.config.in_keys.iter().cloned()) {
+        for k in self.required_keys(Part::Discriminator) {
             if !out.contains(&k) {
                 out.push(k);
+            }
+        }
+        out
+    }
+
+    /// The keys an observation map may hold: [`Policy::in_keys`] and the
+    /// keys the config's `in_keys` lists although no network reads them
+    /// (g1-bones-deploy's `clean_*` keys, quirk 15). Anything else is an error.
+    pub fn accepted_keys(&self) -> Vec<String> {
+        let mut out = self.in_keys();
+        for k in &self.config.in_keys {
+            if !out.contains(k) {
+                out.push(k.clone());
             }
         }
         out
@@ -244,7 +257,7 @@ impl Policy {
     /// each a float32 `[B, D]` with one B, widths as the checkpoint requires.
     pub fn check_obs(&self, obs: &HashMap<String, Tensor>, part: Part) -> Result<usize> {
         let required = self.required_keys(part);
-        let allowed = self.in_keys();
+        let allowed = self.accepted_keys();
         let mut names: Vec<&String> = obs.keys().collect();
         names.sort();
         for k in names {
