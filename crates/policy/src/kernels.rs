@@ -89,23 +89,33 @@ impl PackedLinear {
 
     /// `epilogue(x W^T + b)` for `m` rows of `x` (`[m, k]` row-major); `[m, n]` row-major.
     pub fn forward(&self, x: &[f32], m: usize, epilogue: Epilogue) -> Vec<f32> {
+        let mut y = Vec::new();
+        self.forward_into(x, m, epilogue, &mut y);
+        y
+    }
+
+    /// [`PackedLinear::forward`] into `y` (resized; its capacity is reused,
+    /// so a caller that keeps `y` across calls pays no page faults for it).
+    pub fn forward_into(&self, x: &[f32], m: usize, epilogue: Epilogue, y: &mut Vec<f32>) {
         debug_assert_eq!(x.len(), m * self.k);
+        y.clear();
+        y.resize(m * self.n, 0.0);
         if m == 0 {
-            return Vec::new();
+            return;
         }
         if m < 4 {
-            return self.gemv(x, m, epilogue);
+            return self.gemv(x, m, epilogue, y);
         }
         if avx512() {
-            self.run::<6>(x, m, epilogue, Isa::Avx512)
+            self.run::<6>(x, m, epilogue, Isa::Avx512, y)
         } else {
-            self.run::<3>(x, m, epilogue, Isa::Other)
+            self.run::<3>(x, m, epilogue, Isa::Other, y)
         }
     }
 
     /// A few rows: one matrix-vector product per row, panels in parallel.
     /// Memory-bound: each weight is read once per row from the packed panels.
-    fn gemv(&self, x: &[f32], m: usize, epilogue: Epilogue) -> Vec<f32> {
+    fn gemv(&self, x: &[f32], m: usize, epilogue: Epilogue, y: &mut [f32]) {
         let (k, n) = (self.k, self.n);
         let p = n.div_ceil(NR);
         let mut tiles = vec![0f32; m * p * NR];
@@ -120,24 +130,21 @@ impl PackedLinear {
                 gemv_avx2(xr, b, bias, out, epilogue)
             }
         });
-        let mut y = vec![0f32; m * n];
         for (row, dst) in y.chunks_mut(n).enumerate() {
             for (pi, cols) in dst.chunks_mut(NR).enumerate() {
                 cols.copy_from_slice(&tiles[(row * p + pi) * NR..][..cols.len()]);
             }
         }
-        y
     }
 
     /// Row blocks in parallel; each task packs its rows, then goes panel by
     /// panel (K in L1-sized chunks) and writes its rows of `y` directly.
-    fn run<const MR: usize>(&self, x: &[f32], m: usize, epilogue: Epilogue, isa: Isa) -> Vec<f32> {
+    fn run<const MR: usize>(&self, x: &[f32], m: usize, epilogue: Epilogue, isa: Isa, y: &mut [f32]) {
         let (k, n) = (self.k, self.n);
         let p = n.div_ceil(NR);
         // at least two tasks per thread where the batch allows, at most MC rows each
         let threads = rayon::current_num_threads().max(1);
         let mc = (m.div_ceil(2 * threads).div_ceil(MR) * MR).clamp(MR, MC);
-        let mut y = vec![0f32; m * n];
         y.par_chunks_mut(mc * n).enumerate().for_each(|(blk, ys)| {
             let rows = ys.len() / n;
             let panels = rows.div_ceil(MR);
@@ -180,7 +187,6 @@ impl PackedLinear {
                 }
             }
         });
-        y
     }
 }
 

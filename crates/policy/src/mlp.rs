@@ -5,6 +5,8 @@
 //! so every forward is one row-major GEMM per layer (candle's gemm crate
 //! on CPU, cuBLAS on CUDA) plus a broadcast bias add.
 
+use std::cell::RefCell;
+
 use candle_core::{DType, Device, Tensor, D};
 use pmstate_ckpt::Checkpoint;
 
@@ -160,32 +162,49 @@ impl Mlp {
 
     /// The CPU path: packed kernels, ReLU fused; LayerNorm and other activations through candle.
     fn forward_packed(&self, x: &Tensor) -> Result<Tensor> {
-        let m = x.dims()[0];
-        let mut h: Vec<f32> = x.flatten_all()?.to_vec1::<f32>()?;
-        let cpu = Device::Cpu;
-        let run = |l: &Linear, h: &[f32], ep: Epilogue| -> Result<Vec<f32>> {
-            match &l.packed {
-                Some(p) => Ok(p.forward(h, m, ep)),
-                None => Err(PolicyError::Graph { path: l.key.clone(), reason: "weights not packed".into() }),
+        // Two activation buffers kept per thread and reused call after call
+        // (a 4096 x 1024 layer is 16 MiB: fresh pages would fault on every
+        // call); fresh ones if this thread is already inside a forward.
+        thread_local! {
+            static BUFFERS: RefCell<(Vec<f32>, Vec<f32>)> = const { RefCell::new((Vec::new(), Vec::new())) };
+        }
+        BUFFERS.with(|cell| match cell.try_borrow_mut() {
+            Ok(mut bufs) => {
+                let (a, b) = &mut *bufs;
+                self.forward_packed_in(x, a, b)
             }
-        };
+            Err(_) => self.forward_packed_in(x, &mut Vec::new(), &mut Vec::new()),
+        })
+    }
+
+    fn packed(l: &Linear) -> Result<&PackedLinear> {
+        l.packed.as_ref().ok_or_else(|| PolicyError::Graph { path: l.key.clone(), reason: "weights not packed".into() })
+    }
+
+    fn forward_packed_in(&self, x: &Tensor, h: &mut Vec<f32>, y: &mut Vec<f32>) -> Result<Tensor> {
+        let m = x.dims()[0];
+        let cpu = Device::Cpu;
+        let xs = x.flatten_all()?;
+        h.clear();
+        h.extend_from_slice(&xs.to_vec1::<f32>()?);
         for layer in &self.hidden {
             let fused =
                 layer.layer_norm.is_none() && matches!(layer.activation, Activation::Relu | Activation::Identity);
             if fused {
                 let ep = if layer.activation == Activation::Relu { Epilogue::Relu } else { Epilogue::Identity };
-                h = run(&layer.linear, &h, ep)?;
+                Self::packed(&layer.linear)?.forward_into(h, m, ep, y);
+                std::mem::swap(h, y);
             } else {
-                let y = run(&layer.linear, &h, Epilogue::Identity)?;
-                let mut t = Tensor::from_vec(y, (m, layer.linear.out_features()), &cpu)?;
+                let out = Self::packed(&layer.linear)?.forward(h, m, Epilogue::Identity);
+                let mut t = Tensor::from_vec(out, (m, layer.linear.out_features()), &cpu)?;
                 if let Some(ln) = &layer.layer_norm {
                     t = ln.forward(&t)?;
                 }
-                h = layer.activation.apply(&t)?.flatten_all()?.to_vec1::<f32>()?;
+                *h = layer.activation.apply(&t)?.flatten_all()?.to_vec1::<f32>()?;
             }
         }
-        let y = run(&self.out, &h, Epilogue::Identity)?;
-        Ok(Tensor::from_vec(y, (m, self.out.out_features()), &cpu)?)
+        let out = Self::packed(&self.out)?.forward(h, m, Epilogue::Identity);
+        Ok(Tensor::from_vec(out, (m, self.out.out_features()), &cpu)?)
     }
 
     /// Chooses the CPU matrix product (see [`CpuKernels`]).
