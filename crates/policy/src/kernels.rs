@@ -145,22 +145,30 @@ impl PackedLinear {
     fn run<const MR: usize>(&self, x: &[f32], m: usize, epilogue: Epilogue, isa: Isa, y: &mut [f32]) {
         let (k, n) = (self.k, self.n);
         let p = n.div_ceil(NR);
-        // at least two tasks per thread where the batch allows, at most MC rows each
+        // one task per thread where the batch is small (each task streams
+        // every weight once), at most MC rows each
         let threads = rayon::current_num_threads().max(1);
-        let mc = (m.div_ceil(2 * threads).div_ceil(MR) * MR).clamp(MR, MC);
+        let mc = (m.div_ceil(threads).div_ceil(MR) * MR).clamp(MR, MC);
         y.par_chunks_mut(mc * n).enumerate().for_each(|(blk, ys)| {
             let rows = ys.len() / n;
             let panels = rows.div_ceil(MR);
             // this block's rows packed: [panels][k][MR], zero-padded
             let mut a = vec![0f32; panels * MR * k];
             for (i, dst) in a.chunks_exact_mut(MR * k).enumerate() {
-                for r in 0..MR {
-                    let row = blk * mc + i * MR + r;
-                    if row >= m {
-                        break;
+                let first = blk * mc + i * MR;
+                let rows: Vec<&[f32]> = (first..(first + MR).min(m)).map(|row| &x[row * k..(row + 1) * k]).collect();
+                if rows.len() == MR {
+                    // MR sequential streams in, one contiguous stream out
+                    for (kk, d) in dst.chunks_exact_mut(MR).enumerate() {
+                        for (dv, row) in d.iter_mut().zip(&rows) {
+                            *dv = row[kk];
+                        }
                     }
-                    for (kk, &v) in x[row * k..(row + 1) * k].iter().enumerate() {
-                        dst[kk * MR + r] = v;
+                } else {
+                    for (r, row) in rows.iter().enumerate() {
+                        for (kk, &v) in row.iter().enumerate() {
+                            dst[kk * MR + r] = v;
+                        }
                     }
                 }
             }
