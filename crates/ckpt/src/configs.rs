@@ -29,7 +29,6 @@ use serde_json::{json, Map, Number, Value as J};
 
 use crate::checkpoint::Checkpoint;
 use crate::dtype::DType;
-use crate::error::{CkptError, Result};
 use crate::tree::{Construct, Node, Object, TensorRef};
 
 /// Tensors with at most this many elements carry their values in the JSON.
@@ -40,18 +39,17 @@ impl Checkpoint {
     /// (see the module documentation for the mapping). Dotted keys descend
     /// into dataclass fields and list indices: `agent.model.actor.mu_model.norm_clamp_value`.
     ///
+    /// `None` when there is no such key.
+    ///
     /// ```no_run
     /// use pmstate_ckpt::Checkpoint;
     /// let cfg = Checkpoint::open("resolved_configs.pt")?;
-    /// let clamp = cfg.config_json("agent.model.actor.mu_model.norm_clamp_value")?;
-    /// assert_eq!(clamp.to_string(), "5");
+    /// let clamp = cfg.config_json("agent.model.actor.mu_model.norm_clamp_value");
+    /// assert_eq!(clamp.map(|v| v.to_string()).as_deref(), Some("5"));
     /// # Ok::<(), pmstate_ckpt::CkptError>(())
     /// ```
-    pub fn config_json(&self, key: &str) -> Result<J> {
-        let node = self
-            .get(key)
-            .ok_or_else(|| CkptError::NotFound { path: self.path_str().to_owned(), key: key.to_owned() })?;
-        Ok(config_node_to_json(self, node))
+    pub fn config_json(&self, key: &str) -> Option<J> {
+        self.get(key).map(|node| config_node_to_json(self, node))
     }
 }
 

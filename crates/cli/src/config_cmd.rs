@@ -21,7 +21,9 @@ pub enum Format {
 /// Prints the config at `key` (`None`: the whole file) of the file at `path`.
 pub fn run(path: &Path, key: Option<&str>, format: Format) -> Result<ExitCode, CliError> {
     let ckpt = Checkpoint::open(path)?;
-    let value = ckpt.config_json(key.unwrap_or(""))?;
+    let key_text = key.unwrap_or("");
+    let value =
+        ckpt.config_json(key_text).ok_or_else(|| CliError::Usage(format!("{}: no key {key_text}", path.display())))?;
     match format {
         Format::Json => output::json_line(&value)?,
         Format::Text => {

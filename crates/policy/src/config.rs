@@ -237,14 +237,13 @@ pub struct ContainerConfig {
 const TRAINING_ONLY: [&str; 4] =
     ["actor_optimizer", "critic_optimizer", "discriminator_optimizer", "disc_critic_optimizer"];
 
-static EMPTY: Dict = Dict { ordered: false, entries: Vec::new(), state: None };
-
 /// An object of the tree being parsed: its config path, class and fields,
 /// and which fields were read (the rest are checked by [`Obj::finish`]).
 struct Obj<'a> {
     path: String,
     class: String,
-    fields: &'a Dict,
+    /// `None`: an object pickled without a BUILD state (a dataclass without fields).
+    fields: Option<&'a Dict>,
     used: RefCell<BTreeSet<String>>,
 }
 
@@ -255,8 +254,10 @@ impl<'a> Obj<'a> {
             Node::Object(o) => {
                 // A dataclass without fields pickles without a BUILD state.
                 let fields = match &o.state {
-                    None => &EMPTY,
-                    Some(_) => o.fields().ok_or_else(|| bad("an object whose state is not a dict of fields".into()))?,
+                    None => None,
+                    Some(_) => {
+                        Some(o.fields().ok_or_else(|| bad("an object whose state is not a dict of fields".into()))?)
+                    }
                 };
                 Ok(Obj {
                     path: path.to_owned(),
@@ -265,11 +266,18 @@ impl<'a> Obj<'a> {
                     used: RefCell::new(BTreeSet::new()),
                 })
             }
-            Node::Dict(d) => {
-                Ok(Obj { path: path.to_owned(), class: "dict".into(), fields: d, used: RefCell::new(BTreeSet::new()) })
-            }
+            Node::Dict(d) => Ok(Obj {
+                path: path.to_owned(),
+                class: "dict".into(),
+                fields: Some(d),
+                used: RefCell::new(BTreeSet::new()),
+            }),
             other => Err(bad(format!("expected a config object, found {other}"))),
         }
+    }
+
+    fn entries(&self) -> &'a [(Node, Node)] {
+        self.fields.map_or(&[], |f| f.entries())
     }
 
     fn short_class(&self) -> &str {
@@ -286,7 +294,7 @@ impl<'a> Obj<'a> {
 
     fn get(&self, field: &str) -> Option<&'a Node> {
         self.used.borrow_mut().insert(field.to_owned());
-        self.fields.get(field)
+        self.fields.and_then(|f| f.get(field))
     }
 
     fn req(&self, field: &str) -> Result<&'a Node> {
@@ -359,7 +367,7 @@ impl<'a> Obj<'a> {
     /// Every field not read must be training-only or neutral.
     fn finish(&self) -> Result<()> {
         let used = self.used.borrow();
-        for (k, v) in self.fields.entries() {
+        for (k, v) in self.entries() {
             let Some(name) = k.as_str() else { continue };
             if used.contains(name) || TRAINING_ONLY.contains(&name) || is_neutral(v) {
                 continue;
@@ -485,7 +493,7 @@ fn norm_settings(o: &Obj<'_>) -> Result<NormSettings> {
 }
 
 fn module_ops(o: &Obj<'_>, default: Vec<ModuleOp>) -> Result<Vec<ModuleOp>> {
-    if o.fields.get("module_operations").is_none() {
+    if o.fields.and_then(|f| f.get("module_operations")).is_none() {
         o.get("module_operations");
         return Ok(default);
     }
@@ -564,6 +572,6 @@ impl ContainerConfig {
 /// For the operations' own parsing: the same object reader.
 pub(crate) fn op_fields(node: &Node, path: &str) -> Result<(String, Vec<(String, Node)>)> {
     let o = Obj::new(node, path)?;
-    let fields = o.fields.entries().iter().filter_map(|(k, v)| Some((k.as_str()?.to_owned(), v.clone()))).collect();
+    let fields = o.entries().iter().filter_map(|(k, v)| Some((k.as_str()?.to_owned(), v.clone()))).collect();
     Ok((o.class.clone(), fields))
 }
