@@ -14,6 +14,7 @@
 pub use pmstate_ckpt as ckpt;
 pub use pmstate_norm as norm;
 pub use pmstate_pickle as pickle;
+pub use pmstate_policy as policy;
 pub use pmstate_trace as trace;
 
 pub use pmstate_norm::{

@@ -6,6 +6,7 @@
 
 mod candle;
 mod checkpoint;
+mod configs;
 mod diff;
 mod dtype;
 mod error;
@@ -18,6 +19,7 @@ mod write_options;
 
 pub use candle::{var_builder, CheckpointBackend};
 pub use checkpoint::{Checkpoint, Format, ReadOptions};
+pub use configs::{config_node_to_json, SMALL_TENSOR};
 pub use diff::{diff, Difference, DifferenceKind, Tolerance};
 pub use dtype::DType;
 pub use error::{CkptError, EntryProblem, HeaderProblem, LegacyProblem, Result, ValueProblem, View};

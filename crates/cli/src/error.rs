@@ -22,6 +22,9 @@ pub enum CliError {
     /// Reading or writing a checkpoint failed.
     #[error(transparent)]
     Ckpt(#[from] pmstate_ckpt::CkptError),
+    /// Loading or running a policy failed.
+    #[error(transparent)]
+    Policy(#[from] pmstate_policy::PolicyError),
     /// Reading or replaying a trace failed.
     #[error(transparent)]
     Trace(#[from] pmstate_trace::TraceError),

@@ -56,6 +56,16 @@ enum Command {
     /// Compare two checkpoints: keys, types, scalars, tensors within
     /// |a - b| <= atol + rtol * |b| (NaN equals NaN; integers exactly). Exit 1 if they differ.
     Diff(cmd::diff::Args),
+    /// Show a resolved-configs file (or any part of it) as a readable tree or
+    /// as JSON, read inertly: dataclasses as objects with `__class__`, enums
+    /// as values, tensors by dtype and shape.
+    Config(cmd::config::Args),
+    /// Load a ProtoMotions policy (checkpoint + resolved configs) and describe or run it.
+    Policy(cmd::policy::Args),
+    /// Time the forward (actor and critic) of the full-size smpl tracker
+    /// (actor 6x1024, critic 4x1024, obs 358 + 576 + 69) at batch 1, 64,
+    /// 1024 and 4096, and reading its weights once (the batch-1 floor).
+    BenchPolicy(cmd::bench_policy::Args),
     /// List (and with --delete remove) temporary files that a killed pmstate
     /// left in a folder (`.pmstate-<pid>-*.tmp` whose process is gone).
     CleanTmp(cmd::clean_tmp::Args),
@@ -72,6 +82,9 @@ fn run(cli: Cli) -> Result<ExitCode, CliError> {
         Command::Normalizers(a) => cmd::normalizers::run(a, g),
         Command::Diff(a) => cmd::diff::run(a, g),
         Command::CleanTmp(a) => cmd::clean_tmp::run(a, g),
+        Command::Config(a) => cmd::config::run_command(a, g),
+        Command::Policy(a) => cmd::policy::run_command(a, g),
+        Command::BenchPolicy(a) => cmd::bench_policy::run(a, g),
     }
 }
 

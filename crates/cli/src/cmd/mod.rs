@@ -2,9 +2,12 @@
 
 pub mod bench;
 pub mod bench_collective;
+pub mod bench_policy;
 pub mod clean_tmp;
+pub mod config;
 pub mod convert;
 pub mod diff;
 pub mod inspect;
 pub mod normalizers;
+pub mod policy;
 pub mod replay;

@@ -1,0 +1,332 @@
+//! `pmstate bench-policy`: the forward of the full-size smpl tracker against
+//! the time to read its weights once.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Instant;
+
+use candle_core::{DType, Device, Tensor};
+use clap::ValueEnum;
+use pmstate_policy::config::{
+    ActorConfig, Family, LayerConfig, MlpConfig, ModelConfig, ModuleConfig, NormSettings, Number,
+};
+use pmstate_policy::module_ops::ModuleOp;
+use pmstate_policy::{Activation, Policy};
+use serde::Serialize;
+
+use crate::cmd::policy::Format;
+use crate::{output, CliError, Global};
+
+/// Which CPU matrix product.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum KernelsArg {
+    /// pmstate-policy's own packed float32 kernels.
+    Packed,
+    /// candle's matmul (the gemm crate), for comparison.
+    Candle,
+}
+
+/// `pmstate bench-policy [--threads N] [--batch B]... [--kernels packed|candle] [--write-weights P] [--min-time S]`
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Worker threads for the matrix products and the normalizer (default: all cores).
+    #[arg(long, value_parser = crate::args::positive)]
+    threads: Option<usize>,
+    /// Seconds to keep timing each batch size (after at least 7 calls).
+    #[arg(long, default_value_t = 1.0, value_parser = crate::args::non_negative)]
+    min_time: f64,
+    /// Only these batch sizes (repeatable).
+    #[arg(long = "batch", value_parser = crate::args::positive)]
+    batches: Vec<usize>,
+    /// Also write the benchmark's weights (safetensors state dict) here, for benches/policy_side_by_side.py.
+    #[arg(long)]
+    write_weights: Option<PathBuf>,
+    /// packed: pmstate-policy's own CPU kernels; candle: candle's matmul (the gemm crate), for comparison.
+    #[arg(long, value_enum, default_value = "packed")]
+    kernels: KernelsArg,
+}
+
+/// Runs the benchmark: a table, or (`--json`) one object per line with op,
+/// batch, threads, seconds (median per call), rows_per_s, weight_bytes.
+pub fn run(a: Args, g: Global) -> Result<ExitCode, CliError> {
+    let threads = a.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    // candle's CPU matmul sizes its gemm parallelism from RAYON_NUM_THREADS
+    // (read on every call) and runs it on the current rayon pool: set
+    // both, here on the main thread before any worker exists.
+    std::env::set_var("RAYON_NUM_THREADS", threads.to_string());
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .map_err(|e| CliError::Usage(format!("--threads {threads}: {e}")))?;
+    let batches = if a.batches.is_empty() { BENCH_BATCHES.to_vec() } else { a.batches };
+    let kernels = match a.kernels {
+        KernelsArg::Packed => pmstate_policy::CpuKernels::Packed,
+        KernelsArg::Candle => pmstate_policy::CpuKernels::Candle,
+    };
+    let opts = BenchOptions { threads, min_time: a.min_time, batches, write_weights: a.write_weights, kernels };
+    let format = if g.json { Format::Json } else { Format::Text };
+    pool.install(|| bench(&opts, format))
+}
+
+/// The full-size smpl tracker: obs widths, actor and critic hidden layers.
+pub const BENCH_KEYS: [(&str, usize); 3] =
+    [("max_coords_obs", 358), ("mimic_target_poses", 576), ("previous_actions", 69)];
+/// Actions of the smpl tracker.
+pub const BENCH_ACTIONS: usize = 69;
+/// Batch sizes timed.
+pub const BENCH_BATCHES: [usize; 4] = [1, 64, 1024, 4096];
+
+/// One timing of `bench-policy`.
+#[derive(Debug, Serialize)]
+pub struct BenchRecord {
+    /// `forward` (actor and critic) or `stream` (reading the weights once).
+    pub op: &'static str,
+    /// Batch size.
+    pub batch: usize,
+    /// Threads.
+    pub threads: usize,
+    /// Median seconds per call.
+    pub seconds: f64,
+    /// Fastest call (on a shared machine, the least disturbed one).
+    pub min_seconds: f64,
+    /// CPU seconds per call of all this process's threads, averaged over
+    /// the timed calls (Linux: /proc/self/task/*/schedstat); time other
+    /// processes take from the cores does not count. None elsewhere.
+    pub cpu_seconds: Option<f64>,
+    /// Rows per second.
+    pub rows_per_s: f64,
+    /// Weight bytes read per call.
+    pub weight_bytes: usize,
+}
+
+fn xorshift(seed: u64) -> impl FnMut() -> f32 {
+    let mut s = seed | 1;
+    move || {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+}
+
+fn mlp_cfg(out_key: &str, layers: usize, num_out: usize) -> MlpConfig {
+    MlpConfig {
+        in_keys: BENCH_KEYS.iter().map(|(k, _)| k.to_string()).collect(),
+        out_key: out_key.into(),
+        norm: NormSettings { normalize_obs: true, clamp: Some(Number::Int(5)), ema_decay: Some(0.999) },
+        layers: vec![LayerConfig { units: 1024, activation: Activation::Relu, use_layer_norm: false }; layers],
+        num_out,
+        output_activation: None,
+        module_operations: vec![ModuleOp::Forward],
+    }
+}
+
+/// The smpl tracker's model config, built in Rust.
+pub fn bench_config() -> ModelConfig {
+    ModelConfig {
+        family: Family::Ppo,
+        in_keys: BENCH_KEYS.iter().map(|(k, _)| k.to_string()).collect(),
+        actor: ActorConfig {
+            mu_key: "actor_trunk_out".into(),
+            num_out: BENCH_ACTIONS,
+            actor_logstd: -2.9,
+            learnable_std: false,
+            mu_model: ModuleConfig::Mlp(mlp_cfg("actor_trunk_out", 6, BENCH_ACTIONS)),
+        },
+        critic: ModuleConfig::Mlp(mlp_cfg("value", 4, 1)),
+        amp: None,
+    }
+}
+
+/// Deterministic weights of the benchmark model as a state dict (kaiming-uniform scale).
+pub fn bench_weights() -> Result<HashMap<String, Tensor>, CliError> {
+    let dev = Device::Cpu;
+    let width: usize = BENCH_KEYS.iter().map(|(_, w)| w).sum();
+    let mut rnd = xorshift(0x5eed);
+    let mut m = HashMap::new();
+    for (prefix, layers, out) in [("_actor.mu", 6usize, BENCH_ACTIONS), ("_critic", 4, 1)] {
+        let mut fan_in = width;
+        for i in 0..=layers {
+            let fan_out = if i == layers { out } else { 1024 };
+            let bound = 1.0 / (fan_in as f32).sqrt();
+            let w: Vec<f32> = (0..fan_in * fan_out).map(|_| rnd() * bound).collect();
+            let b: Vec<f32> = (0..fan_out).map(|_| rnd() * bound).collect();
+            m.insert(format!("{prefix}.mlp.{}.weight", 2 * i), Tensor::from_vec(w, (fan_out, fan_in), &dev)?);
+            m.insert(format!("{prefix}.mlp.{}.bias", 2 * i), Tensor::from_vec(b, fan_out, &dev)?);
+            fan_in = fan_out;
+        }
+        let mean: Vec<f64> = (0..width).map(|_| rnd() as f64 * 2.0).collect();
+        let var: Vec<f64> = (0..width).map(|_| (rnd() as f64 + 1.5) * 2.0).collect();
+        m.insert(format!("{prefix}.norm.running_obs_norm.mean"), Tensor::from_vec(mean, width, &dev)?);
+        m.insert(format!("{prefix}.norm.running_obs_norm.var"), Tensor::from_vec(var, width, &dev)?);
+        m.insert(format!("{prefix}.norm.running_obs_norm.count"), Tensor::new(1i64, &dev)?);
+    }
+    m.insert("_actor.logstd".into(), Tensor::full(-2.9f32, BENCH_ACTIONS, &dev)?);
+    Ok(m)
+}
+
+/// Deterministic observations of `batch` rows.
+pub fn bench_obs(batch: usize) -> Result<HashMap<String, Tensor>, CliError> {
+    let mut rnd = xorshift(0x0b5 + batch as u64);
+    let mut m = HashMap::new();
+    for (k, w) in BENCH_KEYS {
+        let v: Vec<f32> = (0..batch * w).map(|_| rnd() * 3.0).collect();
+        m.insert(k.to_string(), Tensor::from_vec(v, (batch, w), &Device::Cpu)?);
+    }
+    Ok(m)
+}
+
+/// Options of `bench-policy`.
+pub struct BenchOptions {
+    /// Threads.
+    pub threads: usize,
+    /// Seconds to keep timing each batch size.
+    pub min_time: f64,
+    /// Batch sizes.
+    pub batches: Vec<usize>,
+    /// Write the weights (safetensors) here, for the side-by-side script.
+    pub write_weights: Option<PathBuf>,
+    /// Which CPU matrix product.
+    pub kernels: pmstate_policy::CpuKernels,
+}
+
+/// CPU nanoseconds used so far by every thread of this process.
+fn cpu_ns() -> Option<u64> {
+    let mut total = 0u64;
+    for task in std::fs::read_dir("/proc/self/task").ok()? {
+        let stat = std::fs::read_to_string(task.ok()?.path().join("schedstat")).ok()?;
+        total += stat.split_whitespace().next()?.parse::<u64>().ok()?;
+    }
+    Some(total)
+}
+
+/// (median, min, CPU seconds per call).
+fn median_seconds(
+    min_time: f64,
+    mut f: impl FnMut() -> Result<(), CliError>,
+) -> Result<(f64, f64, Option<f64>), CliError> {
+    for _ in 0..3 {
+        f()?;
+    }
+    let mut samples = vec![];
+    let cpu0 = cpu_ns();
+    let start = Instant::now();
+    while samples.len() < 7 || (start.elapsed().as_secs_f64() < min_time && samples.len() < 100_000) {
+        let t = Instant::now();
+        f()?;
+        samples.push(t.elapsed().as_secs_f64());
+    }
+    let cpu = match (cpu0, cpu_ns()) {
+        (Some(a), Some(b)) => Some(b.saturating_sub(a) as f64 * 1e-9 / samples.len() as f64),
+        _ => None,
+    };
+    samples.sort_by(f64::total_cmp);
+    Ok((samples[samples.len() / 2], samples[0], cpu))
+}
+
+/// `pmstate bench-policy`.
+pub fn bench(opts: &BenchOptions, format: Format) -> Result<ExitCode, CliError> {
+    let weights = bench_weights()?;
+    let path = match &opts.write_weights {
+        Some(p) => p.clone(),
+        None => std::env::temp_dir().join(format!("pmstate-bench-policy-{}.safetensors", std::process::id())),
+    };
+    candle_core::safetensors::save(&weights, &path)?;
+    let ckpt = pmstate_ckpt::Checkpoint::open(&path);
+    if opts.write_weights.is_none() {
+        let _ = std::fs::remove_file(&path);
+    }
+    let policy = Policy::from_parts(bench_config(), &ckpt?, &Device::Cpu)?.with_cpu_kernels(opts.kernels)?;
+    let weight_bytes: usize = weights
+        .iter()
+        .filter(|(k, _)| k.contains(".mlp."))
+        .map(|(_, t)| t.elem_count() * t.dtype().size_in_bytes())
+        .sum();
+    let mut records = vec![];
+    // The physical floor at batch 1: reading every weight once.
+    let flat: Vec<f32> = weights
+        .iter()
+        .filter(|(k, _)| k.contains(".mlp."))
+        .map(|(_, t)| t.flatten_all().and_then(|t| t.to_dtype(DType::F32)).and_then(|t| t.to_vec1::<f32>()))
+        .collect::<Result<Vec<_>, _>>()?
+        .concat();
+    let mut sink = 0f32;
+    let stream = median_seconds(opts.min_time, || {
+        use rayon::prelude::*;
+        // 16 independent sums per chunk: bound by memory, not by add latency
+        sink += flat
+            .par_chunks(1 << 16)
+            .map(|c| {
+                let mut acc = [0f32; 16];
+                for v in c.chunks_exact(16) {
+                    for (a, &x) in acc.iter_mut().zip(v) {
+                        *a += x;
+                    }
+                }
+                acc.iter().sum::<f32>()
+            })
+            .sum::<f32>();
+        Ok(())
+    })?;
+    std::hint::black_box(sink);
+    records.push(BenchRecord {
+        op: "stream",
+        batch: 0,
+        threads: opts.threads,
+        seconds: stream.0,
+        min_seconds: stream.1,
+        cpu_seconds: stream.2,
+        rows_per_s: 0.0,
+        weight_bytes,
+    });
+    for &b in &opts.batches {
+        let obs = bench_obs(b)?;
+        let s = median_seconds(opts.min_time, || {
+            let o = policy.forward(&obs)?;
+            std::hint::black_box(o);
+            Ok(())
+        })?;
+        records.push(BenchRecord {
+            op: "forward",
+            batch: b,
+            threads: opts.threads,
+            seconds: s.0,
+            min_seconds: s.1,
+            cpu_seconds: s.2,
+            rows_per_s: b as f64 / s.0,
+            weight_bytes,
+        });
+    }
+    match format {
+        Format::Json => {
+            for r in &records {
+                output::json_line(r)?;
+            }
+        }
+        Format::Text => {
+            output::line(format!(
+                "{:<8} {:>6} {:>3} {:>12} {:>12} {:>12} {:>12}",
+                "op", "batch", "thr", "median µs", "min µs", "cpu µs", "rows/s"
+            ));
+            for r in &records {
+                output::line(format!(
+                    "{:<8} {:>6} {:>3} {:>12.1} {:>12.1} {:>12.1} {:>12.0}",
+                    r.op,
+                    r.batch,
+                    r.threads,
+                    r.seconds * 1e6,
+                    r.min_seconds * 1e6,
+                    r.cpu_seconds.unwrap_or(f64::NAN) * 1e6,
+                    r.rows_per_s
+                ));
+            }
+            output::line(format!(
+                "weights {:.1} MB; stream = reading them once with {} threads",
+                weight_bytes as f64 / 1e6,
+                opts.threads
+            ));
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,577 @@
+//! Typed model configs, parsed from a resolved-configs tree with strict
+//! checks, or built in Rust for [`crate::Policy::from_parts`].
+//!
+//! Modules are chosen the way ProtoMotions chooses them, by their config's
+//! `_target_` (`get_class(cfg._target_)(config=cfg)`), and module
+//! operations by their config class (`isinstance`). Every field of every
+//! object is accounted for: the ones the forward uses are parsed, the
+//! training-only ones listed per class are skipped, and any other field
+//! (from a newer ProtoMotions, or a custom subclass) must be absent or
+//! neutral (`None`, `False`, empty, `""`), else loading refuses with
+//! [`PolicyError::UnsupportedField`] naming the class and the field.
+
+use std::cell::RefCell;
+use std::collections::BTreeSet;
+
+use pmstate_ckpt::{Dict, Node};
+use serde::Serialize;
+
+use crate::activation::Activation;
+use crate::error::{PolicyError, Result};
+use crate::module_ops::ModuleOp;
+
+/// `_target_` of a PPO model.
+pub const PPO_MODEL: &str = "protomotions.agents.ppo.model.PPOModel";
+/// `_target_` of an AMP model.
+pub const AMP_MODEL: &str = "protomotions.agents.amp.model.AMPModel";
+/// `_target_` of the PPO actor.
+pub const PPO_ACTOR: &str = "protomotions.agents.ppo.model.PPOActor";
+/// `_target_` of an MLP over concatenated inputs.
+pub const MLP_WITH_CONCAT: &str = "protomotions.agents.common.mlp.MLPWithConcat";
+/// `_target_` of an observation processor (normalizer and module operations, no MLP).
+pub const OBS_PROCESSOR: &str = "protomotions.agents.common.common.ObsProcessor";
+/// `_target_` of a container running its models in order.
+pub const MODULE_CONTAINER: &str = "protomotions.agents.common.common.ModuleContainer";
+/// `_target_` of the AMP discriminator (a container).
+pub const DISCRIMINATOR: &str = "protomotions.agents.amp.model.Discriminator";
+
+/// Model families built here.
+pub const SUPPORTED_MODELS: [&str; 2] = [PPO_MODEL, AMP_MODEL];
+/// Modules built here (actor `mu_model`, critic, discriminator parts).
+pub const SUPPORTED_MODULES: [&str; 4] = [MLP_WITH_CONCAT, OBS_PROCESSOR, MODULE_CONTAINER, DISCRIMINATOR];
+
+/// The whole model: `agent.model` of a resolved-configs file.
+#[derive(Debug, Clone, Serialize)]
+pub struct ModelConfig {
+    /// PPO or AMP.
+    pub family: Family,
+    /// The config's `in_keys` (may list keys no network reads, quirk 15).
+    pub in_keys: Vec<String>,
+    /// The actor.
+    pub actor: ActorConfig,
+    /// The critic (writes `value`).
+    pub critic: ModuleConfig,
+    /// AMP only: the discriminator (writes `disc_logits`) and its critic (writes `disc_value`).
+    pub amp: Option<AmpConfig>,
+}
+
+/// Which model class.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum Family {
+    /// `PPOModel`: actor and critic.
+    Ppo,
+    /// `AMPModel`: actor, critic, discriminator, discriminator critic.
+    Amp,
+}
+
+impl Family {
+    /// The model's `_target_`.
+    pub fn target(self) -> &'static str {
+        match self {
+            Family::Ppo => PPO_MODEL,
+            Family::Amp => AMP_MODEL,
+        }
+    }
+}
+
+/// The AMP parts.
+#[derive(Debug, Clone, Serialize)]
+pub struct AmpConfig {
+    /// `discriminator` (a container; its output key is `disc_logits`).
+    pub discriminator: ModuleConfig,
+    /// `disc_critic` (its output key is `disc_value`).
+    pub disc_critic: ModuleConfig,
+}
+
+/// `PPOActorConfig`.
+#[derive(Debug, Clone, Serialize)]
+pub struct ActorConfig {
+    /// The key `mu_model` writes the mean action to.
+    pub mu_key: String,
+    /// Size of `logstd`.
+    pub num_out: usize,
+    /// Initial (and, when not learnable, effective) log std.
+    pub actor_logstd: f64,
+    /// Whether the checkpoint's logstd is trained (else the config's value wins when they differ).
+    pub learnable_std: bool,
+    /// The network computing the mean.
+    pub mu_model: ModuleConfig,
+}
+
+/// A TensorDict module.
+#[derive(Debug, Clone, Serialize)]
+pub enum ModuleConfig {
+    /// `MLPWithConcat`.
+    Mlp(MlpConfig),
+    /// `ObsProcessor`.
+    ObsProcessor(ObsProcessorConfig),
+    /// `ModuleContainer` or `Discriminator`: models run in order on one TensorDict.
+    Container(ContainerConfig),
+}
+
+impl ModuleConfig {
+    /// The keys it reads from outside (a container's: its own `in_keys`).
+    pub fn in_keys(&self) -> &[String] {
+        match self {
+            ModuleConfig::Mlp(m) => &m.in_keys,
+            ModuleConfig::ObsProcessor(o) => &o.in_keys,
+            ModuleConfig::Container(c) => &c.in_keys,
+        }
+    }
+
+    /// The key it writes last (`out_keys[0]`; a container's last model's).
+    pub fn out_key(&self) -> &str {
+        match self {
+            ModuleConfig::Mlp(m) => &m.out_key,
+            ModuleConfig::ObsProcessor(o) => &o.out_key,
+            ModuleConfig::Container(c) => c.models.last().map_or("", |m| m.out_key()),
+        }
+    }
+}
+
+/// A normalizer's settings (`NormObsBaseConfig`).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct NormSettings {
+    /// `normalize_obs`.
+    pub normalize_obs: bool,
+    /// `norm_clamp_value`: ProtoMotions keeps ints as ints (`5` vs `5.0`).
+    pub clamp: Option<Number>,
+    /// `norm_ema_decay` (`None`: Welford); training only.
+    pub ema_decay: Option<f64>,
+}
+
+impl Default for NormSettings {
+    /// The dataclass defaults: off, clamp 5.0, EMA 0.999.
+    fn default() -> Self {
+        NormSettings { normalize_obs: false, clamp: Some(Number::Float(5.0)), ema_decay: Some(0.999) }
+    }
+}
+
+/// An int or a float, as the config holds it.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[serde(untagged)]
+pub enum Number {
+    /// A Python int.
+    Int(i64),
+    /// A Python float.
+    Float(f64),
+}
+
+impl Number {
+    /// The value as f64.
+    pub fn as_f64(self) -> f64 {
+        match self {
+            Number::Int(i) => i as f64,
+            Number::Float(f) => f,
+        }
+    }
+}
+
+impl std::fmt::Display for Number {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Number::Int(i) => write!(f, "{i}"),
+            Number::Float(x) => write!(f, "{x:?}"),
+        }
+    }
+}
+
+/// `MLPLayerConfig`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct LayerConfig {
+    /// Output width of the Linear.
+    pub units: usize,
+    /// Activation after it.
+    pub activation: Activation,
+    /// A LayerNorm between the Linear and the activation; honoured on the first layer only (quirk 1).
+    pub use_layer_norm: bool,
+}
+
+/// `MLPWithConcatConfig`.
+#[derive(Debug, Clone, Serialize)]
+pub struct MlpConfig {
+    /// Inputs, concatenated in this order on the last dim.
+    pub in_keys: Vec<String>,
+    /// `out_keys[0]`.
+    pub out_key: String,
+    /// Normalizer settings.
+    pub norm: NormSettings,
+    /// Hidden layers.
+    pub layers: Vec<LayerConfig>,
+    /// Width of the final Linear.
+    pub num_out: usize,
+    /// Applied after the whole module-operation sequence.
+    pub output_activation: Option<Activation>,
+    /// Operations; `Forward` runs normalizer and MLP.
+    pub module_operations: Vec<ModuleOp>,
+}
+
+/// `ObsProcessorConfig`.
+#[derive(Debug, Clone, Serialize)]
+pub struct ObsProcessorConfig {
+    /// Inputs, concatenated.
+    pub in_keys: Vec<String>,
+    /// `out_keys[0]`.
+    pub out_key: String,
+    /// Normalizer settings.
+    pub norm: NormSettings,
+    /// Operations (default empty: a passthrough, quirk 3).
+    pub module_operations: Vec<ModuleOp>,
+}
+
+/// `ModuleContainerConfig` / `DiscriminatorConfig`.
+#[derive(Debug, Clone, Serialize)]
+pub struct ContainerConfig {
+    /// Its in_keys.
+    pub in_keys: Vec<String>,
+    /// Its out_keys.
+    pub out_keys: Vec<String>,
+    /// The models, run in order.
+    pub models: Vec<ModuleConfig>,
+}
+
+// ------------------------------------------------------------------ parsing
+
+/// Fields each class has beyond those parsed, which never change the eval
+/// forward (optimizers): skipped whatever they hold.
+const TRAINING_ONLY: [&str; 4] =
+    ["actor_optimizer", "critic_optimizer", "discriminator_optimizer", "disc_critic_optimizer"];
+
+/// An object of the tree being parsed: its config path, class and fields,
+/// and which fields were read (the rest are checked by [`Obj::finish`]).
+struct Obj<'a> {
+    path: String,
+    class: String,
+    /// `None`: an object pickled without a BUILD state (a dataclass without fields).
+    fields: Option<&'a Dict>,
+    used: RefCell<BTreeSet<String>>,
+}
+
+impl<'a> Obj<'a> {
+    fn new(node: &'a Node, path: &str) -> Result<Self> {
+        let bad = |reason: String| PolicyError::BadField { path: parent(path), field: last(path), reason };
+        match node {
+            Node::Object(o) => {
+                // A dataclass without fields pickles without a BUILD state.
+                let fields = match &o.state {
+                    None => None,
+                    Some(_) => {
+                        Some(o.fields().ok_or_else(|| bad("an object whose state is not a dict of fields".into()))?)
+                    }
+                };
+                Ok(Obj {
+                    path: path.to_owned(),
+                    class: o.class_name().unwrap_or_else(|| "<object>".into()),
+                    fields,
+                    used: RefCell::new(BTreeSet::new()),
+                })
+            }
+            Node::Dict(d) => Ok(Obj {
+                path: path.to_owned(),
+                class: "dict".into(),
+                fields: Some(d),
+                used: RefCell::new(BTreeSet::new()),
+            }),
+            other => Err(bad(format!("expected a config object, found {other}"))),
+        }
+    }
+
+    fn entries(&self) -> &'a [(Node, Node)] {
+        self.fields.map_or(&[], |f| f.entries())
+    }
+
+    fn short_class(&self) -> &str {
+        self.class.rsplit('.').next().unwrap_or(&self.class)
+    }
+
+    fn sub(&self, field: &str) -> String {
+        format!("{}.{field}", self.path)
+    }
+
+    fn bad(&self, field: &str, reason: impl Into<String>) -> PolicyError {
+        PolicyError::BadField { path: self.path.clone(), field: field.to_owned(), reason: reason.into() }
+    }
+
+    fn get(&self, field: &str) -> Option<&'a Node> {
+        self.used.borrow_mut().insert(field.to_owned());
+        self.fields.and_then(|f| f.get(field))
+    }
+
+    fn req(&self, field: &str) -> Result<&'a Node> {
+        self.get(field).ok_or_else(|| self.bad(field, format!("missing (a {} needs it)", self.short_class())))
+    }
+
+    fn string(&self, field: &str) -> Result<String> {
+        match self.req(field)? {
+            Node::Str(s) => Ok(s.clone()),
+            other => Err(self.bad(field, format!("expected a string, found {other}"))),
+        }
+    }
+
+    fn opt_string(&self, field: &str) -> Result<Option<String>> {
+        match self.get(field) {
+            None | Some(Node::None) => Ok(None),
+            Some(Node::Str(s)) => Ok(Some(s.clone())),
+            Some(other) => Err(self.bad(field, format!("expected a string or None, found {other}"))),
+        }
+    }
+
+    fn bool_or(&self, field: &str, default: bool) -> Result<bool> {
+        match self.get(field) {
+            None => Ok(default),
+            Some(Node::Bool(b)) => Ok(*b),
+            Some(other) => Err(self.bad(field, format!("expected True or False, found {other}"))),
+        }
+    }
+
+    fn count(&self, field: &str) -> Result<usize> {
+        match self.req(field)? {
+            Node::Int(i) if *i > 0 => usize::try_from(*i).map_err(|_| self.bad(field, format!("{i} is too large"))),
+            other => Err(self.bad(field, format!("expected a positive int, found {other}"))),
+        }
+    }
+
+    fn number(&self, field: &str, default: Option<Number>) -> Result<Option<Number>> {
+        match self.get(field) {
+            None => Ok(default),
+            Some(Node::None) => Ok(None),
+            Some(Node::Int(i)) => Ok(Some(Number::Int(*i))),
+            Some(Node::Float(f)) => Ok(Some(Number::Float(*f))),
+            Some(other) => Err(self.bad(field, format!("expected a number or None, found {other}"))),
+        }
+    }
+
+    fn list(&self, field: &str) -> Result<&'a [Node]> {
+        match self.get(field) {
+            None => Ok(&[]),
+            Some(Node::List(xs)) | Some(Node::Tuple(xs)) => Ok(xs),
+            Some(other) => Err(self.bad(field, format!("expected a list, found {other}"))),
+        }
+    }
+
+    fn strings(&self, field: &str) -> Result<Vec<String>> {
+        self.list(field)?
+            .iter()
+            .map(|n| match n {
+                Node::Str(s) => Ok(s.clone()),
+                other => Err(self.bad(field, format!("expected a list of strings, found an element {other}"))),
+            })
+            .collect()
+    }
+
+    fn first_out_key(&self) -> Result<String> {
+        let keys = self.strings("out_keys")?;
+        keys.into_iter().next().ok_or_else(|| self.bad("out_keys", "empty: the module writes out_keys[0]"))
+    }
+
+    /// Every field not read must be training-only or neutral.
+    fn finish(&self) -> Result<()> {
+        let used = self.used.borrow();
+        for (k, v) in self.entries() {
+            let Some(name) = k.as_str() else { continue };
+            if used.contains(name) || TRAINING_ONLY.contains(&name) || is_neutral(v) {
+                continue;
+            }
+            return Err(PolicyError::UnsupportedField {
+                path: self.path.clone(),
+                class: self.class.clone(),
+                field: name.to_owned(),
+                value: v.to_string(),
+            });
+        }
+        Ok(())
+    }
+}
+
+fn parent(path: &str) -> String {
+    path.rsplit_once('.').map_or_else(String::new, |(p, _)| p.to_owned())
+}
+
+fn last(path: &str) -> String {
+    path.rsplit_once('.').map_or(path, |(_, l)| l).to_owned()
+}
+
+/// `None`, `False`, an empty container or string: what an optional
+/// feature's default looks like.
+fn is_neutral(v: &Node) -> bool {
+    match v {
+        Node::None | Node::Bool(false) => true,
+        Node::Str(s) => s.is_empty(),
+        Node::List(xs) | Node::Tuple(xs) | Node::Set(xs) => xs.is_empty(),
+        Node::Dict(d) => d.entries().is_empty(),
+        _ => false,
+    }
+}
+
+impl ModelConfig {
+    /// Parses the model config object `node` (found at config path `path`,
+    /// usually `agent.model`).
+    pub fn from_node(node: &Node, path: &str) -> Result<Self> {
+        let o = Obj::new(node, path)?;
+        let target = o.string("_target_")?;
+        let family = match target.as_str() {
+            PPO_MODEL => Family::Ppo,
+            AMP_MODEL => Family::Amp,
+            _ => {
+                return Err(PolicyError::UnsupportedClass {
+                    path: path.to_owned(),
+                    class: target,
+                    supported: SUPPORTED_MODELS.to_vec(),
+                })
+            }
+        };
+        let in_keys = o.strings("in_keys")?;
+        o.get("out_keys");
+        let actor = ActorConfig::from_node(o.req("actor")?, &o.sub("actor"))?;
+        let critic = ModuleConfig::from_node(o.req("critic")?, &o.sub("critic"))?;
+        let amp = match family {
+            Family::Ppo => None,
+            Family::Amp => Some(AmpConfig {
+                discriminator: ModuleConfig::from_node(o.req("discriminator")?, &o.sub("discriminator"))?,
+                disc_critic: ModuleConfig::from_node(o.req("disc_critic")?, &o.sub("disc_critic"))?,
+            }),
+        };
+        o.finish()?;
+        Ok(ModelConfig { family, in_keys, actor, critic, amp })
+    }
+}
+
+impl ActorConfig {
+    fn from_node(node: &Node, path: &str) -> Result<Self> {
+        let o = Obj::new(node, path)?;
+        let target = o.string("_target_")?;
+        if target != PPO_ACTOR {
+            return Err(PolicyError::UnsupportedClass {
+                path: path.to_owned(),
+                class: target,
+                supported: vec![PPO_ACTOR],
+            });
+        }
+        let mu_key = o.string("mu_key")?;
+        o.get("in_keys");
+        o.get("out_keys");
+        let num_out = o.count("num_out")?;
+        let actor_logstd = match o.number("actor_logstd", Some(Number::Float(-2.9)))? {
+            Some(n) => n.as_f64(),
+            None => return Err(o.bad("actor_logstd", "None: a float is needed")),
+        };
+        let learnable_std = o.bool_or("learnable_std", false)?;
+        let mu_model = ModuleConfig::from_node(o.req("mu_model")?, &o.sub("mu_model"))?;
+        o.finish()?;
+        Ok(ActorConfig { mu_key, num_out, actor_logstd, learnable_std, mu_model })
+    }
+}
+
+impl ModuleConfig {
+    /// Parses one TensorDict module config, dispatching on its `_target_`.
+    pub fn from_node(node: &Node, path: &str) -> Result<Self> {
+        let o = Obj::new(node, path)?;
+        let target = o.string("_target_")?;
+        let module = match target.as_str() {
+            MLP_WITH_CONCAT => ModuleConfig::Mlp(MlpConfig::parse(&o)?),
+            OBS_PROCESSOR => ModuleConfig::ObsProcessor(ObsProcessorConfig::parse(&o)?),
+            MODULE_CONTAINER | DISCRIMINATOR => ModuleConfig::Container(ContainerConfig::parse(&o)?),
+            _ => {
+                return Err(PolicyError::UnsupportedClass {
+                    path: path.to_owned(),
+                    class: target,
+                    supported: SUPPORTED_MODULES.to_vec(),
+                })
+            }
+        };
+        o.finish()?;
+        Ok(module)
+    }
+}
+
+fn norm_settings(o: &Obj<'_>) -> Result<NormSettings> {
+    let d = NormSettings::default();
+    let normalize_obs = o.bool_or("normalize_obs", d.normalize_obs)?;
+    let clamp = o.number("norm_clamp_value", d.clamp)?;
+    let ema_decay = o.number("norm_ema_decay", d.ema_decay.map(Number::Float))?.map(Number::as_f64);
+    Ok(NormSettings { normalize_obs, clamp, ema_decay })
+}
+
+fn module_ops(o: &Obj<'_>, default: Vec<ModuleOp>) -> Result<Vec<ModuleOp>> {
+    if o.fields.and_then(|f| f.get("module_operations")).is_none() {
+        o.get("module_operations");
+        return Ok(default);
+    }
+    let list = o.list("module_operations")?;
+    list.iter().enumerate().map(|(i, n)| ModuleOp::from_node(n, &format!("{}.module_operations.{i}", o.path))).collect()
+}
+
+impl MlpConfig {
+    fn parse(o: &Obj<'_>) -> Result<Self> {
+        let norm = norm_settings(o)?;
+        let num_out = o.count("num_out")?;
+        let mut layers = Vec::new();
+        for (i, n) in o.list("layers")?.iter().enumerate() {
+            let lp = format!("{}.layers.{i}", o.path);
+            let l = Obj::new(n, &lp)?;
+            let units = match l.get("units") {
+                None => 512,
+                Some(_) => l.count("units")?,
+            };
+            let activation = match l.get("activation") {
+                None => Activation::Relu,
+                Some(Node::Str(s)) => Activation::parse(s, &format!("{lp}.activation"))?,
+                Some(other) => {
+                    return Err(PolicyError::UnknownActivation {
+                        path: format!("{lp}.activation"),
+                        name: other.to_string(),
+                    })
+                }
+            };
+            let use_layer_norm = l.bool_or("use_layer_norm", false)?;
+            l.finish()?;
+            layers.push(LayerConfig { units, activation, use_layer_norm });
+        }
+        let output_activation = match o.opt_string("output_activation")? {
+            Some(s) => Some(Activation::parse(&s, &o.sub("output_activation"))?),
+            None => None,
+        };
+        Ok(MlpConfig {
+            in_keys: o.strings("in_keys")?,
+            out_key: o.first_out_key()?,
+            norm,
+            layers,
+            num_out,
+            output_activation,
+            module_operations: module_ops(o, vec![ModuleOp::Forward])?,
+        })
+    }
+}
+
+impl ObsProcessorConfig {
+    fn parse(o: &Obj<'_>) -> Result<Self> {
+        Ok(ObsProcessorConfig {
+            in_keys: o.strings("in_keys")?,
+            out_key: o.first_out_key()?,
+            norm: norm_settings(o)?,
+            module_operations: module_ops(o, vec![])?,
+        })
+    }
+}
+
+impl ContainerConfig {
+    fn parse(o: &Obj<'_>) -> Result<Self> {
+        let models = o
+            .list("models")?
+            .iter()
+            .enumerate()
+            .map(|(i, n)| ModuleConfig::from_node(n, &format!("{}.models.{i}", o.path)))
+            .collect::<Result<Vec<_>>>()?;
+        if models.is_empty() {
+            return Err(o.bad("models", "empty: the container computes nothing"));
+        }
+        Ok(ContainerConfig { in_keys: o.strings("in_keys")?, out_keys: o.strings("out_keys")?, models })
+    }
+}
+
+/// For the operations' own parsing: the same object reader.
+pub(crate) fn op_fields(node: &Node, path: &str) -> Result<(String, Vec<(String, Node)>)> {
+    let o = Obj::new(node, path)?;
+    let fields = o.entries().iter().filter_map(|(k, v)| Some((k.as_str()?.to_owned(), v.clone()))).collect();
+    Ok((o.class.clone(), fields))
+}

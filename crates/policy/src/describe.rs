@@ -1,0 +1,206 @@
+//! [`Description`]: what a loaded policy is, for `pmstate policy describe`.
+
+use serde::Serialize;
+
+use crate::actor::LogstdSource;
+use crate::config::{Family, Number};
+use crate::error::Result;
+use crate::model::Policy;
+use crate::network::{Leaf, Network};
+
+/// A policy in words and numbers.
+#[derive(Debug, Clone, Serialize)]
+pub struct Description {
+    /// The checkpoint.
+    pub checkpoint: String,
+    /// The configs file, when loaded from one.
+    pub config: Option<String>,
+    /// `_target_` of the model.
+    pub model: &'static str,
+    /// PPO or AMP.
+    pub family: Family,
+    /// The keys it takes (its networks' in_keys, then keys only the config lists) with the width
+    /// the checkpoint determines (None: only group sums are known).
+    pub in_keys: Vec<KeyWidth>,
+    /// Sums the checkpoint fixes where single widths are open.
+    pub width_groups: Vec<Group>,
+    /// Number of actions.
+    pub action_size: usize,
+    /// Whether the std was trained.
+    pub learnable_std: bool,
+    /// Where the effective log std came from.
+    pub logstd_source: LogstdSource,
+    /// The effective std, first and last and mean.
+    pub std_mean: f64,
+    /// Networks: actor, critic, and for AMP discriminator and disc_critic.
+    pub networks: Vec<NetworkDesc>,
+}
+
+/// An in_key.
+#[derive(Debug, Clone, Serialize)]
+pub struct KeyWidth {
+    /// The key.
+    pub key: String,
+    /// Its width, when determined.
+    pub width: Option<usize>,
+    /// Which networks read it.
+    pub read_by: Vec<&'static str>,
+}
+
+/// A sum of widths.
+#[derive(Debug, Clone, Serialize)]
+pub struct Group {
+    /// The module.
+    pub module: String,
+    /// Its in_keys.
+    pub keys: Vec<String>,
+    /// Their total width.
+    pub total: usize,
+}
+
+/// One network.
+#[derive(Debug, Clone, Serialize)]
+pub struct NetworkDesc {
+    /// actor, critic, discriminator, disc_critic.
+    pub role: &'static str,
+    /// Config path.
+    pub path: String,
+    /// Keys read from outside.
+    pub in_keys: Vec<String>,
+    /// Key written.
+    pub out_key: String,
+    /// Its leaf modules.
+    pub modules: Vec<ModuleDesc>,
+}
+
+/// A leaf module.
+#[derive(Debug, Clone, Serialize)]
+pub struct ModuleDesc {
+    /// Config path.
+    pub path: String,
+    /// `MLPWithConcat` or `ObsProcessor`.
+    pub class: &'static str,
+    /// Its in_keys.
+    pub in_keys: Vec<String>,
+    /// Its out key.
+    pub out_key: String,
+    /// Module operations (class names without the `ModuleOperation`/`Config` affixes).
+    pub module_operations: Vec<String>,
+    /// Layers as `in->out activation [+LayerNorm]`.
+    pub layers: Vec<String>,
+    /// Output activation.
+    pub output_activation: Option<&'static str>,
+    /// Normalizer, if it normalizes.
+    pub normalizer: Option<NormDesc>,
+}
+
+/// A normalizer.
+#[derive(Debug, Clone, Serialize)]
+pub struct NormDesc {
+    /// Checkpoint name.
+    pub name: String,
+    /// Width.
+    pub width: usize,
+    /// Clamp (int or float as configured; None: no clamp).
+    pub clamp: Option<Number>,
+    /// EMA decay (None: Welford).
+    pub ema_decay: Option<f64>,
+    /// Whether it was trained with EMA.
+    pub ema: bool,
+    /// Saved sample count (stays 1 under EMA).
+    pub count: i64,
+    /// Epsilon under the square root.
+    pub epsilon: f64,
+}
+
+fn leaf_desc(l: &Leaf) -> ModuleDesc {
+    let layers = match &l.mlp {
+        None => vec![],
+        Some(m) => {
+            let mut v: Vec<String> = m
+                .hidden
+                .iter()
+                .map(|h| {
+                    let ln = if h.layer_norm.is_some() { " +LayerNorm" } else { "" };
+                    format!("{}->{}{ln} {}", h.linear.in_features(), h.linear.out_features(), h.activation.name())
+                })
+                .collect();
+            v.push(format!("{}->{}", m.out.in_features(), m.out.out_features()));
+            v
+        }
+    };
+    ModuleDesc {
+        path: l.path.clone(),
+        class: if l.mlp.is_some() { "MLPWithConcat" } else { "ObsProcessor" },
+        in_keys: l.in_keys.clone(),
+        out_key: l.out_key.clone(),
+        module_operations: l
+            .ops
+            .iter()
+            .map(|o| o.name().trim_start_matches("ModuleOperation").trim_end_matches("Config").to_owned())
+            .collect(),
+        layers,
+        output_activation: l.output_activation.map(|a| a.name()),
+        normalizer: l.norm.as_ref().map(|n| NormDesc {
+            name: n.name.clone(),
+            width: n.rms.shape().map_or(0, |s| s.iter().product()),
+            clamp: n.settings.clamp,
+            ema_decay: n.settings.ema_decay,
+            ema: n.settings.ema_decay.is_some(),
+            count: n.count,
+            epsilon: n.rms.config().epsilon,
+        }),
+    }
+}
+
+fn network_desc(role: &'static str, n: &Network) -> NetworkDesc {
+    NetworkDesc {
+        role,
+        path: n.path().to_owned(),
+        in_keys: n.external_keys(),
+        out_key: n.out_key().to_owned(),
+        modules: n.leaves().into_iter().map(leaf_desc).collect(),
+    }
+}
+
+impl Policy {
+    /// Describes the policy.
+    pub fn describe(&self) -> Result<Description> {
+        let mut networks = vec![network_desc("actor", &self.actor.mu), network_desc("critic", &self.critic)];
+        if let Some(a) = &self.amp {
+            networks.push(network_desc("discriminator", &a.discriminator));
+            networks.push(network_desc("disc_critic", &a.disc_critic));
+        }
+        let in_keys = self
+            .accepted_keys()
+            .into_iter()
+            .map(|k| KeyWidth {
+                width: self.widths.known.get(&k).copied(),
+                read_by: networks.iter().filter(|n| n.in_keys.contains(&k)).map(|n| n.role).collect(),
+                key: k,
+            })
+            .collect();
+        let width_groups = self
+            .widths
+            .groups
+            .iter()
+            .filter(|g| g.keys.len() > 1)
+            .map(|g| Group { module: g.path.clone(), keys: g.keys.clone(), total: g.total })
+            .collect();
+        let std = self.actor.std.to_device(&candle_core::Device::Cpu)?.to_vec1::<f32>()?;
+        let std_mean = std.iter().map(|&s| s as f64).sum::<f64>() / std.len().max(1) as f64;
+        Ok(Description {
+            checkpoint: self.checkpoint.clone(),
+            config: self.config_file.clone(),
+            model: self.config.family.target(),
+            family: self.config.family,
+            in_keys,
+            width_groups,
+            action_size: self.action_size(),
+            learnable_std: self.actor.learnable_std,
+            logstd_source: self.actor.logstd_source,
+            std_mean,
+            networks,
+        })
+    }
+}

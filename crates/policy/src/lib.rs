@@ -1,0 +1,28 @@
+#![doc = include_str!("../README.md")]
+#![warn(missing_docs)]
+#![forbid(unsafe_code)]
+
+pub mod activation;
+pub mod actor;
+pub mod bound;
+pub mod config;
+pub mod describe;
+pub mod discriminator;
+mod error;
+pub mod kernels;
+mod load;
+pub mod mlp;
+mod model;
+pub mod module_ops;
+pub mod network;
+pub mod sample;
+pub mod shapes;
+
+pub use activation::Activation;
+pub use config::{ModelConfig, ModuleConfig, Number};
+pub use describe::Description;
+pub use error::{PolicyError, Result};
+pub use load::{find_config, read_model_config, CONFIG_NAMES};
+pub use mlp::CpuKernels;
+pub use model::{AmpNetworks, DiscOutputs, Outputs, Part, Policy, Sampled};
+pub use network::TensorMap;

@@ -1,0 +1,320 @@
+//! ProtoMotions' TensorDict modules: `MLPWithConcat`, `ObsProcessor` and
+//! containers (`ModuleContainer`, `Discriminator`), each reading named
+//! tensors and writing one, with its own normalizer.
+
+use std::collections::HashMap;
+
+use candle_core::{Device, Tensor, D};
+use pmstate_ckpt::Checkpoint;
+use pmstate_norm::{Direction, NormConfig, RunningMeanStd};
+
+use crate::activation::Activation;
+use crate::config::{ModuleConfig, NormSettings};
+use crate::error::{PolicyError, Result};
+use crate::mlp::Mlp;
+use crate::module_ops::ModuleOp;
+
+/// The reference's `RunningMeanStd` epsilon (`NormObsBase` never passes one).
+pub const NORM_EPSILON: f64 = 1e-5;
+
+/// Named tensors flowing between modules (a TensorDict).
+pub type TensorMap = HashMap<String, Tensor>;
+
+/// An observation normalizer with its settings and where it came from.
+#[derive(Debug, Clone)]
+pub struct ObsNormalizer {
+    /// The frozen statistics.
+    pub rms: RunningMeanStd,
+    /// Settings from the config.
+    pub settings: NormSettings,
+    /// Its full checkpoint name (`model._actor.mu.norm.running_obs_norm`).
+    pub name: String,
+    /// The saved count.
+    pub count: i64,
+}
+
+/// A leaf module: an `MLPWithConcat` (with `mlp`) or an `ObsProcessor` (without).
+#[derive(Debug, Clone)]
+pub struct Leaf {
+    /// Config path (`agent.model.actor.mu_model`).
+    pub path: String,
+    /// State-dict path (`_actor.mu`).
+    pub module_path: String,
+    /// Inputs, concatenated.
+    pub in_keys: Vec<String>,
+    /// Output key.
+    pub out_key: String,
+    /// Normalizer, when `normalize_obs` and a `Forward` runs it.
+    pub norm: Option<ObsNormalizer>,
+    /// The Sequential (MLPWithConcat only).
+    pub mlp: Option<Mlp>,
+    /// Operations.
+    pub ops: Vec<ModuleOp>,
+    /// Applied to the result.
+    pub output_activation: Option<Activation>,
+    /// The normalizer's config settings even without a normalizer (for reports).
+    pub settings: NormSettings,
+}
+
+/// A module of the tree.
+#[derive(Debug, Clone)]
+pub enum Network {
+    /// MLPWithConcat or ObsProcessor.
+    Leaf(Box<Leaf>),
+    /// Models run in order.
+    Container {
+        /// Config path.
+        path: String,
+        /// Its in_keys.
+        in_keys: Vec<String>,
+        /// The models.
+        models: Vec<Network>,
+    },
+}
+
+/// What a forward records besides the TensorDict: each normalizer's output by module path.
+#[derive(Debug, Default, Clone)]
+pub struct Trace {
+    /// `(module_path, normalized input)` in the order they ran.
+    pub norm_outputs: Vec<(String, Tensor)>,
+}
+
+impl Network {
+    /// Builds the module for `cfg` at state-dict path `module_path` (`_actor.mu`), loading weights
+    /// from the dict `dict` (`model`) of `ckpt`.
+    pub fn load(
+        cfg: &ModuleConfig,
+        ckpt: &Checkpoint,
+        dict: &str,
+        module_path: &str,
+        path: &str,
+        dev: &Device,
+    ) -> Result<Self> {
+        match cfg {
+            ModuleConfig::Container(c) => {
+                let models = c
+                    .models
+                    .iter()
+                    .enumerate()
+                    .map(|(j, m)| {
+                        Network::load(
+                            m,
+                            ckpt,
+                            dict,
+                            &format!("{module_path}.models.{j}"),
+                            &format!("{path}.models.{j}"),
+                            dev,
+                        )
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                Ok(Network::Container { path: path.to_owned(), in_keys: c.in_keys.clone(), models })
+            }
+            ModuleConfig::Mlp(m) => {
+                let has_forward = m.module_operations.contains(&ModuleOp::Forward);
+                if m.norm.normalize_obs && !has_forward {
+                    return Err(PolicyError::Graph {
+                        path: path.to_owned(),
+                        reason: "normalize_obs with no Forward in module_operations (the reference raises KeyError 'norm_obs')".into(),
+                    });
+                }
+                let norm = if m.norm.normalize_obs {
+                    Some(load_norm(ckpt, dict, module_path, m.norm, path, dev)?)
+                } else {
+                    None
+                };
+                let mlp = Mlp::load(ckpt, dict, module_path, m, path, dev)?;
+                if let Some(n) = &norm {
+                    let w = n.rms.shape().map_or(0, |s| s.iter().product());
+                    if w != mlp.in_features() {
+                        return Err(PolicyError::Graph {
+                            path: path.to_owned(),
+                            reason: format!(
+                                "normalizer width {w} differs from the first Linear's input {}",
+                                mlp.in_features()
+                            ),
+                        });
+                    }
+                }
+                Ok(Network::Leaf(Box::new(Leaf {
+                    path: path.to_owned(),
+                    module_path: module_path.to_owned(),
+                    in_keys: m.in_keys.clone(),
+                    out_key: m.out_key.clone(),
+                    norm,
+                    mlp: Some(mlp),
+                    ops: m.module_operations.clone(),
+                    output_activation: m.output_activation,
+                    settings: m.norm,
+                })))
+            }
+            ModuleConfig::ObsProcessor(o) => {
+                // Without a Forward the normalizer never runs and never materializes (quirk 3).
+                let runs = o.norm.normalize_obs && o.module_operations.contains(&ModuleOp::Forward);
+                let norm = if runs { Some(load_norm(ckpt, dict, module_path, o.norm, path, dev)?) } else { None };
+                Ok(Network::Leaf(Box::new(Leaf {
+                    path: path.to_owned(),
+                    module_path: module_path.to_owned(),
+                    in_keys: o.in_keys.clone(),
+                    out_key: o.out_key.clone(),
+                    norm,
+                    mlp: None,
+                    ops: o.module_operations.clone(),
+                    output_activation: None,
+                    settings: o.norm,
+                })))
+            }
+        }
+    }
+
+    /// Runs the module on `td`, adding its output(s).
+    pub fn forward(&self, td: &mut TensorMap, trace: &mut Trace) -> Result<()> {
+        match self {
+            Network::Container { models, .. } => {
+                for m in models {
+                    m.forward(td, trace)?;
+                }
+                Ok(())
+            }
+            Network::Leaf(l) => {
+                let y = l.forward(td, trace)?;
+                td.insert(l.out_key.clone(), y);
+                Ok(())
+            }
+        }
+    }
+
+    /// Chooses the CPU matrix product of every MLP in it.
+    pub fn set_cpu_kernels(&mut self, kernels: crate::mlp::CpuKernels) -> Result<()> {
+        match self {
+            Network::Leaf(l) => match &mut l.mlp {
+                Some(m) => m.set_cpu_kernels(kernels),
+                None => Ok(()),
+            },
+            Network::Container { models, .. } => models.iter_mut().try_for_each(|m| m.set_cpu_kernels(kernels)),
+        }
+    }
+
+    /// Every leaf, in forward order.
+    pub fn leaves(&self) -> Vec<&Leaf> {
+        match self {
+            Network::Leaf(l) => vec![l],
+            Network::Container { models, .. } => models.iter().flat_map(|m| m.leaves()).collect(),
+        }
+    }
+
+    /// The keys it reads from outside.
+    pub fn external_keys(&self) -> Vec<String> {
+        let mut produced: Vec<&str> = Vec::new();
+        let mut out: Vec<String> = Vec::new();
+        for l in self.leaves() {
+            for k in &l.in_keys {
+                if !produced.contains(&k.as_str()) && !out.contains(k) {
+                    out.push(k.clone());
+                }
+            }
+            produced.push(&l.out_key);
+        }
+        out
+    }
+
+    /// The key it writes last.
+    pub fn out_key(&self) -> &str {
+        match self {
+            Network::Leaf(l) => &l.out_key,
+            Network::Container { models, .. } => models.last().map_or("", |m| m.out_key()),
+        }
+    }
+
+    /// Its config path.
+    pub fn path(&self) -> &str {
+        match self {
+            Network::Leaf(l) => &l.path,
+            Network::Container { path, .. } => path,
+        }
+    }
+}
+
+impl Leaf {
+    fn forward(&self, td: &TensorMap, trace: &mut Trace) -> Result<Tensor> {
+        let mut parts = Vec::with_capacity(self.in_keys.len());
+        for k in &self.in_keys {
+            let t = td.get(k).ok_or_else(|| PolicyError::Graph {
+                path: self.path.clone(),
+                reason: format!("reads {k}, which no observation or earlier module provides"),
+            })?;
+            parts.push(t);
+        }
+        let mut x = if parts.len() == 1 { parts[0].clone() } else { Tensor::cat(&parts, D::Minus1)? };
+        let batch = x.dims().first().copied().unwrap_or(0);
+        for (i, op) in self.ops.iter().enumerate() {
+            x = match op {
+                ModuleOp::Forward => self.forward_op(&x, trace)?,
+                other => other.apply(&x, batch).map_err(|reason| PolicyError::ModuleOp {
+                    path: self.path.clone(),
+                    index: i,
+                    op: other.name().into(),
+                    reason,
+                })?,
+            };
+        }
+        if let Some(a) = self.output_activation {
+            x = a.apply(&x)?;
+        }
+        Ok(x)
+    }
+
+    /// `Forward`: rows of the last dim through the normalizer, then the MLP.
+    fn forward_op(&self, x: &Tensor, trace: &mut Trace) -> Result<Tensor> {
+        let dims = x.dims().to_vec();
+        let last = dims.last().copied().unwrap_or(0);
+        let mut x = x.clone();
+        if let Some(n) = &self.norm {
+            let x2 = x.reshape(((), last))?.contiguous()?;
+            let z = n
+                .rms
+                .apply(&x2, Direction::Normalize)
+                .map_err(|e| PolicyError::Norm { path: n.name.clone(), source: Box::new(e) })?;
+            trace.norm_outputs.push((self.module_path.clone(), z.clone()));
+            x = z.reshape(dims.as_slice())?;
+        }
+        match &self.mlp {
+            Some(m) => m.forward(&x),
+            None => Ok(x),
+        }
+    }
+}
+
+fn load_norm(
+    ckpt: &Checkpoint,
+    dict: &str,
+    module_path: &str,
+    settings: NormSettings,
+    path: &str,
+    dev: &Device,
+) -> Result<ObsNormalizer> {
+    let name = if dict.is_empty() {
+        format!("{module_path}.norm.running_obs_norm")
+    } else {
+        format!("{dict}.{module_path}.norm.running_obs_norm")
+    };
+    let clamp_value = match settings.clamp {
+        Some(c) if c.as_f64() <= 0.0 => {
+            return Err(PolicyError::BadField {
+                path: path.to_owned(),
+                field: "norm_clamp_value".into(),
+                reason: format!("{c}: a clamp must be > 0 (the reference would clamp to an empty range)"),
+            })
+        }
+        c => c.map(|c| c.as_f64()),
+    };
+    let cfg = NormConfig { epsilon: NORM_EPSILON, clamp_value, ema_decay: settings.ema_decay, ..NormConfig::default() };
+    let rms = ckpt.load_normalizer(&name, cfg, dev)?;
+    let count = rms.count().unwrap_or(0);
+    if rms.shape().is_none_or(|s| s.len() != 1) {
+        return Err(PolicyError::Graph {
+            path: path.to_owned(),
+            reason: format!("normalizer {name} has shape {:?}; a 1-D one is expected", rms.shape()),
+        });
+    }
+    Ok(ObsNormalizer { rms, settings, name, count })
+}
