@@ -16,8 +16,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let policy = Policy::load(&ckpt, None, &Device::Cpu)?; // finds resolved_configs_inference.pt
     let obs = candle_core::safetensors::load(&obs, &Device::Cpu)?; // one [B, D] f32 tensor per in_key
     let out = policy.forward(&obs)?;
-    println!("{ckpt}: {} actions from {:?}", policy.action_size(), policy.in_keys());
-    println!("mean_action {:?}, value {:?}", out.mean_action.dims(), out.value.dims());
+    println!("{ckpt}: {} actions from {}", policy.action_size(), policy.in_keys().join(", "));
+    let rows = out.mean_action.dims()[0];
+    println!("{rows} rows: mean_action [{rows}, {}], value [{rows}, 1]", policy.action_size());
     println!("first row: {}", out.mean_action.get(0)?);
     Ok(())
 }
