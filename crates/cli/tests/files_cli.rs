@@ -35,13 +35,19 @@ fn checkpoint(values: &[i64], n: usize) -> Checkpoint {
     let floats: Vec<u8> = (0..n).flat_map(|i| (i as f32).to_le_bytes()).collect();
     let storages: HashMap<String, Storage> = [
         ("i".to_owned(), Storage { typed: true, dtype: DType::I64, location: "cpu".into(), data: Bytes::owned(ints) }),
-        ("f".to_owned(), Storage { typed: true, dtype: DType::F32, location: "cpu".into(), data: Bytes::owned(floats) }),
+        (
+            "f".to_owned(),
+            Storage { typed: true, dtype: DType::F32, location: "cpu".into(), data: Bytes::owned(floats) },
+        ),
     ]
     .into();
     let t = |s: &str, d, len| Node::Tensor(Box::new(TensorRef::contiguous(s.into(), d, vec![len])));
     let root = Dict::from_entries(
         false,
-        vec![(Node::Str("ints".into()), t("i", DType::I64, values.len())), (Node::Str("big".into()), t("f", DType::F32, n))],
+        vec![
+            (Node::Str("ints".into()), t("i", DType::I64, values.len())),
+            (Node::Str("big".into()), t("f", DType::F32, n)),
+        ],
     )
     .unwrap();
     Checkpoint::from_parts(Node::Dict(root), storages).unwrap()
@@ -123,9 +129,8 @@ fn sigint_during_a_convert_leaves_no_temporary_file() {
         .args(["convert", "--quiet", src.to_str().unwrap(), out.to_str().unwrap()])
         .spawn()
         .unwrap();
-    let tmp_exists = || {
-        std::fs::read_dir(dir.path()).unwrap().any(|e| e.unwrap().file_name().to_string_lossy().ends_with(".tmp"))
-    };
+    let tmp_exists =
+        || std::fs::read_dir(dir.path()).unwrap().any(|e| e.unwrap().file_name().to_string_lossy().ends_with(".tmp"));
     // Wait (bounded by the convert itself) until the temporary file exists.
     let mut seen = false;
     while child.try_wait().unwrap().is_none() {
