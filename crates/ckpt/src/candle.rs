@@ -14,15 +14,40 @@ use crate::tree::{Node, TensorRef};
 
 impl Checkpoint {
     /// The tensor as a candle tensor on `device` (copied; candle owns its memory).
+    ///
+    /// Errors name the tensor's storage; [`Checkpoint::candle_tensor`] also
+    /// names its key.
     pub fn to_candle(&self, t: &TensorRef, device: &Device) -> Result<Tensor> {
+        self.to_candle_at(None, t, device)
+    }
+
+    /// The tensor at dotted `key` as a candle tensor on `device`.
+    pub fn candle_tensor(&self, key: &str, device: &Device) -> Result<Tensor> {
+        match self.get(key) {
+            Some(Node::Tensor(t)) => self.to_candle_at(Some(key), t, device),
+            Some(other) => Err(CkptError::WrongKind {
+                path: self.path_str().to_owned(),
+                key: key.to_owned(),
+                expected: "tensor",
+                found: other.kind(),
+            }),
+            None => Err(self.not_found(key)),
+        }
+    }
+
+    pub(crate) fn to_candle_at(&self, key: Option<&str>, t: &TensorRef, device: &Device) -> Result<Tensor> {
         let dtype = t.dtype.candle().ok_or_else(|| CkptError::UnsupportedDtype {
             path: self.path_str().to_owned(),
-            key: t.storage.clone(),
+            key: key.map(str::to_owned),
+            storage: Some(t.storage.clone()),
             dtype: format!("{} (candle has no such dtype)", t.dtype),
         })?;
         let bytes = self.tensor_bytes(t)?;
-        Tensor::from_raw_buffer(&bytes, dtype, &t.shape, device)
-            .map_err(|source| CkptError::Candle { key: t.storage.clone(), source: Box::new(source) })
+        Tensor::from_raw_buffer(&bytes, dtype, &t.shape, device).map_err(|source| CkptError::Candle {
+            key: key.map(str::to_owned),
+            storage: Some(t.storage.clone()),
+            source: Box::new(source),
+        })
     }
 }
 
@@ -61,7 +86,8 @@ impl CheckpointBackend {
 
     fn load(&self, name: &str, dtype: CDType, dev: &Device) -> candle_core::Result<Tensor> {
         let t = self.lookup(name)?;
-        let tensor = self.ckpt.to_candle(t, dev).map_err(|e| candle_core::Error::Msg(e.to_string()))?;
+        let key = format!("{}.{name}", self.dict);
+        let tensor = self.ckpt.to_candle_at(Some(&key), t, dev).map_err(|e| candle_core::Error::Msg(e.to_string()))?;
         tensor.to_dtype(dtype)
     }
 }

@@ -88,6 +88,26 @@ pub enum DifferenceKind {
     },
 }
 
+impl std::fmt::Display for Difference {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let key = if self.key.is_empty() { "(root)" } else { self.key.as_str() };
+        match &self.kind {
+            DifferenceKind::OnlyInA => write!(f, "{key}: only in A"),
+            DifferenceKind::OnlyInB => write!(f, "{key}: only in B"),
+            DifferenceKind::Kind { a, b } => write!(f, "{key}: {a} in A, {b} in B"),
+            DifferenceKind::Value { a, b } => write!(f, "{key}: {a} in A, {b} in B"),
+            DifferenceKind::TensorType { a, b } => write!(f, "{key}: tensor {a} in A, {b} in B"),
+            DifferenceKind::Elements { mismatched, of, max_abs, first_index } => {
+                write!(f, "{key}: {mismatched} of {of} elements differ (max |a - b| {max_abs}")?;
+                if let Some(i) = first_index {
+                    write!(f, ", first at flat index {i}")?;
+                }
+                f.write_str(")")
+            }
+        }
+    }
+}
+
 /// Compares `a` with `b`. Dict entries are matched by key (in `a`'s
 /// order, then keys only in `b`), lists and tuples by index.
 pub fn diff(a: &Checkpoint, b: &Checkpoint, tol: Tolerance) -> Result<Vec<Difference>> {

@@ -196,12 +196,14 @@ pub enum CkptError {
         problem: ValueProblem,
     },
     /// A dtype this crate cannot carry.
-    #[error("{path}: {key}: unsupported dtype {dtype}")]
+    #[error("{path}: {}: unsupported dtype {dtype}", TensorPlace(.key.as_deref(), .storage.as_deref()))]
     UnsupportedDtype {
         /// The file.
         path: String,
-        /// The dotted key of the tensor, or the storage.
-        key: String,
+        /// The dotted key of the tensor, where the caller knows it.
+        key: Option<String>,
+        /// The storage (archive record) holding its data, where there is one.
+        storage: Option<String>,
         /// The name of the dtype or storage class.
         dtype: String,
     },
@@ -274,10 +276,12 @@ pub enum CkptError {
         source: Box<pmstate_norm::NormError>,
     },
     /// candle refused a tensor.
-    #[error("{key}: {source}")]
+    #[error("{}: {source}", TensorPlace(.key.as_deref(), .storage.as_deref()))]
     Candle {
-        /// The dotted key of the tensor.
-        key: String,
+        /// The dotted key of the tensor, where the caller knows it.
+        key: Option<String>,
+        /// The storage (archive record) holding its data, where there is one.
+        storage: Option<String>,
         /// candle's error.
         source: Box<candle_core::Error>,
     },
@@ -584,4 +588,18 @@ pub type Result<T, E = CkptError> = std::result::Result<T, E>;
 
 pub(crate) fn io_err(path: &std::path::Path) -> impl FnOnce(std::io::Error) -> CkptError + '_ {
     move |source| CkptError::Io { path: path.display().to_string(), source }
+}
+
+/// Names a tensor in a message by its key, its storage, or both.
+struct TensorPlace<'a>(Option<&'a str>, Option<&'a str>);
+
+impl fmt::Display for TensorPlace<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match (self.0, self.1) {
+            (Some(key), Some(storage)) => write!(f, "{key} (storage {storage})"),
+            (Some(key), None) => f.write_str(key),
+            (None, Some(storage)) => write!(f, "storage {storage}"),
+            (None, None) => f.write_str("a tensor"),
+        }
+    }
 }

@@ -310,11 +310,10 @@ impl Checkpoint {
             return Err(CkptError::Norm { group: name.to_owned(), source: Box::new(source) });
         }
         let f64_bytes = |t: &candle_core::Tensor| -> Result<Vec<u8>> {
-            let v: Vec<f64> = t
-                .to_dtype(CDType::F64)
-                .and_then(|t| t.flatten_all())
-                .and_then(|t| t.to_vec1())
-                .map_err(|source| CkptError::Candle { key: name.to_owned(), source: Box::new(source) })?;
+            let v: Vec<f64> =
+                t.to_dtype(CDType::F64).and_then(|t| t.flatten_all()).and_then(|t| t.to_vec1()).map_err(|source| {
+                    CkptError::Candle { key: Some(name.to_owned()), storage: None, source: Box::new(source) }
+                })?;
             Ok(v.iter().flat_map(|x| x.to_le_bytes()).collect())
         };
         let buffers = [
@@ -347,8 +346,9 @@ impl Checkpoint {
         if g.saved.is_none() {
             return Ok(None);
         }
-        let mean = self.to_candle(self.group_tensor(g, "mean")?, device)?;
-        let var = self.to_candle(self.group_tensor(g, "var")?, device)?;
+        let field = |f: &str| format!("{}.{f}", g.name);
+        let mean = self.to_candle_at(Some(&field("mean")), self.group_tensor(g, "mean")?, device)?;
+        let var = self.to_candle_at(Some(&field("var")), self.group_tensor(g, "var")?, device)?;
         let count = self.read_count(self.group_tensor(g, "count")?)?;
         Ok(Some(NormState { mean, var, count }))
     }

@@ -132,6 +132,14 @@ fn diff_reports_value_changes_within_tolerances() {
     let j = stdout_json(&d);
     let keys: Vec<&str> = j["differences"].as_array().unwrap().iter().map(|x| x["key"].as_str().unwrap()).collect();
     assert_eq!(keys, [format!("{name}.count")]);
+    // Text output: one readable line per difference, then the count.
+    let d = pmstate(&["diff", "--atol", "1e-2", &fixture("ppo_full.ckpt"), &changed]);
+    let text = String::from_utf8_lossy(&d.stdout);
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 2, "{text}");
+    assert!(lines[0].starts_with(&format!("{name}.count: ")), "{text}");
+    assert!(lines[0].contains("1 of 1 elements differ"), "{text}");
+    assert_eq!(lines[1], "1 difference(s)");
     let d = pmstate(&["diff", "--atol", "2", &fixture("ppo_full.ckpt"), &changed]);
     assert_eq!(d.status.code(), Some(0), "{}", String::from_utf8_lossy(&d.stdout));
 }

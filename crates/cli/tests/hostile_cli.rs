@@ -220,3 +220,45 @@ fn a_closed_pipe_ends_quietly() {
     assert_eq!(status.code(), Some(0), "{err}");
     assert!(err.is_empty(), "{err}");
 }
+
+/// A foreign safetensors file of one f32 tensor of `elements` elements,
+/// sparse (all zeros, costing no disk), with `last` as its last element.
+fn sparse_safetensors(path: &Path, elements: u64, last: f32) {
+    let bytes = elements * 4;
+    let mut header =
+        format!(r#"{{"w":{{"dtype":"F32","shape":[{elements}],"data_offsets":[0,{bytes}]}}}}"#).into_bytes();
+    header.resize(header.len().next_multiple_of(8), b' ');
+    let mut f = std::fs::File::create(path).unwrap();
+    f.write_all(&(header.len() as u64).to_le_bytes()).unwrap();
+    f.write_all(&header).unwrap();
+    let data_start = 8 + header.len() as u64;
+    f.set_len(data_start + bytes).unwrap();
+    if last != 0.0 {
+        use std::io::Seek;
+        f.seek(std::io::SeekFrom::Start(data_start + bytes - 4)).unwrap();
+        f.write_all(&last.to_le_bytes()).unwrap();
+    }
+}
+
+#[test]
+fn diff_streams_two_checkpoints_larger_than_the_address_space_limit() {
+    // Two 1 GiB tensors under a 2 GiB limit: holding both (or one plus its
+    // f64 copy) would not fit; streaming them a chunk at a time does.
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (dir.path().join("a.safetensors"), dir.path().join("b.safetensors"));
+    let elements = (1u64 << 30) / 4;
+    sparse_safetensors(&a, elements, 0.0);
+    sparse_safetensors(&b, elements, 1.5);
+    let o = limited(&["diff", "--json", a.to_str().unwrap(), b.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let d = &report["differences"][0];
+    assert_eq!(report["differences"].as_array().unwrap().len(), 1, "{report}");
+    assert_eq!(d["key"], "w");
+    assert_eq!(d["mismatched"], 1);
+    assert_eq!(d["of"], elements);
+    assert_eq!(d["max_abs"], 1.5);
+    assert_eq!(d["first_index"], elements - 1);
+    let o = limited(&["diff", a.to_str().unwrap(), a.to_str().unwrap()]);
+    expect(&o, 0, "no differences", "diff a a");
+}

@@ -50,7 +50,8 @@ pub(crate) fn read(path: &str, src: &Arc<Source>, opts: &ReadOptions) -> Result<
         let Some(info) = header.tensors.info(&name) else { continue };
         let dtype = DType::from_safetensors(info.dtype).ok_or_else(|| CkptError::UnsupportedDtype {
             path: path.to_owned(),
-            key: name.clone(),
+            key: Some(name.clone()),
+            storage: None,
             dtype: info.dtype.to_string(),
         })?;
         let (b, e) = info.data_offsets;

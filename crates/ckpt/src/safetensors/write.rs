@@ -11,7 +11,6 @@ use serde::Serialize;
 use super::header::{StorageEntry, MAX_HEADER_SIZE};
 use super::{STORAGES_KEY, TREE_KEY, VERSION_KEY};
 use crate::checkpoint::{Checkpoint, ReadOptions};
-use crate::dtype::DType;
 use crate::error::{CkptError, Result, ValueProblem};
 use crate::io::atomic::write_atomically;
 use crate::io::bulk_copy::{copy_bytes, CopyError};
@@ -68,11 +67,12 @@ struct Entry<'a> {
 /// `__metadata__` entries, in the order they are written.
 type Metadata = Vec<(String, String)>;
 
-fn st_dtype(ckpt: &Checkpoint, key: &str, d: DType) -> Result<safetensors::Dtype> {
-    d.safetensors().ok_or_else(|| CkptError::UnsupportedDtype {
+fn st_dtype(ckpt: &Checkpoint, key: &str, t: &TensorRef) -> Result<safetensors::Dtype> {
+    t.dtype.safetensors().ok_or_else(|| CkptError::UnsupportedDtype {
         path: ckpt.path_str().to_owned(),
-        key: key.to_owned(),
-        dtype: format!("{d} (safetensors has no such dtype)"),
+        key: Some(key.to_owned()),
+        storage: Some(t.storage.clone()),
+        dtype: format!("{} (safetensors has no such dtype)", t.dtype),
     })
 }
 
@@ -219,7 +219,7 @@ fn whole_entries<'a>(
             && !key.starts_with("__storage__.")
             && used_names.insert(key.clone());
         let (name, dtype, shape) = if covers {
-            (key.clone(), st_dtype(ckpt, key, t.dtype)?, t.shape.clone())
+            (key.clone(), st_dtype(ckpt, key, t)?, t.shape.clone())
         } else {
             let mut name = format!("__storage__.{}", t.storage);
             while names.contains(name.as_str()) || !used_names.insert(name.clone()) {
@@ -307,7 +307,7 @@ fn selected_entries<'a>(ckpt: &'a Checkpoint, key: &str) -> Result<(Vec<Entry<'a
                 problem: ValueProblem::DuplicateKey(name),
             });
         }
-        let dtype = st_dtype(ckpt, &name, t.dtype)?;
+        let dtype = st_dtype(ckpt, &name, t)?;
         let data = if t.is_contiguous() {
             let storage = ckpt.storage_of(t)?;
             Data::Storage { bytes: &storage.data, offset: t.offset * t.dtype.size(), len: t.nbytes() }

@@ -52,7 +52,7 @@ pub fn run(args: Args, g: Global) -> Result<ExitCode, CliError> {
         output::line(format!("no differences (rtol {}, atol {})", tol.rtol, tol.atol));
     } else {
         for d in &diffs {
-            output::json_line(d)?;
+            output::line(d);
         }
         output::line(format!("{} difference(s)", diffs.len()));
     }
