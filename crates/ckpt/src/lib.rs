@@ -12,13 +12,15 @@ mod dtype;
 mod error;
 mod io;
 mod normalizers;
+mod parsed;
 mod safetensors;
+mod suggest;
 mod torch;
 mod tree;
 mod write_options;
 
 pub use candle::{var_builder, CheckpointBackend};
-pub use checkpoint::{Checkpoint, Format, ReadOptions};
+pub use checkpoint::Checkpoint;
 pub use configs::{config_node_to_json, SMALL_TENSOR};
 pub use diff::{diff, Difference, DifferenceKind, Tolerance};
 pub use dtype::DType;
@@ -26,6 +28,7 @@ pub use error::{CkptError, EntryProblem, HeaderProblem, LegacyProblem, Result, V
 pub use io::atomic::{remove_temporary_files, stale_temporary_files};
 pub use io::storage::{Bytes, Storage};
 pub use normalizers::{LoadWarning, NormalizerGroup, NormalizerSummary, SavedBuffers, Summary, Trained};
+pub use parsed::{Format, ReadOptions};
 pub use safetensors::{save_safetensors, ExportReport, SafetensorsOptions};
 pub use torch::{is_safe_global, save_torch};
 pub use tree::json::{node_from_json, value_from_json, NodeJson, ValueJson};

@@ -17,6 +17,23 @@ pub struct Global {
     pub quiet: bool,
 }
 
+/// How the trace's ranks run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum CollectiveArg {
+    /// W threads in this process, one per rank (at most 64).
+    Inproc,
+    /// One rank per MPI process (start with `mpirun -np W`; needs the `mpi` feature).
+    Mpi,
+}
+
+/// The error for `--collective mpi` in a build without MPI.
+#[cfg(not(feature = "mpi"))]
+pub fn no_mpi() -> CliError {
+    CliError::Usage(
+        "this pmstate was built without the `mpi` feature (cargo build -p pmstate-cli --features mpi)".into(),
+    )
+}
+
 /// Where tensors live.
 #[derive(Clone, Copy, Debug, ValueEnum)]
 pub enum DeviceArg {

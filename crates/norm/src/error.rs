@@ -1,5 +1,7 @@
 //! The one error type of `pmstate-norm`.
 
+use std::fmt;
+
 use candle_core::DType;
 
 /// Everything that can go wrong in a normalizer operation.
@@ -121,10 +123,27 @@ pub enum NormError {
     Candle(#[from] candle_core::Error),
 }
 
+/// A shape as torch prints one: `[2, 3]`. Shared by every crate of the
+/// workspace that names a shape in a message.
+#[derive(Debug, Clone, Copy)]
+pub struct Dims<'a>(pub &'a [usize]);
+
+impl fmt::Display for Dims<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("[")?;
+        for (i, d) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str(", ")?;
+            }
+            write!(f, "{d}")?;
+        }
+        f.write_str("]")
+    }
+}
+
 /// A shape as `[2, 3]`.
 pub(crate) fn dims(d: &[usize]) -> String {
-    let inner: Vec<String> = d.iter().map(usize::to_string).collect();
-    format!("[{}]", inner.join(", "))
+    Dims(d).to_string()
 }
 
 /// A device as people name it: `cpu`, `cuda:0`, `metal:0`.

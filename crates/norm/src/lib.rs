@@ -6,6 +6,7 @@ mod combine;
 mod config;
 #[cfg(any(feature = "mpi", feature = "nccl"))]
 mod deadline;
+mod direction;
 mod error;
 pub(crate) mod kernels;
 #[cfg(feature = "mpi")]
@@ -31,11 +32,12 @@ pub mod bench_support {
 pub use collective::{Collective, InProcessGroup, SingleProcess};
 pub use combine::{combine_moments, Moments};
 pub use config::{Arithmetic, NormConfig};
-pub use error::{NormError, Result};
+pub use direction::Direction;
+pub use error::{Dims, NormError, Result};
 #[cfg(feature = "mpi")]
 pub use mpi::MpiCollective;
 #[cfg(feature = "nccl")]
 pub use nccl::{NcclCollective, NcclId};
-pub use normalizer::{Direction, MomentUpdate, Normalizer};
+pub use normalizer::{MomentUpdate, NormState, Normalizer};
 pub use reward::{RewardConfig, RewardRunningMeanStd, RewardUpdate};
-pub use running::{batch_moments, NormState, RunningMeanStd};
+pub use running::{batch_moments, RunningMeanStd};

@@ -3,27 +3,19 @@
 use candle_core::Tensor;
 
 use crate::combine::Moments;
+use crate::direction::Direction;
 use crate::error::Result;
-use crate::running::NormState;
 
-/// Which way a normalizer maps values (the reference's `un_norm` flag).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Direction {
-    /// `clamp((x - mean) / std)`; the reward normalizer divides only: `clamp(x / std)`.
-    Normalize,
-    /// `clamp(x) * std + mean` (clamp first, as the reference does); the
-    /// reward normalizer multiplies only: `clamp(x) * std`.
-    UnNormalize,
-}
-
-impl Direction {
-    /// The reference's name of the operation: `normalize` or `un_norm`.
-    pub fn op_name(self) -> &'static str {
-        match self {
-            Direction::Normalize => "normalize",
-            Direction::UnNormalize => "un_norm",
-        }
-    }
+/// A normalizer's buffers as the reference keeps them: `mean` and `var` f64
+/// of the module's shape, `count` an i64 (a 0-dim `torch.long` buffer there).
+#[derive(Debug, Clone)]
+pub struct NormState {
+    /// Running mean, F64.
+    pub mean: Tensor,
+    /// Running population variance, F64.
+    pub var: Tensor,
+    /// Samples seen, the 1-sample prior included.
+    pub count: i64,
 }
 
 /// What one moments update did, for callers that check it against a

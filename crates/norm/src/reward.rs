@@ -4,10 +4,11 @@ use candle_core::{DType, Device, Tensor};
 
 use crate::combine::Moments;
 use crate::config::{validate_gamma, NormConfig};
+use crate::direction::Direction;
 use crate::error::{dims, NormError, Result};
-use crate::normalizer::{Direction, MomentUpdate, Normalizer};
+use crate::normalizer::{MomentUpdate, NormState, Normalizer};
 use crate::promote;
-use crate::running::{apply, NormState, RunningMeanStd};
+use crate::running::{apply, RunningMeanStd};
 
 /// Settings of a [`RewardRunningMeanStd`]: the statistics' own settings and
 /// the discount of the returns whose spread it tracks. The reference takes

@@ -7,23 +7,12 @@ use candle_core::{DType, Device, Shape, Tensor};
 use crate::collective::{Collective, SingleProcess};
 use crate::combine::{combine_moments, Moments};
 use crate::config::{validate_ema_decay, Arithmetic, NormConfig};
+use crate::direction::Direction;
 use crate::error::{dims, NormError, Result};
 use crate::kernels::{cpu, generic};
-use crate::normalizer::{Direction, MomentUpdate, Normalizer};
+use crate::normalizer::{MomentUpdate, NormState, Normalizer};
 use crate::promote;
 use crate::tensor_io::with_cpu_slice;
-
-/// A normalizer's buffers as the reference keeps them: `mean` and `var` f64
-/// of the module's shape, `count` an i64 (a 0-dim `torch.long` buffer there).
-#[derive(Debug, Clone)]
-pub struct NormState {
-    /// Running mean, F64.
-    pub mean: Tensor,
-    /// Running population variance, F64.
-    pub var: Tensor,
-    /// Samples seen, the 1-sample prior included.
-    pub count: i64,
-}
 
 /// The live buffers plus what normalize derives from them, computed once
 /// per update instead of once per call.

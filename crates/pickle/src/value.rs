@@ -139,6 +139,31 @@ impl Value {
         }
     }
 
+    /// Pushes this value's direct children onto `stack` (every value it
+    /// holds: items, dict keys and values, call arguments, setitems and
+    /// appends, BUILD states, a persistent id's payload, a shared value):
+    /// the step of every walk over a tree that must not recurse.
+    pub fn push_children<'a>(&'a self, stack: &mut Vec<&'a Value>) {
+        match self {
+            Value::List(xs) | Value::Tuple(xs) | Value::Set(xs) | Value::FrozenSet(xs) => stack.extend(xs),
+            Value::Dict(kv) => stack.extend(kv.iter().flat_map(|(k, v)| [k, v])),
+            Value::Reduce { callable, args, setitems, appends } => {
+                stack.extend([&**callable, &**args]);
+                stack.extend(setitems.iter().flat_map(|(k, v)| [k, v]));
+                stack.extend(appends);
+            }
+            Value::NewObj { cls, args, kwargs, setitems, appends } => {
+                stack.extend([&**cls, &**args]);
+                stack.extend(kwargs.as_deref());
+                stack.extend(setitems.iter().flat_map(|(k, v)| [k, v]));
+                stack.extend(appends);
+            }
+            Value::Build { object, state } => stack.extend([&**object, &**state]),
+            Value::PersistentId(p) | Value::Shared { value: p, .. } => stack.push(p),
+            _ => {}
+        }
+    }
+
     /// The size of this tree in the units of [`crate::Limits::max_nodes`]:
     /// one per node (itself included), plus one per 64 bytes of each
     /// string, bytes or big-int payload (so memo references to long strings
@@ -154,22 +179,7 @@ impl Value {
             match v {
                 Value::Str(s) => count += s.len() / 64,
                 Value::Bytes(b) | Value::ByteArray(b) | Value::BigInt(b) => count += b.len() / 64,
-                Value::List(xs) | Value::Tuple(xs) | Value::Set(xs) | Value::FrozenSet(xs) => stack.extend(xs),
-                Value::Dict(kv) => stack.extend(kv.iter().flat_map(|(k, v)| [k, v])),
-                Value::Reduce { callable, args, setitems, appends } => {
-                    stack.extend([&**callable, &**args]);
-                    stack.extend(setitems.iter().flat_map(|(k, v)| [k, v]));
-                    stack.extend(appends);
-                }
-                Value::NewObj { cls, args, kwargs, setitems, appends } => {
-                    stack.extend([&**cls, &**args]);
-                    stack.extend(kwargs.as_deref());
-                    stack.extend(setitems.iter().flat_map(|(k, v)| [k, v]));
-                    stack.extend(appends);
-                }
-                Value::Build { object, state } => stack.extend([&**object, &**state]),
-                Value::PersistentId(p) | Value::Shared { value: p, .. } => stack.push(p),
-                _ => {}
+                _ => v.push_children(&mut stack),
             }
         }
         count

@@ -10,6 +10,10 @@ use serde::Serialize;
 
 use crate::error::{PolicyError, Result};
 
+/// Unit roundoff of float32 (2^-24): the relative error of one correctly
+/// rounded operation.
+pub const U: f64 = 1.0 / (1u64 << 24) as f64;
+
 /// One activation function.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -77,7 +81,7 @@ impl Activation {
         })
     }
 
-    /// The same in f64 (the reference forward of [`crate::bound`]).
+    /// The same in f64 (the reference forward of the `bound` module).
     pub fn eval_f64(self, x: f64) -> f64 {
         match self {
             Activation::Tanh => x.tanh(),
@@ -120,7 +124,7 @@ impl Activation {
     pub fn rounding(self, x: f64) -> f64 {
         match self {
             Activation::Relu | Activation::Identity => 0.0,
-            _ => 8.0 * crate::bound::U * (self.eval_f64(x).abs() + x.abs() + 1.0),
+            _ => 8.0 * U * (self.eval_f64(x).abs() + x.abs() + 1.0),
         }
     }
 }

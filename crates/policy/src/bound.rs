@@ -42,8 +42,7 @@ use crate::model::Policy;
 use crate::module_ops::ModuleOp;
 use crate::network::{Leaf, Network, ObsNormalizer, TensorMap};
 
-/// Unit roundoff of float32.
-pub const U: f64 = 1.0 / (1u64 << 24) as f64;
+pub use crate::activation::U;
 
 /// `gamma(n) = n u / (1 - n u)`.
 pub fn gamma(n: usize) -> f64 {

@@ -10,13 +10,11 @@
 //! neutral (`None`, `False`, empty, `""`), else loading refuses with
 //! [`PolicyError::UnsupportedField`] naming the class and the field.
 
-use std::cell::RefCell;
-use std::collections::BTreeSet;
-
-use pmstate_ckpt::{Dict, Node};
+use pmstate_ckpt::Node;
 use serde::Serialize;
 
 use crate::activation::Activation;
+use crate::config_object::Obj;
 use crate::error::{PolicyError, Result};
 use crate::module_ops::ModuleOp;
 
@@ -232,105 +230,7 @@ pub struct ContainerConfig {
 
 // ------------------------------------------------------------------ parsing
 
-/// Fields each class has beyond those parsed, which never change the eval
-/// forward (optimizers): skipped whatever they hold.
-const TRAINING_ONLY: [&str; 4] =
-    ["actor_optimizer", "critic_optimizer", "discriminator_optimizer", "disc_critic_optimizer"];
-
-/// An object of the tree being parsed: its config path, class and fields,
-/// and which fields were read (the rest are checked by [`Obj::finish`]).
-struct Obj<'a> {
-    path: String,
-    class: String,
-    /// `None`: an object pickled without a BUILD state (a dataclass without fields).
-    fields: Option<&'a Dict>,
-    used: RefCell<BTreeSet<String>>,
-}
-
-impl<'a> Obj<'a> {
-    fn new(node: &'a Node, path: &str) -> Result<Self> {
-        let bad = |reason: String| PolicyError::BadField { path: parent(path), field: last(path), reason };
-        match node {
-            Node::Object(o) => {
-                // A dataclass without fields pickles without a BUILD state.
-                let fields = match &o.state {
-                    None => None,
-                    Some(_) => {
-                        Some(o.fields().ok_or_else(|| bad("an object whose state is not a dict of fields".into()))?)
-                    }
-                };
-                Ok(Obj {
-                    path: path.to_owned(),
-                    class: o.class_name().unwrap_or_else(|| "<object>".into()),
-                    fields,
-                    used: RefCell::new(BTreeSet::new()),
-                })
-            }
-            Node::Dict(d) => Ok(Obj {
-                path: path.to_owned(),
-                class: "dict".into(),
-                fields: Some(d),
-                used: RefCell::new(BTreeSet::new()),
-            }),
-            other => Err(bad(format!("expected a config object, found {other}"))),
-        }
-    }
-
-    fn entries(&self) -> &'a [(Node, Node)] {
-        self.fields.map_or(&[], |f| f.entries())
-    }
-
-    fn short_class(&self) -> &str {
-        self.class.rsplit('.').next().unwrap_or(&self.class)
-    }
-
-    fn sub(&self, field: &str) -> String {
-        format!("{}.{field}", self.path)
-    }
-
-    fn bad(&self, field: &str, reason: impl Into<String>) -> PolicyError {
-        PolicyError::BadField { path: self.path.clone(), field: field.to_owned(), reason: reason.into() }
-    }
-
-    fn get(&self, field: &str) -> Option<&'a Node> {
-        self.used.borrow_mut().insert(field.to_owned());
-        self.fields.and_then(|f| f.get(field))
-    }
-
-    fn req(&self, field: &str) -> Result<&'a Node> {
-        self.get(field).ok_or_else(|| self.bad(field, format!("missing (a {} needs it)", self.short_class())))
-    }
-
-    fn string(&self, field: &str) -> Result<String> {
-        match self.req(field)? {
-            Node::Str(s) => Ok(s.clone()),
-            other => Err(self.bad(field, format!("expected a string, found {other}"))),
-        }
-    }
-
-    fn opt_string(&self, field: &str) -> Result<Option<String>> {
-        match self.get(field) {
-            None | Some(Node::None) => Ok(None),
-            Some(Node::Str(s)) => Ok(Some(s.clone())),
-            Some(other) => Err(self.bad(field, format!("expected a string or None, found {other}"))),
-        }
-    }
-
-    fn bool_or(&self, field: &str, default: bool) -> Result<bool> {
-        match self.get(field) {
-            None => Ok(default),
-            Some(Node::Bool(b)) => Ok(*b),
-            Some(other) => Err(self.bad(field, format!("expected True or False, found {other}"))),
-        }
-    }
-
-    fn count(&self, field: &str) -> Result<usize> {
-        match self.req(field)? {
-            Node::Int(i) if *i > 0 => usize::try_from(*i).map_err(|_| self.bad(field, format!("{i} is too large"))),
-            other => Err(self.bad(field, format!("expected a positive int, found {other}"))),
-        }
-    }
-
+impl Obj<'_> {
     fn number(&self, field: &str, default: Option<Number>) -> Result<Option<Number>> {
         match self.get(field) {
             None => Ok(default),
@@ -339,67 +239,6 @@ impl<'a> Obj<'a> {
             Some(Node::Float(f)) => Ok(Some(Number::Float(*f))),
             Some(other) => Err(self.bad(field, format!("expected a number or None, found {other}"))),
         }
-    }
-
-    fn list(&self, field: &str) -> Result<&'a [Node]> {
-        match self.get(field) {
-            None => Ok(&[]),
-            Some(Node::List(xs)) | Some(Node::Tuple(xs)) => Ok(xs),
-            Some(other) => Err(self.bad(field, format!("expected a list, found {other}"))),
-        }
-    }
-
-    fn strings(&self, field: &str) -> Result<Vec<String>> {
-        self.list(field)?
-            .iter()
-            .map(|n| match n {
-                Node::Str(s) => Ok(s.clone()),
-                other => Err(self.bad(field, format!("expected a list of strings, found an element {other}"))),
-            })
-            .collect()
-    }
-
-    fn first_out_key(&self) -> Result<String> {
-        let keys = self.strings("out_keys")?;
-        keys.into_iter().next().ok_or_else(|| self.bad("out_keys", "empty: the module writes out_keys[0]"))
-    }
-
-    /// Every field not read must be training-only or neutral.
-    fn finish(&self) -> Result<()> {
-        let used = self.used.borrow();
-        for (k, v) in self.entries() {
-            let Some(name) = k.as_str() else { continue };
-            if used.contains(name) || TRAINING_ONLY.contains(&name) || is_neutral(v) {
-                continue;
-            }
-            return Err(PolicyError::UnsupportedField {
-                path: self.path.clone(),
-                class: self.class.clone(),
-                field: name.to_owned(),
-                value: v.to_string(),
-            });
-        }
-        Ok(())
-    }
-}
-
-fn parent(path: &str) -> String {
-    path.rsplit_once('.').map_or_else(String::new, |(p, _)| p.to_owned())
-}
-
-fn last(path: &str) -> String {
-    path.rsplit_once('.').map_or(path, |(_, l)| l).to_owned()
-}
-
-/// `None`, `False`, an empty container or string: what an optional
-/// feature's default looks like.
-fn is_neutral(v: &Node) -> bool {
-    match v {
-        Node::None | Node::Bool(false) => true,
-        Node::Str(s) => s.is_empty(),
-        Node::List(xs) | Node::Tuple(xs) | Node::Set(xs) => xs.is_empty(),
-        Node::Dict(d) => d.entries().is_empty(),
-        _ => false,
     }
 }
 
@@ -567,11 +406,4 @@ impl ContainerConfig {
         }
         Ok(ContainerConfig { in_keys: o.strings("in_keys")?, out_keys: o.strings("out_keys")?, models })
     }
-}
-
-/// For the operations' own parsing: the same object reader.
-pub(crate) fn op_fields(node: &Node, path: &str) -> Result<(String, Vec<(String, Node)>)> {
-    let o = Obj::new(node, path)?;
-    let fields = o.entries().iter().filter_map(|(k, v)| Some((k.as_str()?.to_owned(), v.clone()))).collect();
-    Ok((o.class.clone(), fields))
 }

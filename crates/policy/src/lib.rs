@@ -6,6 +6,7 @@ pub mod activation;
 pub mod actor;
 pub mod bound;
 pub mod config;
+mod config_object;
 pub mod describe;
 pub mod discriminator;
 mod error;

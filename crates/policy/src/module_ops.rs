@@ -10,7 +10,7 @@
 use candle_core::{Tensor, D};
 use serde::Serialize;
 
-use crate::config::op_fields;
+use crate::config_object::op_fields;
 use crate::error::{PolicyError, Result};
 use pmstate_ckpt::Node;
 

@@ -201,21 +201,7 @@ impl fmt::Display for ReplayFailure {
     }
 }
 
-/// A shape as `[2, 3]`.
-pub(crate) struct Dims<'a>(pub &'a [usize]);
-
-impl fmt::Display for Dims<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("[")?;
-        for (i, d) in self.0.iter().enumerate() {
-            if i > 0 {
-                f.write_str(", ")?;
-            }
-            write!(f, "{d}")?;
-        }
-        f.write_str("]")
-    }
-}
+pub(crate) use pmstate_norm::Dims;
 
 /// Result alias of this crate.
 pub type Result<T, E = TraceError> = std::result::Result<T, E>;

@@ -12,7 +12,6 @@ mod read;
 mod record;
 mod replay;
 pub mod tolerance;
-mod wire;
 mod write;
 
 pub use compare::{compare, FieldReport};

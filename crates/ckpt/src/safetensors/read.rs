@@ -8,11 +8,11 @@ use safetensors::SafeTensorError;
 
 use super::header::{self, StorageEntry, UniqueMap, MAX_HEADER_SIZE};
 use super::{STORAGES_KEY, TREE_KEY};
-use crate::checkpoint::{Format, Parsed, ReadOptions};
 use crate::dtype::DType;
 use crate::error::{CkptError, Result};
 use crate::io::source::Source;
 use crate::io::storage::{Bytes, Storage};
+use crate::parsed::{Format, Parsed, ReadOptions};
 use crate::tree::json::{check_size, json_depth_of_tree_depth, node_from_str};
 use crate::tree::{Dict, Node, TensorRef};
 

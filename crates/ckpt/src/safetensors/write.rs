@@ -10,11 +10,12 @@ use serde::Serialize;
 
 use super::header::{StorageEntry, MAX_HEADER_SIZE};
 use super::{STORAGES_KEY, TREE_KEY, VERSION_KEY};
-use crate::checkpoint::{Checkpoint, ReadOptions};
+use crate::checkpoint::Checkpoint;
 use crate::error::{CkptError, Result, ValueProblem};
 use crate::io::atomic::write_atomically;
 use crate::io::bulk_copy::{copy_bytes, CopyError};
 use crate::io::storage::Bytes;
+use crate::parsed::ReadOptions;
 use crate::tree::json::{check_size, json_depth_of_tree_depth, NodeJson};
 use crate::tree::{dotted, Node, TensorRef};
 use crate::write_options::WriteOptions;

@@ -8,10 +8,10 @@ use pmstate_pickle::{from_slice, from_slice_prefix, PickleError, Value};
 use zip::CompressionMethod;
 
 use super::interpret::{Declared, Interpreter, PidForm};
-use crate::checkpoint::{Format, Parsed, ReadOptions};
 use crate::error::{CkptError, EntryProblem, LegacyProblem, Result};
 use crate::io::source::{Cursor, Source};
 use crate::io::storage::{Bytes, Storage};
+use crate::parsed::{Format, Parsed, ReadOptions};
 use crate::tree::Node;
 
 /// Where a record lives in the archive.

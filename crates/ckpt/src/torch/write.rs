@@ -31,22 +31,7 @@ fn contains_persistent_id(v: &Value) -> bool {
     while let Some(v) = stack.pop() {
         match v {
             Value::PersistentId(_) => return true,
-            Value::Shared { value, .. } => stack.push(value),
-            Value::List(xs) | Value::Tuple(xs) | Value::Set(xs) | Value::FrozenSet(xs) => stack.extend(xs),
-            Value::Dict(kv) => stack.extend(kv.iter().flat_map(|(k, v)| [k, v])),
-            Value::Reduce { callable, args, setitems, appends } => {
-                stack.extend([&**callable, &**args]);
-                stack.extend(setitems.iter().flat_map(|(k, v)| [k, v]));
-                stack.extend(appends);
-            }
-            Value::NewObj { cls, args, kwargs, setitems, appends } => {
-                stack.extend([&**cls, &**args]);
-                stack.extend(kwargs.as_deref());
-                stack.extend(setitems.iter().flat_map(|(k, v)| [k, v]));
-                stack.extend(appends);
-            }
-            Value::Build { object, state } => stack.extend([&**object, &**state]),
-            _ => {}
+            _ => v.push_children(&mut stack),
         }
     }
     false
@@ -159,22 +144,7 @@ fn check_emitted_globals(value: &Value, allowed: &[(String, String)]) -> Result<
                     return Err(ValueProblem::UnsafeGlobal(global));
                 }
             }
-            Value::List(xs) | Value::Tuple(xs) | Value::Set(xs) | Value::FrozenSet(xs) => stack.extend(xs),
-            Value::Dict(kv) => stack.extend(kv.iter().flat_map(|(k, v)| [k, v])),
-            Value::Reduce { callable, args, setitems, appends } => {
-                stack.extend([&**callable, &**args]);
-                stack.extend(setitems.iter().flat_map(|(k, v)| [k, v]));
-                stack.extend(appends);
-            }
-            Value::NewObj { cls, args, kwargs, setitems, appends } => {
-                stack.extend([&**cls, &**args]);
-                stack.extend(kwargs.as_deref());
-                stack.extend(setitems.iter().flat_map(|(k, v)| [k, v]));
-                stack.extend(appends);
-            }
-            Value::Build { object, state } => stack.extend([&**object, &**state]),
-            Value::PersistentId(p) | Value::Shared { value: p, .. } => stack.push(p),
-            _ => {}
+            _ => v.push_children(&mut stack),
         }
     }
     Ok(())

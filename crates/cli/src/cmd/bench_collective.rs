@@ -10,7 +10,7 @@ use candle_core::{Device, Tensor};
 use pmstate_norm::{Collective, InProcessGroup, Moments, NormConfig, RunningMeanStd};
 use serde::Serialize;
 
-use crate::cmd::replay::CollectiveArg;
+use crate::args::CollectiveArg;
 use crate::{output, CliError, Global};
 
 /// `pmstate bench-collective [--collective inproc|mpi] [--world-size W]... [--dim D] [--iters N]`
@@ -31,14 +31,6 @@ pub struct Args {
     iters: usize,
 }
 
-/// The error for `--collective mpi` in a build without MPI.
-#[cfg(not(feature = "mpi"))]
-pub fn no_mpi() -> CliError {
-    CliError::Usage(
-        "this pmstate was built without the `mpi` feature (cargo build -p pmstate-cli --features mpi)".into(),
-    )
-}
-
 /// Runs the benchmark: a table, or (`--json`) one object per line with op,
 /// collective, world_size, dim, iters, median_s, mean_s.
 pub fn run(a: Args, g: Global) -> Result<ExitCode, CliError> {
@@ -55,7 +47,7 @@ pub fn run(a: Args, g: Global) -> Result<ExitCode, CliError> {
         #[cfg(feature = "mpi")]
         CollectiveArg::Mpi => run_mpi(&opts)?,
         #[cfg(not(feature = "mpi"))]
-        CollectiveArg::Mpi => return Err(no_mpi()),
+        CollectiveArg::Mpi => return Err(crate::args::no_mpi()),
     };
     if print {
         if !g.json {

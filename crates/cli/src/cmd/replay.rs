@@ -10,6 +10,7 @@ use pmstate_trace::replay_rank;
 use pmstate_trace::{read_file, replay, Mode, ReplayOptions, Report};
 use serde::Serialize;
 
+use crate::args::CollectiveArg;
 use crate::{CliError, Global};
 
 /// How batch moments and std are obtained.
@@ -19,15 +20,6 @@ pub enum ModeArg {
     Pinned,
     /// Computed here: results within the documented bounds.
     Free,
-}
-
-/// How the trace's ranks run.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum CollectiveArg {
-    /// W threads in this process, one per rank (at most 64).
-    Inproc,
-    /// One rank per MPI process (start with `mpirun -np W`; needs the `mpi` feature).
-    Mpi,
 }
 
 /// `pmstate replay [--mode pinned|free] [--timeout S] [--collective inproc|mpi] PATH...`
@@ -61,7 +53,7 @@ pub fn run(a: Args, g: Global) -> Result<ExitCode, CliError> {
         #[cfg(feature = "mpi")]
         CollectiveArg::Mpi => run_mpi(&a.paths, mode, g.json, timeout)?,
         #[cfg(not(feature = "mpi"))]
-        CollectiveArg::Mpi => return Err(crate::cmd::bench_collective::no_mpi()),
+        CollectiveArg::Mpi => return Err(crate::args::no_mpi()),
     };
     Ok(ExitCode::from(code))
 }

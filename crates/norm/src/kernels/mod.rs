@@ -9,4 +9,4 @@ pub(crate) mod generic;
 pub mod isa;
 
 /// What `normalize` computes per element, with `m` = mean as f32 and `s` = std as f32.
-pub(crate) use crate::normalizer::Direction;
+pub(crate) use crate::direction::Direction;

@@ -53,7 +53,7 @@ impl Call {
 }
 
 /// Dict entries or set items together with the canonical ids of their keys
-/// (see [`super::keys`]), so that a repeated key is found without comparing trees.
+/// (see the `keys` module), so that a repeated key is found without comparing trees.
 #[derive(Debug, Default)]
 pub(super) struct Keyed<T> {
     pub items: Vec<T>,

@@ -2,10 +2,11 @@
 //! participants of a collective, and compares every recorded result.
 //!
 //! [`run`] drives one rank, [`judge`] compares the ranks' observations with
-//! the trace, and `crate::wire` carries observations between processes.
+//! the trace, and `wire` carries observations between processes.
 
 mod judge;
 mod run;
+mod wire;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,12 +15,10 @@ use pmstate_norm::{Collective, InProcessGroup};
 use serde::Serialize;
 
 use self::judge::judge;
-pub(crate) use self::run::Obs as Observation;
 use self::run::{run_rank, Obs};
 use crate::compare::FieldReport;
 use crate::error::{ReplayFailure, Result, TraceError};
 use crate::model::*;
-use crate::wire;
 
 /// How batch moments and std are obtained.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

@@ -10,8 +10,8 @@ use candle_core::{Device, Tensor};
 use pmstate_norm::{Collective, Moments, NormState};
 use serde::{Deserialize, Serialize};
 
+use super::run::Obs;
 use crate::error::{FieldProblem, Result, TraceError};
-use crate::replay::Observation as Obs;
 
 /// A step's observation without its tensors (they are named `{step}.{field}`).
 #[derive(Serialize, Deserialize)]
