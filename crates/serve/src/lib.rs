@@ -2,6 +2,7 @@
 #![forbid(unsafe_code)]
 
 pub mod batcher;
+mod blocking;
 pub mod client;
 pub mod decode;
 pub mod encode;
@@ -18,6 +19,7 @@ mod server;
 pub mod signals;
 pub mod slot;
 
+pub use blocking::{serve_until_signalled, Stopped};
 pub use error::{LoadError, RequestError, StartError};
 pub use events::{ignore_events, Event, EventSink};
 pub use options::{Batching, Limits, ModelSource, NonFinite, ServeOptions, Watch};

@@ -11,3 +11,4 @@ pub mod inspect;
 pub mod normalizers;
 pub mod policy;
 pub mod replay;
+pub mod serve;
