@@ -12,8 +12,9 @@
 //! its own mean rows, exactly as `Policy::sample` on its rows would.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError, SyncSender, TryRecvError, TrySendError};
-use std::sync::Arc;
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
@@ -54,11 +55,66 @@ enum Msg {
     Stop,
 }
 
+/// Requests queued and not yet running: what `--queue` bounds. Counted
+/// apart from the channel, so that a request the worker has taken into a
+/// batch still forming (waiting for `max_wait`, or for a pause to end)
+/// still counts, and the bound holds whatever the worker is doing.
+struct Waiting {
+    count: AtomicUsize,
+    metrics: Arc<Metrics>,
+}
+
+impl Waiting {
+    fn enter(&self, cap: usize) -> bool {
+        let ok = self.count.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < cap).then_some(n + 1)).is_ok();
+        if ok {
+            self.metrics.queue_depth.inc();
+        }
+        ok
+    }
+
+    fn leave(&self, n: usize) {
+        self.count.fetch_sub(n, Ordering::AcqRel);
+        self.metrics.queue_depth.dec_by(n as i64);
+    }
+}
+
+/// Holds forwards back while set (see [`Batcher::pause`]).
+#[derive(Default)]
+struct PauseFlag {
+    paused: Mutex<bool>,
+    changed: Condvar,
+}
+
+impl PauseFlag {
+    fn set(&self, v: bool) {
+        *self.paused.lock().unwrap_or_else(|e| e.into_inner()) = v;
+        self.changed.notify_all();
+    }
+
+    fn wait_while_paused(&self) {
+        let g = self.paused.lock().unwrap_or_else(|e| e.into_inner());
+        let _g = self.changed.wait_while(g, |p| *p).unwrap_or_else(|e| e.into_inner());
+    }
+}
+
+/// Forwards are held back until this is dropped (see [`Batcher::pause`]).
+pub struct Paused {
+    flag: Arc<PauseFlag>,
+}
+
+impl Drop for Paused {
+    fn drop(&mut self) {
+        self.flag.set(false);
+    }
+}
+
 /// The queue and its worker thread.
 pub struct Batcher {
     tx: SyncSender<Msg>,
     queue: usize,
-    metrics: Arc<Metrics>,
+    waiting: Arc<Waiting>,
+    pause: Arc<PauseFlag>,
     thread: std::sync::Mutex<Option<JoinHandle<()>>>,
 }
 
@@ -70,28 +126,40 @@ impl Batcher {
         pool: rayon::ThreadPool,
         metrics: Arc<Metrics>,
     ) -> std::io::Result<Batcher> {
-        let (tx, rx) = sync_channel(batching.queue);
-        let m = metrics.clone();
-        let thread = std::thread::Builder::new()
-            .name("pmstate-batcher".into())
-            .spawn(move || Worker { rx, slot, batching, pool, metrics: m }.run())?;
-        Ok(Batcher { tx, queue: batching.queue, metrics, thread: std::sync::Mutex::new(Some(thread)) })
+        // room for every waiting job and the stop message: sends never block
+        let (tx, rx) = sync_channel(batching.queue.saturating_add(1));
+        let waiting = Arc::new(Waiting { count: AtomicUsize::new(0), metrics: metrics.clone() });
+        let pause = Arc::new(PauseFlag::default());
+        let w = Worker { rx, slot, batching, pool, metrics, waiting: waiting.clone(), pause: pause.clone() };
+        let thread = std::thread::Builder::new().name("pmstate-batcher".into()).spawn(move || w.run())?;
+        Ok(Batcher { tx, queue: batching.queue, waiting, pause, thread: std::sync::Mutex::new(Some(thread)) })
     }
 
-    /// Queues a job, or refuses it when the queue is full.
+    /// Queues a job, or refuses it when `queue` requests already wait.
     pub fn submit(&self, job: Job) -> Result<(), RequestError> {
-        self.metrics.queue_depth.inc();
+        if !self.waiting.enter(self.queue) {
+            return Err(RequestError::QueueFull { queue: self.queue });
+        }
         match self.tx.try_send(Msg::Job(Box::new(job))) {
             Ok(()) => Ok(()),
             Err(TrySendError::Full(_)) => {
-                self.metrics.queue_depth.dec();
+                self.waiting.leave(1);
                 Err(RequestError::QueueFull { queue: self.queue })
             }
             Err(TrySendError::Disconnected(_)) => {
-                self.metrics.queue_depth.dec();
+                self.waiting.leave(1);
                 Err(RequestError::ShuttingDown)
             }
         }
+    }
+
+    /// Holds every forward back until the guard is dropped; requests keep
+    /// queueing (and are refused once the queue is full). For maintenance
+    /// windows and for tests that need a full queue without racing a
+    /// forward.
+    pub fn pause(&self) -> Paused {
+        self.pause.set(true);
+        Paused { flag: self.pause.clone() }
     }
 
     /// Runs what is queued, then stops the worker.
@@ -110,15 +178,14 @@ struct Worker {
     batching: Batching,
     pool: rayon::ThreadPool,
     metrics: Arc<Metrics>,
+    waiting: Arc<Waiting>,
+    pause: Arc<PauseFlag>,
 }
 
 impl Worker {
     fn take(&self, msg: Msg) -> Option<Box<Job>> {
         match msg {
-            Msg::Job(j) => {
-                self.metrics.queue_depth.dec();
-                Some(j)
-            }
+            Msg::Job(j) => Some(j),
             Msg::Stop => None,
         }
     }
@@ -182,6 +249,9 @@ impl Worker {
     }
 
     fn run_batch(&self, jobs: Vec<Box<Job>>) {
+        self.pause.wait_while_paused();
+        self.waiting.leave(jobs.len());
+        // one model per batch: a reload swaps between batches, never inside one
         let model = self.slot.current();
         let mut live = Vec::with_capacity(jobs.len());
         for j in jobs {

@@ -88,6 +88,12 @@ impl ServerHandle {
         }
     }
 
+    /// Holds forwards back until the guard is dropped (requests queue,
+    /// then are refused with 503): see [`crate::batcher::Batcher::pause`].
+    pub fn pause(&self) -> crate::batcher::Paused {
+        self.state.batcher.pause()
+    }
+
     /// The version being served.
     pub fn version(&self) -> u64 {
         self.state.slot.current().version

@@ -173,3 +173,51 @@ pub fn metric(text: &str, prefix: &str) -> f64 {
         .and_then(|v| v.parse().ok())
         .unwrap_or_else(|| panic!("no metric {prefix} in\n{text}"))
 }
+
+/// The smpl tracker's state as a flat safetensors map (via pmstate-ckpt's
+/// conversion), with the actor's last bias shifted by `shift`: a checkpoint
+/// with the same interface and different outputs.
+pub fn tracker_tensors(shift: f32) -> HashMap<String, Tensor> {
+    let dir = tempfile::tempdir().unwrap();
+    let st = dir.path().join("t.safetensors");
+    pmstate_ckpt::Checkpoint::open(testdata("smpl_tracker").join("last.ckpt")).unwrap().save(&st).unwrap();
+    let mut m = candle_core::safetensors::load(&st, &Device::Cpu).unwrap();
+    m.retain(|k, _| k.starts_with("model."));
+    let key = "model._actor.mu.mlp.12.bias";
+    let b = (&m[key] + shift as f64).unwrap();
+    m.insert(key.into(), b);
+    m
+}
+
+/// Writes `tensors` to `path` through a temporary file and a rename (as
+/// ProtoMotions' `torch.save` to a temporary file does).
+pub fn write_by_rename(tensors: &HashMap<String, Tensor>, path: &std::path::Path) {
+    let tmp = path.with_extension("tmp.safetensors");
+    candle_core::safetensors::save(tensors, &tmp).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
+
+/// A folder with the smpl tracker's resolved configs and `last.safetensors`
+/// (bias shifted by `shift`).
+pub fn tracker_dir(shift: f32) -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy(testdata("smpl_tracker").join("resolved_configs.pt"), dir.path().join("resolved_configs.pt")).unwrap();
+    let ckpt = dir.path().join("last.safetensors");
+    write_by_rename(&tracker_tensors(shift), &ckpt);
+    (dir, ckpt)
+}
+
+/// One request of `rows` (JSON) and the outputs it must get.
+pub fn row_request(o: &HashMap<String, Tensor>, idx: &[usize], extra: Value) -> (Vec<u8>, Vec<(String, usize, Vec<f32>)>) {
+    let r = rows(o, idx);
+    (json_request(&r, extra), r)
+}
+
+/// Polls `cond` every 5 ms until it holds; panics after 60 s (a hang, not a speed check).
+pub async fn until(what: &str, mut cond: impl FnMut() -> bool) {
+    let start = std::time::Instant::now();
+    while !cond() {
+        assert!(start.elapsed() < std::time::Duration::from_secs(60), "timed out waiting for {what}");
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+}
