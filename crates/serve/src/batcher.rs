@@ -412,7 +412,8 @@ impl Worker {
         let start = Instant::now();
         let d = self.pool.install(|| p.discriminate(&obs))?;
         self.observe(rows, idx.len(), start);
-        for (name, t) in [("disc_logits", &d.disc_logits), ("disc_reward", &d.disc_reward), ("disc_value", &d.disc_value)]
+        for (name, t) in
+            [("disc_logits", &d.disc_logits), ("disc_reward", &d.disc_reward), ("disc_value", &d.disc_value)]
         {
             let v = host(t)?;
             let w = v.len() / rows.max(1);

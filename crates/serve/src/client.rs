@@ -67,11 +67,22 @@ impl Client {
     }
 
     /// `POST path` with `body` and extra headers.
-    pub async fn post(&self, path: &str, body: impl Into<Bytes>, headers: &[(&str, String)]) -> Result<Reply, ClientError> {
+    pub async fn post(
+        &self,
+        path: &str,
+        body: impl Into<Bytes>,
+        headers: &[(&str, String)],
+    ) -> Result<Reply, ClientError> {
         self.send("POST", path, body.into(), headers).await
     }
 
-    async fn send(&self, method: &str, path: &str, body: Bytes, headers: &[(&str, String)]) -> Result<Reply, ClientError> {
+    async fn send(
+        &self,
+        method: &str,
+        path: &str,
+        body: Bytes,
+        headers: &[(&str, String)],
+    ) -> Result<Reply, ClientError> {
         let url = format!("{}{path}", self.base);
         let err = |reason: String| ClientError::Request { url: url.clone(), reason };
         let mut b = Request::builder().method(method).uri(&url);

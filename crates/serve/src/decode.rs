@@ -159,7 +159,9 @@ pub fn decode(
                 return Err(RequestError::BadInput(format!("input {name}: both data and binary_data_size are given")))
             }
             (None, None) => {
-                return Err(RequestError::BadInput(format!("input {name}: no data (neither data nor binary_data_size)")))
+                return Err(RequestError::BadInput(format!(
+                    "input {name}: no data (neither data nor binary_data_size)"
+                )))
             }
             (None, Some(data)) => {
                 if data.0.len() != count {
@@ -236,8 +238,8 @@ pub fn decode(
             }
         }
         None => {
-            let disc_inputs =
-                iface.inputs.iter().filter(|i| i.discriminator).all(|i| has(&i.name)) && iface.inputs.iter().any(|i| i.discriminator);
+            let disc_inputs = iface.inputs.iter().filter(|i| i.discriminator).all(|i| has(&i.name))
+                && iface.inputs.iter().any(|i| i.discriminator);
             for spec in &iface.outputs {
                 let take = match spec.source {
                     Source::ActorCritic => true,
@@ -279,7 +281,11 @@ pub fn decode(
         let ws: Option<Vec<usize>> = keys
             .iter()
             .map(|k| {
-                ordered.iter().find(|(n, _, _)| n == k).map(|(_, w, _)| *w).or_else(|| iface.input(k).and_then(|i| i.width))
+                ordered
+                    .iter()
+                    .find(|(n, _, _)| n == k)
+                    .map(|(_, w, _)| *w)
+                    .or_else(|| iface.input(k).and_then(|i| i.width))
             })
             .collect();
         let Some(ws) = ws else { continue };

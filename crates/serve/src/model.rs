@@ -198,7 +198,8 @@ fn resolve_widths(policy: &Policy, pins: &[(String, usize)]) -> Result<BTreeMap<
         for g in &policy.widths().groups {
             let open: Vec<&String> = g.keys.iter().filter(|k| !w.contains_key(*k)).collect();
             let fixed: usize = g.keys.iter().filter_map(|k| w.get(k)).sum();
-            let parts = || g.keys.iter().map(|k| w.get(k).map_or("?".to_string(), |v| v.to_string())).collect::<Vec<_>>();
+            let parts =
+                || g.keys.iter().map(|k| w.get(k).map_or("?".to_string(), |v| v.to_string())).collect::<Vec<_>>();
             if open.is_empty() {
                 if fixed != g.total {
                     return Err(LoadError::Pin {

@@ -251,7 +251,12 @@ impl<'a> ModelConfigResponse<'a> {
                 .iter()
                 .map(|i| tensor(&i.name, &[-1, i.width.map_or(-1, |w| w as i64)], true))
                 .collect(),
-            output: m.interface.outputs.iter().map(|o| tensor(o.name, &o.shape, o.shape.first() == Some(&-1))).collect(),
+            output: m
+                .interface
+                .outputs
+                .iter()
+                .map(|o| tensor(o.name, &o.shape, o.shape.first() == Some(&-1)))
+                .collect(),
             dynamic_batching: DynamicBatching {
                 max_queue_delay_microseconds: batching.max_wait.as_micros() as u64,
                 default_queue_policy: QueuePolicy { max_queue_size: batching.queue },

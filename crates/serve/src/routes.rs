@@ -197,10 +197,8 @@ async fn read_body(
     body: Body,
 ) -> Result<(Bytes, tokio::sync::OwnedSemaphorePermit), RequestError> {
     let limit = st.limits.max_body_bytes;
-    let declared = headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
+    let declared =
+        headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|n| n > limit as u64) {
         return Err(RequestError::TooLarge { limit });
     }

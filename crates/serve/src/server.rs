@@ -178,14 +178,13 @@ impl Server {
             reloads: reloads.clone(),
         });
         let reloader = match reload_cfg {
-            Some(cfg) => Some(
-                Reloader::start(cfg, stamp, slot, metrics, reloads, events.clone()).map_err(StartError::Runtime)?,
-            ),
+            Some(cfg) => {
+                Some(Reloader::start(cfg, stamp, slot, metrics, reloads, events.clone()).map_err(StartError::Runtime)?)
+            }
             None => None,
         };
         let reload_fn: Option<ReloadFn> = reloader.as_ref().map(|r| Arc::new(r.trigger_fn()) as ReloadFn);
-        let listener =
-            tokio::net::TcpListener::bind(addr).await.map_err(|source| StartError::Bind { addr, source })?;
+        let listener = tokio::net::TcpListener::bind(addr).await.map_err(|source| StartError::Bind { addr, source })?;
         let addr = listener.local_addr().map_err(|source| StartError::Bind { addr, source })?;
         let (stop_tx, mut stop_rx) = watch::channel(false);
         let app = crate::routes::router(state.clone());

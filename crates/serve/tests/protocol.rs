@@ -117,9 +117,10 @@ async fn json_and_binary_inference_match_the_policy_bit_for_bit() {
         }),
     );
     let reply = infer_binary(&s.client, body, n).await;
-    let head: serde_json::Value =
-        serde_json::from_slice(&reply.body[..reply.header("inference-header-content-length").unwrap().parse().unwrap()])
-            .unwrap();
+    let head: serde_json::Value = serde_json::from_slice(
+        &reply.body[..reply.header("inference-header-content-length").unwrap().parse().unwrap()],
+    )
+    .unwrap();
     let names: Vec<&str> = head["outputs"].as_array().unwrap().iter().map(|o| o["name"].as_str().unwrap()).collect();
     assert_eq!(names, ["action", "neglogp"]);
     let got = outputs(&reply);

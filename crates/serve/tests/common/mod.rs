@@ -201,14 +201,19 @@ pub fn write_by_rename(tensors: &HashMap<String, Tensor>, path: &std::path::Path
 /// (bias shifted by `shift`).
 pub fn tracker_dir(shift: f32) -> (tempfile::TempDir, PathBuf) {
     let dir = tempfile::tempdir().unwrap();
-    std::fs::copy(testdata("smpl_tracker").join("resolved_configs.pt"), dir.path().join("resolved_configs.pt")).unwrap();
+    std::fs::copy(testdata("smpl_tracker").join("resolved_configs.pt"), dir.path().join("resolved_configs.pt"))
+        .unwrap();
     let ckpt = dir.path().join("last.safetensors");
     write_by_rename(&tracker_tensors(shift), &ckpt);
     (dir, ckpt)
 }
 
 /// One request of `rows` (JSON) and the outputs it must get.
-pub fn row_request(o: &HashMap<String, Tensor>, idx: &[usize], extra: Value) -> (Vec<u8>, Vec<(String, usize, Vec<f32>)>) {
+pub fn row_request(
+    o: &HashMap<String, Tensor>,
+    idx: &[usize],
+    extra: Value,
+) -> (Vec<u8>, Vec<(String, usize, Vec<f32>)>) {
     let r = rows(o, idx);
     (json_request(&r, extra), r)
 }
