@@ -33,6 +33,9 @@ pub struct Metrics {
     pub forward_seconds: Histogram,
     /// Requests waiting for the batcher.
     pub queue_depth: Gauge,
+    /// Inference requests being handled (body read, queued or running);
+    /// one whose client went away leaves at once.
+    pub in_flight: Gauge,
     /// Checkpoint reloads, by result (`ok`, `failed`).
     pub reloads: Family<Labels, Counter>,
     /// The version being served.
@@ -65,6 +68,8 @@ impl Metrics {
         r.register("forward_duration_seconds", "Seconds per forward", forward_seconds.clone());
         let queue_depth = Gauge::default();
         r.register("queue_depth", "Requests waiting for the batcher", queue_depth.clone());
+        let in_flight = Gauge::default();
+        r.register("requests_in_flight", "Inference requests being handled", in_flight.clone());
         let reloads = Family::<Labels, Counter>::default();
         r.register("model_reloads", "Checkpoint reloads, by result", reloads.clone());
         let model_version = Gauge::default();
@@ -86,6 +91,7 @@ impl Metrics {
             batch_requests,
             forward_seconds,
             queue_depth,
+            in_flight,
             reloads,
             model_version,
         }

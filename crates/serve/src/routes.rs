@@ -179,6 +179,8 @@ async fn infer_counted(
 ) -> Response {
     let start = Instant::now();
     st.metrics.requests.inc();
+    // dropped with this future, also when hyper drops it for a closed connection
+    let _in_flight = InFlight::enter(&st.metrics.in_flight);
     let r = infer_inner(&st, &name, version.as_deref(), &headers, body).await;
     st.metrics.latency.observe(start.elapsed().as_secs_f64());
     match r {
@@ -187,6 +189,22 @@ async fn infer_counted(
             st.metrics.error(&e);
             e.into_response()
         }
+    }
+}
+
+/// Counts a request in `pmstate_requests_in_flight` while it lives.
+struct InFlight(prometheus_client::metrics::gauge::Gauge);
+
+impl InFlight {
+    fn enter(g: &prometheus_client::metrics::gauge::Gauge) -> InFlight {
+        g.inc();
+        InFlight(g.clone())
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.dec();
     }
 }
 

@@ -260,10 +260,11 @@ async fn oversized_bodies_full_queues_stalled_and_vanished_clients() {
     tcp.write_all(&body).await.unwrap();
     until("the request queued", || metric(&handle.metrics_text(), "pmstate_queue_depth") == 1.0).await;
     drop(tcp);
-    // let the server see the closed connection before the forward may run
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    // the server sees the closed connection and drops the handler before the forward may run
+    until("the handler dropped", || metric(&handle.metrics_text(), "pmstate_requests_in_flight") == 0.0).await;
     drop(paused);
     until("the queue drained", || metric(&handle.metrics_text(), "pmstate_queue_depth") == 0.0).await;
+    assert_eq!(metric(&handle.metrics_text(), "pmstate_infer_cancelled_total"), 1.0);
 
     // a client that stops mid-body: 408 once the body timeout passes
     let raw = raw_request(

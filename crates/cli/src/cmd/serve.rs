@@ -85,8 +85,7 @@ pub fn run(a: Args, g: Global) -> Result<ExitCode, CliError> {
     opts.addr = a.addr;
     opts.device = device;
     opts.batching = Batching { max_batch: a.max_batch, max_wait: Duration::from_micros(a.max_wait_us), queue: a.queue };
-    opts.watch =
-        if a.watch { Watch::Poll { interval: Duration::from_secs_f64(a.watch_interval) } } else { Watch::Off };
+    opts.watch = if a.watch { Watch::Poll { interval: Duration::from_secs_f64(a.watch_interval) } } else { Watch::Off };
     opts.widths = a.widths;
     opts.non_finite = if a.reject_non_finite { NonFinite::Reject } else { NonFinite::Pass };
     let defaults = Limits::default();

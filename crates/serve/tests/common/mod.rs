@@ -182,8 +182,10 @@ pub fn tracker_tensors(shift: f32) -> HashMap<String, Tensor> {
     let st = dir.path().join("t.safetensors");
     pmstate_ckpt::Checkpoint::open(testdata("smpl_tracker").join("last.ckpt")).unwrap().save(&st).unwrap();
     let mut m = candle_core::safetensors::load(&st, &Device::Cpu).unwrap();
-    m.retain(|k, _| k.starts_with("model."));
-    let key = "model._actor.mu.mlp.12.bias";
+    // the state dict at the root, as a flat safetensors file of the model holds it
+    let mut m: HashMap<String, Tensor> =
+        m.into_iter().filter_map(|(k, t)| k.strip_prefix("model.").map(|k| (k.to_owned(), t))).collect();
+    let key = "_actor.mu.mlp.12.bias";
     let b = (&m[key] + shift as f64).unwrap();
     m.insert(key.into(), b);
     m
