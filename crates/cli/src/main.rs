@@ -66,6 +66,10 @@ enum Command {
     /// (actor 6x1024, critic 4x1024, obs 358 + 576 + 69) at batch 1, 64,
     /// 1024 and 4096, and reading its weights once (the batch-1 floor).
     BenchPolicy(cmd::bench_policy::Args),
+    /// Load-test the inference server on the full-size smpl tracker: rows/s
+    /// and p50/p99 latency for 1, 16 and 256 concurrent one-row clients,
+    /// with dynamic batching and with --max-batch 1, against the in-process forward.
+    BenchServe(cmd::bench_serve::Args),
     /// Serve a policy over the Open Inference Protocol (KServe V2 REST, as
     /// Triton and KServe speak it): dynamic batching, hot reload (--watch,
     /// SIGHUP), Prometheus metrics. Prints the address it listens on; stops
@@ -91,6 +95,7 @@ fn run(cli: Cli) -> Result<ExitCode, CliError> {
         Command::Policy(a) => cmd::policy::run_command(a, g),
         Command::BenchPolicy(a) => cmd::bench_policy::run(a, g),
         Command::Serve(a) => cmd::serve::run(a, g),
+        Command::BenchServe(a) => cmd::bench_serve::run(a, g),
     }
 }
 

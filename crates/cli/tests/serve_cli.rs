@@ -76,7 +76,10 @@ async fn serve_answers_like_policy_run_reloads_on_sighup_and_drains_on_sigterm()
     assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
     let got: Vec<f32> =
         r.json()["outputs"][0]["data"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap() as f32).collect();
-    assert_eq!(got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), want_mean.iter().map(|v| v.to_bits()).collect::<Vec<_>>());
+    assert_eq!(
+        got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+        want_mean.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+    );
 
     // SIGHUP: the checkpoint is loaded again as version 2
     signal(child.id(), "-HUP");
@@ -94,6 +97,21 @@ async fn serve_answers_like_policy_run_reloads_on_sighup_and_drains_on_sigterm()
     assert!(status.success(), "{status:?}");
 }
 
+/// Runs a `pmstate serve` that must refuse to start; one that serves
+/// instead is killed (after 60 s: a hang, not a speed check) and fails.
+fn refused(cmd: &mut Command) -> std::process::Output {
+    let mut child = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let start = std::time::Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if start.elapsed() > std::time::Duration::from_secs(60) {
+            let _ = child.kill();
+            panic!("{cmd:?} is serving instead of refusing: {:?}", child.wait_with_output().unwrap());
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    child.wait_with_output().unwrap()
+}
+
 #[test]
 fn serve_refuses_what_it_cannot_serve() {
     let bin = env!("CARGO_BIN_EXE_pmstate");
@@ -104,12 +122,12 @@ fn serve_refuses_what_it_cannot_serve() {
         (vec!["--name", "a/b"], "model name \"a/b\""),
         (vec!["--max-batch", "0"], "--max-batch"),
     ] {
-        let out = Command::new(bin).arg("serve").args(&args).args(["--addr", "127.0.0.1:0"]).arg(&ckpt).output().unwrap();
+        let out = refused(Command::new(bin).arg("serve").args(&args).args(["--addr", "127.0.0.1:0"]).arg(&ckpt));
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
         assert!(err.contains(want), "{args:?}: {err}");
     }
-    let out = Command::new(bin).args(["serve", "--addr", "127.0.0.1:0", "/nonexistent/last.ckpt"]).output().unwrap();
+    let out = refused(Command::new(bin).args(["serve", "--addr", "127.0.0.1:0", "/nonexistent/last.ckpt"]));
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/last.ckpt"));
 }

@@ -9,6 +9,7 @@ pub mod encode;
 mod error;
 pub mod events;
 pub mod json_floats;
+pub mod load;
 pub mod metrics;
 pub mod model;
 pub mod options;

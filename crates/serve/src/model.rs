@@ -212,6 +212,17 @@ fn resolve_widths(policy: &Policy, pins: &[(String, usize)]) -> Result<BTreeMap<
                         ),
                     });
                 }
+            } else if fixed.saturating_add(open.len()) > g.total {
+                // every open key needs at least one column
+                return Err(LoadError::Pin {
+                    key: g.keys.iter().find(|k| pins.iter().any(|(p, _)| p == *k)).unwrap_or(&open[0]).clone(),
+                    reason: format!(
+                        "{} reads {} columns in all; the pins already take {fixed} ({})",
+                        g.path,
+                        g.total,
+                        parts().join(" + ")
+                    ),
+                });
             } else if open.iter().all(|k| *k == open[0]) {
                 let n = open.len();
                 if fixed >= g.total || (g.total - fixed) % n != 0 {
