@@ -270,7 +270,12 @@ impl Worker {
             }
         }
         for g in groups {
-            let answers = self.run_group(&model, &g);
+            // a bug in a forward must not take the worker (and every later
+            // request) down with it: its callers get a 500 and batching goes on
+            let answers = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.run_group(&model, &g)))
+                .unwrap_or_else(|_| {
+                    g.iter().map(|_| Err(RequestError::Internal("the forward panicked".into()))).collect()
+                });
             for (j, a) in g.into_iter().zip(answers) {
                 // the client may have gone meanwhile: nothing to do then
                 let _ = j.reply.send(a);

@@ -292,7 +292,11 @@ pub fn decode(
         let sum: usize = ws.iter().sum();
         if sum != *total {
             let parts: Vec<String> = keys.iter().zip(&ws).map(|(k, w)| format!("{k} {w}")).collect();
-            let key = keys.iter().find(|k| iface.input(k).is_some_and(|i| i.width.is_none())).unwrap_or(&keys[0]);
+            let key = keys
+                .iter()
+                .find(|k| iface.input(k).is_some_and(|i| i.width.is_none()))
+                .or(keys.first())
+                .map_or(module.as_str(), String::as_str);
             return Err(RequestError::BadInput(format!(
                 "input {key}: {module} reads {} = {sum} columns, expected {total} in all",
                 parts.join(" + ")

@@ -51,6 +51,25 @@ pub struct LoadResult {
     pub p99: f64,
     /// Mean rows per forward in the measured time (from `/metrics`).
     pub rows_per_forward: f64,
+    /// Mean seconds per forward in the measured time (from `/metrics`):
+    /// the forward under the same conditions as the requests around it.
+    pub forward_seconds: f64,
+    /// CPU seconds of this whole process (server and clients, every
+    /// thread) per row answered; time other processes take from the cores
+    /// does not count. None off Linux.
+    pub cpu_seconds_per_row: Option<f64>,
+}
+
+/// CPU seconds used so far by every thread of this process (Linux:
+/// /proc/self/task/*/schedstat); None elsewhere. On a shared machine the
+/// CPU time a piece of work takes moves far less than its wall time.
+pub fn process_cpu_seconds() -> Option<f64> {
+    let mut total = 0u64;
+    for task in std::fs::read_dir("/proc/self/task").ok()? {
+        let stat = std::fs::read_to_string(task.ok()?.path().join("schedstat")).ok()?;
+        total = total.saturating_add(stat.split_whitespace().next()?.parse::<u64>().ok()?);
+    }
+    Some(total as f64 * 1e-9)
 }
 
 /// The sum and count of a histogram in the metrics text.
@@ -116,13 +135,19 @@ async fn level(server: &Server, plan: &LoadPlan, n: usize) -> LoadResult {
         }));
     }
     tokio::time::sleep(Duration::from_secs_f64(plan.warmup)).await;
-    let before = histogram(&server.handle().metrics_text(), "pmstate_batch_rows");
+    let text = server.handle().metrics_text();
+    let (before, fwd_before) =
+        (histogram(&text, "pmstate_batch_rows"), histogram(&text, "pmstate_forward_duration_seconds"));
+    let cpu_before = process_cpu_seconds();
     measuring.store(true, Ordering::Relaxed);
     let start = Instant::now();
     tokio::time::sleep(Duration::from_secs_f64(plan.seconds)).await;
     measuring.store(false, Ordering::Relaxed);
     let seconds = start.elapsed().as_secs_f64();
-    let after = histogram(&server.handle().metrics_text(), "pmstate_batch_rows");
+    let cpu = cpu_before.zip(process_cpu_seconds()).map(|(a, b)| b - a);
+    let text = server.handle().metrics_text();
+    let (after, fwd_after) =
+        (histogram(&text, "pmstate_batch_rows"), histogram(&text, "pmstate_forward_duration_seconds"));
     stop.store(true, Ordering::Relaxed);
     let (mut lat, mut errors) = (Vec::new(), 0);
     for t in tasks {
@@ -142,6 +167,8 @@ async fn level(server: &Server, plan: &LoadPlan, n: usize) -> LoadResult {
         p50: quantile(&lat, 0.5),
         p99: quantile(&lat, 0.99),
         rows_per_forward: if forwards > 0.0 { (after.0 - before.0) / forwards } else { f64::NAN },
+        forward_seconds: if forwards > 0.0 { (fwd_after.0 - fwd_before.0) / forwards } else { f64::NAN },
+        cpu_seconds_per_row: cpu.map(|c| c / (lat.len() * plan.rows_per_request).max(1) as f64),
     }
 }
 

@@ -203,7 +203,12 @@ fn resolve_widths(policy: &Policy, pins: &[(String, usize)]) -> Result<BTreeMap<
             if open.is_empty() {
                 if fixed != g.total {
                     return Err(LoadError::Pin {
-                        key: g.keys.iter().find(|k| pins.iter().any(|(p, _)| p == *k)).unwrap_or(&g.keys[0]).clone(),
+                        key: g
+                            .keys
+                            .iter()
+                            .find(|k| pins.iter().any(|(p, _)| p == *k))
+                            .or(g.keys.first())
+                            .map_or_else(|| g.path.clone(), String::clone),
                         reason: format!(
                             "{} reads {} = {fixed} columns, but its checkpoint weights take {}",
                             g.path,

@@ -41,8 +41,9 @@ pub struct Args {
 #[derive(Debug, Serialize)]
 #[serde(tag = "record", rename_all = "snake_case")]
 enum Record {
-    /// The in-process forward at `batch` rows.
-    Forward { batch: usize, seconds: f64, rows_per_s: f64 },
+    /// The in-process forward at `batch` rows: median wall seconds, and
+    /// CPU seconds of the process per row.
+    Forward { batch: usize, seconds: f64, rows_per_s: f64, cpu_seconds_per_row: Option<f64> },
     /// A load level: `batching` true for --max-batch N, false for --max-batch 1.
     Load {
         batching: bool,
@@ -82,20 +83,22 @@ fn policy() -> Result<Policy, CliError> {
     Ok(Policy::from_parts(bench_config(), &ckpt?, &Device::Cpu)?)
 }
 
-/// Median seconds of `f` over at least 7 calls and 1 s.
-fn median(mut f: impl FnMut() -> Result<(), CliError>) -> Result<f64, CliError> {
+/// (median seconds, CPU seconds per call) of `f` over at least 7 calls and 2 s.
+fn median(mut f: impl FnMut() -> Result<(), CliError>) -> Result<(f64, Option<f64>), CliError> {
     for _ in 0..3 {
         f()?;
     }
     let mut s = vec![];
+    let cpu0 = pmstate_serve::load::process_cpu_seconds();
     let start = std::time::Instant::now();
-    while s.len() < 7 || (start.elapsed().as_secs_f64() < 1.0 && s.len() < 100_000) {
+    while s.len() < 7 || (start.elapsed().as_secs_f64() < 2.0 && s.len() < 100_000) {
         let t = std::time::Instant::now();
         f()?;
         s.push(t.elapsed().as_secs_f64());
     }
+    let cpu = cpu0.zip(pmstate_serve::load::process_cpu_seconds()).map(|(a, b)| (b - a) / s.len() as f64);
     s.sort_by(f64::total_cmp);
-    Ok(s[s.len() / 2])
+    Ok((s[s.len() / 2], cpu))
 }
 
 /// Runs the benchmark: a table and the goals, or (`--json`) one record per line.
@@ -110,15 +113,24 @@ pub fn run(a: Args, g: Global) -> Result<ExitCode, CliError> {
         .build()
         .map_err(|e| CliError::Usage(format!("--threads {threads}: {e}")))?;
     let p = policy()?;
-    for b in [1, a.max_batch] {
+    // batch 1, the largest batch, and half of it (what 2N closed-loop
+    // clients make: N rows run while the other N queue)
+    let mut batches = vec![1, (a.max_batch / 2).max(1), a.max_batch];
+    batches.dedup();
+    for b in batches {
         let obs = bench_obs(b)?;
-        let s = pool.install(|| {
+        let (s, cpu) = pool.install(|| {
             median(|| {
                 std::hint::black_box(p.forward(&obs)?);
                 Ok(())
             })
         })?;
-        records.push(Record::Forward { batch: b, seconds: s, rows_per_s: b as f64 / s });
+        records.push(Record::Forward {
+            batch: b,
+            seconds: s,
+            rows_per_s: b as f64 / s,
+            cpu_seconds_per_row: cpu.map(|c| c / b as f64),
+        });
     }
     drop(p);
 
@@ -160,7 +172,7 @@ pub fn run(a: Args, g: Global) -> Result<ExitCode, CliError> {
 fn goals(records: &mut Vec<Record>, clients: &[usize], max_batch: usize) {
     let forward = |b: usize| {
         records.iter().find_map(|r| match r {
-            Record::Forward { batch, seconds, rows_per_s } if *batch == b => Some((*seconds, *rows_per_s)),
+            Record::Forward { batch, seconds, rows_per_s, .. } if *batch == b => Some((*seconds, *rows_per_s)),
             _ => None,
         })
     };
@@ -212,18 +224,21 @@ fn print(records: &[Record], g: Global, threads: usize) -> Result<(), CliError> 
     output::line(format!("full-size smpl tracker, {threads} forward threads, clients on the same machine"));
     for r in records {
         match r {
-            Record::Forward { batch, seconds, rows_per_s } => output::line(format!(
-                "in-process forward  batch {batch:>4}: {:>10.1} us  {rows_per_s:>10.0} rows/s",
-                seconds * 1e6
+            Record::Forward { batch, seconds, rows_per_s, cpu_seconds_per_row } => output::line(format!(
+                "in-process forward  batch {batch:>4}: {:>10.1} us  {rows_per_s:>10.0} rows/s  {:>8.1} cpu us/row",
+                seconds * 1e6,
+                cpu_seconds_per_row.unwrap_or(f64::NAN) * 1e6
             )),
             Record::Load { batching, result: l } => output::line(format!(
-                "serve {:<13} {:>4} clients: {:>10.0} rows/s  p50 {:>9.1} us  p99 {:>9.1} us  {:>6.1} rows/forward  {} errors",
+                "serve {:<11} {:>4} clients: {:>8.0} rows/s  p50 {:>9.1} us  p99 {:>9.1} us  {:>6.1} rows/fwd  fwd {:>9.1} us  {:>8.1} cpu us/row  {} errors",
                 if *batching { "batching" } else { "max-batch 1" },
                 l.clients,
                 l.rows_per_s,
                 l.p50 * 1e6,
                 l.p99 * 1e6,
                 l.rows_per_forward,
+                l.forward_seconds * 1e6,
+                l.cpu_seconds_per_row.unwrap_or(f64::NAN) * 1e6,
                 l.errors
             )),
             Record::Goal { goal, measured, target, met } => output::line(format!(
