@@ -28,6 +28,9 @@ use crate::model::LoadedModel;
 use crate::options::Batching;
 use crate::slot::ModelSlot;
 
+/// The outputs computed for one job so far: name -> (shape, values).
+type Outs = HashMap<&'static str, (Vec<usize>, Vec<f32>)>;
+
 /// One output of an answer: what was asked, its shape, its values.
 pub type OutTensor = (Wanted, Vec<usize>, Vec<f32>);
 
@@ -216,7 +219,7 @@ impl Worker {
             };
             let deadline = first.enqueued + self.batching.max_wait;
             let mut rows = first.req.rows;
-            let mut batch = vec![first];
+            let mut batch = vec![*first];
             while rows < self.batching.max_batch {
                 let msg = match self.rx.try_recv() {
                     Ok(m) => m,
@@ -240,7 +243,7 @@ impl Worker {
                     }
                     Some(j) => {
                         rows += j.req.rows;
-                        batch.push(j);
+                        batch.push(*j);
                     }
                 }
             }
@@ -248,7 +251,7 @@ impl Worker {
         }
     }
 
-    fn run_batch(&self, jobs: Vec<Box<Job>>) {
+    fn run_batch(&self, jobs: Vec<Job>) {
         self.pause.wait_while_paused();
         self.waiting.leave(jobs.len());
         // one model per batch: a reload swaps between batches, never inside one
@@ -262,7 +265,7 @@ impl Worker {
             }
         }
         // requests merge only with inputs of the same keys and widths
-        let mut groups: Vec<Vec<Box<Job>>> = Vec::new();
+        let mut groups: Vec<Vec<Job>> = Vec::new();
         for j in live {
             match groups.iter_mut().find(|g| g[0].req.signature() == j.req.signature()) {
                 Some(g) => g.push(j),
@@ -284,8 +287,8 @@ impl Worker {
     }
 
     /// One forward per part for the group; each job's outputs in its order.
-    fn run_group(&self, model: &LoadedModel, jobs: &[Box<Job>]) -> Vec<Result<Answer, RequestError>> {
-        let mut outs: Vec<HashMap<&'static str, (Vec<usize>, Vec<f32>)>> = vec![HashMap::new(); jobs.len()];
+    fn run_group(&self, model: &LoadedModel, jobs: &[Job]) -> Vec<Result<Answer, RequestError>> {
+        let mut outs: Vec<Outs> = vec![HashMap::new(); jobs.len()];
         let internal = |e: &dyn std::fmt::Display| RequestError::Internal(e.to_string());
         let result = (|| -> Result<(), RequestError> {
             let ac: Vec<usize> = (0..jobs.len()).filter(|&i| jobs[i].req.actor_critic()).collect();
@@ -323,7 +326,7 @@ impl Worker {
     /// The merged observations of `idx` for the keys `part` reads.
     fn merged(
         model: &LoadedModel,
-        jobs: &[Box<Job>],
+        jobs: &[Job],
         idx: &[usize],
         disc: bool,
     ) -> candle_core::Result<(HashMap<String, Tensor>, usize)> {
@@ -353,9 +356,9 @@ impl Worker {
     fn actor_critic(
         &self,
         model: &LoadedModel,
-        jobs: &[Box<Job>],
+        jobs: &[Job],
         idx: &[usize],
-        outs: &mut [HashMap<&'static str, (Vec<usize>, Vec<f32>)>],
+        outs: &mut [Outs],
     ) -> Result<(), pmstate_policy::PolicyError> {
         let p = &model.policy;
         let (obs, rows) = Self::merged(model, jobs, idx, false)?;
@@ -408,9 +411,9 @@ impl Worker {
     fn discriminator(
         &self,
         model: &LoadedModel,
-        jobs: &[Box<Job>],
+        jobs: &[Job],
         idx: &[usize],
-        outs: &mut [HashMap<&'static str, (Vec<usize>, Vec<f32>)>],
+        outs: &mut [Outs],
     ) -> Result<(), pmstate_policy::PolicyError> {
         let p = &model.policy;
         let (obs, rows) = Self::merged(model, jobs, idx, true)?;

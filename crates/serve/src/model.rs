@@ -220,7 +220,7 @@ fn resolve_widths(policy: &Policy, pins: &[(String, usize)]) -> Result<BTreeMap<
             } else if fixed.saturating_add(open.len()) > g.total {
                 // every open key needs at least one column
                 return Err(LoadError::Pin {
-                    key: g.keys.iter().find(|k| pins.iter().any(|(p, _)| p == *k)).unwrap_or(&open[0]).clone(),
+                    key: g.keys.iter().find(|k| pins.iter().any(|(p, _)| p == *k)).unwrap_or(open[0]).clone(),
                     reason: format!(
                         "{} reads {} columns in all; the pins already take {fixed} ({})",
                         g.path,

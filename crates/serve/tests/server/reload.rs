@@ -5,14 +5,12 @@
 //! refused and the served model stays; a reload on request (SIGHUP) loads
 //! whatever is there.
 
-mod common;
-
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::common::*;
 use candle_core::{Device, Tensor};
-use common::*;
 use pmstate_policy::Policy;
 use pmstate_serve::{Event, Watch};
 use serde_json::json;

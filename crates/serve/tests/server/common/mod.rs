@@ -1,4 +1,4 @@
-//! Shared by the integration tests: a real server on port 0 serving a
+//! Shared by the server tests: a real server on port 0 serving a
 //! recorded ProtoMotions policy, a real HTTP client, request builders, and
 //! the in-process `Policy` to compare with.
 #![allow(dead_code)]
@@ -62,6 +62,9 @@ pub async fn start_variant(variant: &str) -> Running {
 pub fn obs(variant: &str) -> HashMap<String, Tensor> {
     candle_core::safetensors::load(testdata(variant).join("obs.safetensors"), &Device::Cpu).unwrap()
 }
+
+/// Request inputs: (key, width, rows x width values).
+pub type Rows = Vec<(String, usize, Vec<f32>)>;
 
 /// Rows `idx` of every observation: (key, width, values), keys sorted.
 pub fn rows(obs: &HashMap<String, Tensor>, idx: &[usize]) -> Vec<(String, usize, Vec<f32>)> {
@@ -181,7 +184,7 @@ pub fn tracker_tensors(shift: f32) -> HashMap<String, Tensor> {
     let dir = tempfile::tempdir().unwrap();
     let st = dir.path().join("t.safetensors");
     pmstate_ckpt::Checkpoint::open(testdata("smpl_tracker").join("last.ckpt")).unwrap().save(&st).unwrap();
-    let mut m = candle_core::safetensors::load(&st, &Device::Cpu).unwrap();
+    let m = candle_core::safetensors::load(&st, &Device::Cpu).unwrap();
     // the state dict at the root, as a flat safetensors file of the model holds it
     let mut m: HashMap<String, Tensor> =
         m.into_iter().filter_map(|(k, t)| k.strip_prefix("model.").map(|k| (k.to_owned(), t))).collect();
@@ -211,11 +214,7 @@ pub fn tracker_dir(shift: f32) -> (tempfile::TempDir, PathBuf) {
 }
 
 /// One request of `rows` (JSON) and the outputs it must get.
-pub fn row_request(
-    o: &HashMap<String, Tensor>,
-    idx: &[usize],
-    extra: Value,
-) -> (Vec<u8>, Vec<(String, usize, Vec<f32>)>) {
+pub fn row_request(o: &HashMap<String, Tensor>, idx: &[usize], extra: Value) -> (Vec<u8>, Rows) {
     let r = rows(o, idx);
     (json_request(&r, extra), r)
 }

@@ -2,13 +2,11 @@
 //! and each gets bitwise what its request alone gives (`Policy::forward`,
 //! `Policy::sample` with its own seed on its own rows).
 
-mod common;
-
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::common::*;
 use candle_core::Device;
-use common::*;
 use pmstate_policy::Policy;
 use pmstate_serve::Batching;
 use serde_json::json;

@@ -3,10 +3,8 @@
 //! compared bit for bit with `Policy::forward` / `Policy::sample` on the
 //! same rows (the recorded smpl tracker and the AMP g1 policy).
 
-mod common;
-
+use crate::common::*;
 use candle_core::Device;
-use common::*;
 use pmstate_policy::Policy;
 use serde_json::json;
 

@@ -2,11 +2,9 @@
 //! the problem with the protocol's status code, and the next good request
 //! is answered as before.
 
-mod common;
-
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use pmstate_serve::client::Reply;
 use pmstate_serve::{Limits, NonFinite};
 use serde_json::{json, Value};

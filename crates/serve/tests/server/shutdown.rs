@@ -1,9 +1,7 @@
 //! Graceful shutdown: requests in flight are answered, new connections are
 //! not accepted, readiness goes first, everything stops.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use pmstate_serve::Event;
 use serde_json::json;
 
