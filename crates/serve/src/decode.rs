@@ -104,7 +104,8 @@ pub fn decode(
             RequestError::BadInput(format!("request parameter seed: expected an integer in [0, 2^64), got {v}"))
         })?,
     };
-    let reject = bool_param(p, "reject_non_finite", "request")?.unwrap_or(non_finite == NonFinite::Reject);
+    // a request may ask for the refusal, not waive the server's
+    let reject = bool_param(p, "reject_non_finite", "request")?.unwrap_or(false) || non_finite == NonFinite::Reject;
     let binary_default = bool_param(p, "binary_data_output", "request")?.unwrap_or(false);
     let names = |iface: &Interface| iface.outputs.iter().map(|o| o.name).collect::<Vec<_>>().join(", ");
 

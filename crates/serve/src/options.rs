@@ -71,7 +71,8 @@ pub enum NonFinite {
     #[default]
     Pass,
     /// Refuse the request with 400 naming the input, row and column. A
-    /// request may also ask for this with the `reject_non_finite` parameter.
+    /// request may also ask for this with the `reject_non_finite` parameter;
+    /// under `Reject` a request cannot waive it.
     Reject,
 }
 

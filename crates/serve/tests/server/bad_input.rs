@@ -197,6 +197,9 @@ async fn non_finite_inputs_pass_through_or_are_refused() {
     let (body, n) = binary_request(&r_of(&o), json!({}));
     let r = infer_binary(&s.client, body, n).await;
     assert_names(&error_of(&r, 400), &["previous_actions", "row 1", "column 5", "inf"]);
+    // which a request cannot waive
+    let (body, n) = binary_request(&r_of(&o), json!({"parameters": {"reject_non_finite": false}}));
+    assert_eq!(infer_binary(&s.client, body, n).await.status, 400);
     s.server.handle().shutdown();
     s.server.wait().await.unwrap();
 }
