@@ -66,8 +66,9 @@ pub enum Watch {
 /// What happens to NaN and infinite inputs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum NonFinite {
-    /// Run them as ProtoMotions would (normalizer clamps apply; NaN
-    /// propagates to the outputs, written as `NaN` in JSON as Triton does).
+    /// Run them: the answer is what `Policy::forward` gives on those rows
+    /// (normalizer clamps apply; a non-finite output is written as the
+    /// `NaN` / `Infinity` literal in JSON, as Triton does).
     #[default]
     Pass,
     /// Refuse the request with 400 naming the input, row and column. A
