@@ -28,4 +28,7 @@ pub enum CliError {
     /// Reading or replaying a trace failed.
     #[error(transparent)]
     Trace(#[from] pmstate_trace::TraceError),
+    /// The inference server could not start or stopped on an error.
+    #[error(transparent)]
+    Serve(#[from] pmstate_serve::StartError),
 }

@@ -66,6 +66,15 @@ enum Command {
     /// (actor 6x1024, critic 4x1024, obs 358 + 576 + 69) at batch 1, 64,
     /// 1024 and 4096, and reading its weights once (the batch-1 floor).
     BenchPolicy(cmd::bench_policy::Args),
+    /// Load-test the inference server on the full-size smpl tracker: rows/s
+    /// and p50/p99 latency for 1, 16 and 256 concurrent one-row clients,
+    /// with dynamic batching and with --max-batch 1, against the in-process forward.
+    BenchServe(cmd::bench_serve::Args),
+    /// Serve a policy over the Open Inference Protocol (KServe V2 REST, as
+    /// Triton and KServe speak it): dynamic batching, hot reload (--watch,
+    /// SIGHUP), Prometheus metrics. Prints the address it listens on; stops
+    /// gracefully on SIGINT/SIGTERM.
+    Serve(cmd::serve::Args),
     /// List (and with --delete remove) temporary files that a killed pmstate
     /// left in a folder (`.pmstate-<pid>-*.tmp` whose process is gone).
     CleanTmp(cmd::clean_tmp::Args),
@@ -85,6 +94,8 @@ fn run(cli: Cli) -> Result<ExitCode, CliError> {
         Command::Config(a) => cmd::config::run_command(a, g),
         Command::Policy(a) => cmd::policy::run_command(a, g),
         Command::BenchPolicy(a) => cmd::bench_policy::run(a, g),
+        Command::Serve(a) => cmd::serve::run(a, g),
+        Command::BenchServe(a) => cmd::bench_serve::run(a, g),
     }
 }
 
@@ -105,8 +116,12 @@ fn handle_termination_signals() {
 }
 
 fn main() -> ExitCode {
-    handle_termination_signals();
     let cli = Cli::parse();
+    // a server drains on SIGINT/SIGTERM itself (pmstate-serve); every other
+    // command removes its temporary files and exits
+    if !matches!(cli.command, Command::Serve(_)) {
+        handle_termination_signals();
+    }
     match run(cli) {
         Ok(code) => code,
         Err(e) => {

@@ -27,6 +27,18 @@
 //!
 //! At batch 1 this is a matrix-vector product that streams each weight
 //! once: memory-bound, as it should be.
+//!
+//! # Row independence
+//!
+//! Every output element, on either path (matrix-vector for fewer than 4
+//! rows, packed blocks otherwise), is computed as `acc = bias; for k in
+//! 0..K { acc = fma(x[k], w[k], acc) }`, then the epilogue: one sequential
+//! chain whose order depends neither on the number of rows, nor on a row's
+//! position (its block, its slot in a micro-panel, zero-padded neighbours),
+//! nor on the thread count; K blocking stores and reloads the float32
+//! accumulator exactly. So a row gives the same bits alone or in any batch,
+//! which `pmstate-serve`'s dynamic batching relies on
+//! (`tests/row_independence.rs` checks it on every recorded policy).
 
 use rayon::prelude::*;
 
@@ -248,31 +260,27 @@ fn micro<const MR: usize>(a: &[f32], b: &[f32], bias: &[f32], out: &mut [f32], f
     }
 }
 
-/// `out = epilogue(bias + x b)` for one row and one panel, with four
-/// partial sums over k (interleaved by k mod 4) so the FMAs overlap.
+/// `out = epilogue(bias + x b)` for one row and one panel: one fused
+/// multiply-add per k, in k order, starting from the bias: the same
+/// operations in the same order as [`micro`] performs for every row of a
+/// block, so a row's result does not depend on which path, batch size or
+/// position in the batch computed it (see "Row independence" in the module
+/// docs). Four interleaved partial sums would overlap the FMA latency, but
+/// one row streams each weight once and is bound by memory, not latency.
 #[inline(always)]
 fn gemv_panel(x: &[f32], b: &[f32], bias: &[f32], out: &mut [f32], epilogue: Epilogue) {
-    let mut acc = [[0f32; NR]; 4];
-    let mut xs = x.chunks_exact(4);
-    let mut bs = b.chunks_exact(4 * NR);
-    for (xv, bv) in (&mut xs).zip(&mut bs) {
-        for (q, accq) in acc.iter_mut().enumerate() {
-            let Ok(row) = <&[f32; NR]>::try_from(&bv[q * NR..(q + 1) * NR]) else { continue };
-            for j in 0..NR {
-                accq[j] = xv[q].mul_add(row[j], accq[j]);
-            }
-        }
-    }
-    for (&xv, row) in xs.remainder().iter().zip(bs.remainder().chunks_exact(NR)) {
+    let mut acc = [0f32; NR];
+    acc.copy_from_slice(&bias[..NR]);
+    for (&xv, row) in x.iter().zip(b.chunks_exact(NR)) {
+        let Ok(row) = <&[f32; NR]>::try_from(row) else { continue };
         for j in 0..NR {
-            acc[0][j] = xv.mul_add(row[j], acc[0][j]);
+            acc[j] = xv.mul_add(row[j], acc[j]);
         }
     }
     for j in 0..NR {
-        let v = bias[j] + ((acc[0][j] + acc[1][j]) + (acc[2][j] + acc[3][j]));
         out[j] = match epilogue {
-            Epilogue::Identity => v,
-            Epilogue::Relu => v.max(0.0),
+            Epilogue::Identity => acc[j],
+            Epilogue::Relu => acc[j].max(0.0),
         };
     }
 }
@@ -312,6 +320,46 @@ mod tests {
         p.run::<2>(&x, m, Epilogue::Relu, Isa::Other, &mut y2);
         let y = p.forward(&x, m, Epilogue::Relu);
         assert_eq!(y, y2, "dyadic inputs: every order sums exactly");
+    }
+
+    #[test]
+    fn a_row_is_bitwise_the_same_in_any_batch_on_either_path() {
+        // values that round in every sum: any change of order shows
+        let (n, k) = (70, 1030);
+        let mut s = 0x9e37_79b9_u32;
+        let mut rnd = move || {
+            s ^= s << 13;
+            s ^= s >> 17;
+            s ^= s << 5;
+            (s as f32 / u32::MAX as f32) * 2.0 - 1.0
+        };
+        let w: Vec<f32> = (0..n * k).map(|_| rnd() * 0.37).collect();
+        let b: Vec<f32> = (0..n).map(|_| rnd()).collect();
+        let rows: Vec<Vec<f32>> = (0..200).map(|_| (0..k).map(|_| rnd() * 3.1).collect()).collect();
+        let p = PackedLinear::new(&w, &b, n, k);
+        let alone: Vec<Vec<f32>> = rows.iter().map(|r| p.forward(r, 1, Epilogue::Relu)).collect();
+        for m in [2usize, 3, 4, 5, 12, 13, 25, 169, 200] {
+            let idx: Vec<usize> = (0..m).map(|j| (j * 37 + m) % rows.len()).collect();
+            let x: Vec<f32> = idx.iter().flat_map(|&i| rows[i].iter().copied()).collect();
+            for (isa, y) in [
+                ("auto", p.forward(&x, m, Epilogue::Relu)),
+                ("avx2 blocks", {
+                    let mut y = vec![0f32; m * n];
+                    if m >= 4 {
+                        p.run::<2>(&x, m, Epilogue::Relu, Isa::Other, &mut y);
+                    } else {
+                        y = p.forward(&x, m, Epilogue::Relu);
+                    }
+                    y
+                }),
+            ] {
+                for (j, &i) in idx.iter().enumerate() {
+                    let got: Vec<u32> = y[j * n..(j + 1) * n].iter().map(|v| v.to_bits()).collect();
+                    let want: Vec<u32> = alone[i].iter().map(|v| v.to_bits()).collect();
+                    assert_eq!(got, want, "{isa}: row {i} at position {j} of {m}");
+                }
+            }
+        }
     }
 
     #[test]

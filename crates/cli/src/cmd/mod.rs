@@ -3,6 +3,7 @@
 pub mod bench;
 pub mod bench_collective;
 pub mod bench_policy;
+pub mod bench_serve;
 pub mod clean_tmp;
 pub mod config;
 pub mod convert;
@@ -11,3 +12,4 @@ pub mod inspect;
 pub mod normalizers;
 pub mod policy;
 pub mod replay;
+pub mod serve;

@@ -1,0 +1,113 @@
+//! `pmstate serve`: a ProtoMotions policy behind the Open Inference
+//! Protocol (KServe V2 REST), with dynamic batching, hot reload and
+//! metrics. Everything but the flags lives in pmstate-serve; this module
+//! turns flags into [`ServeOptions`] and the server's events into lines.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use pmstate_serve::{Batching, Event, Limits, ModelSource, NonFinite, ServeOptions, Watch};
+
+use crate::args::DeviceArg;
+use crate::{output, CliError, Global};
+
+/// `pmstate serve CHECKPOINT [--config P] [--name policy] [--addr 127.0.0.1:8080] [--device cpu|cuda]
+/// [--max-batch N] [--max-wait-us N] [--queue N] [--watch]`
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// A ProtoMotions checkpoint (last.ckpt, inference_last.ckpt, or its safetensors conversion).
+    checkpoint: PathBuf,
+    /// The resolved configs (default: resolved_configs_inference.pt, else resolved_configs.pt, next to CHECKPOINT).
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// The model name in URLs (/v2/models/NAME/infer).
+    #[arg(long, default_value = "policy")]
+    name: String,
+    /// Where to listen; port 0 picks a free port (the address is printed).
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    addr: SocketAddr,
+    /// Where the policy runs.
+    #[arg(long, value_enum, default_value = "cpu")]
+    device: DeviceArg,
+    /// Most rows merged into one forward (1: no batching).
+    #[arg(long, default_value_t = 256, value_parser = crate::args::positive)]
+    max_batch: usize,
+    /// Microseconds the oldest queued request may wait for more rows (0: take
+    /// what is queued when the forward is free, as Triton's default).
+    #[arg(long, default_value_t = 0)]
+    max_wait_us: u64,
+    /// Most requests waiting; more are refused with 503 and Retry-After.
+    #[arg(long, default_value_t = 1024, value_parser = crate::args::positive)]
+    queue: usize,
+    /// Follow CHECKPOINT: a new file written over it is loaded, checked
+    /// (same in_keys, widths, action size) and swapped in between batches.
+    /// SIGHUP reloads with or without it.
+    #[arg(long)]
+    watch: bool,
+    /// How often --watch looks at the file, in seconds.
+    #[arg(long, default_value_t = 1.0, value_parser = crate::args::positive_seconds, requires = "watch")]
+    watch_interval: f64,
+    /// Pin the width of an observation key the checkpoint leaves open
+    /// (KEY=N, repeatable): model metadata then says [-1, N] and requests
+    /// of another width are refused.
+    #[arg(long = "width", value_parser = width_pin)]
+    widths: Vec<(String, usize)>,
+    /// Refuse requests holding NaN or infinite inputs (400) instead of running them.
+    #[arg(long)]
+    reject_non_finite: bool,
+    /// Largest request body in bytes (413 beyond it).
+    #[arg(long, default_value_t = 64 << 20, value_parser = crate::args::positive)]
+    max_body_bytes: usize,
+    /// Threads of the forward (default: all cores).
+    #[arg(long, value_parser = crate::args::positive)]
+    threads: Option<usize>,
+}
+
+/// `KEY=N`.
+fn width_pin(s: &str) -> Result<(String, usize), String> {
+    let (k, n) = s.split_once('=').ok_or_else(|| format!("{s:?}: expected KEY=N, e.g. max_coords_obs=358"))?;
+    if k.is_empty() {
+        return Err(format!("{s:?}: the key is empty"));
+    }
+    Ok((k.to_owned(), crate::args::positive(n)?))
+}
+
+/// Serves until SIGINT or SIGTERM; each event is a line (or, with
+/// `--json`, an object with an `event` field: listening, reloaded,
+/// reload_failed, draining, drain_timed_out, stopped).
+pub fn run(a: Args, g: Global) -> Result<ExitCode, CliError> {
+    let (device, _) = a.device.open()?;
+    let mut opts = ServeOptions::new(ModelSource::Checkpoint { path: a.checkpoint, config: a.config });
+    opts.name = a.name;
+    opts.addr = a.addr;
+    opts.device = device;
+    opts.batching = Batching { max_batch: a.max_batch, max_wait: Duration::from_micros(a.max_wait_us), queue: a.queue };
+    opts.watch = if a.watch { Watch::Poll { interval: Duration::from_secs_f64(a.watch_interval) } } else { Watch::Off };
+    opts.widths = a.widths;
+    opts.non_finite = if a.reject_non_finite { NonFinite::Reject } else { NonFinite::Pass };
+    let defaults = Limits::default();
+    opts.limits = Limits {
+        max_body_bytes: a.max_body_bytes,
+        max_inflight_body_bytes: defaults.max_inflight_body_bytes.max(a.max_body_bytes),
+        ..defaults
+    };
+    opts.threads = a.threads;
+    let json = g.json;
+    let events = Arc::new(move |e: &Event| {
+        let quiet_ok = matches!(e, Event::Listening { .. });
+        if json {
+            // an event is plain data: encoding it cannot fail
+            let _ = output::json_line(e);
+        } else if matches!(e, Event::ReloadFailed { .. } | Event::DrainTimedOut { .. }) {
+            output::err_line(format!("pmstate serve: {e}"));
+        } else if quiet_ok || !g.quiet {
+            output::line(e);
+        }
+    });
+    // a drain on SIGINT/SIGTERM is the normal way to stop a server: exit 0
+    pmstate_serve::serve_until_signalled(opts, events, None)?;
+    Ok(ExitCode::SUCCESS)
+}

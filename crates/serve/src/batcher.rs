@@ -1,0 +1,442 @@
+//! Dynamic batching, as Triton's dynamic batcher does it: requests wait in
+//! a bounded queue; one worker thread takes what is queued (up to
+//! `max_batch` rows, waiting at most `max_wait` after the oldest request's
+//! arrival for more), runs one forward on the merged rows, and hands each
+//! caller exactly its own rows back.
+//!
+//! Each caller gets bitwise what serving its request alone gives: the CPU
+//! forward is row-independent (pmstate-policy's kernels accumulate every
+//! output element in one fixed order whatever the batch, see its
+//! `tests/row_independence.rs`; the normalizer and activations are
+//! elementwise), and actions are drawn per request with its own seed from
+//! its own mean rows, exactly as `Policy::sample` on its rows would.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError, SyncSender, TryRecvError, TrySendError};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use candle_core::{Device, Tensor};
+use tokio::sync::oneshot;
+
+use crate::decode::{Decoded, Wanted};
+use crate::error::RequestError;
+use crate::metrics::Metrics;
+use crate::model::LoadedModel;
+use crate::options::Batching;
+use crate::slot::ModelSlot;
+
+/// The outputs computed for one job so far: name -> (shape, values).
+type Outs = HashMap<&'static str, (Vec<usize>, Vec<f32>)>;
+
+/// One output of an answer: what was asked, its shape, its values.
+pub type OutTensor = (Wanted, Vec<usize>, Vec<f32>);
+
+/// What a request gets back.
+#[derive(Debug)]
+pub struct Answer {
+    /// The version of the model that ran it.
+    pub version: u64,
+    /// Outputs in the order asked.
+    pub tensors: Vec<OutTensor>,
+}
+
+/// A queued request.
+pub struct Job {
+    /// The checked request.
+    pub req: Decoded,
+    /// When it was queued.
+    pub enqueued: Instant,
+    /// Where its answer goes (closed when the client went away).
+    pub reply: oneshot::Sender<Result<Answer, RequestError>>,
+}
+
+enum Msg {
+    Job(Box<Job>),
+    Stop,
+}
+
+/// Requests queued and not yet running: what `--queue` bounds. Counted
+/// apart from the channel, so that a request the worker has taken into a
+/// batch still forming (waiting for `max_wait`, or for a pause to end)
+/// still counts, and the bound holds whatever the worker is doing.
+struct Waiting {
+    count: AtomicUsize,
+    metrics: Arc<Metrics>,
+}
+
+impl Waiting {
+    fn enter(&self, cap: usize) -> bool {
+        let ok = self.count.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < cap).then_some(n + 1)).is_ok();
+        if ok {
+            self.metrics.queue_depth.inc();
+        }
+        ok
+    }
+
+    fn leave(&self, n: usize) {
+        self.count.fetch_sub(n, Ordering::AcqRel);
+        self.metrics.queue_depth.dec_by(n as i64);
+    }
+}
+
+/// Holds forwards back while set (see [`Batcher::pause`]).
+#[derive(Default)]
+struct PauseFlag {
+    paused: Mutex<bool>,
+    changed: Condvar,
+}
+
+impl PauseFlag {
+    fn set(&self, v: bool) {
+        *self.paused.lock().unwrap_or_else(|e| e.into_inner()) = v;
+        self.changed.notify_all();
+    }
+
+    fn wait_while_paused(&self) {
+        let g = self.paused.lock().unwrap_or_else(|e| e.into_inner());
+        let _g = self.changed.wait_while(g, |p| *p).unwrap_or_else(|e| e.into_inner());
+    }
+}
+
+/// Forwards are held back until this is dropped (see [`Batcher::pause`]).
+pub struct Paused {
+    flag: Arc<PauseFlag>,
+}
+
+impl Drop for Paused {
+    fn drop(&mut self) {
+        self.flag.set(false);
+    }
+}
+
+/// The queue and its worker thread.
+pub struct Batcher {
+    tx: SyncSender<Msg>,
+    queue: usize,
+    waiting: Arc<Waiting>,
+    pause: Arc<PauseFlag>,
+    thread: std::sync::Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Batcher {
+    /// Starts the worker; forwards run on `pool`.
+    pub fn start(
+        slot: Arc<ModelSlot>,
+        batching: Batching,
+        pool: rayon::ThreadPool,
+        metrics: Arc<Metrics>,
+    ) -> std::io::Result<Batcher> {
+        // room for every waiting job and the stop message: sends never block
+        let (tx, rx) = sync_channel(batching.queue.saturating_add(1));
+        let waiting = Arc::new(Waiting { count: AtomicUsize::new(0), metrics: metrics.clone() });
+        let pause = Arc::new(PauseFlag::default());
+        let w = Worker { rx, slot, batching, pool, metrics, waiting: waiting.clone(), pause: pause.clone() };
+        let thread = std::thread::Builder::new().name("pmstate-batcher".into()).spawn(move || w.run())?;
+        Ok(Batcher { tx, queue: batching.queue, waiting, pause, thread: std::sync::Mutex::new(Some(thread)) })
+    }
+
+    /// Queues a job, or refuses it when `queue` requests already wait.
+    pub fn submit(&self, job: Job) -> Result<(), RequestError> {
+        if !self.waiting.enter(self.queue) {
+            return Err(RequestError::QueueFull { queue: self.queue });
+        }
+        match self.tx.try_send(Msg::Job(Box::new(job))) {
+            Ok(()) => Ok(()),
+            Err(TrySendError::Full(_)) => {
+                self.waiting.leave(1);
+                Err(RequestError::QueueFull { queue: self.queue })
+            }
+            Err(TrySendError::Disconnected(_)) => {
+                self.waiting.leave(1);
+                Err(RequestError::ShuttingDown)
+            }
+        }
+    }
+
+    /// Holds every forward back until the guard is dropped; requests keep
+    /// queueing (and are refused once the queue is full). For maintenance
+    /// windows and for tests that need a full queue without racing a
+    /// forward.
+    pub fn pause(&self) -> Paused {
+        self.pause.set(true);
+        Paused { flag: self.pause.clone() }
+    }
+
+    /// Runs what is queued, then stops the worker.
+    pub fn stop(&self) {
+        let _ = self.tx.send(Msg::Stop);
+        let t = self.thread.lock().map(|mut g| g.take()).unwrap_or(None);
+        if let Some(t) = t {
+            let _ = t.join();
+        }
+    }
+}
+
+struct Worker {
+    rx: Receiver<Msg>,
+    slot: Arc<ModelSlot>,
+    batching: Batching,
+    pool: rayon::ThreadPool,
+    metrics: Arc<Metrics>,
+    waiting: Arc<Waiting>,
+    pause: Arc<PauseFlag>,
+}
+
+impl Worker {
+    fn take(&self, msg: Msg) -> Option<Box<Job>> {
+        match msg {
+            Msg::Job(j) => Some(j),
+            Msg::Stop => None,
+        }
+    }
+
+    fn run(self) {
+        let mut carry: Option<Box<Job>> = None;
+        let mut stopping = false;
+        loop {
+            let first = match carry.take() {
+                Some(j) => j,
+                None if stopping => match self.rx.try_recv() {
+                    Ok(m) => match self.take(m) {
+                        Some(j) => j,
+                        None => continue,
+                    },
+                    Err(_) => return,
+                },
+                None => match self.rx.recv() {
+                    Ok(m) => match self.take(m) {
+                        Some(j) => j,
+                        None => {
+                            stopping = true;
+                            continue;
+                        }
+                    },
+                    Err(_) => return,
+                },
+            };
+            let deadline = first.enqueued + self.batching.max_wait;
+            let mut rows = first.req.rows;
+            let mut batch = vec![*first];
+            while rows < self.batching.max_batch {
+                let msg = match self.rx.try_recv() {
+                    Ok(m) => m,
+                    Err(TryRecvError::Disconnected) => break,
+                    Err(TryRecvError::Empty) => {
+                        let now = Instant::now();
+                        if stopping || now >= deadline {
+                            break;
+                        }
+                        match self.rx.recv_timeout(deadline - now) {
+                            Ok(m) => m,
+                            Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => break,
+                        }
+                    }
+                };
+                match self.take(msg) {
+                    None => stopping = true,
+                    Some(j) if rows + j.req.rows > self.batching.max_batch => {
+                        carry = Some(j);
+                        break;
+                    }
+                    Some(j) => {
+                        rows += j.req.rows;
+                        batch.push(*j);
+                    }
+                }
+            }
+            self.run_batch(batch);
+        }
+    }
+
+    fn run_batch(&self, jobs: Vec<Job>) {
+        self.pause.wait_while_paused();
+        self.waiting.leave(jobs.len());
+        // one model per batch: a reload swaps between batches, never inside one
+        let model = self.slot.current();
+        let mut live = Vec::with_capacity(jobs.len());
+        for j in jobs {
+            if j.reply.is_closed() {
+                self.metrics.cancelled.inc();
+            } else {
+                live.push(j);
+            }
+        }
+        // requests merge only with inputs of the same keys and widths
+        let mut groups: Vec<Vec<Job>> = Vec::new();
+        for j in live {
+            match groups.iter_mut().find(|g| g[0].req.signature() == j.req.signature()) {
+                Some(g) => g.push(j),
+                None => groups.push(vec![j]),
+            }
+        }
+        for g in groups {
+            // a bug in a forward must not take the worker (and every later
+            // request) down with it: its callers get a 500 and batching goes on
+            let answers = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.run_group(&model, &g)))
+                .unwrap_or_else(|_| {
+                    g.iter().map(|_| Err(RequestError::Internal("the forward panicked".into()))).collect()
+                });
+            for (j, a) in g.into_iter().zip(answers) {
+                // the client may have gone meanwhile: nothing to do then
+                let _ = j.reply.send(a);
+            }
+        }
+    }
+
+    /// One forward per part for the group; each job's outputs in its order.
+    fn run_group(&self, model: &LoadedModel, jobs: &[Job]) -> Vec<Result<Answer, RequestError>> {
+        let mut outs: Vec<Outs> = vec![HashMap::new(); jobs.len()];
+        let internal = |e: &dyn std::fmt::Display| RequestError::Internal(e.to_string());
+        let result = (|| -> Result<(), RequestError> {
+            let ac: Vec<usize> = (0..jobs.len()).filter(|&i| jobs[i].req.actor_critic()).collect();
+            if !ac.is_empty() {
+                self.actor_critic(model, jobs, &ac, &mut outs).map_err(|e| internal(&e))?;
+            }
+            let disc: Vec<usize> = (0..jobs.len()).filter(|&i| jobs[i].req.discriminator()).collect();
+            if !disc.is_empty() {
+                self.discriminator(model, jobs, &disc, &mut outs).map_err(|e| internal(&e))?;
+            }
+            Ok(())
+        })();
+        if let Err(e) = result {
+            return jobs.iter().map(|_| Err(e.clone())).collect();
+        }
+        jobs.iter()
+            .zip(outs)
+            .map(|(j, mut o)| {
+                let tensors = j
+                    .req
+                    .outputs
+                    .iter()
+                    .map(|w| {
+                        let (shape, data) = o
+                            .remove(w.name)
+                            .ok_or_else(|| RequestError::Internal(format!("output {} was not computed", w.name)))?;
+                        Ok((*w, shape, data))
+                    })
+                    .collect::<Result<Vec<_>, RequestError>>()?;
+                Ok(Answer { version: model.version, tensors })
+            })
+            .collect()
+    }
+
+    /// The merged observations of `idx` for the keys `part` reads.
+    fn merged(
+        model: &LoadedModel,
+        jobs: &[Job],
+        idx: &[usize],
+        disc: bool,
+    ) -> candle_core::Result<(HashMap<String, Tensor>, usize)> {
+        let rows: usize = idx.iter().map(|&i| jobs[i].req.rows).sum();
+        let mut obs = HashMap::new();
+        let first = &jobs[idx[0]].req;
+        for (pos, (key, width, _)) in first.inputs.iter().enumerate() {
+            let reads = model.interface.input(key).is_some_and(|s| if disc { s.discriminator } else { s.actor_critic });
+            if !reads {
+                continue;
+            }
+            let mut v = Vec::with_capacity(rows * width);
+            for &i in idx {
+                v.extend_from_slice(&jobs[i].req.inputs[pos].2);
+            }
+            obs.insert(key.clone(), Tensor::from_vec(v, (rows, *width), &Device::Cpu)?);
+        }
+        Ok((obs, rows))
+    }
+
+    fn observe(&self, rows: usize, requests: usize, start: Instant) {
+        self.metrics.forward_seconds.observe(start.elapsed().as_secs_f64());
+        self.metrics.batch_rows.observe(rows as f64);
+        self.metrics.batch_requests.observe(requests as f64);
+    }
+
+    fn actor_critic(
+        &self,
+        model: &LoadedModel,
+        jobs: &[Job],
+        idx: &[usize],
+        outs: &mut [Outs],
+    ) -> Result<(), pmstate_policy::PolicyError> {
+        let p = &model.policy;
+        let (obs, rows) = Self::merged(model, jobs, idx, false)?;
+        let start = Instant::now();
+        let o = self.pool.install(|| p.forward(&obs))?;
+        self.observe(rows, idx.len(), start);
+        let a = model.interface.action_size;
+        let mean = host(&o.mean_action)?;
+        let value = host(&o.value)?;
+        let vw = value.len() / rows.max(1);
+        let std = host(&o.std)?;
+        let norm = match &o.norm_obs {
+            Some(n) if n.dims().first() == Some(&rows) && n.rank() == 2 => Some((host(n)?, n.dims()[1])),
+            _ => None,
+        };
+        let mut off = 0;
+        for &i in idx {
+            let r = jobs[i].req.rows;
+            let o = &mut outs[i];
+            let mean_rows = mean[off * a..(off + r) * a].to_vec();
+            for w in &jobs[i].req.outputs {
+                match w.name {
+                    "value" => {
+                        o.insert("value", (vec![r, vw], value[off * vw..(off + r) * vw].to_vec()));
+                    }
+                    "std" => {
+                        o.insert("std", (vec![a], std.clone()));
+                    }
+                    "norm_obs" => {
+                        if let Some((n, nw)) = &norm {
+                            o.insert("norm_obs", (vec![r, *nw], n[off * nw..(off + r) * nw].to_vec()));
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            if let Some(seed) = jobs[i].req.seed {
+                let m = Tensor::from_vec(mean_rows.clone(), (r, a), p.device())?;
+                let action = p.actor().sample(&m, seed)?;
+                let neglogp = p.neglogp(&m, &action)?;
+                o.insert("action", (vec![r, a], host(&action)?));
+                o.insert("neglogp", (vec![r], host(&neglogp)?));
+            }
+            o.insert("mean_action", (vec![r, a], mean_rows));
+            off += r;
+        }
+        Ok(())
+    }
+
+    fn discriminator(
+        &self,
+        model: &LoadedModel,
+        jobs: &[Job],
+        idx: &[usize],
+        outs: &mut [Outs],
+    ) -> Result<(), pmstate_policy::PolicyError> {
+        let p = &model.policy;
+        let (obs, rows) = Self::merged(model, jobs, idx, true)?;
+        let start = Instant::now();
+        let d = self.pool.install(|| p.discriminate(&obs))?;
+        self.observe(rows, idx.len(), start);
+        for (name, t) in
+            [("disc_logits", &d.disc_logits), ("disc_reward", &d.disc_reward), ("disc_value", &d.disc_value)]
+        {
+            let v = host(t)?;
+            let w = v.len() / rows.max(1);
+            let mut off = 0;
+            for &i in idx {
+                let r = jobs[i].req.rows;
+                outs[i].insert(name, (vec![r, w], v[off * w..(off + r) * w].to_vec()));
+                off += r;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A tensor's values on the host, row-major.
+fn host(t: &Tensor) -> candle_core::Result<Vec<f32>> {
+    t.to_device(&Device::Cpu)?.flatten_all()?.to_vec1::<f32>()
+}

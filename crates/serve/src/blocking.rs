@@ -1,0 +1,49 @@
+//! Running a server from a synchronous program (the `pmstate` CLI): a
+//! tokio runtime of its own, the server started on it, Unix signals
+//! handled (SIGINT/SIGTERM drain and stop, SIGHUP reloads), and the call
+//! returns once everything has stopped. The CLI thus needs no async code
+//! and no tokio dependency of its own.
+
+use crate::error::StartError;
+use crate::events::EventSink;
+use crate::options::ServeOptions;
+use crate::server::Server;
+use crate::signals::Signals;
+
+/// How a server run from [`serve_until_signalled`] ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stopped {
+    /// The signal that stopped it (2 SIGINT, 15 SIGTERM), if one did.
+    pub signal: Option<i32>,
+}
+
+/// Starts a server with `opts` and serves until SIGINT or SIGTERM has
+/// drained it. `tokio_threads` sizes the runtime that answers HTTP (the
+/// forward runs on its own pool, [`ServeOptions::threads`]); None: tokio's
+/// default, one per core.
+pub fn serve_until_signalled(
+    opts: ServeOptions,
+    events: EventSink,
+    tokio_threads: Option<usize>,
+) -> Result<Stopped, StartError> {
+    let mut b = tokio::runtime::Builder::new_multi_thread();
+    b.enable_all().thread_name("pmstate-http");
+    if let Some(n) = tokio_threads {
+        b.worker_threads(n.max(1));
+    }
+    let rt = b.build().map_err(StartError::Runtime)?;
+    rt.block_on(async move {
+        let signals = Signals::install().map_err(StartError::Runtime)?;
+        let server = Server::start(opts, events).await?;
+        let signals = tokio::spawn(signals.serve(server.handle()));
+        server.wait().await.map_err(StartError::Runtime)?;
+        // the server stopped: by a signal (the task has returned) or otherwise
+        let signal = if signals.is_finished() {
+            signals.await.ok().flatten()
+        } else {
+            signals.abort();
+            None
+        };
+        Ok(Stopped { signal })
+    })
+}

@@ -1,0 +1,64 @@
+//! The inference response: JSON, or with the binary extension a JSON
+//! header followed by the binary outputs (little-endian float32,
+//! row-major) and its length in `Inference-Header-Content-Length`.
+
+use crate::batcher::Answer;
+use crate::json_floats::write_array;
+
+/// A response body.
+#[derive(Debug)]
+pub struct Encoded {
+    /// The bytes.
+    pub body: Vec<u8>,
+    /// The JSON header's length, when binary outputs follow it.
+    pub header_len: Option<usize>,
+}
+
+fn push_json_str(out: &mut Vec<u8>, s: &str) {
+    // serializing a &str into a Vec cannot fail
+    let _ = serde_json::to_writer(&mut *out, s);
+}
+
+/// `$inference_response` for `answer`.
+pub fn encode(model_name: &str, id: Option<&str>, answer: &Answer) -> Encoded {
+    let values: usize = answer.tensors.iter().map(|(_, _, d)| d.len()).sum();
+    let mut out = Vec::with_capacity(128 + values * 12);
+    out.extend_from_slice(b"{\"model_name\":");
+    push_json_str(&mut out, model_name);
+    out.extend_from_slice(format!(",\"model_version\":\"{}\"", answer.version).as_bytes());
+    if let Some(id) = id {
+        out.extend_from_slice(b",\"id\":");
+        push_json_str(&mut out, id);
+    }
+    out.extend_from_slice(b",\"outputs\":[");
+    for (i, (w, shape, data)) in answer.tensors.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        out.extend_from_slice(b"{\"name\":");
+        push_json_str(&mut out, w.name);
+        let dims: Vec<String> = shape.iter().map(|d| d.to_string()).collect();
+        out.extend_from_slice(format!(",\"datatype\":\"FP32\",\"shape\":[{}]", dims.join(",")).as_bytes());
+        if w.binary {
+            out.extend_from_slice(format!(",\"parameters\":{{\"binary_data_size\":{}}}}}", data.len() * 4).as_bytes());
+        } else {
+            out.extend_from_slice(b",\"data\":");
+            write_array(&mut out, data);
+            out.push(b'}');
+        }
+    }
+    out.extend_from_slice(b"]}");
+    if !answer.tensors.iter().any(|(w, _, _)| w.binary) {
+        return Encoded { body: out, header_len: None };
+    }
+    let header_len = out.len();
+    for (w, _, data) in &answer.tensors {
+        if w.binary {
+            out.reserve(data.len() * 4);
+            for v in data {
+                out.extend_from_slice(&v.to_le_bytes());
+            }
+        }
+    }
+    Encoded { body: out, header_len: Some(header_len) }
+}

@@ -1,0 +1,91 @@
+//! What the server tells its operator (listening, loads, reloads and their
+//! failures, shutdown), through a callback: the CLI prints them as lines
+//! or JSON, tests collect them. The library itself prints nothing.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use serde::Serialize;
+
+/// Something worth telling the operator.
+#[derive(Debug, Clone, Serialize)]
+#[serde(tag = "event", rename_all = "snake_case")]
+pub enum Event {
+    /// The model is loaded and the server answers at `addr`.
+    Listening {
+        /// The bound address (port 0 resolved).
+        addr: SocketAddr,
+        /// The model name.
+        model: String,
+        /// Its version.
+        version: u64,
+        /// Its checkpoint.
+        checkpoint: String,
+        /// sha256 of the checkpoint, when loaded from a file.
+        sha256: Option<String>,
+    },
+    /// A new checkpoint was swapped in.
+    Reloaded {
+        /// The new version.
+        version: u64,
+        /// The checkpoint.
+        checkpoint: String,
+        /// Its sha256.
+        sha256: Option<String>,
+        /// Seconds it took to load.
+        seconds: f64,
+    },
+    /// A checkpoint was refused; the previous model keeps serving.
+    ReloadFailed {
+        /// The checkpoint.
+        checkpoint: String,
+        /// Why.
+        reason: String,
+        /// The version still served.
+        serving: u64,
+    },
+    /// Shutdown began: no new connections, requests in flight finish.
+    Draining,
+    /// Requests still running when the drain timeout passed were dropped.
+    DrainTimedOut {
+        /// The timeout in seconds.
+        seconds: f64,
+    },
+    /// Everything stopped.
+    Stopped,
+}
+
+impl std::fmt::Display for Event {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Event::Listening { addr, model, version, checkpoint, sha256 } => {
+                write!(f, "serving {model} version {version} from {checkpoint}")?;
+                if let Some(s) = sha256 {
+                    write!(f, " (sha256 {s})")?;
+                }
+                write!(f, " on http://{addr}")
+            }
+            Event::Reloaded { version, checkpoint, sha256, seconds } => {
+                write!(f, "reloaded {checkpoint} as version {version} in {seconds:.3} s")?;
+                if let Some(s) = sha256 {
+                    write!(f, " (sha256 {s})")?;
+                }
+                Ok(())
+            }
+            Event::ReloadFailed { checkpoint, reason, serving } => {
+                write!(f, "reload of {checkpoint} refused, still serving version {serving}: {reason}")
+            }
+            Event::Draining => write!(f, "shutting down: finishing the requests in flight"),
+            Event::DrainTimedOut { seconds } => write!(f, "drain timeout of {seconds} s passed: stopping anyway"),
+            Event::Stopped => write!(f, "stopped"),
+        }
+    }
+}
+
+/// Receives events (from any thread).
+pub type EventSink = Arc<dyn Fn(&Event) + Send + Sync>;
+
+/// A sink that drops everything.
+pub fn ignore_events() -> EventSink {
+    Arc::new(|_| {})
+}

@@ -1,0 +1,28 @@
+#![doc = include_str!("../README.md")]
+#![forbid(unsafe_code)]
+
+pub mod batcher;
+mod blocking;
+pub mod client;
+pub mod decode;
+pub mod encode;
+mod error;
+pub mod events;
+pub mod json_floats;
+pub mod load;
+pub mod metrics;
+pub mod model;
+pub mod options;
+pub mod protocol;
+pub mod reload;
+mod routes;
+mod server;
+pub mod signals;
+pub mod slot;
+
+pub use blocking::{serve_until_signalled, Stopped};
+pub use error::{LoadError, RequestError, StartError};
+pub use events::{ignore_events, Event, EventSink};
+pub use options::{Batching, Limits, ModelSource, NonFinite, ServeOptions, Watch};
+pub use routes::HEADER_LENGTH;
+pub use server::{AppState, Server, ServerHandle};

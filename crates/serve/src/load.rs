@@ -1,0 +1,187 @@
+//! A load generator: N concurrent clients, each sending one request after
+//! the other over its own keep-alive connection for a fixed time, against
+//! a server started in process; throughput and latency percentiles per
+//! concurrency level, and the mean rows per forward the server reports.
+//! What `pmstate bench-serve` runs (a measurement, never a test).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use serde::Serialize;
+
+use crate::client::Client;
+use crate::error::StartError;
+use crate::events::ignore_events;
+use crate::options::ServeOptions;
+use crate::server::Server;
+
+/// What to send and for how long.
+#[derive(Debug, Clone)]
+pub struct LoadPlan {
+    /// Concurrency levels, measured in this order.
+    pub clients: Vec<usize>,
+    /// Seconds of measurement per level (after `warmup`).
+    pub seconds: f64,
+    /// Seconds of unmeasured load before each level.
+    pub warmup: f64,
+    /// The request body (JSON) every client sends.
+    pub body: Bytes,
+    /// Rows in one request.
+    pub rows_per_request: usize,
+}
+
+/// One concurrency level's result.
+#[derive(Debug, Clone, Serialize)]
+pub struct LoadResult {
+    /// Concurrent clients.
+    pub clients: usize,
+    /// Requests answered with 200 in the measured time.
+    pub requests: u64,
+    /// Requests answered otherwise (or not at all).
+    pub errors: u64,
+    /// Measured seconds.
+    pub seconds: f64,
+    /// Rows answered per second.
+    pub rows_per_s: f64,
+    /// Median latency seen by the clients, seconds.
+    pub p50: f64,
+    /// 99th percentile latency seen by the clients, seconds.
+    pub p99: f64,
+    /// Mean rows per forward in the measured time (from `/metrics`).
+    pub rows_per_forward: f64,
+    /// Mean seconds per forward in the measured time (from `/metrics`):
+    /// the forward under the same conditions as the requests around it.
+    pub forward_seconds: f64,
+    /// CPU seconds of this whole process (server and clients, every
+    /// thread) per row answered; time other processes take from the cores
+    /// does not count. None off Linux.
+    pub cpu_seconds_per_row: Option<f64>,
+}
+
+/// CPU seconds used so far by every thread of this process (Linux:
+/// /proc/self/task/*/schedstat); None elsewhere. On a shared machine the
+/// CPU time a piece of work takes moves far less than its wall time.
+pub fn process_cpu_seconds() -> Option<f64> {
+    let mut total = 0u64;
+    for task in std::fs::read_dir("/proc/self/task").ok()? {
+        let stat = std::fs::read_to_string(task.ok()?.path().join("schedstat")).ok()?;
+        total = total.saturating_add(stat.split_whitespace().next()?.parse::<u64>().ok()?);
+    }
+    Some(total as f64 * 1e-9)
+}
+
+/// The sum and count of a histogram in the metrics text.
+fn histogram(text: &str, name: &str) -> (f64, f64) {
+    let value = |suffix: &str| {
+        let key = format!("{name}_{suffix} ");
+        text.lines().find_map(|l| l.strip_prefix(&key)).and_then(|v| v.trim().parse::<f64>().ok()).unwrap_or(0.0)
+    };
+    (value("sum"), value("count"))
+}
+
+/// The `q` quantile of sorted `v` (nearest rank).
+fn quantile(v: &[f64], q: f64) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    let rank = ((q * v.len() as f64).ceil() as usize).clamp(1, v.len());
+    v[rank - 1]
+}
+
+/// Runs `plan` against a server started with `opts` (on a runtime of its
+/// own), then shuts the server down.
+pub fn run_load(opts: ServeOptions, plan: &LoadPlan) -> Result<Vec<LoadResult>, StartError> {
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(StartError::Runtime)?;
+    rt.block_on(async {
+        let server = Server::start(opts, ignore_events()).await?;
+        let handle = server.handle();
+        let mut results = Vec::new();
+        for &n in &plan.clients {
+            results.push(level(&server, plan, n).await);
+        }
+        handle.shutdown();
+        server.wait().await.map_err(StartError::Runtime)?;
+        Ok(results)
+    })
+}
+
+async fn level(server: &Server, plan: &LoadPlan, n: usize) -> LoadResult {
+    let measuring = Arc::new(AtomicBool::new(false));
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut tasks = Vec::with_capacity(n);
+    for _ in 0..n {
+        // one client (one pooled connection) per simulated caller
+        let c = Client::new(server.addr());
+        let (body, measuring, stop) = (plan.body.clone(), measuring.clone(), stop.clone());
+        tasks.push(tokio::spawn(async move {
+            let (mut lat, mut errors) = (Vec::new(), 0u64);
+            while !stop.load(Ordering::Relaxed) {
+                let t = Instant::now();
+                let ok = matches!(
+                    c.post("/v2/models/policy/infer", body.clone(), &[("content-type", "application/json".into())]).await,
+                    Ok(r) if r.status == 200
+                );
+                if measuring.load(Ordering::Relaxed) {
+                    if ok {
+                        lat.push(t.elapsed().as_secs_f64());
+                    } else {
+                        errors += 1;
+                    }
+                }
+            }
+            (lat, errors)
+        }));
+    }
+    tokio::time::sleep(Duration::from_secs_f64(plan.warmup)).await;
+    let text = server.handle().metrics_text();
+    let (before, fwd_before) =
+        (histogram(&text, "pmstate_batch_rows"), histogram(&text, "pmstate_forward_duration_seconds"));
+    let cpu_before = process_cpu_seconds();
+    measuring.store(true, Ordering::Relaxed);
+    let start = Instant::now();
+    tokio::time::sleep(Duration::from_secs_f64(plan.seconds)).await;
+    measuring.store(false, Ordering::Relaxed);
+    let seconds = start.elapsed().as_secs_f64();
+    let cpu = cpu_before.zip(process_cpu_seconds()).map(|(a, b)| b - a);
+    let text = server.handle().metrics_text();
+    let (after, fwd_after) =
+        (histogram(&text, "pmstate_batch_rows"), histogram(&text, "pmstate_forward_duration_seconds"));
+    stop.store(true, Ordering::Relaxed);
+    let (mut lat, mut errors) = (Vec::new(), 0);
+    for t in tasks {
+        if let Ok((l, e)) = t.await {
+            lat.extend(l);
+            errors += e;
+        }
+    }
+    lat.sort_by(f64::total_cmp);
+    let forwards = after.1 - before.1;
+    LoadResult {
+        clients: n,
+        requests: lat.len() as u64,
+        errors,
+        seconds,
+        rows_per_s: (lat.len() * plan.rows_per_request) as f64 / seconds,
+        p50: quantile(&lat, 0.5),
+        p99: quantile(&lat, 0.99),
+        rows_per_forward: if forwards > 0.0 { (after.0 - before.0) / forwards } else { f64::NAN },
+        forward_seconds: if forwards > 0.0 { (fwd_after.0 - fwd_before.0) / forwards } else { f64::NAN },
+        cpu_seconds_per_row: cpu.map(|c| c / (lat.len() * plan.rows_per_request).max(1) as f64),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quantiles_are_nearest_rank_and_histograms_are_read_by_name() {
+        let v: Vec<f64> = (1..=100).map(f64::from).collect();
+        assert_eq!((quantile(&v, 0.5), quantile(&v, 0.99), quantile(&v, 1.0)), (50.0, 99.0, 100.0));
+        assert_eq!(quantile(&[3.0], 0.99), 3.0);
+        let text = "pmstate_batch_rows_sum 96.0\npmstate_batch_rows_count 3\npmstate_batch_rows_bucket{le=\"1.0\"} 0\n";
+        assert_eq!(histogram(text, "pmstate_batch_rows"), (96.0, 3.0));
+    }
+}

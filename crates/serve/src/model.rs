@@ -1,0 +1,397 @@
+//! The served model: a policy, what clients may send it and get back
+//! ([`Interface`]), and where it came from ([`Provenance`]). A reload
+//! builds a new one and swaps it in only when its interface is the same.
+
+use std::collections::BTreeMap;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::time::{Instant, SystemTime};
+
+use candle_core::Device;
+use pmstate_policy::config::Family;
+use pmstate_policy::{Description, Part, Policy};
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+
+use crate::error::LoadError;
+
+/// Which networks an output comes from (and so which inputs it needs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Source {
+    /// Actor and critic.
+    ActorCritic,
+    /// Actor and critic, then actions drawn with the request's seed.
+    Sample,
+    /// The AMP discriminator and its critic.
+    Discriminator,
+}
+
+/// One input of the model metadata.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct InputSpec {
+    /// The observation key.
+    pub name: String,
+    /// Its width, when the checkpoint (or a pin) fixes it.
+    pub width: Option<usize>,
+    /// Whether the actor or critic read it.
+    pub actor_critic: bool,
+    /// Whether the discriminator networks read it.
+    pub discriminator: bool,
+}
+
+/// One output of the model metadata.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct OutputSpec {
+    /// Its name.
+    pub name: &'static str,
+    /// Its shape, `-1` for the rows.
+    pub shape: Vec<i64>,
+    /// What computes it.
+    pub source: Source,
+}
+
+/// What clients send and get: the same for every model a server swaps in.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Interface {
+    /// Inputs read by some network, in first-use order.
+    pub inputs: Vec<InputSpec>,
+    /// Keys the config lists although no network reads them (accepted, ignored).
+    pub ignored: Vec<String>,
+    /// Sums of widths the checkpoint fixes: (module, keys, total).
+    pub groups: Vec<(String, Vec<String>, usize)>,
+    /// Outputs in their default order.
+    pub outputs: Vec<OutputSpec>,
+    /// Number of actions.
+    pub action_size: usize,
+    /// `PPOModel` or `AMPModel`.
+    pub model: &'static str,
+}
+
+impl Interface {
+    fn of(policy: &Policy, pins: &[(String, usize)]) -> Result<Interface, LoadError> {
+        let ac = policy.required_keys(Part::ActorCritic);
+        let disc = policy.required_keys(Part::Discriminator);
+        let widths = resolve_widths(policy, pins)?;
+        let inputs = policy
+            .in_keys()
+            .into_iter()
+            .map(|k| InputSpec {
+                width: widths.get(&k).copied(),
+                actor_critic: ac.contains(&k),
+                discriminator: disc.contains(&k),
+                name: k,
+            })
+            .collect::<Vec<_>>();
+        let ignored = policy.accepted_keys().into_iter().filter(|k| !inputs.iter().any(|i| &i.name == k)).collect();
+        let groups = policy.widths().groups.iter().map(|g| (g.path.clone(), g.keys.clone(), g.total)).collect();
+        let a = policy.action_size() as i64;
+        let value = policy.widths().known.get(policy.critic().out_key()).map_or(-1, |&w| w as i64);
+        let mut outputs = vec![
+            OutputSpec { name: "mean_action", shape: vec![-1, a], source: Source::ActorCritic },
+            OutputSpec { name: "value", shape: vec![-1, value], source: Source::ActorCritic },
+            OutputSpec { name: "std", shape: vec![a], source: Source::ActorCritic },
+        ];
+        if let Some(w) = per_row_norm_width(&policy.describe()?) {
+            outputs.push(OutputSpec { name: "norm_obs", shape: vec![-1, w as i64], source: Source::ActorCritic });
+        }
+        outputs.push(OutputSpec { name: "action", shape: vec![-1, a], source: Source::Sample });
+        outputs.push(OutputSpec { name: "neglogp", shape: vec![-1], source: Source::Sample });
+        if let Some(amp) = policy.amp() {
+            let w = |k: &str| policy.widths().known.get(k).map_or(-1, |&w| w as i64);
+            let logits = w(amp.discriminator.out_key());
+            outputs.push(OutputSpec { name: "disc_logits", shape: vec![-1, logits], source: Source::Discriminator });
+            outputs.push(OutputSpec { name: "disc_reward", shape: vec![-1, logits], source: Source::Discriminator });
+            outputs.push(OutputSpec {
+                name: "disc_value",
+                shape: vec![-1, w(amp.disc_critic.out_key())],
+                source: Source::Discriminator,
+            });
+        }
+        Ok(Interface {
+            inputs,
+            ignored,
+            groups,
+            outputs,
+            action_size: policy.action_size(),
+            model: policy.family().target(),
+        })
+    }
+
+    /// The input called `name`.
+    pub fn input(&self, name: &str) -> Option<&InputSpec> {
+        self.inputs.iter().find(|i| i.name == name)
+    }
+
+    /// The output called `name`.
+    pub fn output(&self, name: &str) -> Option<&OutputSpec> {
+        self.outputs.iter().find(|o| o.name == name)
+    }
+
+    /// The first difference from `other`, as (what, ours, theirs).
+    pub fn difference(&self, other: &Interface) -> Option<(String, String, String)> {
+        if self.model != other.model {
+            return Some(("model class".into(), self.model.into(), other.model.into()));
+        }
+        let names = |i: &Interface| i.inputs.iter().map(|s| s.name.clone()).collect::<Vec<_>>().join(", ");
+        if names(self) != names(other) || self.ignored != other.ignored {
+            return Some(("in_keys".into(), names(self), names(other)));
+        }
+        for (a, b) in self.inputs.iter().zip(&other.inputs) {
+            if a.width != b.width {
+                let w = |w: Option<usize>| w.map_or("open".to_string(), |w| w.to_string());
+                return Some((format!("the width of {}", a.name), w(a.width), w(b.width)));
+            }
+        }
+        let sums = |i: &Interface| {
+            i.groups.iter().map(|(_, k, t)| format!("{} = {t}", k.join(" + "))).collect::<Vec<_>>().join("; ")
+        };
+        if sums(self) != sums(other) {
+            return Some(("width sums".into(), sums(self), sums(other)));
+        }
+        if self.action_size != other.action_size {
+            return Some(("action size".into(), self.action_size.to_string(), other.action_size.to_string()));
+        }
+        if self.outputs != other.outputs {
+            let outs = |i: &Interface| {
+                i.outputs.iter().map(|o| format!("{} {:?}", o.name, o.shape)).collect::<Vec<_>>().join(", ")
+            };
+            return Some(("outputs".into(), outs(self), outs(other)));
+        }
+        None
+    }
+}
+
+/// The width of `norm_obs` when it has one row per observation row: the
+/// actor's first normalizing module runs `Forward` alone (module operations
+/// that reshape first make its rows something else, and it is not offered).
+fn per_row_norm_width(d: &Description) -> Option<usize> {
+    let actor = d.networks.iter().find(|n| n.role == "actor")?;
+    let m = actor.modules.iter().find(|m| m.normalizer.is_some())?;
+    (m.module_operations == ["Forward"]).then(|| m.normalizer.as_ref().map(|n| n.width)).flatten()
+}
+
+/// Per-key widths: the checkpoint's, then the pins (checked against it),
+/// then keys that the pins leave as the single unknown of a width sum.
+fn resolve_widths(policy: &Policy, pins: &[(String, usize)]) -> Result<BTreeMap<String, usize>, LoadError> {
+    let keys = policy.in_keys();
+    let mut w: BTreeMap<String, usize> =
+        policy.widths().known.iter().filter(|(k, _)| keys.contains(k)).map(|(k, &v)| (k.clone(), v)).collect();
+    for (k, v) in pins {
+        if !keys.contains(k) {
+            return Err(LoadError::Pin {
+                key: k.clone(),
+                reason: format!("not an input of this model (its inputs: {})", keys.join(", ")),
+            });
+        }
+        match w.get(k) {
+            Some(&known) if known != *v => {
+                return Err(LoadError::Pin { key: k.clone(), reason: format!("{v}, but the checkpoint fixes {known}") })
+            }
+            _ => {
+                w.insert(k.clone(), *v);
+            }
+        }
+    }
+    loop {
+        let mut progress = false;
+        for g in &policy.widths().groups {
+            let open: Vec<&String> = g.keys.iter().filter(|k| !w.contains_key(*k)).collect();
+            let fixed: usize = g.keys.iter().filter_map(|k| w.get(k)).sum();
+            let parts =
+                || g.keys.iter().map(|k| w.get(k).map_or("?".to_string(), |v| v.to_string())).collect::<Vec<_>>();
+            if open.is_empty() {
+                if fixed != g.total {
+                    return Err(LoadError::Pin {
+                        key: g
+                            .keys
+                            .iter()
+                            .find(|k| pins.iter().any(|(p, _)| p == *k))
+                            .or(g.keys.first())
+                            .map_or_else(|| g.path.clone(), String::clone),
+                        reason: format!(
+                            "{} reads {} = {fixed} columns, but its checkpoint weights take {}",
+                            g.path,
+                            parts().join(" + "),
+                            g.total
+                        ),
+                    });
+                }
+            } else if fixed.saturating_add(open.len()) > g.total {
+                // every open key needs at least one column
+                return Err(LoadError::Pin {
+                    key: g.keys.iter().find(|k| pins.iter().any(|(p, _)| p == *k)).unwrap_or(open[0]).clone(),
+                    reason: format!(
+                        "{} reads {} columns in all; the pins already take {fixed} ({})",
+                        g.path,
+                        g.total,
+                        parts().join(" + ")
+                    ),
+                });
+            } else if open.iter().all(|k| *k == open[0]) {
+                let n = open.len();
+                if fixed >= g.total || (g.total - fixed) % n != 0 {
+                    return Err(LoadError::Pin {
+                        key: open[0].clone(),
+                        reason: format!("{} needs {} columns in all; the pins leave no width for it", g.path, g.total),
+                    });
+                }
+                w.insert(open[0].clone(), (g.total - fixed) / n);
+                progress = true;
+            }
+        }
+        if !progress {
+            break;
+        }
+    }
+    Ok(w)
+}
+
+/// Where a served model came from, for `/v2/models/<name>/config`.
+#[derive(Debug, Clone, Serialize)]
+pub struct Provenance {
+    /// The checkpoint (or the label of an in-process policy).
+    pub checkpoint: String,
+    /// The resolved configs file.
+    pub config: Option<String>,
+    /// sha256 of the checkpoint's bytes (None for an in-process policy).
+    pub sha256: Option<String>,
+    /// Its size in bytes.
+    pub bytes: Option<u64>,
+    /// When it was loaded, seconds since the Unix epoch.
+    pub loaded_at_unix: f64,
+    /// How long loading took.
+    pub load_seconds: f64,
+    /// `cpu` or `cuda:0`.
+    pub device: String,
+}
+
+/// A model ready to serve.
+pub struct LoadedModel {
+    /// The policy.
+    pub policy: Policy,
+    /// 1 for the first model, +1 per reload (the protocol's model version).
+    pub version: u64,
+    /// What clients send and get.
+    pub interface: Interface,
+    /// Where it came from.
+    pub provenance: Provenance,
+    /// Layers, normalizers (settings and counts) and more.
+    pub description: Description,
+}
+
+/// What identifies one state of a file on disk: a change of any part is a new file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileStamp {
+    len: u64,
+    modified: Option<SystemTime>,
+    inode: u64,
+    changed_ns: i64,
+}
+
+impl FileStamp {
+    /// The stamp of `path` now.
+    pub fn of(path: &Path) -> std::io::Result<FileStamp> {
+        let m = std::fs::metadata(path)?;
+        #[cfg(unix)]
+        let (inode, changed_ns) = {
+            use std::os::unix::fs::MetadataExt;
+            (m.ino(), m.ctime().saturating_mul(1_000_000_000).saturating_add(m.ctime_nsec()))
+        };
+        #[cfg(not(unix))]
+        let (inode, changed_ns) = (0, 0);
+        Ok(FileStamp { len: m.len(), modified: m.modified().ok(), inode, changed_ns })
+    }
+}
+
+fn device_name(d: &Device) -> String {
+    match d {
+        Device::Cpu => "cpu".into(),
+        Device::Cuda(_) => "cuda:0".into(),
+        Device::Metal(_) => "metal".into(),
+    }
+}
+
+fn unix_now() -> f64 {
+    SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64())
+}
+
+fn sha256_file(path: &Path) -> Result<(String, u64), LoadError> {
+    let io = |source| LoadError::Io { path: path.display().to_string(), source };
+    let mut f = std::fs::File::open(path).map_err(io)?;
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut total = 0u64;
+    loop {
+        let n = f.read(&mut buf).map_err(io)?;
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+        total += n as u64;
+    }
+    let hex: String = h.finalize().iter().map(|b| format!("{b:02x}")).collect();
+    Ok((hex, total))
+}
+
+impl LoadedModel {
+    /// Loads a checkpoint: its bytes hashed, the policy built, the file
+    /// checked unchanged across both (else [`LoadError::Changed`]).
+    pub fn load(
+        path: &Path,
+        config: Option<&PathBuf>,
+        device: &Device,
+        pins: &[(String, usize)],
+        version: u64,
+    ) -> Result<LoadedModel, LoadError> {
+        let start = Instant::now();
+        let changed = || LoadError::Changed { path: path.display().to_string() };
+        let io = |source| LoadError::Io { path: path.display().to_string(), source };
+        let before = FileStamp::of(path).map_err(io)?;
+        let (sha256, bytes) = sha256_file(path)?;
+        let policy = Policy::load(path, config.map(|c| c.as_path()), device)?;
+        if FileStamp::of(path).map_err(io)? != before || bytes != before.len {
+            return Err(changed());
+        }
+        let provenance = Provenance {
+            checkpoint: path.display().to_string(),
+            config: policy.config_path().map(str::to_owned),
+            sha256: Some(sha256),
+            bytes: Some(bytes),
+            loaded_at_unix: unix_now(),
+            load_seconds: start.elapsed().as_secs_f64(),
+            device: device_name(device),
+        };
+        Self::from_policy(policy, provenance, pins, version)
+    }
+
+    /// A policy built in process.
+    pub fn in_process(policy: Policy, label: &str, pins: &[(String, usize)]) -> Result<LoadedModel, LoadError> {
+        let provenance = Provenance {
+            checkpoint: label.to_owned(),
+            config: None,
+            sha256: None,
+            bytes: None,
+            loaded_at_unix: unix_now(),
+            load_seconds: 0.0,
+            device: device_name(policy.device()),
+        };
+        Self::from_policy(policy, provenance, pins, 1)
+    }
+
+    fn from_policy(
+        policy: Policy,
+        provenance: Provenance,
+        pins: &[(String, usize)],
+        version: u64,
+    ) -> Result<LoadedModel, LoadError> {
+        let interface = Interface::of(&policy, pins)?;
+        let description = policy.describe()?;
+        Ok(LoadedModel { policy, version, interface, provenance, description })
+    }
+
+    /// The model's family.
+    pub fn family(&self) -> Family {
+        self.policy.family()
+    }
+}

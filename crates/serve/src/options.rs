@@ -1,0 +1,148 @@
+//! What a server is started with: where the model comes from, how requests
+//! are batched, what is watched, and the limits that keep a hostile client
+//! from hurting it.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use candle_core::Device;
+use pmstate_policy::Policy;
+
+/// Where the served policy comes from.
+pub enum ModelSource {
+    /// A ProtoMotions checkpoint and its resolved configs (default: next to
+    /// it); the only source that can be reloaded.
+    Checkpoint {
+        /// `last.ckpt` (or `inference_last.ckpt`, a safetensors copy, ...).
+        path: PathBuf,
+        /// The resolved configs file, when not next to the checkpoint.
+        config: Option<PathBuf>,
+    },
+    /// A policy built in process (`Policy::from_parts`); `label` stands for
+    /// its checkpoint path in metadata. Cannot be reloaded.
+    Policy {
+        /// The policy.
+        policy: Box<Policy>,
+        /// What to call it in metadata.
+        label: String,
+    },
+}
+
+/// How concurrent requests are merged into one forward (Triton's dynamic batcher).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Batching {
+    /// Most rows in one forward. A request with more rows runs alone.
+    pub max_batch: usize,
+    /// How long the oldest waiting request may wait for more rows before
+    /// the batch runs anyway. Zero (Triton's default): a batch takes what
+    /// is queued when the worker is free, so merging happens only under load
+    /// and a lone client pays no wait.
+    pub max_wait: Duration,
+    /// Most requests waiting; one more is refused with 503 and Retry-After.
+    pub queue: usize,
+}
+
+impl Default for Batching {
+    fn default() -> Self {
+        Batching { max_batch: 256, max_wait: Duration::ZERO, queue: 1024 }
+    }
+}
+
+/// Whether the checkpoint file is followed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Watch {
+    /// Load once; reload only on SIGHUP (or [`crate::ServerHandle::reload`]).
+    Off,
+    /// Look at the checkpoint's size, modification time and inode every
+    /// `interval`; once a change has stayed unchanged for one more interval,
+    /// load, validate and swap it in.
+    Poll {
+        /// How often to look.
+        interval: Duration,
+    },
+}
+
+/// What happens to NaN and infinite inputs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum NonFinite {
+    /// Run them: the answer is what `Policy::forward` gives on those rows
+    /// (normalizer clamps apply; a non-finite output is written as the
+    /// `NaN` / `Infinity` literal in JSON, as Triton does).
+    #[default]
+    Pass,
+    /// Refuse the request with 400 naming the input, row and column. A
+    /// request may also ask for this with the `reject_non_finite` parameter;
+    /// under `Reject` a request cannot waive it.
+    Reject,
+}
+
+/// Bounds on what one client can make the server hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Largest request body (JSON and binary together): 413 beyond it.
+    pub max_body_bytes: usize,
+    /// Request bodies held at once, all clients together; a request whose
+    /// body does not fit is refused with 503 and Retry-After (memory stays
+    /// bounded whatever the number of connections).
+    pub max_inflight_body_bytes: usize,
+    /// Longest time to receive a body: 408 after it (a client that stalls
+    /// mid-body holds nothing for long).
+    pub body_timeout: Duration,
+    /// Longest graceful shutdown: requests still running after it are dropped.
+    pub drain_timeout: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_body_bytes: 64 << 20,
+            max_inflight_body_bytes: 512 << 20,
+            body_timeout: Duration::from_secs(30),
+            drain_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Everything [`crate::Server::start`] needs.
+pub struct ServeOptions {
+    /// The model.
+    pub source: ModelSource,
+    /// Its name in URLs (`/v2/models/<name>`).
+    pub name: String,
+    /// Where to listen (port 0: a free port, see [`crate::Server::addr`]).
+    pub addr: SocketAddr,
+    /// Where the policy runs.
+    pub device: Device,
+    /// Dynamic batching.
+    pub batching: Batching,
+    /// Following the checkpoint.
+    pub watch: Watch,
+    /// Per-key observation widths the checkpoint leaves open, pinned
+    /// (`("max_coords_obs", 358)`); checked against the checkpoint at load.
+    pub widths: Vec<(String, usize)>,
+    /// NaN and infinite inputs.
+    pub non_finite: NonFinite,
+    /// Request limits.
+    pub limits: Limits,
+    /// Threads of the forward (default: all cores).
+    pub threads: Option<usize>,
+}
+
+impl ServeOptions {
+    /// Defaults for everything but the model: name `policy`, 127.0.0.1:8080, CPU.
+    pub fn new(source: ModelSource) -> Self {
+        ServeOptions {
+            source,
+            name: "policy".into(),
+            addr: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            device: Device::Cpu,
+            batching: Batching::default(),
+            watch: Watch::Off,
+            widths: Vec::new(),
+            non_finite: NonFinite::default(),
+            limits: Limits::default(),
+            threads: None,
+        }
+    }
+}

@@ -1,0 +1,291 @@
+//! The HTTP routes (axum): the Open Inference Protocol's REST endpoints,
+//! Triton's model configuration endpoint, and `/metrics`. Every error is
+//! `{"error": "..."}` with the status of [`RequestError::status`].
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::body::{Body, Bytes};
+use axum::extract::{Path, State};
+use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use tokio::sync::oneshot;
+
+use crate::batcher::Job;
+use crate::decode::decode;
+use crate::encode::encode;
+use crate::error::RequestError;
+use crate::model::LoadedModel;
+use crate::protocol::{ModelConfigResponse, ModelMetadata, ModelReady, ServerMetadata};
+use crate::server::AppState;
+
+/// The binary extension's header.
+pub const HEADER_LENGTH: &str = "inference-header-content-length";
+
+/// Bodies larger than this are decoded off the async workers.
+const DECODE_INLINE_BYTES: usize = 256 << 10;
+
+/// The router over `state`.
+pub fn router(state: Arc<AppState>) -> Router {
+    Router::new()
+        .route("/v2/health/live", get(live))
+        .route("/v2/health/ready", get(ready))
+        .route("/v2", get(server_metadata))
+        .route("/v2/", get(server_metadata))
+        .route("/v2/models/{name}", get(model_metadata))
+        .route("/v2/models/{name}/versions/{version}", get(model_metadata_v))
+        .route("/v2/models/{name}/ready", get(model_ready))
+        .route("/v2/models/{name}/versions/{version}/ready", get(model_ready_v))
+        .route("/v2/models/{name}/config", get(model_config))
+        .route("/v2/models/{name}/versions/{version}/config", get(model_config_v))
+        .route("/v2/models/{name}/infer", post(infer))
+        .route("/v2/models/{name}/versions/{version}/infer", post(infer_v))
+        .route("/metrics", get(metrics))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .with_state(state)
+}
+
+fn error_response(e: &RequestError) -> Response {
+    let mut r = (e.status(), Json(serde_json::json!({ "error": e.to_string() }))).into_response();
+    if let Some(s) = e.retry_after() {
+        r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(s));
+    }
+    r
+}
+
+impl IntoResponse for RequestError {
+    fn into_response(self) -> Response {
+        error_response(&self)
+    }
+}
+
+async fn not_found(method: Method, uri: Uri) -> RequestError {
+    RequestError::NotFound(format!("no route {method} {}", uri.path()))
+}
+
+async fn method_not_allowed(method: Method, uri: Uri) -> RequestError {
+    RequestError::Method(format!("{method} is not allowed on {}", uri.path()))
+}
+
+async fn live() -> Json<serde_json::Value> {
+    Json(serde_json::json!({ "live": true }))
+}
+
+/// 200 while serving; 400 (Triton's not-ready status) once draining.
+async fn ready(State(st): State<Arc<AppState>>) -> Response {
+    let ready = !st.draining.load(Ordering::Relaxed);
+    let status = if ready { StatusCode::OK } else { StatusCode::BAD_REQUEST };
+    (status, Json(serde_json::json!({ "ready": ready }))).into_response()
+}
+
+async fn server_metadata() -> Json<ServerMetadata> {
+    Json(ServerMetadata::new())
+}
+
+/// The model if `name` (and `version`, when given) is what is served.
+fn find(st: &AppState, name: &str, version: Option<&str>) -> Result<Arc<LoadedModel>, RequestError> {
+    if name != st.name {
+        return Err(RequestError::NotFound(format!("unknown model {name}: this server serves {}", st.name)));
+    }
+    let m = st.slot.current();
+    if let Some(v) = version {
+        if v != m.version.to_string() {
+            return Err(RequestError::NotFound(format!(
+                "model {name} has no version {v}: version {} is served",
+                m.version
+            )));
+        }
+    }
+    Ok(m)
+}
+
+async fn model_metadata(State(st): State<Arc<AppState>>, Path(name): Path<String>) -> Response {
+    metadata_of(&st, &name, None)
+}
+
+async fn model_metadata_v(State(st): State<Arc<AppState>>, Path((name, v)): Path<(String, String)>) -> Response {
+    metadata_of(&st, &name, Some(&v))
+}
+
+fn metadata_of(st: &AppState, name: &str, v: Option<&str>) -> Response {
+    match find(st, name, v) {
+        Ok(m) => Json(ModelMetadata::of(&st.name, &m)).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn model_ready(State(st): State<Arc<AppState>>, Path(name): Path<String>) -> Response {
+    ready_of(&st, &name, None)
+}
+
+async fn model_ready_v(State(st): State<Arc<AppState>>, Path((name, v)): Path<(String, String)>) -> Response {
+    ready_of(&st, &name, Some(&v))
+}
+
+fn ready_of(st: &AppState, name: &str, v: Option<&str>) -> Response {
+    match find(st, name, v) {
+        Ok(_) => {
+            let ready = !st.draining.load(Ordering::Relaxed);
+            let status = if ready { StatusCode::OK } else { StatusCode::BAD_REQUEST };
+            (status, Json(ModelReady { name: st.name.clone(), ready })).into_response()
+        }
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn model_config(State(st): State<Arc<AppState>>, Path(name): Path<String>) -> Response {
+    config_of(&st, &name, None)
+}
+
+async fn model_config_v(State(st): State<Arc<AppState>>, Path((name, v)): Path<(String, String)>) -> Response {
+    config_of(&st, &name, Some(&v))
+}
+
+fn config_of(st: &AppState, name: &str, v: Option<&str>) -> Response {
+    match find(st, name, v) {
+        Ok(m) => Json(ModelConfigResponse::of(&st.name, &m, &st.batching, st.reloads.counts())).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn metrics(State(st): State<Arc<AppState>>) -> Response {
+    let text = st.metrics.render();
+    ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], text).into_response()
+}
+
+async fn infer(State(st): State<Arc<AppState>>, Path(name): Path<String>, headers: HeaderMap, body: Body) -> Response {
+    infer_counted(st, name, None, headers, body).await
+}
+
+async fn infer_v(
+    State(st): State<Arc<AppState>>,
+    Path((name, v)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    infer_counted(st, name, Some(v), headers, body).await
+}
+
+async fn infer_counted(
+    st: Arc<AppState>,
+    name: String,
+    version: Option<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let start = Instant::now();
+    st.metrics.requests.inc();
+    // dropped with this future, also when hyper drops it for a closed connection
+    let _in_flight = InFlight::enter(&st.metrics.in_flight);
+    let r = infer_inner(&st, &name, version.as_deref(), &headers, body).await;
+    st.metrics.latency.observe(start.elapsed().as_secs_f64());
+    match r {
+        Ok(r) => r,
+        Err(e) => {
+            st.metrics.error(&e);
+            e.into_response()
+        }
+    }
+}
+
+/// Counts a request in `pmstate_requests_in_flight` while it lives.
+struct InFlight(prometheus_client::metrics::gauge::Gauge);
+
+impl InFlight {
+    fn enter(g: &prometheus_client::metrics::gauge::Gauge) -> InFlight {
+        g.inc();
+        InFlight(g.clone())
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
+/// Reads the body within the size limit, the memory budget and the time limit.
+async fn read_body(
+    st: &AppState,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<(Bytes, tokio::sync::OwnedSemaphorePermit), RequestError> {
+    let limit = st.limits.max_body_bytes;
+    let declared =
+        headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return Err(RequestError::TooLarge { limit });
+    }
+    // reserve what the body may take (all of the limit when its length is not declared)
+    let want = declared.map_or(limit, |n| n as usize).clamp(1, limit.max(1));
+    let want = u32::try_from(want).unwrap_or(u32::MAX);
+    let permit = st
+        .body_budget
+        .clone()
+        .try_acquire_many_owned(want)
+        .map_err(|_| RequestError::Busy { budget: st.limits.max_inflight_body_bytes })?;
+    let read = tokio::time::timeout(st.limits.body_timeout, axum::body::to_bytes(body, limit)).await;
+    match read {
+        Err(_) => Err(RequestError::BodyTimeout { seconds: st.limits.body_timeout.as_secs() }),
+        Ok(Ok(b)) => Ok((b, permit)),
+        Ok(Err(e)) => {
+            let over = std::iter::successors(Some(&e as &dyn std::error::Error), |e| e.source())
+                .any(|e| e.is::<http_body_util::LengthLimitError>());
+            if over {
+                Err(RequestError::TooLarge { limit })
+            } else {
+                Err(RequestError::BodyRead(e.to_string()))
+            }
+        }
+    }
+}
+
+async fn infer_inner(
+    st: &Arc<AppState>,
+    name: &str,
+    version: Option<&str>,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<Response, RequestError> {
+    let model = find(st, name, version)?;
+    let header_len = match headers.get(HEADER_LENGTH) {
+        None => None,
+        Some(v) => Some(v.to_str().ok().and_then(|s| s.trim().parse::<usize>().ok()).ok_or_else(|| {
+            RequestError::BadJson(format!("Inference-Header-Content-Length {v:?} is not a byte count"))
+        })?),
+    };
+    let (bytes, _permit) = read_body(st, headers, body).await?;
+    let non_finite = st.non_finite;
+    let decoded = if bytes.len() <= DECODE_INLINE_BYTES {
+        decode(&bytes, header_len, &model.interface, non_finite)?
+    } else {
+        let m = model.clone();
+        tokio::task::spawn_blocking(move || decode(&bytes, header_len, &m.interface, non_finite))
+            .await
+            .map_err(|e| RequestError::Internal(format!("decoding: {e}")))??
+    };
+    drop(model);
+    let id = decoded.id.clone();
+    let rows = decoded.rows;
+    let (tx, rx) = oneshot::channel();
+    st.batcher.submit(Job { req: decoded, enqueued: Instant::now(), reply: tx })?;
+    let answer = rx.await.map_err(|_| RequestError::ShuttingDown)??;
+    let enc = encode(&st.name, id.as_deref(), &answer);
+    st.metrics.rows.inc_by(rows as u64);
+    let mut r = Response::new(Body::from(enc.body));
+    let h = r.headers_mut();
+    match enc.header_len {
+        Some(n) => {
+            h.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/octet-stream"));
+            h.insert(HEADER_LENGTH, HeaderValue::from(n));
+        }
+        None => {
+            h.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        }
+    }
+    Ok(r)
+}

@@ -1,0 +1,257 @@
+//! [`Server`]: loads the model, binds, serves until asked to stop, then
+//! drains: no new connections, requests in flight answered, the batcher
+//! and the reload thread stopped.
+
+use std::net::SocketAddr;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+
+use std::future::IntoFuture;
+
+use axum::serve::ListenerExt;
+use tokio::sync::{watch, Semaphore};
+use tokio::task::JoinHandle;
+
+use crate::batcher::Batcher;
+use crate::error::{LoadError, StartError};
+use crate::events::{Event, EventSink};
+use crate::metrics::Metrics;
+use crate::model::{FileStamp, LoadedModel};
+use crate::options::{Batching, Limits, ModelSource, NonFinite, ServeOptions};
+use crate::reload::{ReloadConfig, ReloadStats, Reloader};
+use crate::slot::ModelSlot;
+
+/// What every request handler shares.
+pub struct AppState {
+    /// The model name in URLs.
+    pub name: String,
+    /// The served model.
+    pub slot: Arc<ModelSlot>,
+    /// The queue.
+    pub batcher: Batcher,
+    /// Metrics.
+    pub metrics: Arc<Metrics>,
+    /// Batching settings (reported in the model configuration).
+    pub batching: Batching,
+    /// Request limits.
+    pub limits: Limits,
+    /// NaN policy.
+    pub non_finite: NonFinite,
+    /// Bytes of request bodies that may be held at once.
+    pub body_budget: Arc<Semaphore>,
+    /// Set when shutdown begins (readiness turns false).
+    pub draining: AtomicBool,
+    /// Reload outcomes.
+    pub reloads: Arc<ReloadStats>,
+}
+
+/// A running server.
+pub struct Server {
+    addr: SocketAddr,
+    handle: ServerHandle,
+    serve: JoinHandle<std::io::Result<()>>,
+    reloader: Option<Reloader>,
+    limits: Limits,
+}
+
+/// Asks the reload thread for a reload.
+type ReloadFn = Arc<dyn Fn() + Send + Sync>;
+
+/// Controls a running server from anywhere (signal handlers, tests).
+#[derive(Clone)]
+pub struct ServerHandle {
+    state: Arc<AppState>,
+    stop: Arc<watch::Sender<bool>>,
+    reload: Option<ReloadFn>,
+    events: EventSink,
+}
+
+impl ServerHandle {
+    /// Begins a graceful shutdown.
+    pub fn shutdown(&self) {
+        self.stop.send_replace(true);
+    }
+
+    /// Reloads the checkpoint now (what SIGHUP does); the outcome is an event.
+    pub fn reload(&self) {
+        match &self.reload {
+            Some(trigger) => trigger(),
+            None => {
+                let m = self.state.slot.current();
+                let e = LoadError::NotReloadable { name: self.state.name.clone() };
+                (self.events)(&Event::ReloadFailed {
+                    checkpoint: m.provenance.checkpoint.clone(),
+                    reason: e.to_string(),
+                    serving: m.version,
+                });
+            }
+        }
+    }
+
+    /// Holds forwards back until the guard is dropped (requests queue,
+    /// then are refused with 503): see [`crate::batcher::Batcher::pause`].
+    pub fn pause(&self) -> crate::batcher::Paused {
+        self.state.batcher.pause()
+    }
+
+    /// The version being served.
+    pub fn version(&self) -> u64 {
+        self.state.slot.current().version
+    }
+
+    /// The metrics text, as `GET /metrics` returns it.
+    pub fn metrics_text(&self) -> String {
+        self.state.metrics.render()
+    }
+}
+
+fn check(opts: &ServeOptions) -> Result<(), StartError> {
+    let b = &opts.batching;
+    if b.max_batch == 0 || b.queue == 0 {
+        return Err(StartError::Options("max_batch and queue must be at least 1".into()));
+    }
+    let ok_name = !opts.name.is_empty()
+        && opts.name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+        && opts.name != "."
+        && opts.name != "..";
+    if !ok_name {
+        return Err(StartError::Options(format!(
+            "model name {:?}: use letters, digits, '-', '_' and '.' (it goes into URLs)",
+            opts.name
+        )));
+    }
+    if opts.limits.max_body_bytes == 0 || opts.limits.max_inflight_body_bytes < opts.limits.max_body_bytes {
+        return Err(StartError::Options("the in-flight body budget must hold at least one largest body".into()));
+    }
+    if u32::try_from(opts.limits.max_inflight_body_bytes).is_err() {
+        return Err(StartError::Options("the in-flight body budget must be under 4 GiB".into()));
+    }
+    Ok(())
+}
+
+impl Server {
+    /// Loads the model, binds `opts.addr` and starts serving (on the
+    /// current tokio runtime). The server is ready when this returns.
+    pub async fn start(opts: ServeOptions, events: EventSink) -> Result<Server, StartError> {
+        check(&opts)?;
+        let ServeOptions { source, name, addr, device, batching, watch, widths, non_finite, limits, threads } = opts;
+        let pins = widths.clone();
+        let (model, reload_cfg, stamp) = match source {
+            ModelSource::Checkpoint { path, config } => {
+                let (p, c, d) = (path.clone(), config.clone(), device.clone());
+                let model = tokio::task::spawn_blocking(move || LoadedModel::load(&p, c.as_ref(), &d, &pins, 1))
+                    .await
+                    .map_err(|e| StartError::Runtime(std::io::Error::other(e.to_string())))??;
+                let stamp = FileStamp::of(&path).ok();
+                (model, Some(ReloadConfig { path, config, device, pins: widths, watch }), stamp)
+            }
+            ModelSource::Policy { policy, label } => (LoadedModel::in_process(*policy, &label, &pins)?, None, None),
+        };
+        let threads = threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .thread_name(|i| format!("pmstate-forward-{i}"))
+            .build()
+            .map_err(|e| StartError::Runtime(std::io::Error::other(e.to_string())))?;
+        let metrics = Arc::new(Metrics::new());
+        metrics.model_version.set(model.version as i64);
+        let listening = Event::Listening {
+            addr,
+            model: name.clone(),
+            version: model.version,
+            checkpoint: model.provenance.checkpoint.clone(),
+            sha256: model.provenance.sha256.clone(),
+        };
+        let slot = Arc::new(ModelSlot::new(model));
+        let batcher = Batcher::start(slot.clone(), batching, pool, metrics.clone()).map_err(StartError::Runtime)?;
+        let reloads = Arc::new(ReloadStats::default());
+        let state = Arc::new(AppState {
+            name,
+            slot: slot.clone(),
+            batcher,
+            metrics: metrics.clone(),
+            batching,
+            limits,
+            non_finite,
+            body_budget: Arc::new(Semaphore::new(limits.max_inflight_body_bytes)),
+            draining: AtomicBool::new(false),
+            reloads: reloads.clone(),
+        });
+        let reloader = match reload_cfg {
+            Some(cfg) => {
+                Some(Reloader::start(cfg, stamp, slot, metrics, reloads, events.clone()).map_err(StartError::Runtime)?)
+            }
+            None => None,
+        };
+        let reload_fn: Option<ReloadFn> = reloader.as_ref().map(|r| Arc::new(r.trigger_fn()) as ReloadFn);
+        let listener = tokio::net::TcpListener::bind(addr).await.map_err(|source| StartError::Bind { addr, source })?;
+        let addr = listener.local_addr().map_err(|source| StartError::Bind { addr, source })?;
+        let (stop_tx, mut stop_rx) = watch::channel(false);
+        let app = crate::routes::router(state.clone());
+        let st = state.clone();
+        let ev = events.clone();
+        let listener = listener.tap_io(|tcp| {
+            // answers are one write each: do not hold them back (Nagle)
+            let _ = tcp.set_nodelay(true);
+        });
+        let serve = tokio::spawn(
+            axum::serve(listener, app)
+                .with_graceful_shutdown(async move {
+                    let _ = stop_rx.wait_for(|s| *s).await;
+                    st.draining.store(true, std::sync::atomic::Ordering::Relaxed);
+                    ev(&Event::Draining);
+                })
+                .into_future(),
+        );
+        let listening = match listening {
+            Event::Listening { model, version, checkpoint, sha256, .. } => {
+                Event::Listening { addr, model, version, checkpoint, sha256 }
+            }
+            e => e,
+        };
+        events(&listening);
+        let handle = ServerHandle { state, stop: Arc::new(stop_tx), reload: reload_fn, events };
+        Ok(Server { addr, handle, serve, reloader, limits })
+    }
+
+    /// The address it listens on.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// A handle to shut it down or reload it.
+    pub fn handle(&self) -> ServerHandle {
+        self.handle.clone()
+    }
+
+    /// Waits until a shutdown (from a [`ServerHandle`]) has drained, then
+    /// stops the batcher and the reload thread.
+    pub async fn wait(self) -> std::io::Result<()> {
+        let Server { handle, mut serve, reloader, limits, .. } = self;
+        let mut stop = handle.stop.subscribe();
+        let result = tokio::select! {
+            r = &mut serve => r,
+            _ = async {
+                let _ = stop.wait_for(|s| *s).await;
+                tokio::time::sleep(limits.drain_timeout).await;
+            } => {
+                serve.abort();
+                (handle.events)(&Event::DrainTimedOut { seconds: limits.drain_timeout.as_secs_f64() });
+                Ok(Ok(()))
+            }
+        };
+        let state = handle.state.clone();
+        let events = handle.events.clone();
+        drop(handle);
+        tokio::task::spawn_blocking(move || {
+            if let Some(r) = reloader {
+                r.stop();
+            }
+            state.batcher.stop();
+        })
+        .await
+        .map_err(|e| std::io::Error::other(e.to_string()))?;
+        events(&Event::Stopped);
+        result.map_err(|e| std::io::Error::other(e.to_string()))?
+    }
+}

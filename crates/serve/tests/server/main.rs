@@ -1,0 +1,11 @@
+//! The server against real HTTP clients, one test binary (each binary
+//! links candle: one link instead of five): the protocol, dynamic
+//! batching, bad input, hot reload, shutdown.
+
+mod common;
+
+mod bad_input;
+mod batching;
+mod protocol;
+mod reload;
+mod shutdown;

@@ -1,0 +1,151 @@
+//! Hot reload under load: a new checkpoint renamed over the watched file is
+//! swapped in between batches (no request fails, each client's answers
+//! switch from the old model to the new one at one point, each answer is
+//! bitwise one model's); a half-written, corrupt or incompatible file is
+//! refused and the served model stays; a reload on request (SIGHUP) loads
+//! whatever is there.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::common::*;
+use candle_core::{Device, Tensor};
+use pmstate_policy::Policy;
+use pmstate_serve::{Event, Watch};
+use serde_json::json;
+
+fn mean_rows(policy: &Policy, o: &std::collections::HashMap<String, Tensor>) -> Vec<Vec<u32>> {
+    (0..8).map(|i| bits(&host(&policy.forward(&tensors(&rows(o, &[i]))).unwrap().mean_action))).collect()
+}
+
+fn failures(ev: &Events) -> Vec<String> {
+    ev.all()
+        .into_iter()
+        .filter_map(|e| match e {
+            Event::ReloadFailed { reason, serving, .. } => Some(format!("{serving}: {reason}")),
+            _ => None,
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn reload_under_load_switches_once_and_refuses_bad_files() {
+    let (_dir, ckpt) = tracker_dir(0.0);
+    let o = Arc::new(obs("smpl_tracker"));
+    let a = mean_rows(&Policy::load(&ckpt, None, &Device::Cpu).unwrap(), &o);
+    let b_tensors = tracker_tensors(0.25);
+    let b_path = ckpt.with_file_name("b.safetensors");
+    candle_core::safetensors::save(&b_tensors, &b_path).unwrap();
+    let b = mean_rows(&Policy::load(&b_path, None, &Device::Cpu).unwrap(), &o);
+    assert_ne!(a, b);
+
+    let mut opts = options(ckpt.clone());
+    opts.watch = Watch::Poll { interval: Duration::from_millis(20) };
+    let s = start(opts).await;
+    let handle = s.server.handle();
+
+    // 4 clients, one row each, as fast as they can
+    let stop = Arc::new(AtomicBool::new(false));
+    let counts: Arc<Vec<std::sync::atomic::AtomicUsize>> = Arc::new((0..4).map(|_| Default::default()).collect());
+    let mut clients = vec![];
+    for c in 0..4usize {
+        let (cl, o, stop, counts) = (s.client.clone(), o.clone(), stop.clone(), counts.clone());
+        clients.push(tokio::spawn(async move {
+            let mut seen = vec![];
+            let mut i = c;
+            while !stop.load(Ordering::Relaxed) {
+                let (body, _) = row_request(&o, &[i % 8], json!({}));
+                let r = infer(&cl, body).await;
+                assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+                let version: u64 = r.json()["model_version"].as_str().unwrap().parse().unwrap();
+                seen.push((i % 8, version, bits(&outputs(&r)["mean_action"].1)));
+                counts[c].fetch_add(1, Ordering::Relaxed);
+                i += 1;
+            }
+            seen
+        }));
+    }
+    let each_at_least = |n: usize| counts.iter().all(|c| c.load(Ordering::Relaxed) >= n);
+    until("load on the old model", || each_at_least(20)).await;
+    let before: Vec<usize> = counts.iter().map(|c| c.load(Ordering::Relaxed)).collect();
+    write_by_rename(&b_tensors, &ckpt);
+    until("the new model", || handle.version() == 2).await;
+    until("load on the new model", || counts.iter().zip(&before).all(|(c, b)| c.load(Ordering::Relaxed) >= b + 40))
+        .await;
+
+    // a half-written file in place (a writer still at work), then garbage: refused, version 2 stays
+    let bytes = std::fs::read(&b_path).unwrap();
+    // (a poll may also catch the file truncated to 0 bytes: that is one more refusal)
+    std::fs::write(&ckpt, &bytes[..bytes.len() / 2]).unwrap();
+    until("the half-written file refused", || !failures(&s.events).is_empty()).await;
+    let n = failures(&s.events).len();
+    std::fs::write(&ckpt, b"PK\x03\x04 not a checkpoint at all").unwrap();
+    until("the corrupt file refused", || failures(&s.events).len() > n).await;
+    let n = failures(&s.events).len();
+    // an incompatible one: first layers that take 1000 columns instead of 1003
+    let mut narrow = b_tensors.clone();
+    for (k, t) in narrow.iter_mut() {
+        if k.ends_with("mlp.0.weight") {
+            *t = t.narrow(1, 0, 1000).unwrap();
+        } else if k.ends_with("running_obs_norm.mean") || k.ends_with("running_obs_norm.var") {
+            *t = t.narrow(0, 0, 1000).unwrap();
+        }
+    }
+    write_by_rename(&narrow, &ckpt);
+    until("the incompatible file refused", || failures(&s.events).len() > n).await;
+    let n = failures(&s.events).len();
+    // SIGHUP (a reload on request) tries it again, whatever its stamp
+    handle.reload();
+    until("the reload on request refused", || failures(&s.events).len() > n).await;
+    let refused = n + 1;
+    stop.store(true, Ordering::Relaxed);
+
+    let f = failures(&s.events);
+    assert!(f.iter().all(|m| m.starts_with("2: ")), "{f:?}");
+    let incompatible = f.iter().filter(|m| m.contains("not compatible") && m.contains("1003") && m.contains("1000"));
+    assert_eq!(incompatible.count(), 2, "{f:?}");
+    assert_eq!(handle.version(), 2);
+
+    // every answer is bitwise the old or the new model, by its version; each client switched once
+    for cl in clients {
+        let seen = cl.await.unwrap();
+        let versions: Vec<u64> = seen.iter().map(|s| s.1).collect();
+        assert!(versions.windows(2).all(|w| w[0] <= w[1]), "went back: {versions:?}");
+        assert!(versions.contains(&1) && versions.contains(&2));
+        for (row, v, mean) in seen {
+            let want = if v == 1 { &a[row] } else { &b[row] };
+            assert_eq!(&mean, want, "row {row} version {v}");
+        }
+    }
+
+    // a good checkpoint after the refusals: served again
+    write_by_rename(&tracker_tensors(-0.5), &ckpt);
+    until("version 3", || handle.version() == 3).await;
+    let text = handle.metrics_text();
+    assert_eq!(metric(&text, "pmstate_model_reloads_total{result=\"ok\"}"), 2.0);
+    assert_eq!(metric(&text, "pmstate_model_reloads_total{result=\"failed\"}"), refused as f64);
+    assert_eq!(metric(&text, "pmstate_model_version"), 3.0);
+    assert_eq!(metric(&text, "pmstate_infer_errors_total{kind=\"internal\"}"), 0.0);
+    let cfg = s.client.get("/v2/models/policy/config").await.unwrap().json();
+    assert_eq!(cfg["pmstate"]["version"], "3");
+    assert_eq!(cfg["pmstate"]["reloads"], json!({"ok": 2, "failed": refused}));
+    handle.shutdown();
+    s.server.wait().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_watch_only_a_reload_on_request_loads() {
+    let (_dir, ckpt) = tracker_dir(0.0);
+    let s = start(options(ckpt.clone())).await;
+    let handle = s.server.handle();
+    write_by_rename(&tracker_tensors(1.0), &ckpt);
+    // nothing follows the file: still version 1 after a request round trip
+    assert_eq!(s.client.get("/v2/models/policy").await.unwrap().json()["versions"], json!(["1"]));
+    handle.reload();
+    until("version 2", || handle.version() == 2).await;
+    assert_eq!(s.client.get("/v2/models/policy").await.unwrap().json()["versions"], json!(["2"]));
+    assert!(s.events.all().iter().any(|e| matches!(e, Event::Reloaded { version: 2, .. })));
+    handle.shutdown();
+    s.server.wait().await.unwrap();
+}
