@@ -66,7 +66,9 @@ impl Activation {
     pub fn apply(self, x: &Tensor) -> Result<Tensor> {
         Ok(match self {
             Activation::Tanh => x.tanh()?,
-            Activation::Relu => x.relu()?,
+            // As torch.relu: NaN and -0.0 pass through (candle's relu, a
+            // max with 0, turns NaN into 0).
+            Activation::Relu => x.lt(0f64)?.where_cond(&x.zeros_like()?, x)?,
             Activation::Elu => x.elu(1.0)?,
             Activation::Gelu => x.gelu_erf()?,
             Activation::Identity => x.clone(),
@@ -85,7 +87,13 @@ impl Activation {
     pub fn eval_f64(self, x: f64) -> f64 {
         match self {
             Activation::Tanh => x.tanh(),
-            Activation::Relu => x.max(0.0),
+            Activation::Relu => {
+                if x < 0.0 {
+                    0.0
+                } else {
+                    x
+                }
+            }
             Activation::Elu => {
                 if x > 0.0 {
                     x
@@ -199,6 +207,22 @@ mod tests {
         for bad in ["selu", "sigmoid", "None", ""] {
             assert!(matches!(Activation::parse(bad, "p"), Err(PolicyError::UnknownActivation { .. })));
         }
+    }
+
+    #[test]
+    fn relu_keeps_nan_and_negative_zero_as_torch_does() {
+        // torch 2.15: torch.relu(tensor([nan, -0., -1., 2.])) == [nan, -0., 0., 2.],
+        // on the scalar and the vectorized paths alike.
+        let x = Tensor::new(&[f32::NAN, -0.0, -1.0, 2.0], &candle_core::Device::Cpu).unwrap();
+        let y = Activation::Relu.apply(&x).unwrap().to_vec1::<f32>().unwrap();
+        assert!(y[0].is_nan());
+        assert_eq!(y[1].to_bits(), (-0.0f32).to_bits());
+        assert_eq!(y[2].to_bits(), 0.0f32.to_bits());
+        assert_eq!(y[3], 2.0);
+        let r = Activation::Relu;
+        assert!(r.eval_f64(f64::NAN).is_nan());
+        assert_eq!(r.eval_f64(-0.0).to_bits(), (-0.0f64).to_bits());
+        assert_eq!(r.eval_f64(-3.0), 0.0);
     }
 
     #[test]

@@ -56,8 +56,19 @@ const KC: usize = 256;
 pub enum Epilogue {
     /// Store as is.
     Identity,
-    /// `max(y, 0)`.
+    /// `torch.relu(y)`: 0 for negatives; NaN and -0.0 kept.
     Relu,
+}
+
+/// `torch.relu` exactly: negatives become 0; NaN and -0.0 pass through
+/// (`f32::max` would turn a NaN into 0, hiding a NaN input).
+#[inline(always)]
+fn relu(v: f32) -> f32 {
+    if v < 0.0 {
+        0.0
+    } else {
+        v
+    }
 }
 
 /// A Linear's weights packed for [`PackedLinear::forward`].
@@ -253,7 +264,7 @@ fn micro<const MR: usize>(a: &[f32], b: &[f32], bias: &[f32], out: &mut [f32], f
             Epilogue::Identity => dst.copy_from_slice(row),
             Epilogue::Relu => {
                 for (d, &v) in dst.iter_mut().zip(row) {
-                    *d = v.max(0.0);
+                    *d = relu(v);
                 }
             }
         }
@@ -280,7 +291,7 @@ fn gemv_panel(x: &[f32], b: &[f32], bias: &[f32], out: &mut [f32], epilogue: Epi
     for j in 0..NR {
         out[j] = match epilogue {
             Epilogue::Identity => acc[j],
-            Epilogue::Relu => acc[j].max(0.0),
+            Epilogue::Relu => relu(acc[j]),
         };
     }
 }
@@ -320,6 +331,24 @@ mod tests {
         p.run::<2>(&x, m, Epilogue::Relu, Isa::Other, &mut y2);
         let y = p.forward(&x, m, Epilogue::Relu);
         assert_eq!(y, y2, "dyadic inputs: every order sums exactly");
+    }
+
+    #[test]
+    fn a_nan_input_gives_nan_through_the_relu_epilogue_as_in_torch() {
+        // One NaN feature poisons every output of its row (as torch's
+        // Linear + ReLU does); the other rows stay finite, on both paths
+        // (one row: matrix-vector; 5 rows: blocked).
+        let (n, k) = (20, 33);
+        let w: Vec<f32> = (0..n * k).map(|i| ((i * 7 % 23) as f32 - 11.0) / 32.0).collect();
+        let b = vec![-0.25f32; n];
+        let p = PackedLinear::new(&w, &b, n, k);
+        for m in [1usize, 5] {
+            let mut x: Vec<f32> = (0..m * k).map(|i| ((i * 5 % 17) as f32 - 8.0) / 8.0).collect();
+            x[3] = f32::NAN;
+            let y = p.forward(&x, m, Epilogue::Relu);
+            assert!(y[..n].iter().all(|v| v.is_nan()), "batch {m}: {:?}", &y[..n]);
+            assert!(y[n..].iter().all(|v| v.is_finite() && *v >= 0.0), "batch {m}");
+        }
     }
 
     #[test]
