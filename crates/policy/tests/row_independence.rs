@@ -37,8 +37,11 @@ fn rows(t: &Tensor) -> Vec<Vec<u32>> {
     t.to_vec2::<f32>().unwrap().into_iter().map(|r| r.into_iter().map(f32::to_bits).collect()).collect()
 }
 
+/// Each output's name and its rows as f32 bits.
+type Outputs = Vec<(&'static str, Vec<Vec<u32>>)>;
+
 /// Every named output of one call, as rows of bits.
-fn outputs(p: &Policy, obs: &HashMap<String, Tensor>) -> Vec<(&'static str, Vec<Vec<u32>>)> {
+fn outputs(p: &Policy, obs: &HashMap<String, Tensor>) -> Outputs {
     let s = p.sample(obs, 7).unwrap();
     let mut out = vec![
         ("mean_action", rows(&s.outputs.mean_action)),
@@ -69,7 +72,7 @@ fn a_row_gives_the_same_bits_alone_and_in_any_batch() {
         let obs = candle_core::safetensors::load(d.join("obs.safetensors"), &Device::Cpu).unwrap();
         let n = obs.values().next().unwrap().dims()[0] as u32;
         // each row alone: the reference
-        let alone: Vec<Vec<(&str, Vec<Vec<u32>>)>> = (0..n).map(|i| outputs(&p, &pick(&obs, &[i]))).collect();
+        let alone: Vec<Outputs> = (0..n).map(|i| outputs(&p, &pick(&obs, &[i]))).collect();
         // batches of 2, 3 (matrix-vector), 5, 8, 13, 64 and 300 (matrix-matrix,
         // several row blocks) with rows in scrambled positions
         for size in [2usize, 3, 5, 8, 13, 64, 300] {
