@@ -3,9 +3,10 @@
 
 #![cfg(feature = "mpi")]
 
+use std::io::Read;
 use std::path::PathBuf;
-use std::process::Command;
-use std::time::Instant;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -33,10 +34,36 @@ fn have_mpirun() -> bool {
 }
 
 struct Out {
+    /// The exit code, 128 + the signal that killed mpirun, or `None` when
+    /// killed here (see `teardown_hang`).
     code: Option<i32>,
+    /// Every rank had exited but mpirun did not: see [`run_mpirun`].
+    teardown_hang: bool,
     stdout: String,
     stderr: String,
+    /// Until mpirun exited or, with `teardown_hang`, until the last rank did.
     secs: f64,
+}
+
+impl Out {
+    /// The job failed: a non-zero exit, mpirun killed by a signal, or
+    /// mpirun stuck in its teardown after every rank exited. Usually exit 2
+    /// from the ranks; Open MPI 4.1's mpirun sometimes crashes (SIGSEGV in
+    /// `PMIx_server_finalize`) or hangs in its own teardown after a rank
+    /// left the job without `MPI_Finalize`, so the code alone says little.
+    /// The callers check the ranks' messages and the elapsed time.
+    fn failed(&self) -> bool {
+        self.code != Some(0)
+    }
+
+    /// How the job ended, for assertion messages.
+    fn ending(&self) -> String {
+        match (self.code, self.teardown_hang) {
+            (Some(c), _) => format!("mpirun exit code {c}"),
+            (None, true) => "every rank exited, mpirun hung in its teardown and was killed".into(),
+            (None, false) => "a rank hung: killed at the job deadline".into(),
+        }
+    }
 }
 
 /// `mpirun` with one or more `-np N ARGS...` groups of `pmstate` (MPMD:
@@ -49,22 +76,113 @@ fn mpirun(groups: &[(usize, Vec<String>)]) -> Out {
 
 /// `mpirun` with `-np N PROGRAM ARGS...` groups (MPMD: ranks in order).
 fn mpirun_programs(groups: &[(usize, String, Vec<String>)]) -> Out {
-    let mut cmd = Command::new("timeout");
-    cmd.args(["-k", "10", "120", "mpirun", "--allow-run-as-root", "--oversubscribe"]);
+    let mut cmd = Command::new("mpirun");
+    cmd.args(["--allow-run-as-root", "--oversubscribe"]);
     for (i, (np, program, args)) in groups.iter().enumerate() {
         if i > 0 {
             cmd.arg(":");
         }
         cmd.args(["-np", &np.to_string(), program]).args(args);
     }
+    run_mpirun(cmd.current_dir(root()))
+}
+
+/// Longest a job may take, ranks and mpirun together.
+const JOB_DEADLINE: Duration = Duration::from_secs(120);
+/// How long mpirun may outlive its last rank before it counts as stuck.
+const TEARDOWN_GRACE: Duration = Duration::from_secs(5);
+
+/// Runs `cmd` (an `mpirun`) to its end. Open MPI 4.1.4's mpirun (Debian
+/// 12's) sometimes hangs in its own teardown after a rank exited without
+/// `MPI_Finalize`: every rank has exited and is left unreaped (a zombie)
+/// while mpirun waits on a futex forever (observed in about one run in
+/// three of the mismatched-traces job). What these tests check is that the
+/// ranks end, so once every child of mpirun has exited and mpirun is still
+/// there `TEARDOWN_GRACE` later, it is killed and the run is marked
+/// `teardown_hang`. A rank still running at `JOB_DEADLINE` is a real hang:
+/// everything is killed and `secs` says so.
+fn run_mpirun(cmd: &mut Command) -> Out {
     let t = Instant::now();
-    let o = cmd.current_dir(root()).output().unwrap();
-    Out {
-        code: o.status.code(),
-        stdout: String::from_utf8_lossy(&o.stdout).into(),
-        stderr: String::from_utf8_lossy(&o.stderr).into(),
-        secs: t.elapsed().as_secs_f64(),
+    let mut child = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("spawning mpirun");
+    let stdout = drain(child.stdout.take().expect("piped stdout"));
+    let stderr = drain(child.stderr.take().expect("piped stderr"));
+    let pid = child.id();
+    let mut seen_ranks = false;
+    let mut all_exited_at: Option<Instant> = None;
+    let mut teardown_hang = false;
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("waiting for mpirun") {
+            break Some(status);
+        }
+        let (ranks, running) = children_of(pid);
+        seen_ranks |= !ranks.is_empty();
+        if seen_ranks && running.is_empty() {
+            let at = *all_exited_at.get_or_insert_with(Instant::now);
+            if at.elapsed() > TEARDOWN_GRACE {
+                println!("note: every rank exited but mpirun hung in its teardown (Open MPI 4.1); killing it");
+                teardown_hang = true;
+                break None;
+            }
+        } else {
+            all_exited_at = None;
+        }
+        if t.elapsed() > JOB_DEADLINE {
+            for p in running {
+                let _ = Command::new("kill").args(["-9", &p.to_string()]).status();
+            }
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    if status.is_none() {
+        let _ = child.kill();
+        let _ = child.wait();
     }
+    let end = if teardown_hang { all_exited_at.unwrap_or_else(Instant::now) } else { Instant::now() };
+    Out {
+        code: status.map(shell_code),
+        teardown_hang,
+        stdout: stdout.join().expect("stdout reader"),
+        stderr: stderr.join().expect("stderr reader"),
+        secs: end.duration_since(t).as_secs_f64(),
+    }
+}
+
+/// The code a shell reports: the exit code, or 128 + the signal that
+/// killed it (Open MPI's mpirun sometimes dies of SIGSEGV in its teardown).
+fn shell_code(status: std::process::ExitStatus) -> i32 {
+    use std::os::unix::process::ExitStatusExt;
+    status.code().or_else(|| status.signal().map(|s| 128 + s)).unwrap_or(128)
+}
+
+/// Reads a pipe to its end on a thread of its own.
+fn drain(mut pipe: impl Read + Send + 'static) -> std::thread::JoinHandle<String> {
+    std::thread::spawn(move || {
+        let mut buf = Vec::new();
+        let _ = pipe.read_to_end(&mut buf);
+        String::from_utf8_lossy(&buf).into_owned()
+    })
+}
+
+/// The children of `pid` (from /proc): all of them, and those not yet
+/// exited (state other than Z, zombie).
+fn children_of(pid: u32) -> (Vec<u32>, Vec<u32>) {
+    let (mut all, mut running) = (Vec::new(), Vec::new());
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(p) = entry.file_name().to_string_lossy().parse::<u32>() else { continue };
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else { continue };
+        // "PID (COMM) STATE PPID ...": COMM may hold spaces and parentheses.
+        let Some(rest) = stat.rfind(')').map(|i| &stat[i + 1..]) else { continue };
+        let mut fields = rest.split_whitespace();
+        let (Some(state), Some(ppid)) = (fields.next(), fields.next()) else { continue };
+        if ppid.parse::<u32>().ok() == Some(pid) {
+            all.push(p);
+            if state != "Z" {
+                running.push(p);
+            }
+        }
+    }
+    (all, running)
 }
 
 fn replay_args(extra: &[&str], paths: &[String]) -> Vec<String> {
@@ -138,7 +256,7 @@ fn ranks_replaying_different_traces_all_fail_without_hanging() {
     let a = traces("dist_w3_welford");
     let b = traces("dist_w3_ema");
     let o = mpirun(&[(2, replay_args(&["--timeout", "5"], &a)), (1, replay_args(&["--timeout", "5"], &b))]);
-    assert_ne!(o.code, Some(0), "{}", o.stdout);
+    assert!(o.failed(), "{}\n{}", o.ending(), o.stdout);
     assert!(o.stdout.contains("ranks disagree") && o.stdout.contains("f32 [2, 3]"), "{}", o.stdout);
     assert!(o.secs < 30.0, "{} s", o.secs);
 }
@@ -178,7 +296,8 @@ fn a_stalled_rank_is_a_timeout_error_on_the_others_then_mpirun_ends_the_job() {
         (2, env!("CARGO_BIN_EXE_pmstate").to_string(), replay_args(&["--timeout", "2"], &a)),
         (1, "env".to_string(), stalled),
     ]);
-    assert_eq!(o.code, Some(2), "{}\n{}", o.stdout, o.stderr);
+    // 2 from the ranks; see `failed` for mpirun's own teardown crash.
+    assert!(o.failed(), "{}\n{}\n{}", o.ending(), o.stdout, o.stderr);
     assert!(o.stdout.contains("timed out after 2 s waiting for peers"), "{}", o.stdout);
     assert!(o.stderr.contains("the MPI communicator is broken"), "{}", o.stderr);
     assert!(o.secs < 20.0, "{} s", o.secs);
@@ -196,9 +315,7 @@ fn a_rank_that_exits_early_is_a_timeout_error_on_the_others() {
         (2, replay_args(&["--timeout", "2"], &a)),
         (1, replay_args(&["--timeout", "2"], &["/nonexistent.pmtrace.safetensors".to_string()])),
     ]);
-    // Usually 2; Open MPI 4.1.4's mpirun sometimes crashes in its own
-    // teardown after a rank finalized early (139): any failure will do.
-    assert!(o.code.is_some_and(|c| c != 0), "{:?}\n{}\n{}", o.code, o.stdout, o.stderr);
+    assert!(o.failed(), "{}\n{}\n{}", o.ending(), o.stdout, o.stderr);
     assert!(o.stdout.contains("timed out after 2 s"), "{}", o.stdout);
     assert!(o.secs < 20.0, "{} s", o.secs);
 }
