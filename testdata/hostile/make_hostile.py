@@ -242,6 +242,60 @@ legacy = (legacy_magic + b"\x80\x02M\xe9\x03." + b"\x80\x02}" + binunicode("litt
           + struct.pack("<q", 4) + b"\0" * 16 + struct.pack("<q", 4) + b"\0" * 16)
 FILES["legacy_duplicate_storage.pt"] = legacy
 
+
+# ---------------------------------------------------------------------------
+# Hardening II, second round: what an audit found still quadratic, missed or
+# ambiguous.
+
+# 11. Normalizer groups: 15,000 `n{i}.mean/var/count` triples over one
+# memoized tensor each (a few bytes per group): `inspect` and `normalizers`
+# summarized each group with a walk over the whole tree.
+G = 15_000
+groups = (binunicode("n0.mean") + tensor_expr((1,), (1,), numel=2, cls="DoubleStorage") + b"q\x01"
+          + binunicode("n0.var") + tensor_expr((1,), (1,), numel=2, offset=1, cls="DoubleStorage") + b"q\x02"
+          + binunicode("n0.count") + tensor_expr((), (), numel=1, cls="LongStorage", key="1") + b"q\x03")
+groups += b"".join(binunicode(f"n{i}.mean") + b"h\x01" + binunicode(f"n{i}.var") + b"h\x02"
+                   + binunicode(f"n{i}.count") + b"h\x03" for i in range(1, G))
+FILES["many_normalizer_groups.pt"] = torch_zip(
+    [("archive/data.pkl", PROTO + b"}(" + groups + b"u."), ("archive/byteorder", b"little"),
+     ("archive/data/0", struct.pack("<dd", 0.5, 4.0)), ("archive/data/1", struct.pack("<q", 4)),
+     ("archive/version", b"3\n")])
+# 12. One dict of 200,000 int keys: `diff` found each non-string key with a linear search.
+FILES["dict_200k_int_keys.pt"] = ckpt(PROTO + b"}(" + b"".join(int_(i) + b"N" for i in range(200_000)) + b"u.")
+# 13. Unsafe globals in NEWOBJ_EX keyword arguments, and in SETITEMS / APPENDS
+# applied to an object (a REDUCE result with no BUILD) rather than to a dict or list.
+FILES["unsafe_in_newobj_ex_kwargs.pt"] = ckpt(b"\x80\x04" + b"}" + binunicode("x") + global_("collections", "OrderedDict")
+                                              + b")" + b"}" + binunicode("k") + OS_CALL + b"s" + b"\x92" + b"s.")
+FILES["unsafe_in_setitems_on_object.pt"] = ckpt(PROTO + b"}" + binunicode("x") + global_("collections", "Counter") + b")R"
+                                                + b"(" + binunicode("k") + OS_CALL + b"u" + b"s.")
+FILES["unsafe_in_appends_on_object.pt"] = ckpt(PROTO + b"}" + binunicode("x") + global_("collections", "Counter") + b")R"
+                                               + b"(" + OS_CALL + b"e" + b"s.")
+# 14. Lists nested 255 deep in a dict: depth 256, the pickle reader's max_depth.
+FILES["deep_list_255.pt"] = ckpt(PROTO + b"}" + binunicode("deep") + b"]" * 255 + b"a" * 254 + b"s.")
+# 15. A duplicate entry past the count the end record declares: the zip
+# reader reads as many central directory headers as the end record counts
+# (4, all distinct), Python's zipfile walks the directory's size (5, the
+# last data/0 winning).
+def with_entry_count(z, n):
+    eocd = z.rindex(b"PK\x05\x06")
+    return z[:eocd + 8] + struct.pack("<HH", n, n) + z[eocd + 12:]
+FILES["zip_understated_count.pt"] = with_entry_count(torch_zip(
+    [("archive/data.pkl", tensor_pkl()), ("archive/byteorder", b"little"), ("archive/data/0", b"\0" * 16),
+     ("archive/version", b"3\n"), ("archive/data/0", b"\1" * 16)]), 4)
+# 16. Traces whose safetensors header names a tensor, or a __metadata__ key, twice
+# (the safetensors crate keeps one of the two).
+def trace_header_text(tensor_entries, doc_texts):
+    meta = ",".join('"trace":' + json.dumps(t) for t in doc_texts)
+    return '{"__metadata__":{"format":"pm-trace",' + meta + "}," + ",".join(tensor_entries) + "}"
+one_step = trace_doc([{"op": "load_state_dict", "state": {"mean": "m", "var": "m", "count": "c"}}], shape=[1])
+m_entry = '"m":{"dtype":"F64","shape":[1],"data_offsets":[0,8]}'
+FILES["trace_duplicate_tensor.pmtrace.safetensors"] = raw_safetensors(trace_header_text(
+    [m_entry, '"c":{"dtype":"I64","shape":[],"data_offsets":[8,16]}', '"c":{"dtype":"I64","shape":[],"data_offsets":[8,16]}'],
+    [json.dumps(one_step)]), b"\0" * 8 + struct.pack("<q", 1))
+FILES["trace_duplicate_metadata.pmtrace.safetensors"] = raw_safetensors(trace_header_text(
+    [m_entry, '"c":{"dtype":"I64","shape":[],"data_offsets":[8,16]}'],
+    [json.dumps(one_step), json.dumps(trace_doc([], shape=[1]))]), b"\0" * 8 + struct.pack("<q", 1))
+
 EXPECTED = {
     "os_system.pt": "unsafe: os.system",
     "subprocess_popen.pt": "unsafe: subprocess.Popen",
@@ -291,6 +345,15 @@ EXPECTED = {
     "st_duplicate_metadata.safetensors": "__metadata__ key 'format' is listed twice",
     "zip64_duplicate_entries.pt": "duplicate",
     "legacy_duplicate_storage.pt": "listed twice",
+    "many_normalizer_groups.pt": "ok",
+    "dict_200k_int_keys.pt": "ok",
+    "unsafe_in_newobj_ex_kwargs.pt": "unsafe: os.system",
+    "unsafe_in_setitems_on_object.pt": "unsafe: os.system",
+    "unsafe_in_appends_on_object.pt": "unsafe: os.system",
+    "deep_list_255.pt": "ok",
+    "zip_understated_count.pt": "readers would disagree on the archive's entries",
+    "trace_duplicate_tensor.pmtrace.safetensors": "tensor 'c' is listed twice",
+    "trace_duplicate_metadata.pmtrace.safetensors": "__metadata__ key 'trace' is listed twice",
 }
 
 if __name__ == "__main__":

@@ -218,13 +218,20 @@ impl Checkpoint {
     /// from the storage when the view is contiguous and the storage is in
     /// memory, read or gathered otherwise. A view that would expand past
     /// [`ReadOptions::max_view_bytes`] (a stride-0 view of a few elements
-    /// claiming terabytes) is [`CkptError::Limit`] naming its storage.
+    /// claiming terabytes) is [`CkptError::Limit`] naming its storage
+    /// (callers that know the tensor's key name it: diff, export, normalizers).
     pub fn tensor_bytes(&self, t: &TensorRef) -> Result<Cow<'_, [u8]>> {
+        self.tensor_bytes_at(None, t)
+    }
+
+    /// [`Checkpoint::tensor_bytes`], naming the tensor's dotted `key` (when
+    /// known) in a refusal.
+    pub(crate) fn tensor_bytes_at(&self, key: Option<&str>, t: &TensorRef) -> Result<Cow<'_, [u8]>> {
         let storage = self.storage_of(t)?;
         let elem = t.dtype.size();
-        let nbytes = t
-            .checked_nbytes()
-            .ok_or_else(|| self.value_err(&t.storage, ValueProblem::Overflow { what: "element count" }))?;
+        let nbytes = t.checked_nbytes().ok_or_else(|| {
+            self.value_err(key.unwrap_or(&t.storage), ValueProblem::Overflow { what: "element count" })
+        })?;
         if nbytes == 0 {
             return Ok(Cow::Borrowed(&[]));
         }
@@ -233,21 +240,34 @@ impl Checkpoint {
         if t.is_contiguous() {
             return storage.data.read_range(t.offset * elem, nbytes);
         }
-        let limit = self.options.max_view_bytes.unwrap_or((storage.data.len() as u64).saturating_mul(4) + (64 << 20));
-        if nbytes as u64 > limit {
-            return Err(CkptError::Limit {
-                path: self.path.clone(),
-                limit: "ReadOptions::max_view_bytes",
-                what: format!("gathering the view of storage {} (size {})", t.storage, crate::tree::Shape(&t.shape)),
-                max: limit,
-                needed: nbytes as u64,
-            });
-        }
+        self.check_view_bytes(key, t, nbytes)?;
         let base = t.offset * elem;
         let span = storage.data.read_range(base, extent * elem - base)?;
         let mut out = Vec::with_capacity(nbytes);
         gather(&span, elem, &t.shape, &t.stride, &mut out);
         Ok(Cow::Owned(out))
+    }
+
+    /// Refuses expanding the non-contiguous view `t` of `nbytes` past
+    /// [`ReadOptions::max_view_bytes`], naming `key` when known, else its storage.
+    pub(crate) fn check_view_bytes(&self, key: Option<&str>, t: &TensorRef, nbytes: usize) -> Result<()> {
+        let storage_len = self.storage_of(t)?.data.len() as u64;
+        let limit = self.options.max_view_bytes.unwrap_or(storage_len.saturating_mul(4) + (64 << 20));
+        if nbytes as u64 <= limit {
+            return Ok(());
+        }
+        let shape = crate::tree::Shape(&t.shape);
+        let what = match key {
+            Some(k) => format!("gathering the view {k} (storage {}, size {shape})", t.storage),
+            None => format!("gathering the view of storage {} (size {shape})", t.storage),
+        };
+        Err(CkptError::Limit {
+            path: self.path.clone(),
+            limit: "ReadOptions::max_view_bytes",
+            what,
+            max: limit,
+            needed: nbytes as u64,
+        })
     }
 
     fn value_err(&self, key: &str, problem: ValueProblem) -> CkptError {

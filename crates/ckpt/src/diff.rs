@@ -1,14 +1,19 @@
 //! Comparing two checkpoints: keys, kinds, scalars, and tensors element by
 //! element, streamed a chunk at a time so two 2 GiB checkpoints cost a few
 //! MiB, with integers compared exactly (two int64 differing by 1 above 2^53
-//! differ).
+//! differ). Views (transposes, slices) are streamed too, walked in their
+//! memory order; dict entries are matched through hash maps, whatever their
+//! keys, so diffing a dict of 200,000 int keys is linear.
+
+use std::collections::HashMap;
 
 use serde::Serialize;
 
 use crate::checkpoint::Checkpoint;
 use crate::dtype::DType;
 use crate::error::Result;
-use crate::tree::{Node, Shape, TensorRef};
+use crate::io::storage::Bytes;
+use crate::tree::{Dict, Node, Shape, TensorRef};
 
 /// When two numbers count as equal: `|a - b| <= atol + rtol * |b|`
 /// (numpy's `allclose`); NaN equals NaN, equal infinities are equal.
@@ -156,20 +161,22 @@ impl Differ<'_, '_> {
     fn nodes(&mut self, na: &Node, nb: &Node, key: &str) -> Result<()> {
         match (na, nb) {
             (Node::Dict(da), Node::Dict(db)) => {
+                let b_others = other_keys_if(db, has_other_keys(da));
                 for (k, va) in da.entries() {
                     let found = match k {
                         Node::Str(s) => db.get(s),
-                        other => db.entries().iter().find(|(kb, _)| kb == other).map(|(_, v)| v),
+                        other => b_others.get(&KeyId::of(other)).map(|&i| &db.entries()[i].1),
                     };
                     match found {
                         Some(vb) => self.nodes(va, vb, &join(key, &label(k)))?,
                         None => self.push(&join(key, &label(k)), DifferenceKind::OnlyInA),
                     }
                 }
+                let a_others = other_keys_if(da, has_other_keys(db));
                 for (k, _) in db.entries() {
                     let present = match k {
                         Node::Str(s) => da.get(s).is_some(),
-                        other => da.entries().iter().any(|(ka, _)| ka == other),
+                        other => a_others.contains_key(&KeyId::of(other)),
                     };
                     if !present {
                         self.push(&join(key, &label(k)), DifferenceKind::OnlyInB);
@@ -191,7 +198,7 @@ impl Differ<'_, '_> {
                 }
             }
             (Node::Tensor(ta), Node::Tensor(tb)) => {
-                if let Some(kind) = self.tensors(ta, tb)? {
+                if let Some(kind) = self.tensors(ta, tb, key)? {
                     self.push(key, kind);
                 }
             }
@@ -213,7 +220,7 @@ impl Differ<'_, '_> {
     }
 
     /// Compares two tensors a chunk of elements at a time.
-    fn tensors(&mut self, ta: &TensorRef, tb: &TensorRef) -> Result<Option<DifferenceKind>> {
+    fn tensors(&mut self, ta: &TensorRef, tb: &TensorRef, key: &str) -> Result<Option<DifferenceKind>> {
         if ta.dtype != tb.dtype || ta.shape != tb.shape {
             return Ok(Some(DifferenceKind::TensorType {
                 a: format!("{} {}", ta.dtype, Shape(&ta.shape)),
@@ -223,22 +230,35 @@ impl Differ<'_, '_> {
         let elem = ta.dtype.size();
         let n = ta.numel();
         let mut acc = Elements::default();
+        let (sa, sb) = (&self.a.storage_of(ta)?.data, &self.b.storage_of(tb)?.data);
         if ta.is_contiguous() && tb.is_contiguous() {
-            let (sa, sb) = (&self.a.storage_of(ta)?.data, &self.b.storage_of(tb)?.data);
             let chunk = (4 << 20) / elem.max(1);
             let mut start = 0;
             while start < n {
                 let len = chunk.min(n - start);
                 let xa = sa.read_range((ta.offset + start) * elem, len * elem)?;
                 let xb = sb.read_range((tb.offset + start) * elem, len * elem)?;
-                acc.compare(ta.dtype, &xa, &xb, start as u64, self.tol);
+                acc.compare(ta.dtype, &xa, &xb, |i| (start + i) as u64, self.tol);
                 start += len;
             }
         } else {
-            // Views are gathered (bounded by ReadOptions::max_view_bytes).
-            let xa = self.a.tensor_bytes(ta)?;
-            let xb = self.b.tensor_bytes(tb)?;
-            acc.compare(ta.dtype, &xa, &xb, 0, self.tol);
+            // Streamed, but a stride-0 view of one element can claim 10^12
+            // of them: the work stays bounded by ReadOptions::max_view_bytes.
+            for (ckpt, t) in [(self.a, ta), (self.b, tb)] {
+                if !t.is_contiguous() {
+                    ckpt.check_view_bytes(Some(key), t, t.nbytes())?;
+                }
+            }
+            let mut walk = ViewWalk::new(ta, tb);
+            let (mut oa, mut ob, mut flat) = (Vec::new(), Vec::new(), Vec::new());
+            let (mut xa, mut xb) = (Vec::new(), Vec::new());
+            while walk.next_chunk(VIEW_CHUNK, &mut oa, &mut ob, &mut flat) {
+                xa.clear();
+                xb.clear();
+                read_elements(sa, &oa, elem, &mut xa)?;
+                read_elements(sb, &ob, elem, &mut xb)?;
+                acc.compare(ta.dtype, &xa, &xb, |i| flat[i], self.tol);
+            }
         }
         Ok((acc.mismatched > 0).then_some(DifferenceKind::Elements {
             mismatched: acc.mismatched,
@@ -247,6 +267,139 @@ impl Differ<'_, '_> {
             first_index: acc.first,
         }))
     }
+}
+
+/// A dict key that is not a string, by identity: ints and bools by value
+/// (as `Node` compares them), anything else by its exact JSON text.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum KeyId {
+    Int(i64),
+    Bool(bool),
+    Other(String),
+}
+
+impl KeyId {
+    fn of(k: &Node) -> KeyId {
+        match k {
+            Node::Int(i) => KeyId::Int(*i),
+            Node::Bool(b) => KeyId::Bool(*b),
+            other => KeyId::Other(crate::tree::json::fingerprint(other)),
+        }
+    }
+}
+
+fn has_other_keys(d: &Dict) -> bool {
+    d.entries().iter().any(|(k, _)| !matches!(k, Node::Str(_)))
+}
+
+/// The positions of `d`'s non-string keys, when the other dict has any to
+/// look up (string keys use the dict's own index).
+fn other_keys_if(d: &Dict, needed: bool) -> HashMap<KeyId, usize> {
+    if !needed {
+        return HashMap::new();
+    }
+    d.entries()
+        .iter()
+        .enumerate()
+        .filter(|(_, (k, _))| !matches!(k, Node::Str(_)))
+        .map(|(i, (k, _))| (KeyId::of(k), i))
+        .collect()
+}
+
+/// Elements of a view chunk compared at once: with their offsets and flat
+/// indices, about 6 MiB plus the elements themselves per chunk.
+const VIEW_CHUNK: usize = 1 << 18;
+
+/// The widest storage window read for one view chunk; a chunk whose
+/// elements spread wider is read in halves.
+const MAX_WINDOW: usize = 16 << 20;
+
+/// Two views of one shape, walked together in the memory order of the
+/// first (its dimensions by decreasing stride: a transpose is read
+/// forwards, not a stride apart), each element with its offset in both
+/// storages and its flat C-order index (what differences report).
+struct ViewWalk {
+    /// Sizes in walk order.
+    shape: Vec<usize>,
+    /// Element strides of each side, in walk order.
+    strides: [Vec<usize>; 2],
+    /// C-order flat strides, in walk order.
+    flat_stride: Vec<u64>,
+    index: Vec<usize>,
+    at: [usize; 2],
+    flat: u64,
+    left: usize,
+}
+
+impl ViewWalk {
+    fn new(ta: &TensorRef, tb: &TensorRef) -> ViewWalk {
+        let mut order: Vec<usize> = (0..ta.shape.len()).collect();
+        order.sort_by(|&x, &y| ta.stride[y].cmp(&ta.stride[x]));
+        let c = TensorRef::contiguous_stride(&ta.shape);
+        let pick = |v: &[usize]| order.iter().map(|&d| v[d]).collect::<Vec<usize>>();
+        ViewWalk {
+            shape: pick(&ta.shape),
+            strides: [pick(&ta.stride), pick(&tb.stride)],
+            flat_stride: order.iter().map(|&d| c[d] as u64).collect(),
+            index: vec![0; ta.shape.len()],
+            at: [ta.offset, tb.offset],
+            flat: 0,
+            left: ta.numel(),
+        }
+    }
+
+    /// The next (up to) `n` elements' offsets and flat indices; false when none are left.
+    fn next_chunk(&mut self, n: usize, oa: &mut Vec<usize>, ob: &mut Vec<usize>, flat: &mut Vec<u64>) -> bool {
+        oa.clear();
+        ob.clear();
+        flat.clear();
+        let take = n.min(self.left);
+        for _ in 0..take {
+            oa.push(self.at[0]);
+            ob.push(self.at[1]);
+            flat.push(self.flat);
+            self.advance();
+        }
+        self.left -= take;
+        take > 0
+    }
+
+    /// One step of the multi-index, last walk dimension fastest.
+    fn advance(&mut self) {
+        let [sa, sb] = &self.strides;
+        for d in (0..self.shape.len()).rev() {
+            if self.index[d] + 1 < self.shape[d] {
+                self.index[d] += 1;
+                self.at[0] += sa[d];
+                self.at[1] += sb[d];
+                self.flat += self.flat_stride[d];
+                return;
+            }
+            let i = self.index[d];
+            self.at[0] -= i * sa[d];
+            self.at[1] -= i * sb[d];
+            self.flat -= i as u64 * self.flat_stride[d];
+            self.index[d] = 0;
+        }
+    }
+}
+
+/// Appends the elements at `offsets` (in elements; inside the storage, as
+/// validated when the checkpoint was built) to `out`, reading windows of at
+/// most [`MAX_WINDOW`] bytes.
+fn read_elements(data: &Bytes, offsets: &[usize], elem: usize, out: &mut Vec<u8>) -> Result<()> {
+    let (Some(&lo), Some(&hi)) = (offsets.iter().min(), offsets.iter().max()) else { return Ok(()) };
+    let window = (hi - lo + 1) * elem;
+    if window <= MAX_WINDOW || offsets.len() == 1 {
+        let w = data.read_range(lo * elem, window)?;
+        for &o in offsets {
+            out.extend_from_slice(&w[(o - lo) * elem..(o - lo + 1) * elem]);
+        }
+        return Ok(());
+    }
+    let (first, second) = offsets.split_at(offsets.len() / 2);
+    read_elements(data, first, elem, out)?;
+    read_elements(data, second, elem, out)
 }
 
 #[derive(Default)]
@@ -286,7 +439,10 @@ fn decoder(d: DType) -> Decode {
 }
 
 impl Elements {
-    fn compare(&mut self, dtype: DType, xa: &[u8], xb: &[u8], base: u64, tol: Tolerance) {
+    /// Compares elements pairwise; `index(i)` is the flat C-order index of
+    /// element `i` of the chunk (chunks of a view come in memory order, so
+    /// the first mismatch is the least index, not the first seen).
+    fn compare(&mut self, dtype: DType, xa: &[u8], xb: &[u8], index: impl Fn(usize) -> u64, tol: Tolerance) {
         let elem = dtype.size();
         let decode = decoder(dtype);
         for (i, (ea, eb)) in xa.chunks_exact(elem).zip(xb.chunks_exact(elem)).enumerate() {
@@ -311,7 +467,8 @@ impl Elements {
             };
             if !ok {
                 self.mismatched += 1;
-                self.first.get_or_insert(base + i as u64);
+                let at = index(i);
+                self.first = Some(self.first.map_or(at, |f| f.min(at)));
             }
         }
     }
@@ -330,7 +487,7 @@ mod tests {
         let mut e = Elements::default();
         let a: Vec<u8> = [big as i64, 5].iter().flat_map(|x| x.to_le_bytes()).collect();
         let b: Vec<u8> = [(big + 1) as i64, 5].iter().flat_map(|x| x.to_le_bytes()).collect();
-        e.compare(DType::I64, &a, &b, 10, t);
+        e.compare(DType::I64, &a, &b, |i| 10 + i as u64, t);
         assert_eq!((e.mismatched, e.first, e.max_abs), (1, Some(10), 1.0));
     }
 

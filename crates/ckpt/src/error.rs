@@ -79,6 +79,26 @@ pub enum CkptError {
         /// Distinct names.
         distinct: u64,
     },
+    /// The end record's account of the central directory (its entry count
+    /// and size) disagrees with the headers the directory holds: readers that
+    /// trust the count and readers that walk the size would see different
+    /// entries (an understated count hides a second `data/0`).
+    #[error(
+        "{path}: the end record declares {declared} entries in {size} bytes, but the central directory \
+         holds {walked} entries in {walked_bytes} bytes before it: readers would disagree on the archive's entries"
+    )]
+    CentralDirectoryMismatch {
+        /// The file.
+        path: String,
+        /// Entries the end record declares.
+        declared: u64,
+        /// Directory bytes the end record declares.
+        size: u64,
+        /// Headers found walking the directory (counting stops one past `declared`).
+        walked: u64,
+        /// Bytes those headers take.
+        walked_bytes: u64,
+    },
     /// A record the archive needs is absent.
     #[error("{path}: no record {record}")]
     MissingRecord {

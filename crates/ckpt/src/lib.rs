@@ -25,7 +25,7 @@ pub use configs::{config_node_to_json, SMALL_TENSOR};
 pub use diff::{diff, Difference, DifferenceKind, Tolerance};
 pub use dtype::DType;
 pub use error::{CkptError, EntryProblem, HeaderProblem, LegacyProblem, Result, ValueProblem, View};
-pub use io::atomic::{remove_temporary_files, stale_temporary_files};
+pub use io::atomic::{abandon_temporary_files, remove_temporary_files, stale_temporary_files};
 pub use io::storage::{Bytes, Storage};
 pub use normalizers::{LoadWarning, NormalizerGroup, NormalizerSummary, SavedBuffers, Summary, Trained};
 pub use parsed::{Format, ReadOptions};

@@ -11,6 +11,7 @@ mod cmd;
 mod error;
 mod output;
 mod progress;
+mod test_pause;
 
 /// mimalloc keeps freed large blocks for reuse: glibc returns every block
 /// over its 32 MiB mmap threshold to the OS, so each 32 MiB+ output (and
@@ -108,7 +109,7 @@ fn handle_termination_signals() {
         let Ok(mut signals) = signal_hook::iterator::Signals::new([SIGINT, SIGTERM]) else { return };
         std::thread::spawn(move || {
             if let Some(sig) = signals.forever().next() {
-                pmstate_ckpt::remove_temporary_files();
+                pmstate_ckpt::abandon_temporary_files();
                 std::process::exit(128 + sig);
             }
         });

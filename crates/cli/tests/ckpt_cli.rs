@@ -179,11 +179,23 @@ fn inspect_escapes_control_characters_in_text_output() {
     assert_eq!(j["unsafe_globals_distinct"][0]["uses"], 1);
 }
 
-/// Unsafe globals in dict keys, `_metadata`, NEWOBJ arguments and set
-/// members are listed by inspect and refused by convert (exit 1, no output).
+/// Unsafe globals in dict keys, `_metadata`, NEWOBJ arguments, NEWOBJ_EX
+/// keyword arguments, set members, SETITEMS and APPENDS applied to an
+/// object (not a dict or list), and an opaque global as a key of a
+/// safetensors tree are listed by inspect and refused by convert to either
+/// format (exit 1, no output).
 #[test]
 fn unsafe_globals_outside_values_are_listed_and_refused() {
-    for name in ["unsafe_in_dict_key.pt", "unsafe_in_metadata.pt", "unsafe_in_newobj_args.pt", "unsafe_in_set.pt"] {
+    for name in [
+        "unsafe_in_dict_key.pt",
+        "unsafe_in_metadata.pt",
+        "unsafe_in_newobj_args.pt",
+        "unsafe_in_newobj_ex_kwargs.pt",
+        "unsafe_in_set.pt",
+        "unsafe_in_setitems_on_object.pt",
+        "unsafe_in_appends_on_object.pt",
+        "st_opaque_global.safetensors",
+    ] {
         let j = stdout_json(&pmstate(&["inspect", "--json", &hostile(name)]));
         let globals: Vec<&str> =
             j["unsafe_globals"].as_array().unwrap().iter().map(|g| g["global"].as_str().unwrap()).collect();

@@ -59,7 +59,8 @@ fn replay_exit_codes_tell_mismatch_from_unreadable() {
     std::fs::write(&junk, b"not a safetensors file").unwrap();
     let out = pmstate().arg("replay").arg(&junk).output().unwrap();
     assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stdout).contains("ERROR"));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("ERROR"), "errors go to stderr");
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("ERROR"), "stdout holds only results");
     // A path that does not exist: a usage error, exit 2.
     let out = pmstate().args(["replay", "/no/such/trace"]).output().unwrap();
     assert_eq!(out.status.code(), Some(2));

@@ -1,20 +1,29 @@
-//! Files behave like files: outputs get the permissions `cp` gives,
-//! SIGINT/SIGTERM leave no temporary file, a stale one from a killed run is
-//! named and can be cleaned, an input rewritten under a convert is an
-//! error, and `diff` compares integers exactly.
+//! Files behave like files: outputs get the permissions `cp` gives under
+//! any umask, SIGINT/SIGTERM leave no temporary file and no output, a stale
+//! one from a killed run is named and can be cleaned, an input rewritten
+//! under a convert, an inspect or a diff is an error, notes go to stderr,
+//! and `diff` compares integers exactly.
+//!
+//! Signals and rewrites land at a fixed point of the command's work through
+//! the test-only `PMSTATE_TEST_PAUSE_FILE` hook (`crates/cli/src/test_pause.rs`):
+//! the command creates the file there and waits until the test removes it.
 
 #![cfg(unix)]
 
 use std::collections::HashMap;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
 
 use pmstate_ckpt::{Bytes, Checkpoint, DType, Dict, Node, Storage, TensorRef};
 
 fn pmstate(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_pmstate")).args(args).output().expect("run pmstate")
+}
+
+fn hostile(name: &str) -> String {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/hostile").join(name).display().to_string()
 }
 
 fn fixture(name: &str) -> String {
@@ -53,20 +62,40 @@ fn checkpoint(values: &[i64], n: usize) -> Checkpoint {
     Checkpoint::from_parts(Node::Dict(root), storages).unwrap()
 }
 
+/// `pmstate ARGS` run by `sh` under `umask MASK`.
+fn under_umask(mask: &str, args: &[&str]) -> Output {
+    Command::new("sh")
+        .arg("-c")
+        .arg(format!("umask {mask}; exec \"$0\" \"$@\""))
+        .arg(env!("CARGO_BIN_EXE_pmstate"))
+        .args(args)
+        .output()
+        .expect("run pmstate under sh")
+}
+
+/// A new output gets `0666 & ~umask` (as `cp` and `torch.save` give), not
+/// the temporary file's private mode; replacing a file keeps its mode
+/// whatever the umask.
 #[test]
 fn outputs_get_the_permissions_cp_would_give() {
     let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("new.safetensors");
-    assert!(pmstate(&["convert", &fixture("inference.ckpt"), out.to_str().unwrap()]).status.success());
-    // What this process's umask gives a new file made with mode 0666.
-    let probe = dir.path().join("probe");
-    std::fs::write(&probe, b"").unwrap();
-    assert_eq!(mode(&out), mode(&probe), "a new output gets 0666 & ~umask");
+    for (mask, want) in [("077", 0o600), ("002", 0o664), ("022", 0o644)] {
+        for ext in ["safetensors", "pt"] {
+            let out = dir.path().join(format!("new_{mask}.{ext}"));
+            let o = under_umask(mask, &["convert", &fixture("inference.ckpt"), out.to_str().unwrap()]);
+            assert!(o.status.success(), "{}", text(&o));
+            assert_eq!(mode(&out), want, "umask {mask}: .{ext} mode {:o}", mode(&out));
+        }
+    }
     let replaced = dir.path().join("shared.pt");
     std::fs::write(&replaced, b"old").unwrap();
     std::fs::set_permissions(&replaced, std::fs::Permissions::from_mode(0o644)).unwrap();
-    assert!(pmstate(&["convert", &fixture("inference.ckpt"), replaced.to_str().unwrap()]).status.success());
-    assert_eq!(mode(&replaced), 0o644, "replacing a file keeps its mode");
+    for mask in ["077", "002"] {
+        let o = under_umask(mask, &["convert", &fixture("inference.ckpt"), replaced.to_str().unwrap()]);
+        assert!(o.status.success(), "{}", text(&o));
+        assert_eq!(mode(&replaced), 0o644, "umask {mask}: replacing a file keeps its mode");
+    }
+    assert_ne!(std::fs::read(&replaced).unwrap(), b"old");
 }
 
 #[test]
@@ -116,41 +145,184 @@ fn an_input_rewritten_while_it_is_read_is_refused() {
     assert_eq!(left, ["last.ckpt"], "nothing written, no temporary file");
 }
 
-/// SIGINT while a convert writes: the temporary file is removed before
-/// the process exits (130), and the target is untouched.
-#[test]
-fn sigint_during_a_convert_leaves_no_temporary_file() {
-    let dir = tempfile::tempdir().unwrap();
-    let src = dir.path().join("big.pt");
-    // 256 MiB of tensor data: the convert takes long enough to be interrupted.
-    checkpoint(&[7], 64 << 20).save(&src).unwrap();
-    let out = dir.path().join("out.safetensors");
+/// A pmstate command stopped at its test pause point (see the module doc).
+struct Paused {
+    child: Child,
+    ready: PathBuf,
+}
+
+/// Starts `pmstate ARGS` and waits until it is paused (`control` holds
+/// the pause file, apart from the command's own files), or has exited.
+fn paused(args: &[&str], control: &Path) -> Paused {
+    let ready = control.join("paused");
     let mut child = Command::new(env!("CARGO_BIN_EXE_pmstate"))
-        .args(["convert", "--quiet", src.to_str().unwrap(), out.to_str().unwrap()])
+        .args(args)
+        .env("PMSTATE_TEST_PAUSE_FILE", &ready)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let tmp_exists =
-        || std::fs::read_dir(dir.path()).unwrap().any(|e| e.unwrap().file_name().to_string_lossy().ends_with(".tmp"));
-    // Wait (bounded by the convert itself) until the temporary file exists.
-    let mut seen = false;
-    while child.try_wait().unwrap().is_none() {
-        if tmp_exists() {
-            seen = true;
-            break;
+    while !ready.exists() {
+        if child.try_wait().unwrap().is_some() {
+            let out = child.wait_with_output().unwrap();
+            panic!("{args:?} exited before its pause point: {}", text(&out));
         }
         std::thread::sleep(Duration::from_millis(1));
     }
-    if seen {
-        assert!(Command::new("kill").args(["-INT", &child.id().to_string()]).status().unwrap().success());
+    Paused { child, ready }
+}
+
+impl Paused {
+    /// Lets it go on, and waits for it.
+    fn resume(self) -> Output {
+        std::fs::remove_file(&self.ready).unwrap();
+        self.child.wait_with_output().unwrap()
     }
-    let status = child.wait().unwrap();
-    assert!(!tmp_exists(), "a temporary file was left behind");
-    if seen && status.code() == Some(130) {
-        assert!(!out.exists(), "an interrupted convert wrote its output");
-    } else {
-        // The convert finished before the signal landed: then it must be whole.
-        assert!(status.success());
-        assert_eq!(pmstate(&["diff", src.to_str().unwrap(), out.to_str().unwrap()]).status.code(), Some(0));
+
+    /// Sends it `signal` (`INT`, `TERM`), and waits for it.
+    fn signal(self, signal: &str) -> Output {
+        let pid = self.child.id().to_string();
+        assert!(Command::new("kill").args([&format!("-{signal}"), &pid]).status().unwrap().success());
+        self.child.wait_with_output().unwrap()
+    }
+}
+
+fn names_in(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> =
+        std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    v.sort();
+    v
+}
+
+fn temporary_files_in(dir: &Path) -> Vec<String> {
+    names_in(dir).into_iter().filter(|n| n.starts_with(".pmstate-") && n.ends_with(".tmp")).collect()
+}
+
+/// SIGINT or SIGTERM while a convert has its temporary file open and
+/// partly written: the file is removed, the process exits as the signal
+/// would (130, 143), and no output appears; a file it would have replaced
+/// is untouched.
+#[test]
+fn sigint_and_sigterm_during_a_convert_leave_no_temporary_file_and_no_output() {
+    for (signal, code) in [("INT", 130), ("TERM", 143)] {
+        for (out_name, existing) in [("out.safetensors", None), ("out.pt", None), ("old.pt", Some(&b"old"[..]))] {
+            let (dir, control) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+            let src = dir.path().join("in.pt");
+            checkpoint(&[7], 1 << 20).save(&src).unwrap();
+            let out = dir.path().join(out_name);
+            if let Some(bytes) = existing {
+                std::fs::write(&out, bytes).unwrap();
+            }
+            let what = format!("SIG{signal} -> {out_name}");
+            let p = paused(&["convert", "--quiet", src.to_str().unwrap(), out.to_str().unwrap()], control.path());
+            assert_eq!(temporary_files_in(dir.path()).len(), 1, "{what}: paused with its temporary file");
+            let o = p.signal(signal);
+            assert_eq!(o.status.code(), Some(code), "{what}: {}", text(&o));
+            assert_eq!(temporary_files_in(dir.path()), Vec::<String>::new(), "{what}: a temporary file was left");
+            match existing {
+                Some(bytes) => assert_eq!(std::fs::read(&out).unwrap(), bytes, "{what}: the old file changed"),
+                None => assert!(!out.exists(), "{what}: an interrupted convert wrote its output"),
+            }
+        }
+    }
+}
+
+/// How a test changes the input under a paused command.
+#[derive(Clone, Copy, Debug)]
+enum Change {
+    /// Cut short (a writer that has begun rewriting it).
+    Truncate,
+    /// Rewritten in place, same size, same bytes, new times.
+    Rewrite,
+}
+
+fn change(path: &Path, how: Change) {
+    match how {
+        Change::Truncate => std::fs::OpenOptions::new().write(true).open(path).unwrap().set_len(1000).unwrap(),
+        Change::Rewrite => {
+            // Past the file system's timestamp granularity, so the times surely change.
+            std::thread::sleep(Duration::from_millis(20));
+            let bytes = std::fs::read(path).unwrap();
+            std::fs::write(path, bytes).unwrap();
+        }
+    }
+}
+
+/// An input rewritten or truncated while `convert`, `inspect` or `diff`
+/// reads it: exit 2, "input changed while reading", and no output.
+#[test]
+fn an_input_changed_under_a_command_is_an_error_and_nothing_is_written() {
+    let cases: &[(&str, Option<&str>, Change)] = &[
+        ("convert", Some("out.safetensors"), Change::Truncate),
+        ("convert", Some("out.pt"), Change::Truncate),
+        ("convert", Some("out.safetensors"), Change::Rewrite),
+        ("convert", Some("out.pt"), Change::Rewrite),
+        ("inspect", None, Change::Truncate),
+        ("inspect", None, Change::Rewrite),
+        ("diff", None, Change::Truncate),
+        ("diff", None, Change::Rewrite),
+    ];
+    for &(cmd, out_name, how) in cases {
+        let (dir, control) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let src = dir.path().join("last.ckpt");
+        checkpoint(&[1, 2], 1 << 20).save(&src).unwrap();
+        let other = control.path().join("other.pt");
+        checkpoint(&[1, 2], 1 << 20).save(&other).unwrap();
+        let (src_s, other_s) = (src.to_str().unwrap().to_owned(), other.to_str().unwrap().to_owned());
+        let out = out_name.map(|n| dir.path().join(n).to_str().unwrap().to_owned());
+        let args: Vec<&str> = match (cmd, &out) {
+            ("convert", Some(out)) => vec!["convert", &src_s, out],
+            ("diff", _) => vec!["diff", &src_s, &other_s],
+            _ => vec![cmd, &src_s],
+        };
+        let what = format!("{cmd} {out_name:?} {how:?}");
+        let p = paused(&args, control.path());
+        change(&src, how);
+        let o = p.resume();
+        assert_eq!(o.status.code(), Some(2), "{what}: {}", text(&o));
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains("last.ckpt: input changed while reading"), "{what}: {err}");
+        assert!(o.stdout.is_empty(), "{what}: printed results of a changed input: {}", text(&o));
+        assert_eq!(names_in(dir.path()), ["last.ckpt"], "{what}: an output or temporary file was left");
+    }
+}
+
+/// Notes go to stderr: stdout holds only results (with `--json`, only JSON lines).
+#[test]
+fn notes_go_to_stderr_and_stdout_holds_only_results() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("in.pt");
+    let w = Node::Tensor(Box::new(TensorRef::contiguous("w".into(), DType::F32, vec![2])));
+    let model = Dict::from_entries(false, vec![(Node::Str("w".into()), w), (Node::Str("step".into()), Node::Int(5))]);
+    let root = Dict::from_entries(false, vec![(Node::Str("model".into()), Node::Dict(model.unwrap()))]).unwrap();
+    let storage = Storage { typed: true, dtype: DType::F32, location: "cpu".into(), data: Bytes::owned(vec![0; 8]) };
+    Checkpoint::from_parts(Node::Dict(root), [("w".to_owned(), storage)].into()).unwrap().save(&src).unwrap();
+    let src = src.to_str().unwrap();
+    let out = dir.path().join("m.safetensors");
+    let out = out.to_str().unwrap();
+    let o = pmstate(&["convert", "--select", "model", src, out]);
+    assert!(o.status.success(), "{}", text(&o));
+    let stdout = String::from_utf8(o.stdout.clone()).unwrap();
+    assert_eq!(stdout.lines().count(), 1, "{stdout}");
+    assert!(stdout.starts_with(&format!("wrote {out} (")), "{stdout}");
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(stderr.contains("pmstate: note: skipped 1 non-tensor value(s) safetensors cannot hold: step"), "{stderr}");
+    // --json: the note is a field of the one JSON line.
+    let o = pmstate(&["--json", "convert", "--select", "model", src, out]);
+    assert!(o.status.success(), "{}", text(&o));
+    let j: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(j["skipped_non_tensors"], serde_json::json!(["step"]));
+    assert!(o.stderr.is_empty(), "{}", text(&o));
+    let o = pmstate(&["--json", "convert", &hostile("os_system.pt"), out]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let refusal: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(refusal["ok"], false);
+    for args in [vec!["inspect", src], vec!["normalizers", src], vec!["diff", src, src]] {
+        let o = pmstate(&[&["--json"][..], &args].concat());
+        assert!(o.status.success(), "{args:?}: {}", text(&o));
+        for line in String::from_utf8(o.stdout).unwrap().lines() {
+            serde_json::from_str::<serde_json::Value>(line).unwrap_or_else(|e| panic!("{args:?}: {e}: {line}"));
+        }
     }
 }
 

@@ -63,6 +63,7 @@ pub(crate) fn file_kind(meta: &std::fs::Metadata) -> &'static str {
 /// Every structural problem is a [`TraceError`] naming the step and field;
 /// no input makes it panic. A tensor named by many fields is loaded once.
 pub fn read_bytes(bytes: &[u8]) -> Result<Trace> {
+    refuse_duplicate_keys(bytes)?;
     let (_, meta) = SafeTensors::read_metadata(bytes).map_err(TraceError::Container)?;
     let st = SafeTensors::deserialize(bytes).map_err(TraceError::Container)?;
     let md = meta.metadata().as_ref().ok_or(TraceError::NotATrace("no __metadata__"))?;
@@ -107,6 +108,93 @@ pub fn read_bytes(bytes: &[u8]) -> Result<Trace> {
         world_size: world,
         steps,
     })
+}
+
+/// A name given twice in a safetensors header.
+enum Duplicate {
+    Tensor(String),
+    Metadata(String),
+}
+
+/// The first name a safetensors header gives twice, at its top level (a
+/// tensor) or in its `__metadata__` object; the values are skipped unread.
+struct HeaderKeys(Option<Duplicate>);
+
+/// The first key given twice in one JSON object, values skipped.
+struct ObjectKeys(Option<String>);
+
+impl<'de> serde::Deserialize<'de> for ObjectKeys {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = ObjectKeys;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> std::result::Result<ObjectKeys, A::Error> {
+                let (mut seen, mut dup) = (std::collections::HashSet::new(), None);
+                while let Some(k) = map.next_key::<String>()? {
+                    map.next_value::<serde::de::IgnoredAny>()?;
+                    if !seen.insert(k.clone()) && dup.is_none() {
+                        dup = Some(k);
+                    }
+                }
+                Ok(ObjectKeys(dup))
+            }
+        }
+        d.deserialize_map(V)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for HeaderKeys {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = HeaderKeys;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a safetensors header (a JSON object)")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> std::result::Result<HeaderKeys, A::Error> {
+                let (mut seen, mut dup) = (std::collections::HashSet::new(), None);
+                while let Some(k) = map.next_key::<String>()? {
+                    let inner = if k == "__metadata__" {
+                        map.next_value::<ObjectKeys>()?.0.map(Duplicate::Metadata)
+                    } else {
+                        map.next_value::<serde::de::IgnoredAny>()?;
+                        None
+                    };
+                    let again = (!seen.insert(k.clone())).then_some(Duplicate::Tensor(k));
+                    dup = dup.or(again).or(inner);
+                }
+                Ok(HeaderKeys(dup))
+            }
+        }
+        d.deserialize_map(V)
+    }
+}
+
+/// The largest header the safetensors crate reads (larger ones it refuses itself).
+const MAX_HEADER_BYTES: usize = 100_000_000;
+
+/// Refuses a header that names a tensor, `__metadata__` or a
+/// `__metadata__` key twice: the safetensors crate parses headers into hash
+/// maps and keeps one of the two values, where another reader may keep the
+/// other. A header that is not a JSON object is left to the crate to report.
+fn refuse_duplicate_keys(bytes: &[u8]) -> Result<()> {
+    let len = bytes.get(..8).and_then(|b| b.try_into().ok()).map(u64::from_le_bytes);
+    let text = len
+        .and_then(|n| usize::try_from(n).ok())
+        .filter(|&n| n <= MAX_HEADER_BYTES)
+        .and_then(|n| bytes.get(8..8 + n))
+        .and_then(|h| std::str::from_utf8(h).ok());
+    let Some(Ok(keys)) = text.map(serde_json::from_str::<HeaderKeys>) else { return Ok(()) };
+    let reason = match keys.0 {
+        None => return Ok(()),
+        Some(Duplicate::Tensor(k)) if k == "__metadata__" => "__metadata__ is listed twice".to_owned(),
+        Some(Duplicate::Tensor(k)) => format!("tensor '{k}' is listed twice"),
+        Some(Duplicate::Metadata(k)) => format!("__metadata__ key '{k}' is listed twice"),
+    };
+    Err(header("safetensors header", FieldProblem::Invalid(reason)))
 }
 
 fn header(field: &'static str, problem: FieldProblem) -> TraceError {

@@ -112,3 +112,53 @@ fn not_a_trace_is_an_error() {
     let b = with_doc(&valid(), |d| d["format"] = Value::from("x"));
     assert!(matches!(read_bytes(&b), Err(TraceError::Header { .. })));
 }
+
+/// The bytes of a safetensors file whose header is `header` (JSON text, as
+/// given: it may name a key twice) followed by `data`.
+fn raw_file(header: &str, data: &[u8]) -> Vec<u8> {
+    let mut h = header.as_bytes().to_vec();
+    h.resize(h.len().next_multiple_of(8), b' ');
+    let mut out = (h.len() as u64).to_le_bytes().to_vec();
+    out.extend(h);
+    out.extend(data);
+    out
+}
+
+/// A header naming a tensor, `__metadata__` or a metadata key twice is
+/// refused: the safetensors crate would keep one of the two silently.
+#[test]
+fn names_given_twice_in_the_header_are_refused() {
+    let bytes = valid();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header = std::str::from_utf8(&bytes[8..8 + n]).unwrap().trim_end();
+    let data = &bytes[8 + n..];
+    let parsed: Value = serde_json::from_str(header).unwrap();
+    let (name, entry) = parsed.as_object().unwrap().iter().find(|(k, _)| *k != "__metadata__").unwrap();
+    let trace = parsed["__metadata__"]["trace"].to_string();
+    // Each edit inserts a second copy of something right after the opening brace.
+    let cases = [
+        (format!("{{\"{name}\":{entry},"), format!("tensor '{name}' is listed twice")),
+        ("{\"__metadata__\":{\"format\":\"pm-trace\"},".to_owned(), "__metadata__ is listed twice".to_owned()),
+    ];
+    for (prefix, message) in cases {
+        let doubled = raw_file(&header.replacen('{', &prefix, 1), data);
+        let err = read_bytes(&doubled).unwrap_err();
+        assert!(matches!(err, TraceError::Header { field: "safetensors header", .. }), "{err}");
+        assert!(err.to_string().contains(&message), "{err}");
+    }
+    let meta = header.replacen("\"__metadata__\":{", &format!("\"__metadata__\":{{\"trace\":{trace},"), 1);
+    let err = read_bytes(&raw_file(&meta, data)).unwrap_err();
+    assert!(matches!(err, TraceError::Header { field: "safetensors header", .. }), "{err}");
+    assert_eq!(err.to_string(), "safetensors header: __metadata__ key 'trace' is listed twice");
+}
+
+/// The observation budget multiplies the module's dimensions with checked
+/// arithmetic: `[2^32, 2^32]` (a shape no file can declare, built here in
+/// memory) is over the limit, where a wrapped product would have been 0.
+#[test]
+fn a_module_shape_whose_size_overflows_is_over_the_replay_budget() {
+    let mut trace = read_bytes(&valid()).unwrap();
+    trace.module.shape = Some(vec![1 << 32, 1 << 32]);
+    let err = pmstate_trace::replay(&trace, &pmstate_trace::ReplayOptions::default()).unwrap_err();
+    assert!(matches!(err, TraceError::Limit { limit: "ReplayOptions::max_observation_bytes", .. }), "{err}");
+}

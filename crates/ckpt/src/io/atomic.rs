@@ -2,14 +2,14 @@
 //! target, renamed over it only once complete, so a failed write never
 //! leaves a half-written file; with the permissions `cp` or `torch.save`
 //! would give the result; and no temporary file left behind by an error or
-//! (through [`remove_temporary_files`], which the CLI calls from its signal
+//! (through [`abandon_temporary_files`], which the CLI calls from its signal
 //! handler) by SIGINT/SIGTERM.
 //!
 //! Temporary files are named `.pmstate-<pid>-<random>.tmp`, so one left by a
 //! killed process (SIGKILL, power loss) can be told from one being written:
 //! [`stale_temporary_files`] lists those whose process is gone.
 
-use std::collections::HashSet;
+use std::collections::BTreeSet;
 use std::fs::{File, OpenOptions};
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
@@ -17,34 +17,50 @@ use std::sync::Mutex;
 
 use crate::error::{io_err, CkptError, Result};
 
-/// Temporary files being written by this process (removed on SIGINT/SIGTERM by the CLI).
-static LIVE: Mutex<Option<HashSet<PathBuf>>> = Mutex::new(None);
+/// Temporary files being written by this process (removed on SIGINT/SIGTERM
+/// by the CLI), and whether that removal has happened (the process is
+/// exiting: no new temporary file may be created).
+struct Live {
+    paths: BTreeSet<PathBuf>,
+    closed: bool,
+}
+
+static LIVE: Mutex<Live> = Mutex::new(Live { paths: BTreeSet::new(), closed: false });
 
 const PREFIX: &str = ".pmstate-";
 const SUFFIX: &str = ".tmp";
 
-fn register(path: &Path) {
-    if let Ok(mut live) = LIVE.lock() {
-        live.get_or_insert_with(HashSet::new).insert(path.to_owned());
-    }
+fn live() -> std::sync::MutexGuard<'static, Live> {
+    // A panic while holding the lock leaves the set as it was: still usable.
+    LIVE.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 fn unregister(path: &Path) {
-    if let Ok(mut live) = LIVE.lock() {
-        if let Some(set) = live.as_mut() {
-            set.remove(path);
-        }
-    }
+    live().paths.remove(path);
 }
 
-/// Removes every temporary file this process is writing: for a signal
-/// handler about to end the process (the writes in flight are abandoned).
-/// Returns how many were removed.
+/// Removes every temporary file this process is writing (the writes in
+/// flight then fail). Returns how many were removed. Writes started later
+/// create temporary files as usual; a signal handler about to end the
+/// process wants [`abandon_temporary_files`] instead.
 pub fn remove_temporary_files() -> usize {
-    let paths: Vec<PathBuf> = match LIVE.lock() {
-        Ok(mut live) => live.take().map(|s| s.into_iter().collect()).unwrap_or_default(),
-        Err(_) => return 0,
-    };
+    remove_all(&mut live())
+}
+
+/// [`remove_temporary_files`] for a signal handler about to end the
+/// process: also refuses every temporary file not yet created (such a
+/// write fails as interrupted), so none can appear between this cleanup
+/// and the exit. There is no undoing it.
+pub fn abandon_temporary_files() -> usize {
+    let mut live = live();
+    live.closed = true;
+    remove_all(&mut live)
+}
+
+/// Removed while holding the lock: a write creating its file meanwhile
+/// waits, then sees whether the set was closed.
+fn remove_all(live: &mut Live) -> usize {
+    let paths = std::mem::take(&mut live.paths);
     paths.iter().filter(|p| std::fs::remove_file(p).is_ok()).count()
 }
 
@@ -79,7 +95,11 @@ pub fn stale_temporary_files(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
 }
 
 /// Creates a new temporary file in `dir` with mode `0666 & ~umask` (what
-/// `open(O_CREAT)` gives `torch.save` and `cp`).
+/// `open(O_CREAT)` gives `torch.save` and `cp`), registered for removal on
+/// a signal. Created and registered under one lock, so a signal handler's
+/// [`remove_temporary_files`] sees it either not yet created (and then
+/// refuses its creation) or created and registered (and removes it): there
+/// is no moment at which it exists unregistered.
 fn create_temporary(dir: &Path, target: &Path) -> Result<(File, PathBuf)> {
     let pid = std::process::id();
     let mut attempt = 0u32;
@@ -90,8 +110,16 @@ fn create_temporary(dir: &Path, target: &Path) -> Result<(File, PathBuf)> {
         opts.write(true).create_new(true);
         #[cfg(unix)]
         std::os::unix::fs::OpenOptionsExt::mode(&mut opts, 0o666);
+        let mut live = live();
+        if live.closed {
+            let interrupted = std::io::Error::new(std::io::ErrorKind::Interrupted, "interrupted: exiting on a signal");
+            return Err(io_err(target)(interrupted));
+        }
         match opts.open(&path) {
-            Ok(f) => return Ok((f, path)),
+            Ok(f) => {
+                live.paths.insert(path.clone());
+                return Ok((f, path));
+            }
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && attempt < 16 => attempt += 1,
             Err(e) => return Err(io_err(target)(e)),
         }
@@ -122,7 +150,6 @@ pub(crate) fn write_atomically<T>(
         return Err(CkptError::NotAFile { path: path.display().to_string(), kind: "a directory" });
     }
     let (file, tmp) = create_temporary(dir, path)?;
-    register(&tmp);
     let outcome = finish(file, &tmp, path, fsync, fill);
     if outcome.is_err() {
         let _ = std::fs::remove_file(&tmp);

@@ -313,7 +313,7 @@ fn selected_entries<'a>(ckpt: &'a Checkpoint, key: &str) -> Result<(Vec<Entry<'a
             let storage = ckpt.storage_of(t)?;
             Data::Storage { bytes: &storage.data, offset: t.offset * t.dtype.size(), len: t.nbytes() }
         } else {
-            Data::Owned(ckpt.tensor_bytes(t)?.into_owned())
+            Data::Owned(ckpt.tensor_bytes_at(Some(&format!("{key}.{name}")), t)?.into_owned())
         };
         entries.push(Entry { name, dtype, shape: t.shape.clone(), data });
     }

@@ -83,9 +83,22 @@ pub(crate) fn read_zip(path: &str, src: &Arc<Source>, opts: &ReadOptions) -> Res
             return Err(entry_err(&name, EntryProblem::Duplicate));
         }
     }
-    if let Some(listed) = central_directory_entries(src)? {
-        if listed != za.len() as u64 {
-            return Err(CkptError::DuplicateEntries { path: path.to_owned(), listed, distinct: za.len() as u64 });
+    if let Some(cd) = central_directory(src)? {
+        if cd.walked != cd.declared || cd.walked_bytes != cd.size {
+            return Err(CkptError::CentralDirectoryMismatch {
+                path: path.to_owned(),
+                declared: cd.declared,
+                size: cd.size,
+                walked: cd.walked,
+                walked_bytes: cd.walked_bytes,
+            });
+        }
+        if cd.declared != za.len() as u64 {
+            return Err(CkptError::DuplicateEntries {
+                path: path.to_owned(),
+                listed: cd.declared,
+                distinct: za.len() as u64,
+            });
         }
     }
     if records.contains_key("constants.pkl") {
@@ -150,36 +163,88 @@ pub(crate) fn read_zip(path: &str, src: &Arc<Source>, opts: &ReadOptions) -> Res
     Ok(Parsed { root, storages, format: Format::TorchZip { prefix } })
 }
 
-/// The entry count the end-of-central-directory record declares (None for
-/// ZIP64 archives, whose 16-bit field is saturated, or if not found; then
-/// the ZIP64 end record's 64-bit count). The zip reader keeps one entry
-/// per name, so a difference means duplicates, which could make two
-/// readers see different data under one name.
-fn central_directory_entries(src: &Source) -> Result<Option<u64>> {
+/// What the end of a zip archive declares about its central directory,
+/// and what walking the directory header by header finds.
+struct CentralDirectory {
+    /// Entries the end record (or the ZIP64 end record) declares.
+    declared: u64,
+    /// The directory's size in bytes, as declared.
+    size: u64,
+    /// Headers found walking from the directory's start to its end record
+    /// (stopping at one past `declared`).
+    walked: u64,
+    /// Bytes those headers take.
+    walked_bytes: u64,
+}
+
+fn le16(b: &[u8], at: usize) -> u64 {
+    b.get(at..at + 2).map_or(0, |x| u64::from(u16::from_le_bytes([x[0], x[1]])))
+}
+
+fn le32(b: &[u8], at: usize) -> u64 {
+    b.get(at..at + 4).map_or(0, |x| u64::from(u32::from_le_bytes([x[0], x[1], x[2], x[3]])))
+}
+
+fn le64(b: &[u8], at: usize) -> u64 {
+    b.get(at..at + 8).map_or(0, |x| u64::from_le_bytes(x.try_into().unwrap_or([0; 8])))
+}
+
+/// The central directory as the end record declares it (ZIP64 when its
+/// classic fields are saturated) and as walking it finds it; `None` if no
+/// end record is found (the zip reader has accepted the archive by then).
+///
+/// Two checks come of it. The zip reader reads as many headers as the end
+/// record counts and keeps one entry per name, so a count above the
+/// reader's entries means duplicate names. And other readers (Python's
+/// `zipfile`) walk the directory's declared size instead: an end record
+/// that understates the count hides headers (a second `data/0`) from this
+/// reader that they see, so the walk must find exactly the declared
+/// headers, filling the directory exactly up to its end record.
+fn central_directory(src: &Source) -> Result<Option<CentralDirectory>> {
     let tail_len = src.len().min(22 + 0xFFFF + 56 + 20);
-    let tail = src.read_vec(src.len() - tail_len, tail_len as usize)?;
+    let tail_start = src.len() - tail_len;
+    let tail = src.read_vec(tail_start, tail_len as usize)?;
     let Some(at) = tail.windows(4).rposition(|w| w == b"PK\x05\x06") else { return Ok(None) };
-    let Some(field) = tail.get(at + 10..at + 12) else { return Ok(None) };
-    let n = u16::from_le_bytes([field[0], field[1]]);
-    if n != 0xFFFF {
-        return Ok(Some(u64::from(n)));
+    let (mut declared, mut size, mut offset) = (le16(&tail, at + 10), le32(&tail, at + 12), le32(&tail, at + 16));
+    // The directory ends where its end record (or the ZIP64 end record) starts.
+    let mut end = tail_start + at as u64;
+    if declared == 0xFFFF || size == 0xFFFF_FFFF || offset == 0xFFFF_FFFF {
+        // ZIP64: the locator precedes the classic end record and points at the ZIP64 end record.
+        let Some(loc) = at.checked_sub(20).filter(|&l| tail.get(l..l + 4) == Some(b"PK\x06\x07")) else {
+            return Ok(None);
+        };
+        let z64 = le64(&tail, loc + 8);
+        if z64.checked_add(56).is_none_or(|e| e > src.len()) {
+            return Ok(None);
+        }
+        let rec = src.read_vec(z64, 56)?;
+        if &rec[..4] != b"PK\x06\x06" {
+            return Ok(None);
+        }
+        (declared, size, offset, end) = (le64(&rec, 32), le64(&rec, 40), le64(&rec, 48), z64);
     }
-    // ZIP64: the end record's locator precedes the classic end record and
-    // points at the ZIP64 end record, whose total entry count is at +32.
-    let Some(loc) = at.checked_sub(20).filter(|&l| tail.get(l..l + 4) == Some(b"PK\x06\x07")) else {
-        return Ok(None);
-    };
-    let Some(off) = tail.get(loc + 8..loc + 16).map(|b| u64::from_le_bytes(b.try_into().unwrap_or([0; 8]))) else {
-        return Ok(None);
-    };
-    if off.checked_add(40).is_none_or(|end| end > src.len()) {
-        return Ok(None);
+    let (walked, walked_bytes) = walk_central_directory(src, offset, end, declared.saturating_add(1))?;
+    Ok(Some(CentralDirectory { declared, size, walked, walked_bytes }))
+}
+
+/// Counts central directory headers from `start` up to `end` (at most
+/// `max`), with the bytes they take: each is 46 bytes plus its name, extra
+/// field and comment.
+fn walk_central_directory(src: &Source, start: u64, end: u64, max: u64) -> Result<(u64, u64)> {
+    let (mut at, mut n) = (start, 0u64);
+    while n < max && at.checked_add(46).is_some_and(|e| e <= end) {
+        let h = src.read_vec(at, 46)?;
+        if &h[..4] != b"PK\x01\x02" {
+            break;
+        }
+        let len = 46 + le16(&h, 28) + le16(&h, 30) + le16(&h, 32);
+        if at + len > end {
+            break;
+        }
+        at += len;
+        n += 1;
     }
-    let rec = src.read_vec(off, 40)?;
-    if &rec[..4] != b"PK\x06\x06" {
-        return Ok(None);
-    }
-    Ok(Some(u64::from_le_bytes(rec[32..40].try_into().unwrap_or([0; 8]))))
+    Ok((n, at.saturating_sub(start)))
 }
 
 /// A stored record as a range of the input.

@@ -69,7 +69,10 @@ pub fn run(a: Args, g: Global) -> Result<ExitCode, CliError> {
     let ckpt = Checkpoint::open(&a.input)?;
     let total: u64 = ckpt.storages().values().map(|s| s.data.len() as u64).sum();
     let bar = Progress::new(total, "converting", g);
-    let progress = |done: u64| bar.update(done);
+    let progress = |done: u64| {
+        crate::test_pause::point();
+        bar.update(done)
+    };
     let write = WriteOptions {
         unsafe_globals: if a.allow_unsafe_globals { UnsafeGlobals::Allow } else { UnsafeGlobals::Refuse },
         durability: if a.no_fsync { Durability::NoFsync } else { Durability::Fsync },
@@ -106,9 +109,10 @@ pub fn run(a: Args, g: Global) -> Result<ExitCode, CliError> {
         })?;
     } else if !g.quiet {
         output::line(format!("wrote {} ({:.3} s)", a.output.display(), t0.elapsed().as_secs_f64()));
+        // A note, not a result: on stderr, so stdout holds only what was done.
         if !skipped.is_empty() {
-            output::line(format!(
-                "skipped {} non-tensor value(s) safetensors cannot hold: {}",
+            output::err_line(format!(
+                "pmstate: note: skipped {} non-tensor value(s) safetensors cannot hold: {}",
                 skipped.len(),
                 skipped.join(", ")
             ));

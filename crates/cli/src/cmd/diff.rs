@@ -38,7 +38,12 @@ pub fn run(args: Args, g: Global) -> Result<ExitCode, CliError> {
     let a = Checkpoint::open(&args.a)?;
     let b = Checkpoint::open(&args.b)?;
     let tol = Tolerance { rtol: args.rtol, atol: args.atol };
+    crate::test_pause::point();
     let diffs = diff(&a, &b, tol)?;
+    // The tensors were read after the structure: a file rewritten meanwhile
+    // (a training job saving over it) would make the comparison meaningless.
+    a.check_unchanged()?;
+    b.check_unchanged()?;
     if g.json {
         output::json_line(&Report {
             a: args.a.display().to_string(),

@@ -65,7 +65,7 @@ pub fn normalizer_report(ckpt: &Checkpoint) -> Result<(Vec<NormalizerSummary>, V
     let mut lazy = Vec::new();
     for g in ckpt.normalizers()? {
         if g.saved.is_some() {
-            saved.push(ckpt.normalizer_summary(&g.name)?);
+            saved.push(ckpt.group_summary(&g)?);
         } else {
             lazy.push(g.name);
         }
@@ -92,8 +92,11 @@ fn distinct(flagged: &[(String, String)]) -> Vec<DistinctGlobal<'_>> {
 pub fn run(a: Args, g: Global) -> Result<ExitCode, CliError> {
     let t0 = Instant::now();
     let ckpt = Checkpoint::open(&a.file)?;
+    crate::test_pause::point();
     let tensors = ckpt.tensors();
     let (normalizers, lazy) = normalizer_report(&ckpt)?;
+    // The normalizers' buffers were read after the structure: both from one file's content?
+    ckpt.check_unchanged()?;
     let flagged = ckpt.unsafe_globals();
     let storage_bytes: u64 = ckpt.storages().values().map(|s| s.data.len() as u64).sum();
     if g.json {

@@ -27,6 +27,8 @@ struct Report {
 pub fn run(a: Args, g: Global) -> Result<ExitCode, CliError> {
     let ckpt = Checkpoint::open(&a.file)?;
     let (normalizers, lazy) = normalizer_report(&ckpt)?;
+    // The buffers were read after the structure: both from one file's content?
+    ckpt.check_unchanged()?;
     if g.json {
         output::json_line(&Report { file: a.file.display().to_string(), normalizers, lazy })?;
     } else {

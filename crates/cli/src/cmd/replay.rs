@@ -167,7 +167,8 @@ impl Tally {
                         r.fields.len()
                     ));
                 }
-                Err(e) => crate::output::line(format!("ERROR {}: {e}", name(f))),
+                // An error, not a result: stderr (the summary line still counts it).
+                Err(e) => crate::output::err_line(format!("ERROR {}: {e}", name(f))),
             }
         }
         Ok(())

@@ -137,7 +137,8 @@ pub fn replay(trace: &Trace, opts: &ReplayOptions) -> Result<Report> {
 /// output).
 fn check_observation_budget(trace: &Trace, ranks: usize, opts: &ReplayOptions) -> Result<()> {
     let elems = match &trace.module.shape {
-        Some(s) => s.iter().product::<usize>().max(1),
+        // Checked: a product that wrapped would slip under the budget.
+        Some(s) => s.iter().try_fold(1usize, |n, &d| n.checked_mul(d)).unwrap_or(usize::MAX).max(1),
         None => first_input_features(trace).unwrap_or(1),
     };
     let needed =
@@ -162,7 +163,7 @@ fn first_input_features(trace: &Trace) -> Option<usize> {
             Op::Normalize { x, .. } => x,
             _ => return None,
         };
-        Some(x.dims().iter().skip(1).product::<usize>().max(1))
+        Some(x.dims().iter().skip(1).try_fold(1usize, |n, &d| n.checked_mul(d)).unwrap_or(usize::MAX).max(1))
     })
 }
 
