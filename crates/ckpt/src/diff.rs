@@ -334,7 +334,7 @@ struct ViewWalk {
 impl ViewWalk {
     fn new(ta: &TensorRef, tb: &TensorRef) -> ViewWalk {
         let mut order: Vec<usize> = (0..ta.shape.len()).collect();
-        order.sort_by(|&x, &y| ta.stride[y].cmp(&ta.stride[x]));
+        order.sort_by_key(|&d| std::cmp::Reverse(ta.stride[d]));
         let c = TensorRef::contiguous_stride(&ta.shape);
         let pick = |v: &[usize]| order.iter().map(|&d| v[d]).collect::<Vec<usize>>();
         ViewWalk {
@@ -499,5 +499,66 @@ mod tests {
         assert!(!t.close_f64(f64::INFINITY, f64::NEG_INFINITY));
         assert!(t.close_f64(1000.0, 1000.9));
         assert!(!t.close_f64(1000.0, 1001.5));
+    }
+
+    fn one_tensor(t: TensorRef, values: &[f32]) -> Checkpoint {
+        let data = crate::io::storage::Bytes::owned(values.iter().flat_map(|v| v.to_le_bytes()).collect());
+        let storage = crate::io::storage::Storage { typed: true, dtype: DType::F32, location: "cpu".into(), data };
+        let root = Dict::from_entries(false, vec![(Node::Str("w".into()), Node::Tensor(Box::new(t)))]).unwrap();
+        Checkpoint::from_parts(Node::Dict(root), [(String::from("s"), storage)].into()).unwrap()
+    }
+
+    /// A transposed view against a contiguous tensor of the same values but
+    /// two: walked in the view's memory order, reported by C-order index.
+    #[test]
+    fn views_are_streamed_and_report_the_least_flat_index() {
+        let storage: Vec<f32> = (0..12).map(|x| x as f32).collect();
+        let view = TensorRef { stride: vec![1, 3], ..TensorRef::contiguous("s".into(), DType::F32, vec![3, 4]) };
+        let a = one_tensor(view, &storage);
+        // a[i][j] is storage[i + 3 j].
+        let mut logical: Vec<f32> = (0..3).flat_map(|i| (0..4).map(move |j| (i + 3 * j) as f32)).collect();
+        logical[4] += 1.0; // a[1][0] = storage[1]: read second
+        logical[1] += 2.0; // a[0][1] = storage[3]: read fourth
+        let b = one_tensor(TensorRef::contiguous("s".into(), DType::F32, vec![3, 4]), &logical);
+        let d = diff(&a, &b, Tolerance::default()).unwrap();
+        let want = DifferenceKind::Elements { mismatched: 2, of: 12, max_abs: 2.0, first_index: Some(1) };
+        assert_eq!(d, [Difference { key: "w".into(), kind: want }]);
+        let same = one_tensor(TensorRef::contiguous("s".into(), DType::F32, vec![3, 4]), &logical);
+        assert!(diff(&b, &same, Tolerance::default()).unwrap().is_empty());
+    }
+
+    /// Elements spread wider than one window are read in pieces, in order.
+    #[test]
+    fn wide_reads_are_split_into_windows() {
+        let n = MAX_WINDOW / 4 + 16;
+        let bytes: Vec<u8> = (0..n as u32).flat_map(|i| i.to_le_bytes()).collect();
+        let data = crate::io::storage::Bytes::owned(bytes);
+        let offsets = [n - 1, 0, 5, n - 2, 1];
+        let mut out = Vec::new();
+        read_elements(&data, &offsets, 4, &mut out).unwrap();
+        let got: Vec<u32> = out.chunks_exact(4).map(|c| u32::from_le_bytes(c.try_into().unwrap())).collect();
+        assert_eq!(got, offsets.iter().map(|&o| o as u32).collect::<Vec<_>>());
+    }
+
+    /// Int, bool and tuple keys are matched by value (through a hash map).
+    #[test]
+    fn non_string_keys_are_matched_by_value() {
+        let dict = |entries: Vec<(Node, Node)>| {
+            let root = Dict::from_entries(false, entries).unwrap();
+            Checkpoint::from_parts(Node::Dict(root), HashMap::new()).unwrap()
+        };
+        let tuple = || Node::Tuple(vec![Node::Int(2)]);
+        let a = dict(vec![(Node::Int(1), Node::Int(1)), (tuple(), Node::Int(2)), (Node::Bool(false), Node::Int(3))]);
+        let b = dict(vec![(tuple(), Node::Int(2)), (Node::Int(1), Node::Int(5)), (Node::Int(7), Node::Int(3))]);
+        let d = diff(&a, &b, Tolerance::default()).unwrap();
+        let keys: Vec<(&str, &DifferenceKind)> = d.iter().map(|x| (x.key.as_str(), &x.kind)).collect();
+        assert_eq!(
+            keys,
+            [
+                ("1", &DifferenceKind::Value { a: "1".into(), b: "5".into() }),
+                ("False", &DifferenceKind::OnlyInA),
+                ("7", &DifferenceKind::OnlyInB),
+            ]
+        );
     }
 }

@@ -318,7 +318,7 @@ fn notes_go_to_stderr_and_stdout_holds_only_results() {
     let refusal: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(refusal["ok"], false);
     for args in [vec!["inspect", src], vec!["normalizers", src], vec!["diff", src, src]] {
-        let o = pmstate(&[&["--json"][..], &args].concat());
+        let o = pmstate(&[&["--json"][..], &args[..]].concat());
         assert!(o.status.success(), "{args:?}: {}", text(&o));
         for line in String::from_utf8(o.stdout).unwrap().lines() {
             serde_json::from_str::<serde_json::Value>(line).unwrap_or_else(|e| panic!("{args:?}: {e}: {line}"));

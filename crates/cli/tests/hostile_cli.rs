@@ -4,8 +4,8 @@
 //! succeeds within it or exits 2 naming the limit or the problem, never
 //! crashes (exit 101/134/135/137), and a refused write leaves nothing.
 //! Memory is bounded by the address-space limit, not measured by a clock;
-//! a generous watchdog (`timeout 600`) only turns a hang (or a quadratic
-//! walk that would take hours) into a failure.
+//! generous CPU-time limits (`ulimit -t`) and a watchdog (`timeout 600`)
+//! only turn a runaway, a hang or a quadratic walk into a failure.
 
 #![cfg(unix)]
 
@@ -26,11 +26,27 @@ fn hostile(name: &str) -> PathBuf {
 /// The watchdog: a command still running after this long has hung (exit 124).
 const WATCHDOG_SECONDS: u32 = 600;
 
-/// `pmstate ARGS` under the address-space limit (and the watchdog).
+/// CPU seconds any command may use (`ulimit -t`, a resource limit like the
+/// address space, whatever the machine's load): a runaway's bound.
+const CPU_SECONDS: u32 = 300;
+
+/// CPU seconds for the inputs that were quadratic: the linear code takes
+/// about a second of CPU on them here, the quadratic code took more than
+/// two minutes (and was killed unfinished).
+const QUADRATIC_CPU_SECONDS: u32 = 30;
+
+/// `pmstate ARGS` under the address-space limit (and the CPU limit and the watchdog).
 fn limited(args: &[&str]) -> Output {
+    limited_cpu(args, CPU_SECONDS)
+}
+
+/// [`limited`] with `cpu_seconds` of CPU time.
+fn limited_cpu(args: &[&str], cpu_seconds: u32) -> Output {
     Command::new("bash")
         .arg("-c")
-        .arg(format!("ulimit -v {ADDRESS_SPACE_KIB}; exec timeout {WATCHDOG_SECONDS} \"$0\" \"$@\""))
+        .arg(format!(
+            "ulimit -v {ADDRESS_SPACE_KIB}; ulimit -t {cpu_seconds}; exec timeout {WATCHDOG_SECONDS} \"$0\" \"$@\""
+        ))
         .arg(env!("CARGO_BIN_EXE_pmstate"))
         .args(args)
         .output()
@@ -148,14 +164,14 @@ fn overflowing_shapes_are_refused_by_every_command_naming_the_key() {
 }
 
 /// 15,000 normalizer groups (`n{i}.mean/var/count`): `inspect` and
-/// `normalizers` list every one. Summarizing them used to re-walk the tree
-/// once per group (hours; the watchdog turns that into a failure).
+/// `normalizers` list every one, within [`QUADRATIC_CPU_SECONDS`].
+/// Summarizing them used to re-walk the tree once per group.
 #[test]
 fn fifteen_thousand_normalizer_groups_are_listed() {
     let f = hostile("many_normalizer_groups.pt");
     let f = f.to_str().unwrap();
     for cmd in ["inspect", "normalizers"] {
-        let o = limited(&[cmd, "--json", f]);
+        let o = limited_cpu(&[cmd, "--json", f], QUADRATIC_CPU_SECONDS);
         expect(&o, 0, "\"name\":\"n14999\"", cmd);
         let j: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
         let groups = j["normalizers"].as_array().unwrap();
@@ -167,13 +183,15 @@ fn fifteen_thousand_normalizer_groups_are_listed() {
     }
 }
 
-/// A dict of 200,000 int keys diffed against itself: each key is found
-/// through a hash map (a linear search per key used to make it quadratic).
+/// A dict of 200,000 int keys diffed against itself, within
+/// [`QUADRATIC_CPU_SECONDS`]: each key is found through a hash map (a
+/// linear search per key used to make it quadratic).
 #[test]
 fn diff_of_a_dict_of_200k_int_keys_is_linear() {
     let f = hostile("dict_200k_int_keys.pt");
     let f = f.to_str().unwrap();
-    expect(&limited(&["diff", f, f]), 0, "no differences", "diff dict_200k_int_keys");
+    let o = limited_cpu(&["diff", f, f], QUADRATIC_CPU_SECONDS);
+    expect(&o, 0, "no differences", "diff dict_200k_int_keys");
 }
 
 /// (file, output extension, exit code, message) for writes: exit 0 means
