@@ -15,12 +15,12 @@ use axum::{Json, Router};
 use tokio::sync::oneshot;
 
 use crate::batcher::Job;
-use crate::decode::decode;
+use crate::decode::{decode, Expect};
 use crate::encode::encode;
 use crate::error::RequestError;
 use crate::model::LoadedModel;
 use crate::protocol::{ModelConfigResponse, ModelMetadata, ModelReady, ServerMetadata};
-use crate::server::AppState;
+use crate::state::AppState;
 
 /// The binary extension's header.
 pub const HEADER_LENGTH: &str = "inference-header-content-length";
@@ -64,11 +64,11 @@ impl IntoResponse for RequestError {
 }
 
 async fn not_found(method: Method, uri: Uri) -> RequestError {
-    RequestError::NotFound(format!("no route {method} {}", uri.path()))
+    RequestError::NoRoute { method: method.to_string(), path: uri.path().to_owned() }
 }
 
 async fn method_not_allowed(method: Method, uri: Uri) -> RequestError {
-    RequestError::Method(format!("{method} is not allowed on {}", uri.path()))
+    RequestError::Method { method: method.to_string(), path: uri.path().to_owned() }
 }
 
 async fn live() -> Json<serde_json::Value> {
@@ -89,15 +89,12 @@ async fn server_metadata() -> Json<ServerMetadata> {
 /// The model if `name` (and `version`, when given) is what is served.
 fn find(st: &AppState, name: &str, version: Option<&str>) -> Result<Arc<LoadedModel>, RequestError> {
     if name != st.name {
-        return Err(RequestError::NotFound(format!("unknown model {name}: this server serves {}", st.name)));
+        return Err(RequestError::UnknownModel { name: name.to_owned(), served: st.name.clone() });
     }
     let m = st.slot.current();
     if let Some(v) = version {
         if v != m.version.to_string() {
-            return Err(RequestError::NotFound(format!(
-                "model {name} has no version {v}: version {} is served",
-                m.version
-            )));
+            return Err(RequestError::UnknownVersion { name: name.to_owned(), version: v.to_owned(), served: m.version });
         }
     }
     Ok(m)
@@ -208,12 +205,22 @@ impl Drop for InFlight {
     }
 }
 
+/// Bytes of the in-flight body budget one request holds, counted in
+/// `pmstate_body_bytes_reserved`; given back when dropped.
+struct Reservation {
+    _permit: tokio::sync::OwnedSemaphorePermit,
+    bytes: i64,
+    gauge: prometheus_client::metrics::gauge::Gauge,
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        self.gauge.dec_by(self.bytes);
+    }
+}
+
 /// Reads the body within the size limit, the memory budget and the time limit.
-async fn read_body(
-    st: &AppState,
-    headers: &HeaderMap,
-    body: Body,
-) -> Result<(Bytes, tokio::sync::OwnedSemaphorePermit), RequestError> {
+async fn read_body(st: &AppState, headers: &HeaderMap, body: Body) -> Result<(Bytes, Reservation), RequestError> {
     let limit = st.limits.max_body_bytes;
     let declared =
         headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
@@ -228,6 +235,9 @@ async fn read_body(
         .clone()
         .try_acquire_many_owned(want)
         .map_err(|_| RequestError::Busy { budget: st.limits.max_inflight_body_bytes })?;
+    let gauge = st.metrics.body_bytes_reserved.clone();
+    gauge.inc_by(i64::from(want));
+    let permit = Reservation { _permit: permit, bytes: i64::from(want), gauge };
     let read = tokio::time::timeout(st.limits.body_timeout, axum::body::to_bytes(body, limit)).await;
     match read {
         Err(_) => Err(RequestError::BodyTimeout { seconds: st.limits.body_timeout.as_secs() }),
@@ -238,7 +248,7 @@ async fn read_body(
             if over {
                 Err(RequestError::TooLarge { limit })
             } else {
-                Err(RequestError::BodyRead(e.to_string()))
+                Err(RequestError::BodyRead(Arc::new(e)))
             }
         }
     }
@@ -254,19 +264,24 @@ async fn infer_inner(
     let model = find(st, name, version)?;
     let header_len = match headers.get(HEADER_LENGTH) {
         None => None,
-        Some(v) => Some(v.to_str().ok().and_then(|s| s.trim().parse::<usize>().ok()).ok_or_else(|| {
-            RequestError::BadJson(format!("Inference-Header-Content-Length {v:?} is not a byte count"))
-        })?),
+        Some(v) => Some(
+            v.to_str()
+                .ok()
+                .and_then(|s| s.trim().parse::<usize>().ok())
+                .ok_or_else(|| RequestError::HeaderLength { value: String::from_utf8_lossy(v.as_bytes()).into_owned() })?,
+        ),
     };
     let (bytes, _permit) = read_body(st, headers, body).await?;
-    let non_finite = st.non_finite;
+    let (non_finite, max_rows) = (st.non_finite, st.batching.max_batch);
     let decoded = if bytes.len() <= DECODE_INLINE_BYTES {
-        decode(&bytes, header_len, &model.interface, non_finite)?
+        decode(&bytes, header_len, &Expect { iface: &model.interface, non_finite, max_rows })?
     } else {
         let m = model.clone();
-        tokio::task::spawn_blocking(move || decode(&bytes, header_len, &m.interface, non_finite))
-            .await
-            .map_err(|e| RequestError::Internal(format!("decoding: {e}")))??
+        tokio::task::spawn_blocking(move || {
+            decode(&bytes, header_len, &Expect { iface: &m.interface, non_finite, max_rows })
+        })
+        .await
+        .map_err(|e| RequestError::Task { what: "decoding", source: Arc::new(e) })??
     };
     drop(model);
     let id = decoded.id.clone();

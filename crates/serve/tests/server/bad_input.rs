@@ -152,7 +152,7 @@ async fn non_finite_inputs_pass_through_or_are_refused() {
     let mut r = rows(&o, &[0, 1]);
     r[0].2[3] = f32::NAN; // max_coords_obs, row 0, column 3
     r[2].2[69 + 5] = f32::INFINITY; // previous_actions, row 1, column 5
-                                    // JSON with the NaN / Infinity literals (what tritonclient sends), binary outputs to read them back
+    // JSON with the NaN / Infinity literals (what tritonclient sends)
     let mut parts = vec![];
     for (k, w, v) in &r {
         let mut data = vec![];
@@ -160,30 +160,36 @@ async fn non_finite_inputs_pass_through_or_are_refused() {
         let data = String::from_utf8(data).unwrap();
         parts.push(format!(r#"{{"name":"{k}","shape":[{},{w}],"datatype":"FP32","data":{data}}}"#, v.len() / w));
     }
-    let text = format!(r#"{{"inputs":[{}],"parameters":{{"binary_data_output":true}}}}"#, parts.join(","));
+    let request = |tail: &str| format!(r#"{{"inputs":[{}],{tail}}}"#, parts.join(","));
+    // binary outputs, to read the values back exactly
+    let text = request(r#""parameters":{"binary_data_output":true}"#);
     assert!(text.contains("NaN") && text.contains("Infinity"));
     let reply = infer(&s.client, text.clone().into_bytes()).await;
     let got = outputs(&reply);
-    // passed through: exactly what Policy::forward gives on the same rows
-    // (today finite: the packed kernels' ReLU is f32::max(0), which drops a
-    // NaN where torch.relu keeps it; the server adds nothing of its own)
+    // passed through, as torch would: the normalizer's clamp keeps the NaN,
+    // the first layer spreads it over every unit and ReLU keeps it (as
+    // torch.relu does), so row 0's mean_action is NaN throughout; row 1's
+    // infinity is clamped to 5 and its answer is finite. Exactly what
+    // Policy::forward gives on the same rows: the server adds nothing of its own
     let policy =
         pmstate_policy::Policy::load(testdata("smpl_tracker").join("last.ckpt"), None, &candle_core::Device::Cpu)
             .unwrap();
     let want = host(&policy.forward(&tensors(&r)).unwrap().mean_action);
-    let same =
-        |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan()));
     let mean = &got["mean_action"].1;
-    assert!(same(mean, &want));
+    assert_eq!(got["mean_action"].0, [2, 69]);
+    assert!(mean[..69].iter().all(|v| v.is_nan()), "row 0 (a NaN input): {:?}", &mean[..69]);
+    assert!(mean[69..].iter().all(|v| v.is_finite()), "row 1 (an infinite input, clamped): {:?}", &mean[69..]);
+    assert!(want[..69].iter().all(|v| v.is_nan()));
+    assert_eq!(bits(&mean[69..]), bits(&want[69..]));
 
-    // JSON outputs write NaN as Triton does (a bare NaN literal)
-    let plain = text.replace("\"binary_data_output\":true", "\"binary_data_output\":false");
-    let reply = infer(&s.client, plain.clone().into_bytes()).await;
-    assert_eq!(reply.status, 200);
-    assert!(String::from_utf8_lossy(&reply.body).contains("NaN"));
+    // JSON outputs write NaN as Triton does (a bare NaN literal): 69 of them for row 0's mean_action
+    let plain = request(r#""outputs":[{"name":"mean_action"}]"#);
+    let reply = infer(&s.client, plain.into_bytes()).await;
+    assert_eq!(reply.status, 200, "{}", String::from_utf8_lossy(&reply.body));
+    assert_eq!(String::from_utf8_lossy(&reply.body).matches("NaN").count(), 69);
 
     // refused on request, naming input, row and column
-    let refused = plain.replace("\"binary_data_output\":false", "\"reject_non_finite\":true");
+    let refused = request(r#""parameters":{"reject_non_finite":true}"#);
     let r = infer(&s.client, refused.into_bytes()).await;
     let msg = error_of(&r, 400);
     assert_names(&msg, &["max_coords_obs", "row 0", "column 3", "NaN", "reject_non_finite"]);
