@@ -12,6 +12,7 @@ use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use http_body_util::BodyExt;
 use tokio::sync::oneshot;
 
 use crate::batcher::Job;
@@ -219,6 +220,23 @@ impl Drop for Reservation {
     }
 }
 
+/// Reads a refused request's body (at most `limit` bytes, within `timeout`)
+/// without keeping any of it. A server that answered and closed while the
+/// client is still sending would reset the connection, and the client
+/// would lose the answer (and its `Retry-After`) to the reset.
+async fn discard(mut body: Body, limit: usize, timeout: std::time::Duration) {
+    let drain = async {
+        let mut seen = 0usize;
+        while let Some(Ok(frame)) = body.frame().await {
+            seen = seen.saturating_add(frame.data_ref().map_or(0, |d| d.len()));
+            if seen > limit {
+                break;
+            }
+        }
+    };
+    let _ = tokio::time::timeout(timeout, drain).await;
+}
+
 /// Reads the body within the size limit, the memory budget and the time limit.
 async fn read_body(st: &AppState, headers: &HeaderMap, body: Body) -> Result<(Bytes, Reservation), RequestError> {
     let limit = st.limits.max_body_bytes;
@@ -230,11 +248,10 @@ async fn read_body(st: &AppState, headers: &HeaderMap, body: Body) -> Result<(By
     // reserve what the body may take (all of the limit when its length is not declared)
     let want = declared.map_or(limit, |n| n as usize).clamp(1, limit.max(1));
     let want = u32::try_from(want).unwrap_or(u32::MAX);
-    let permit = st
-        .body_budget
-        .clone()
-        .try_acquire_many_owned(want)
-        .map_err(|_| RequestError::Busy { budget: st.limits.max_inflight_body_bytes })?;
+    let Ok(permit) = st.body_budget.clone().try_acquire_many_owned(want) else {
+        discard(body, limit, st.limits.body_timeout).await;
+        return Err(RequestError::Busy { budget: st.limits.max_inflight_body_bytes });
+    };
     let gauge = st.metrics.body_bytes_reserved.clone();
     gauge.inc_by(i64::from(want));
     let permit = Reservation { _permit: permit, bytes: i64::from(want), gauge };

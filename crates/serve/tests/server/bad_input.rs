@@ -332,3 +332,56 @@ async fn raw_request(addr: std::net::SocketAddr, head: &str, body: &[u8]) -> Str
     }
     String::from_utf8_lossy(&got).into_owned()
 }
+
+/// `body` padded with spaces (valid JSON) to exactly `len` bytes.
+fn padded(mut body: Vec<u8>, len: usize) -> Vec<u8> {
+    assert!(body.len() <= len);
+    body.resize(len, b' ');
+    body
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bodies_in_flight_over_the_budget_get_503_until_the_budget_is_given_back() {
+    // room for two largest bodies at once, all clients together
+    let mut opts = options(testdata("smpl_tracker").join("last.ckpt"));
+    opts.limits = Limits { max_body_bytes: 64 << 10, max_inflight_body_bytes: 128 << 10, ..Limits::default() };
+    let s = start(opts).await;
+    let handle = s.server.handle();
+    let o = obs("smpl_tracker");
+    let reserved = || metric(&handle.metrics_text(), "pmstate_body_bytes_reserved");
+    let (small, r0) = row_request(&o, &[0], json!({}));
+    let body = padded(small.clone(), 64 << 10);
+    let policy =
+        pmstate_policy::Policy::load(testdata("smpl_tracker").join("last.ckpt"), None, &candle_core::Device::Cpu)
+            .unwrap();
+    let want = bits(&host(&policy.forward(&tensors(&r0)).unwrap().mean_action));
+
+    // two slow clients, each holding a 64 KiB body half sent: the budget is full
+    let slow = [Held::start(s.addr, &body).await, Held::start(s.addr, &body).await];
+    until("both bodies reserved", || reserved() == (128 << 10) as f64).await;
+
+    // one more body, large or small, does not fit: 503 with Retry-After and a JSON error
+    for b in [body.clone(), small.clone()] {
+        let r = infer(&s.client, b).await;
+        let msg = error_of(&r, 503);
+        assert_eq!(msg, "request bodies in flight fill the budget of 131072 bytes; retry later");
+        assert_eq!(r.header("retry-after"), Some("1"));
+    }
+    assert_eq!(metric(&handle.metrics_text(), "pmstate_infer_errors_total{kind=\"busy\"}"), 2.0);
+
+    // the slow bodies arrive and are answered; their reservations are given back
+    for h in slow {
+        let (status, answer) = h.finish().await;
+        assert_eq!(status, 200, "{}", String::from_utf8_lossy(&answer));
+        let v: Value = serde_json::from_slice(&answer).unwrap();
+        let mean: Vec<f32> = v["outputs"][0]["data"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect();
+        assert_eq!(v["outputs"][0]["name"], "mean_action");
+        assert_eq!(bits(&mean), want);
+    }
+    until("the budget given back", || reserved() == 0.0).await;
+    // and a later request of the largest size is answered
+    let r = infer(&s.client, body).await;
+    assert_eq!(bits(&outputs(&r)["mean_action"].1), want);
+    handle.shutdown();
+    s.server.wait().await.unwrap();
+}
