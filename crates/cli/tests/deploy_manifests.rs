@@ -251,7 +251,8 @@ fn the_runtime_command_line_serves_and_is_ready() {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     let path = c["readinessProbe"]["httpGet"]["path"].as_str().unwrap().to_owned();
     let (ready, meta) = rt.block_on(async {
-        let cl = pmstate_serve::client::Client::new(addr.parse().unwrap()).with_timeout(std::time::Duration::from_secs(120));
+        let cl =
+            pmstate_serve::client::Client::new(addr.parse().unwrap()).with_timeout(std::time::Duration::from_secs(120));
         (cl.get(&path).await.unwrap().status, cl.get(&format!("/v2/models/{name}")).await.unwrap().status)
     });
     assert!(Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap().success());

@@ -188,7 +188,12 @@ fn curl_gets_the_mean_action_of_policy_run() {
         .output()
         .unwrap();
     signal(child.id(), "-TERM");
-    assert!(out.status.success(), "curl: {}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "curl: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
     let reply: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(reply["outputs"][0]["shape"], json!([8, 69]));
     assert_eq!(mean_bits(&reply), bits(&want_mean));
@@ -260,7 +265,8 @@ async fn sigint_and_sigterm_answer_every_request_in_flight_then_exit_0() {
         let (mut child, lines, addr) = serve(&ckpt, &[]);
         let c = Client::new(addr).with_timeout(WATCHDOG);
         // three requests in flight (headers and half a body each), one row each
-        let held: Vec<(usize, Held)> = [1, 4, 6].into_iter().map(|i| (i, Held::start(addr, &infer_body(&obs, &[i])))).collect();
+        let held: Vec<(usize, Held)> =
+            [1, 4, 6].into_iter().map(|i| (i, Held::start(addr, &infer_body(&obs, &[i])))).collect();
         until_in_flight(&c, 3).await;
         signal(child.id(), sig);
         assert_eq!(lines.next()["event"], "draining", "{sig}");

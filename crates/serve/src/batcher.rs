@@ -356,8 +356,7 @@ impl Worker {
                     .outputs
                     .iter()
                     .map(|w| {
-                        let (shape, data) =
-                            o.remove(w.name).ok_or(RequestError::NotComputed { output: w.name })?;
+                        let (shape, data) = o.remove(w.name).ok_or(RequestError::NotComputed { output: w.name })?;
                         Ok((*w, shape, data))
                     })
                     .collect::<Result<Vec<_>, RequestError>>()?;
@@ -417,7 +416,6 @@ impl Worker {
         self.metrics.batch_requests.observe(idx.len() as f64);
         Ok((out, rows))
     }
-
 
     fn actor_critic(
         &self,

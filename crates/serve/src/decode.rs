@@ -98,7 +98,11 @@ fn parse(json: &[u8]) -> Result<InferRequest, RequestError> {
     }
 }
 
-fn bool_param(p: &Map<String, Value>, name: &'static str, scope: &dyn Fn() -> String) -> Result<Option<bool>, InputError> {
+fn bool_param(
+    p: &Map<String, Value>,
+    name: &'static str,
+    scope: &dyn Fn() -> String,
+) -> Result<Option<bool>, InputError> {
     match p.get(name) {
         None => Ok(None),
         Some(Value::Bool(b)) => Ok(Some(*b)),
@@ -173,13 +177,21 @@ fn values_of(
     binary: &mut &[u8],
 ) -> Result<Vec<f32>, InputError> {
     let input = || name.to_owned();
-    let count = r.checked_mul(d).ok_or_else(|| InputError::TooLarge { input: input(), shape: Dims(vec![r as u64, d as u64]) })?;
+    let count = r
+        .checked_mul(d)
+        .ok_or_else(|| InputError::TooLarge { input: input(), shape: Dims(vec![r as u64, d as u64]) })?;
     match (binary_size, data) {
         (Some(_), Some(_)) => Err(InputError::DataTwice { input: input() }),
         (None, None) => Err(InputError::NoData { input: input() }),
         (None, Some(data)) => {
             if data.0.len() != count {
-                return Err(InputError::DataLength { input: input(), values: data.0.len(), rows: r, width: d, needed: count });
+                return Err(InputError::DataLength {
+                    input: input(),
+                    values: data.0.len(),
+                    rows: r,
+                    width: d,
+                    needed: count,
+                });
             }
             Ok(data.0)
         }
@@ -365,4 +377,82 @@ pub fn decode(body: &[u8], header_len: Option<usize>, expect: &Expect) -> Result
     let ordered = order_inputs(expect.iface, inputs, &outputs)?;
     check_width_sums(expect.iface, &ordered)?;
     Ok(Decoded { id: req.id, rows, inputs: ordered, outputs, seed: params.sample.then_some(params.seed) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::LoadedModel;
+    use serde_json::json;
+
+    fn tracker(pins: &[(String, usize)]) -> LoadedModel {
+        let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/policy/smpl_tracker");
+        LoadedModel::load(&dir.join("last.ckpt"), None, &candle_core::Device::Cpu, pins, 1).expect("the tracker")
+    }
+
+    /// A JSON request of zeros with these (key, rows, width) inputs and extra fields.
+    fn body(inputs: &[(&str, usize, usize)], extra: Value) -> Vec<u8> {
+        let inputs: Vec<Value> = inputs
+            .iter()
+            .map(|(k, r, w)| json!({"name": k, "shape": [r, w], "datatype": "FP32", "data": vec![0.0f32; r * w]}))
+            .collect();
+        let mut req = json!({ "inputs": inputs });
+        if let (Value::Object(m), Value::Object(e)) = (&mut req, extra) {
+            m.extend(e);
+        }
+        serde_json::to_vec(&req).expect("JSON")
+    }
+
+    const TRACKER: [(&str, usize, usize); 3] =
+        [("max_coords_obs", 2, 358), ("mimic_target_poses", 2, 576), ("previous_actions", 2, 69)];
+
+    #[test]
+    fn refusals_are_typed_and_name_the_input_and_what_was_expected() {
+        let pins = [("max_coords_obs".to_string(), 358), ("mimic_target_poses".to_string(), 576)];
+        let (open, pinned) = (tracker(&[]), tracker(&pins));
+        fn expect(m: &LoadedModel, max_rows: usize) -> Expect<'_> {
+            Expect { iface: &m.interface, non_finite: NonFinite::Pass, max_rows }
+        }
+        let ok = decode(&body(&TRACKER, json!({})), None, &expect(&open, 256)).expect("a good request");
+        assert_eq!(
+            (ok.rows, ok.signature()),
+            (2, vec![("max_coords_obs", 358), ("mimic_target_poses", 576), ("previous_actions", 69)])
+        );
+        assert_eq!(ok.outputs.iter().map(|o| o.name).collect::<Vec<_>>(), ["mean_action", "value", "std", "norm_obs"]);
+
+        let split = [("max_coords_obs", 2, 357), ("mimic_target_poses", 2, 577), ("previous_actions", 2, 69)];
+        // open widths: a split that adds up is taken; pinned: refused by key and width
+        assert!(decode(&body(&split, json!({})), None, &expect(&open, 256)).is_ok());
+        let e = decode(&body(&split, json!({})), None, &expect(&pinned, 256)).unwrap_err();
+        assert!(
+            matches!(&e, RequestError::BadInput(InputError::Width { input, width: 357, expected: 358 }) if input == "max_coords_obs"),
+            "{e}"
+        );
+        // widths that do not add up
+        let short = [("max_coords_obs", 2, 357), ("mimic_target_poses", 2, 576), ("previous_actions", 2, 69)];
+        let e = decode(&body(&short, json!({})), None, &expect(&open, 256)).unwrap_err();
+        assert!(matches!(&e, RequestError::BadInput(InputError::WidthSum { sum: 1002, total: 1003, .. })), "{e}");
+        // more rows than max_batch
+        let e = decode(&body(&TRACKER, json!({})), None, &expect(&open, 1)).unwrap_err();
+        assert!(matches!(&e, RequestError::BadInput(InputError::Batch { rows: 2, max_batch: 1, .. })), "{e}");
+        // a missing input, with the width the pins fix
+        let e = decode(&body(&TRACKER[..2], json!({})), None, &expect(&pinned, 256)).unwrap_err();
+        assert!(
+            matches!(&e, RequestError::BadInput(InputError::MissingInput { input, width: Some(69) }) if input == "previous_actions"),
+            "{e}"
+        );
+        // parameters and outputs
+        let e = decode(&body(&TRACKER, json!({"parameters": {"seed": -1}})), None, &expect(&open, 256)).unwrap_err();
+        assert!(matches!(&e, RequestError::BadInput(InputError::Parameter { name: "seed", .. })), "{e}");
+        let e =
+            decode(&body(&TRACKER, json!({"outputs": [{"name": "action"}]})), None, &expect(&open, 256)).unwrap_err();
+        assert!(matches!(&e, RequestError::BadInput(InputError::NeedsSample { output: "action" })), "{e}");
+        let e = decode(&body(&TRACKER, json!({"outputs": [{"name": "q"}]})), None, &expect(&open, 256)).unwrap_err();
+        assert!(matches!(&e, RequestError::BadInput(InputError::UnknownOutput { output, .. }) if output == "q"), "{e}");
+        // the binary extension: a header length past the body
+        let e = decode(b"{}", Some(9), &expect(&open, 256)).unwrap_err();
+        assert!(matches!(e, RequestError::HeaderPastBody { header: 9, body: 2 }), "{e}");
+        let e = decode(b"{\"inputs\": [", None, &expect(&open, 256)).unwrap_err();
+        assert!(matches!(e, RequestError::BadJson(_)), "{e}");
+    }
 }

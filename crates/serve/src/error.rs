@@ -616,7 +616,10 @@ mod tests {
             old: "3".into(),
             new: "4".into(),
         };
-        assert_eq!(e.to_string(), "last.ckpt: not compatible with the model being served: the width of obs was 3, is 4");
+        assert_eq!(
+            e.to_string(),
+            "last.ckpt: not compatible with the model being served: the width of obs was 3, is 4"
+        );
         assert_eq!(OptionsError::Name { name: "a/b".into() }.to_string().split(':').next(), Some("model name \"a/b\""));
     }
 

@@ -95,7 +95,11 @@ fn find(st: &AppState, name: &str, version: Option<&str>) -> Result<Arc<LoadedMo
     let m = st.slot.current();
     if let Some(v) = version {
         if v != m.version.to_string() {
-            return Err(RequestError::UnknownVersion { name: name.to_owned(), version: v.to_owned(), served: m.version });
+            return Err(RequestError::UnknownVersion {
+                name: name.to_owned(),
+                version: v.to_owned(),
+                served: m.version,
+            });
         }
     }
     Ok(m)
@@ -279,15 +283,13 @@ async fn infer_inner(
     body: Body,
 ) -> Result<Response, RequestError> {
     let model = find(st, name, version)?;
-    let header_len = match headers.get(HEADER_LENGTH) {
-        None => None,
-        Some(v) => Some(
-            v.to_str()
-                .ok()
-                .and_then(|s| s.trim().parse::<usize>().ok())
-                .ok_or_else(|| RequestError::HeaderLength { value: String::from_utf8_lossy(v.as_bytes()).into_owned() })?,
-        ),
-    };
+    let header_len =
+        match headers.get(HEADER_LENGTH) {
+            None => None,
+            Some(v) => Some(v.to_str().ok().and_then(|s| s.trim().parse::<usize>().ok()).ok_or_else(|| {
+                RequestError::HeaderLength { value: String::from_utf8_lossy(v.as_bytes()).into_owned() }
+            })?),
+        };
     let (bytes, _permit) = read_body(st, headers, body).await?;
     let (non_finite, max_rows) = (st.non_finite, st.batching.max_batch);
     let decoded = if bytes.len() <= DECODE_INLINE_BYTES {

@@ -40,8 +40,7 @@ fn metric(text: &str, series: &str) -> Option<f64> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_or_panicking_forward_is_a_500_and_the_server_goes_on() {
-    let mut opts =
-        ServeOptions::new(ModelSource::Checkpoint { path: smpl_tracker().join("last.ckpt"), config: None });
+    let mut opts = ServeOptions::new(ModelSource::Checkpoint { path: smpl_tracker().join("last.ckpt"), config: None });
     opts.addr = SocketAddr::from(([127, 0, 0, 1], 0));
     opts.threads = Some(1);
     let server = Server::start(opts, ignore_events()).await.expect("the server starts");

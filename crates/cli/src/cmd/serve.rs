@@ -73,9 +73,9 @@ pub struct Args {
 
 /// `KEY=N`.
 fn width_pin(s: &str) -> Result<(String, usize), String> {
-    let (k, n) = s.split_once('=').ok_or_else(|| format!("{s:?}: expected KEY=N, e.g. max_coords_obs=358"))?;
+    let (k, n) = s.split_once('=').ok_or_else(|| format!("\"{s}\": expected KEY=N, e.g. max_coords_obs=358"))?;
     if k.is_empty() {
-        return Err(format!("{s:?}: the key is empty"));
+        return Err(format!("\"{s}\": the key is empty"));
     }
     Ok((k.to_owned(), crate::args::positive(n)?))
 }

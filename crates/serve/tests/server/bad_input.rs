@@ -152,7 +152,7 @@ async fn non_finite_inputs_pass_through_or_are_refused() {
     let mut r = rows(&o, &[0, 1]);
     r[0].2[3] = f32::NAN; // max_coords_obs, row 0, column 3
     r[2].2[69 + 5] = f32::INFINITY; // previous_actions, row 1, column 5
-    // JSON with the NaN / Infinity literals (what tritonclient sends)
+                                    // JSON with the NaN / Infinity literals (what tritonclient sends)
     let mut parts = vec![];
     for (k, w, v) in &r {
         let mut data = vec![];
@@ -374,7 +374,8 @@ async fn bodies_in_flight_over_the_budget_get_503_until_the_budget_is_given_back
         let (status, answer) = h.finish().await;
         assert_eq!(status, 200, "{}", String::from_utf8_lossy(&answer));
         let v: Value = serde_json::from_slice(&answer).unwrap();
-        let mean: Vec<f32> = v["outputs"][0]["data"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect();
+        let mean: Vec<f32> =
+            v["outputs"][0]["data"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect();
         assert_eq!(v["outputs"][0]["name"], "mean_action");
         assert_eq!(bits(&mean), want);
     }

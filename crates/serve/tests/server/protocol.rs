@@ -299,7 +299,8 @@ async fn metrics_count_requests_by_outcome_latency_and_forwards() {
     assert_eq!(metric(&text, "pmstate_infer_errors_total{kind=\"bad_input\"}"), 2.0);
     assert_eq!(metric(&text, "pmstate_infer_errors_total{kind=\"not_found\"}"), 1.0);
     let kinds = pmstate_serve::RequestError::KINDS;
-    let refused: f64 = kinds.iter().map(|k| metric(&text, &format!("pmstate_infer_errors_total{{kind=\"{k}\"}}"))).sum();
+    let refused: f64 =
+        kinds.iter().map(|k| metric(&text, &format!("pmstate_infer_errors_total{{kind=\"{k}\"}}"))).sum();
     assert_eq!(refused, 3.0);
     assert_eq!(metric(&text, "pmstate_infer_rows_total"), 6.0);
     // the latency histogram: every request observed, buckets cumulative up to +Inf

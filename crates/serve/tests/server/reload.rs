@@ -228,7 +228,8 @@ async fn a_watched_torch_ckpt_is_reloaded() {
     let dir = tempfile::tempdir().unwrap();
     let ckpt = dir.path().join("last.ckpt");
     std::fs::copy(testdata("smpl_tracker").join("last.ckpt"), &ckpt).unwrap();
-    std::fs::copy(testdata("smpl_tracker").join("resolved_configs.pt"), dir.path().join("resolved_configs.pt")).unwrap();
+    std::fs::copy(testdata("smpl_tracker").join("resolved_configs.pt"), dir.path().join("resolved_configs.pt"))
+        .unwrap();
     let o = obs("smpl_tracker");
     let a = mean_rows(&Policy::load(&ckpt, None, &Device::Cpu).unwrap(), &o);
     let staged = dir.path().join("staged").join("last.ckpt");
@@ -306,8 +307,7 @@ async fn refused_swap(served: &str, candidate: &str, want: impl Fn(&Difference) 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_changed_action_size_is_refused_and_the_old_model_keeps_serving() {
     // the same in_keys and widths (obs_a 7, obs_b 5, obs_c 6); 6 actions, then 10
-    let reason =
-        refused_swap("layernorm_activations", "module_ops_ppo", |d| matches!(d, Difference::ActionSize)).await;
+    let reason = refused_swap("layernorm_activations", "module_ops_ppo", |d| matches!(d, Difference::ActionSize)).await;
     assert!(reason.contains("not compatible") && reason.contains("action size was 6, is 10"), "{reason}");
 }
 
