@@ -20,8 +20,8 @@ bitwise equal to `pmstate policy run`; with the request parameters
 {"sample": true, "seed": 7}, action and neglogp bitwise equal to
 `pmstate policy run --sample --seed 7`.
 
-Exit status: 0 all equal (or skipped: tritonclient or numpy absent, with the
-reason printed), 1 a difference, 2 a setup error.
+Exit status: 0 all equal (or skipped: tritonclient or numpy absent, with
+"SKIPPED: <reason>" printed), 1 a difference, 2 a setup error.
 """
 import argparse
 import json
@@ -38,7 +38,7 @@ try:
     import numpy as np
     import tritonclient.http as httpclient
 except ImportError as e:  # CI has no Python packages: skip, saying why
-    print(f"skipped: {e.name} is not installed (pip install 'tritonclient[http]' numpy)")
+    print(f"SKIPPED: {e.name or e} is not installed (pip install 'tritonclient[http]' numpy)")
     sys.exit(0)
 
 

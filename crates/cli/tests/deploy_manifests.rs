@@ -234,17 +234,39 @@ fn the_runtime_command_line_serves_and_is_ready() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    // the first line, read on a thread: a child that prints nothing fails the test (after 120 s, a hang) instead of hanging it
+    let out = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        let _ = BufReader::new(out).read_line(&mut line);
+        let _ = tx.send(line);
+    });
+    let line = rx.recv_timeout(std::time::Duration::from_secs(120)).unwrap_or_else(|e| {
+        let _ = child.kill();
+        panic!("pmstate serve printed no line within 120 s: {e}")
+    });
     let first: Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("{line:?}: {e}"));
     let addr = first["addr"].as_str().unwrap().to_owned();
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     let path = c["readinessProbe"]["httpGet"]["path"].as_str().unwrap().to_owned();
     let (ready, meta) = rt.block_on(async {
-        let cl = pmstate_serve::client::Client::new(addr.parse().unwrap());
+        let cl =
+            pmstate_serve::client::Client::new(addr.parse().unwrap()).with_timeout(std::time::Duration::from_secs(120));
         (cl.get(&path).await.unwrap().status, cl.get(&format!("/v2/models/{name}")).await.unwrap().status)
     });
     assert!(Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap().success());
-    assert!(child.wait().unwrap().success());
+    let start = std::time::Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if start.elapsed() > std::time::Duration::from_secs(120) {
+            let _ = child.kill();
+            panic!("pmstate serve did not exit within 120 s of SIGTERM");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    assert!(status.success(), "{status:?}");
     assert_eq!((ready, meta), (200, 200));
 }

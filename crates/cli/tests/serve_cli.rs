@@ -1,15 +1,23 @@
 //! `pmstate serve` as a process: it prints the address it listens on (port
-//! 0), answers the protocol like `pmstate policy run` on the same rows,
-//! reloads on SIGHUP, and drains and exits 0 on SIGTERM.
+//! 0), answers the protocol like `pmstate policy run` on the same rows (our
+//! client and curl), reloads on SIGHUP, and on SIGINT or SIGTERM answers
+//! every request in flight, then exits 0 (or, past `--drain-timeout`, drops
+//! them and exits 0).
 #![cfg(unix)]
 
-use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
-use std::process::{Command, Stdio};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc::{channel, Receiver};
+use std::time::{Duration, Instant};
 
 use candle_core::{Device, Tensor};
 use pmstate_serve::client::Client;
 use serde_json::{json, Value};
+
+/// How long any one step may take before the test calls it a hang (not a speed check).
+const WATCHDOG: Duration = Duration::from_secs(120);
 
 fn data(rel: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/policy").join(rel)
@@ -19,71 +27,129 @@ fn signal(pid: u32, sig: &str) {
     assert!(Command::new("kill").args([sig, &pid.to_string()]).status().unwrap().success());
 }
 
-#[tokio::test(flavor = "current_thread")]
-async fn serve_answers_like_policy_run_reloads_on_sighup_and_drains_on_sigterm() {
-    let ckpt = data("smpl_tracker/last.ckpt");
-    let tmp = tempfile::tempdir().unwrap();
+/// The JSON lines a child prints, read on a thread of their own so that a
+/// child that prints nothing fails the test after [`WATCHDOG`] instead of hanging it.
+struct Lines(Receiver<String>);
 
-    // the reference: pmstate policy run on the recorded rows
-    let out = tmp.path().join("out.safetensors");
-    let bin = env!("CARGO_BIN_EXE_pmstate");
-    let obs = data("smpl_tracker/obs.safetensors");
-    let run = Command::new(bin)
-        .args(["policy", "run", "--obs"])
-        .arg(&obs)
-        .arg("--out")
-        .arg(&out)
-        .arg(&ckpt)
-        .output()
-        .unwrap();
-    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
-    let want = candle_core::safetensors::load(&out, &Device::Cpu).unwrap();
-    let want_mean = want["mean_action"].flatten_all().unwrap().to_vec1::<f32>().unwrap();
+impl Lines {
+    fn of(child: &mut Child) -> Lines {
+        let out = child.stdout.take().unwrap();
+        let (tx, rx) = channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Lines(rx)
+    }
 
-    let mut child = Command::new(bin)
-        .args(["--json", "serve", "--addr", "127.0.0.1:0", "--name", "tracker", "--max-wait-us", "100"])
-        .arg(&ckpt)
+    fn next(&self) -> Value {
+        let line = self.0.recv_timeout(WATCHDOG).unwrap_or_else(|e| panic!("no event line within {WATCHDOG:?}: {e}"));
+        serde_json::from_str(&line).unwrap_or_else(|e| panic!("{line}: {e}"))
+    }
+}
+
+/// `pmstate --json serve CHECKPOINT --addr 127.0.0.1:0 --name tracker ARGS`: the child, its events, its address.
+fn serve(ckpt: &Path, args: &[&str]) -> (Child, Lines, SocketAddr) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_pmstate"))
+        .args(["--json", "serve", "--addr", "127.0.0.1:0", "--name", "tracker"])
+        .args(args)
+        .arg(ckpt)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let mut next = move || -> Value { serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap() };
-    let first = next();
+    let lines = Lines::of(&mut child);
+    let first = lines.next();
     assert_eq!(first["event"], "listening", "{first}");
     assert_eq!(first["model"], "tracker");
-    let addr: std::net::SocketAddr = first["addr"].as_str().unwrap().parse().unwrap();
+    let addr: SocketAddr = first["addr"].as_str().unwrap().parse().unwrap();
     assert_ne!(addr.port(), 0);
-    let c = Client::new(addr);
+    (child, lines, addr)
+}
 
-    let r = c.get("/v2/health/ready").await.unwrap();
-    assert_eq!((r.status, r.json()), (200, json!({"ready": true})));
+/// Waits for the child's exit; a child still running after [`WATCHDOG`] is killed and fails the test.
+fn exit_of(child: &mut Child) -> std::process::ExitStatus {
+    let start = Instant::now();
+    loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            return s;
+        }
+        if start.elapsed() > WATCHDOG {
+            let _ = child.kill();
+            panic!("pmstate serve did not exit within {WATCHDOG:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
 
-    // the recorded rows in JSON: mean_action bitwise as policy run wrote it
-    let o = candle_core::safetensors::load(&obs, &Device::Cpu).unwrap();
+/// `pmstate policy run` on the recorded rows: mean_action, row-major.
+fn policy_run_mean(ckpt: &Path, obs: &Path, tmp: &Path) -> Vec<f32> {
+    let out = tmp.join("out.safetensors");
+    let run = Command::new(env!("CARGO_BIN_EXE_pmstate"))
+        .args(["policy", "run", "--obs"])
+        .arg(obs)
+        .arg("--out")
+        .arg(&out)
+        .arg(ckpt)
+        .output()
+        .unwrap();
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    let want = candle_core::safetensors::load(&out, &Device::Cpu).unwrap();
+    want["mean_action"].flatten_all().unwrap().to_vec1::<f32>().unwrap()
+}
+
+/// A JSON infer request for rows `idx` of the recorded observations, asking for mean_action.
+fn infer_body(obs: &Path, idx: &[usize]) -> Vec<u8> {
+    let o = candle_core::safetensors::load(obs, &Device::Cpu).unwrap();
     let mut keys: Vec<&String> = o.keys().collect();
     keys.sort();
     let inputs: Vec<Value> = keys
         .iter()
         .map(|k| {
             let t: &Tensor = &o[*k];
-            json!({"name": k, "shape": t.dims(), "datatype": "FP32",
-                   "data": t.flatten_all().unwrap().to_vec1::<f32>().unwrap()})
+            let w = t.dims()[1];
+            let all = t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            let v: Vec<f32> = idx.iter().flat_map(|&i| all[i * w..(i + 1) * w].iter().copied()).collect();
+            json!({"name": k, "shape": [idx.len(), w], "datatype": "FP32", "data": v})
         })
         .collect();
-    let body = serde_json::to_vec(&json!({"inputs": inputs, "outputs": [{"name": "mean_action"}]})).unwrap();
-    let r = c.post("/v2/models/tracker/infer", body.clone(), &[]).await.unwrap();
+    serde_json::to_vec(&json!({"inputs": inputs, "outputs": [{"name": "mean_action"}]})).unwrap()
+}
+
+/// The bits of the mean_action of an infer response.
+fn mean_bits(reply: &Value) -> Vec<u32> {
+    assert_eq!(reply["outputs"][0]["name"], "mean_action", "{reply}");
+    reply["outputs"][0]["data"].as_array().unwrap().iter().map(|v| (v.as_f64().unwrap() as f32).to_bits()).collect()
+}
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn serve_answers_like_policy_run_reloads_on_sighup_and_drains_on_sigterm() {
+    let ckpt = data("smpl_tracker/last.ckpt");
+    let obs = data("smpl_tracker/obs.safetensors");
+    let tmp = tempfile::tempdir().unwrap();
+    let want_mean = policy_run_mean(&ckpt, &obs, tmp.path());
+
+    let (mut child, lines, addr) = serve(&ckpt, &["--max-wait-us", "100"]);
+    let c = Client::new(addr).with_timeout(WATCHDOG);
+    let r = c.get("/v2/health/ready").await.unwrap();
+    assert_eq!((r.status, r.json()), (200, json!({"ready": true})));
+
+    // the recorded rows in JSON: mean_action bitwise as policy run wrote it
+    let body = infer_body(&obs, &(0..8).collect::<Vec<_>>());
+    let r = c.post("/v2/models/tracker/infer", body, &[]).await.unwrap();
     assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
-    let got: Vec<f32> =
-        r.json()["outputs"][0]["data"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap() as f32).collect();
-    assert_eq!(
-        got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-        want_mean.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
-    );
+    assert_eq!(mean_bits(&r.json()), bits(&want_mean));
 
     // SIGHUP: the checkpoint is loaded again as version 2
     signal(child.id(), "-HUP");
-    let e = next();
+    let e = lines.next();
     assert_eq!((e["event"].as_str(), e["version"].as_u64()), (Some("reloaded"), Some(2)), "{e}");
     assert_eq!(c.get("/v2/models/tracker").await.unwrap().json()["versions"], json!(["2"]));
     let m = c.get("/metrics").await.unwrap();
@@ -91,23 +157,164 @@ async fn serve_answers_like_policy_run_reloads_on_sighup_and_drains_on_sigterm()
 
     // SIGTERM: drain, stop, exit 0
     signal(child.id(), "-TERM");
-    assert_eq!(next()["event"], "draining");
-    assert_eq!(next()["event"], "stopped");
-    let status = child.wait().unwrap();
+    assert_eq!(lines.next()["event"], "draining");
+    assert_eq!(lines.next()["event"], "stopped");
+    let status = exit_of(&mut child);
     assert!(status.success(), "{status:?}");
 }
 
+/// The done-when of the issue, with curl: a server started from a
+/// checkpoint written by ProtoMotions' own `BaseAgent.save` answers the
+/// recorded rows with bitwise the mean_action of `pmstate policy run`.
+#[test]
+fn curl_gets_the_mean_action_of_policy_run() {
+    if !Command::new("curl").arg("--version").output().is_ok_and(|o| o.status.success()) {
+        println!("skipped: curl is not on PATH");
+        return;
+    }
+    let ckpt = data("smpl_tracker/last.ckpt");
+    let obs = data("smpl_tracker/obs.safetensors");
+    let tmp = tempfile::tempdir().unwrap();
+    let want_mean = policy_run_mean(&ckpt, &obs, tmp.path());
+    let body = tmp.path().join("infer.json");
+    std::fs::write(&body, infer_body(&obs, &(0..8).collect::<Vec<_>>())).unwrap();
+
+    let (mut child, lines, addr) = serve(&ckpt, &[]);
+    let out = Command::new("curl")
+        .args(["-sS", "--fail-with-body", "--max-time", "120", "-H", "content-type: application/json"])
+        .arg("--data-binary")
+        .arg(format!("@{}", body.display()))
+        .arg(format!("http://{addr}/v2/models/tracker/infer"))
+        .output()
+        .unwrap();
+    signal(child.id(), "-TERM");
+    assert!(
+        out.status.success(),
+        "curl: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let reply: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(reply["outputs"][0]["shape"], json!([8, 69]));
+    assert_eq!(mean_bits(&reply), bits(&want_mean));
+    assert_eq!(lines.next()["event"], "draining");
+    assert!(exit_of(&mut child).success());
+}
+
+/// A request whose headers and first half of body were sent: in flight at the server.
+struct Held {
+    tcp: TcpStream,
+    rest: Vec<u8>,
+}
+
+impl Held {
+    fn start(addr: SocketAddr, body: &[u8]) -> Held {
+        let mut tcp = TcpStream::connect(addr).unwrap();
+        // a read that waits longer is a hang (not a speed check)
+        tcp.set_read_timeout(Some(WATCHDOG)).unwrap();
+        let head = format!(
+            "POST /v2/models/tracker/infer HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
+             connection: close\r\ncontent-length: {}\r\n\r\n",
+            body.len()
+        );
+        tcp.write_all(head.as_bytes()).unwrap();
+        let half = body.len() / 2;
+        tcp.write_all(&body[..half]).unwrap();
+        Held { tcp, rest: body[half..].to_vec() }
+    }
+
+    /// Sends the rest of the body; the status and the JSON answer.
+    fn finish(mut self) -> (u16, Value) {
+        self.tcp.write_all(&self.rest).unwrap();
+        let mut got = Vec::new();
+        self.tcp.read_to_end(&mut got).unwrap_or_else(|e| panic!("reading the answer: {e}"));
+        let text = String::from_utf8_lossy(&got);
+        let status: u16 = text.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or_else(|| panic!("{text}"));
+        let body = &got[text.find("\r\n\r\n").unwrap_or_else(|| panic!("{text}")) + 4..];
+        (status, serde_json::from_slice(body).unwrap_or(Value::Null))
+    }
+
+    /// Reads what comes back without sending the rest: the bytes, or the error of the read.
+    fn abandoned(mut self) -> Result<Vec<u8>, std::io::Error> {
+        let mut got = Vec::new();
+        self.tcp.read_to_end(&mut got).map(|_| got)
+    }
+}
+
+/// Polls the server's `pmstate_requests_in_flight` until it is `n`.
+async fn until_in_flight(c: &Client, n: usize) {
+    let start = Instant::now();
+    loop {
+        let text = String::from_utf8(c.get("/metrics").await.unwrap().body.to_vec()).unwrap();
+        let now = text.lines().find_map(|l| l.strip_prefix("pmstate_requests_in_flight ")).map(str::trim);
+        if now == Some(&n.to_string()) {
+            return;
+        }
+        assert!(start.elapsed() < WATCHDOG, "requests in flight: {now:?}, waiting for {n}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn sigint_and_sigterm_answer_every_request_in_flight_then_exit_0() {
+    let ckpt = data("smpl_tracker/last.ckpt");
+    let obs = data("smpl_tracker/obs.safetensors");
+    let tmp = tempfile::tempdir().unwrap();
+    let want_mean = policy_run_mean(&ckpt, &obs, tmp.path());
+    for sig in ["-INT", "-TERM"] {
+        let (mut child, lines, addr) = serve(&ckpt, &[]);
+        let c = Client::new(addr).with_timeout(WATCHDOG);
+        // three requests in flight (headers and half a body each), one row each
+        let held: Vec<(usize, Held)> =
+            [1, 4, 6].into_iter().map(|i| (i, Held::start(addr, &infer_body(&obs, &[i])))).collect();
+        until_in_flight(&c, 3).await;
+        signal(child.id(), sig);
+        assert_eq!(lines.next()["event"], "draining", "{sig}");
+        // the listener is closed, the requests in flight are answered
+        for (i, h) in held {
+            let (status, reply) = h.finish();
+            assert_eq!(status, 200, "{sig}: row {i}: {reply}");
+            assert_eq!(mean_bits(&reply), bits(&want_mean[i * 69..(i + 1) * 69]), "{sig}: row {i}");
+        }
+        assert_eq!(lines.next()["event"], "stopped", "{sig}");
+        let status = exit_of(&mut child);
+        assert!(status.success(), "{sig}: {status:?}");
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_request_that_outlasts_the_drain_timeout_is_dropped_and_serve_exits_0() {
+    let ckpt = data("smpl_tracker/last.ckpt");
+    let obs = data("smpl_tracker/obs.safetensors");
+    let (mut child, lines, addr) = serve(&ckpt, &["--drain-timeout", "0.5"]);
+    let c = Client::new(addr).with_timeout(WATCHDOG);
+    // a client that stalls mid-body (the body timeout, 30 s, is far off)
+    let held = Held::start(addr, &infer_body(&obs, &[0]));
+    until_in_flight(&c, 1).await;
+    signal(child.id(), "-TERM");
+    assert_eq!(lines.next()["event"], "draining");
+    let e = lines.next();
+    assert_eq!((e["event"].as_str(), e["seconds"].as_f64()), (Some("drain_timed_out"), Some(0.5)), "{e}");
+    assert_eq!(lines.next()["event"], "stopped");
+    assert!(exit_of(&mut child).success());
+    // its connection was closed without an answer (a reset: the server never read the rest)
+    match held.abandoned() {
+        Ok(got) => assert!(got.is_empty(), "{}", String::from_utf8_lossy(&got)),
+        Err(e) => assert_eq!(e.kind(), std::io::ErrorKind::ConnectionReset, "{e}"),
+    }
+}
+
 /// Runs a `pmstate serve` that must refuse to start; one that serves
-/// instead is killed (after 60 s: a hang, not a speed check) and fails.
+/// instead is killed (after the watchdog: a hang, not a speed check) and fails.
 fn refused(cmd: &mut Command) -> std::process::Output {
     let mut child = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
-    let start = std::time::Instant::now();
+    let start = Instant::now();
     while child.try_wait().unwrap().is_none() {
-        if start.elapsed() > std::time::Duration::from_secs(60) {
+        if start.elapsed() > WATCHDOG {
             let _ = child.kill();
             panic!("{cmd:?} is serving instead of refusing: {:?}", child.wait_with_output().unwrap());
         }
-        std::thread::sleep(std::time::Duration::from_millis(20));
+        std::thread::sleep(Duration::from_millis(20));
     }
     child.wait_with_output().unwrap()
 }
@@ -121,6 +328,7 @@ fn serve_refuses_what_it_cannot_serve() {
         (vec!["--width", "max_coords_obs=2000"], "--widths max_coords_obs"),
         (vec!["--name", "a/b"], "model name \"a/b\""),
         (vec!["--max-batch", "0"], "--max-batch"),
+        (vec!["--drain-timeout", "0"], "--drain-timeout"),
     ] {
         let out = refused(Command::new(bin).arg("serve").args(&args).args(["--addr", "127.0.0.1:0"]).arg(&ckpt));
         let err = String::from_utf8_lossy(&out.stderr);

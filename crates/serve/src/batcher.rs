@@ -19,6 +19,7 @@ use std::thread::JoinHandle;
 use std::time::Instant;
 
 use candle_core::{Device, Tensor};
+use pmstate_policy::{Part, Policy, PolicyError};
 use tokio::sync::oneshot;
 
 use crate::decode::{Decoded, Wanted};
@@ -101,6 +102,21 @@ impl PauseFlag {
     }
 }
 
+/// A failure to inject into the next forward, for the crate's unit tests
+/// of the 500 path: decoding refuses everything a policy's forward would,
+/// so no request makes a real checkpoint's forward fail.
+#[cfg(test)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Fault {
+    /// The forward returns an error.
+    Error,
+    /// The forward panics (on the forward pool).
+    Panic,
+}
+
+#[cfg(test)]
+type FaultSlot = Arc<Mutex<Option<Fault>>>;
+
 /// Forwards are held back until this is dropped (see [`Batcher::pause`]).
 pub struct Paused {
     flag: Arc<PauseFlag>,
@@ -119,6 +135,8 @@ pub struct Batcher {
     waiting: Arc<Waiting>,
     pause: Arc<PauseFlag>,
     thread: std::sync::Mutex<Option<JoinHandle<()>>>,
+    #[cfg(test)]
+    fault: FaultSlot,
 }
 
 impl Batcher {
@@ -133,9 +151,35 @@ impl Batcher {
         let (tx, rx) = sync_channel(batching.queue.saturating_add(1));
         let waiting = Arc::new(Waiting { count: AtomicUsize::new(0), metrics: metrics.clone() });
         let pause = Arc::new(PauseFlag::default());
-        let w = Worker { rx, slot, batching, pool, metrics, waiting: waiting.clone(), pause: pause.clone() };
+        #[cfg(test)]
+        let fault = FaultSlot::default();
+        let w = Worker {
+            rx,
+            slot,
+            batching,
+            pool,
+            metrics,
+            waiting: waiting.clone(),
+            pause: pause.clone(),
+            #[cfg(test)]
+            fault: fault.clone(),
+        };
         let thread = std::thread::Builder::new().name("pmstate-batcher".into()).spawn(move || w.run())?;
-        Ok(Batcher { tx, queue: batching.queue, waiting, pause, thread: std::sync::Mutex::new(Some(thread)) })
+        Ok(Batcher {
+            tx,
+            queue: batching.queue,
+            waiting,
+            pause,
+            thread: std::sync::Mutex::new(Some(thread)),
+            #[cfg(test)]
+            fault,
+        })
+    }
+
+    /// Makes the next forward fail with `fault` (unit tests only).
+    #[cfg(test)]
+    pub(crate) fn inject(&self, fault: Fault) {
+        *self.fault.lock().unwrap_or_else(|e| e.into_inner()) = Some(fault);
     }
 
     /// Queues a job, or refuses it when `queue` requests already wait.
@@ -183,6 +227,8 @@ struct Worker {
     metrics: Arc<Metrics>,
     waiting: Arc<Waiting>,
     pause: Arc<PauseFlag>,
+    #[cfg(test)]
+    fault: FaultSlot,
 }
 
 impl Worker {
@@ -276,9 +322,7 @@ impl Worker {
             // a bug in a forward must not take the worker (and every later
             // request) down with it: its callers get a 500 and batching goes on
             let answers = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.run_group(&model, &g)))
-                .unwrap_or_else(|_| {
-                    g.iter().map(|_| Err(RequestError::Internal("the forward panicked".into()))).collect()
-                });
+                .unwrap_or_else(|_| g.iter().map(|_| Err(RequestError::Panicked)).collect());
             for (j, a) in g.into_iter().zip(answers) {
                 // the client may have gone meanwhile: nothing to do then
                 let _ = j.reply.send(a);
@@ -289,19 +333,19 @@ impl Worker {
     /// One forward per part for the group; each job's outputs in its order.
     fn run_group(&self, model: &LoadedModel, jobs: &[Job]) -> Vec<Result<Answer, RequestError>> {
         let mut outs: Vec<Outs> = vec![HashMap::new(); jobs.len()];
-        let internal = |e: &dyn std::fmt::Display| RequestError::Internal(e.to_string());
-        let result = (|| -> Result<(), RequestError> {
+        let result = (|| -> Result<(), PolicyError> {
             let ac: Vec<usize> = (0..jobs.len()).filter(|&i| jobs[i].req.actor_critic()).collect();
             if !ac.is_empty() {
-                self.actor_critic(model, jobs, &ac, &mut outs).map_err(|e| internal(&e))?;
+                self.actor_critic(model, jobs, &ac, &mut outs)?;
             }
             let disc: Vec<usize> = (0..jobs.len()).filter(|&i| jobs[i].req.discriminator()).collect();
             if !disc.is_empty() {
-                self.discriminator(model, jobs, &disc, &mut outs).map_err(|e| internal(&e))?;
+                self.discriminator(model, jobs, &disc, &mut outs)?;
             }
             Ok(())
         })();
         if let Err(e) = result {
+            let e = RequestError::Forward(Arc::new(e));
             return jobs.iter().map(|_| Err(e.clone())).collect();
         }
         jobs.iter()
@@ -312,9 +356,7 @@ impl Worker {
                     .outputs
                     .iter()
                     .map(|w| {
-                        let (shape, data) = o
-                            .remove(w.name)
-                            .ok_or_else(|| RequestError::Internal(format!("output {} was not computed", w.name)))?;
+                        let (shape, data) = o.remove(w.name).ok_or(RequestError::NotComputed { output: w.name })?;
                         Ok((*w, shape, data))
                     })
                     .collect::<Result<Vec<_>, RequestError>>()?;
@@ -328,13 +370,16 @@ impl Worker {
         model: &LoadedModel,
         jobs: &[Job],
         idx: &[usize],
-        disc: bool,
+        part: Part,
     ) -> candle_core::Result<(HashMap<String, Tensor>, usize)> {
         let rows: usize = idx.iter().map(|&i| jobs[i].req.rows).sum();
         let mut obs = HashMap::new();
         let first = &jobs[idx[0]].req;
         for (pos, (key, width, _)) in first.inputs.iter().enumerate() {
-            let reads = model.interface.input(key).is_some_and(|s| if disc { s.discriminator } else { s.actor_critic });
+            let reads = model.interface.input(key).is_some_and(|s| match part {
+                Part::ActorCritic => s.actor_critic,
+                Part::Discriminator => s.discriminator,
+            });
             if !reads {
                 continue;
             }
@@ -347,10 +392,29 @@ impl Worker {
         Ok((obs, rows))
     }
 
-    fn observe(&self, rows: usize, requests: usize, start: Instant) {
+    /// The rows of `idx` merged, one forward `f` on the pool, its time and
+    /// size observed: what both parts share. Returns `f`'s result and the rows.
+    fn forward<T: Send>(
+        &self,
+        model: &LoadedModel,
+        jobs: &[Job],
+        idx: &[usize],
+        part: Part,
+        f: impl FnOnce(&Policy, &HashMap<String, Tensor>) -> Result<T, PolicyError> + Send,
+    ) -> Result<(T, usize), PolicyError> {
+        let (obs, rows) = Self::merged(model, jobs, idx, part)?;
+        #[cfg(test)]
+        let fault = &self.fault;
+        let start = Instant::now();
+        let out = self.pool.install(|| {
+            #[cfg(test)]
+            injected(fault)?;
+            f(&model.policy, &obs)
+        })?;
         self.metrics.forward_seconds.observe(start.elapsed().as_secs_f64());
         self.metrics.batch_rows.observe(rows as f64);
-        self.metrics.batch_requests.observe(requests as f64);
+        self.metrics.batch_requests.observe(idx.len() as f64);
+        Ok((out, rows))
     }
 
     fn actor_critic(
@@ -359,12 +423,9 @@ impl Worker {
         jobs: &[Job],
         idx: &[usize],
         outs: &mut [Outs],
-    ) -> Result<(), pmstate_policy::PolicyError> {
+    ) -> Result<(), PolicyError> {
         let p = &model.policy;
-        let (obs, rows) = Self::merged(model, jobs, idx, false)?;
-        let start = Instant::now();
-        let o = self.pool.install(|| p.forward(&obs))?;
-        self.observe(rows, idx.len(), start);
+        let (o, rows) = self.forward(model, jobs, idx, Part::ActorCritic, |p, obs| p.forward(obs))?;
         let a = model.interface.action_size;
         let mean = host(&o.mean_action)?;
         let value = host(&o.value)?;
@@ -414,12 +475,8 @@ impl Worker {
         jobs: &[Job],
         idx: &[usize],
         outs: &mut [Outs],
-    ) -> Result<(), pmstate_policy::PolicyError> {
-        let p = &model.policy;
-        let (obs, rows) = Self::merged(model, jobs, idx, true)?;
-        let start = Instant::now();
-        let d = self.pool.install(|| p.discriminate(&obs))?;
-        self.observe(rows, idx.len(), start);
+    ) -> Result<(), PolicyError> {
+        let (d, rows) = self.forward(model, jobs, idx, Part::Discriminator, |p, obs| p.discriminate(obs))?;
         for (name, t) in
             [("disc_logits", &d.disc_logits), ("disc_reward", &d.disc_reward), ("disc_value", &d.disc_value)]
         {
@@ -433,6 +490,16 @@ impl Worker {
             }
         }
         Ok(())
+    }
+}
+
+/// The injected fault, if any (taken: it applies to one forward).
+#[cfg(test)]
+fn injected(fault: &FaultSlot) -> Result<(), PolicyError> {
+    match fault.lock().unwrap_or_else(|e| e.into_inner()).take() {
+        None => Ok(()),
+        Some(Fault::Error) => Err(candle_core::Error::Msg("injected fault".into()).into()),
+        Some(Fault::Panic) => panic!("injected fault"),
     }
 }
 

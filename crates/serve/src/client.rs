@@ -2,6 +2,7 @@
 //! generator and the tests use to talk to a server like any other client.
 
 use std::net::SocketAddr;
+use std::time::Duration;
 
 use axum::http::{HeaderMap, Request};
 use bytes::Bytes;
@@ -9,16 +10,28 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 
+/// What a request failed on.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
 /// Why a request got no answer.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum ClientError {
-    /// Connecting or sending failed.
-    #[error("request to {url}: {reason}")]
+    /// Building, connecting, sending or reading the answer failed.
+    #[error("request to {url}: {source}")]
     Request {
         /// The URL.
         url: String,
-        /// What happened.
-        reason: String,
+        /// What happened (hyper's or http's error).
+        source: BoxError,
+    },
+    /// No complete answer within the client's timeout.
+    #[error("request to {url}: no answer within {seconds} s")]
+    Timeout {
+        /// The URL.
+        url: String,
+        /// The timeout.
+        seconds: f64,
     },
 }
 
@@ -50,15 +63,25 @@ impl Reply {
 pub struct Client {
     inner: hyper_util::client::legacy::Client<HttpConnector, Full<Bytes>>,
     base: String,
+    timeout: Option<Duration>,
 }
 
 impl Client {
-    /// A client of the server at `addr`.
+    /// A client of the server at `addr`, without a timeout (the load
+    /// generator measures what the server takes, however long).
     pub fn new(addr: SocketAddr) -> Self {
         let mut conn = HttpConnector::new();
         conn.set_nodelay(true);
         let inner = hyper_util::client::legacy::Client::builder(TokioExecutor::new()).build(conn);
-        Client { inner, base: format!("http://{addr}") }
+        Client { inner, base: format!("http://{addr}"), timeout: None }
+    }
+
+    /// The same client, giving up on a request (connect, send and the whole
+    /// answer) after `timeout` with [`ClientError::Timeout`]: what tests
+    /// use, so that a server that hangs fails them instead of hanging them.
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = Some(timeout);
+        self
     }
 
     /// `GET path`.
@@ -84,16 +107,55 @@ impl Client {
         headers: &[(&str, String)],
     ) -> Result<Reply, ClientError> {
         let url = format!("{}{path}", self.base);
-        let err = |reason: String| ClientError::Request { url: url.clone(), reason };
-        let mut b = Request::builder().method(method).uri(&url);
+        let exchange = self.exchange(&url, method, body, headers);
+        match self.timeout {
+            None => exchange.await,
+            Some(t) => tokio::time::timeout(t, exchange)
+                .await
+                .unwrap_or_else(|_| Err(ClientError::Timeout { url: url.clone(), seconds: t.as_secs_f64() })),
+        }
+    }
+
+    async fn exchange(
+        &self,
+        url: &str,
+        method: &str,
+        body: Bytes,
+        headers: &[(&str, String)],
+    ) -> Result<Reply, ClientError> {
+        let err = |e: BoxError| ClientError::Request { url: url.to_owned(), source: e };
+        let mut b = Request::builder().method(method).uri(url);
         for (k, v) in headers {
             b = b.header(*k, v);
         }
-        let req = b.body(Full::new(body)).map_err(|e| err(e.to_string()))?;
-        let resp = self.inner.request(req).await.map_err(|e| err(e.to_string()))?;
+        let req = b.body(Full::new(body)).map_err(|e| err(e.into()))?;
+        let resp = self.inner.request(req).await.map_err(|e| err(e.into()))?;
         let status = resp.status().as_u16();
         let headers = resp.headers().clone();
-        let body = resp.into_body().collect().await.map_err(|e| err(e.to_string()))?.to_bytes();
+        let body = resp.into_body().collect().await.map_err(|e| err(e.into()))?.to_bytes();
         Ok(Reply { status, headers, body })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_server_that_never_answers_is_a_timeout_and_a_closed_port_keeps_its_source() {
+        // accepts the connection, reads nothing, answers nothing
+        let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = silent.local_addr().unwrap();
+        let held = tokio::spawn(async move { silent.accept().await });
+        let c = Client::new(addr).with_timeout(Duration::from_millis(200));
+        let e = c.get("/v2/health/ready").await.unwrap_err();
+        assert!(matches!(&e, ClientError::Timeout { url, .. } if url.ends_with("/v2/health/ready")), "{e}");
+        held.abort();
+
+        // a port nobody listens on: the connect error is kept as the source
+        let gone = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+        let e = Client::new(gone).with_timeout(Duration::from_secs(60)).get("/").await.unwrap_err();
+        assert!(matches!(e, ClientError::Request { .. }), "{e}");
+        assert!(std::error::Error::source(&e).is_some());
     }
 }

@@ -3,14 +3,22 @@
 //! the batcher runs: rows of float32 per observation key, the outputs
 //! wanted, the seed. Every refusal names the input, output or parameter at
 //! fault; nothing a client sends can panic here.
+//!
+//! In four steps, each its own function: the request parameters
+//! ([`Params`]), each input (shape, width, data: [`decode_input`]), the
+//! outputs wanted ([`select_outputs`]), then the inputs the needed networks
+//! read, in order, with the width sums the checkpoint fixes
+//! ([`order_inputs`], [`check_width_sums`]).
 
 use serde_json::{Map, Value};
 
-use crate::error::RequestError;
-use crate::json_floats::quote_non_finite;
-use crate::model::{Interface, Source};
+use std::sync::Arc;
+
+use crate::error::{Dims, InputError, RequestError};
+use crate::json_floats::{quote_non_finite, FloatData};
+use crate::model::{InputSpec, Interface, Source};
 use crate::options::NonFinite;
-use crate::protocol::InferRequest;
+use crate::protocol::{InferRequest, RequestInput, RequestOutput};
 
 /// An output to return.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -32,7 +40,7 @@ pub struct Decoded {
     pub rows: usize,
     /// The inputs the needed networks read, in the interface's order:
     /// (key, width, rows x width values row-major).
-    pub inputs: Vec<(String, usize, Vec<f32>)>,
+    pub inputs: Vec<Input>,
     /// Outputs in response order.
     pub outputs: Vec<Wanted>,
     /// The seed of the action noise, when actions are drawn.
@@ -56,15 +64,26 @@ impl Decoded {
     }
 }
 
+/// What a request is checked against.
+#[derive(Debug, Clone, Copy)]
+pub struct Expect<'a> {
+    /// The served model's inputs and outputs.
+    pub iface: &'a Interface,
+    /// The server's NaN policy.
+    pub non_finite: NonFinite,
+    /// Most rows one request may hold (`--max-batch`, Triton's `max_batch_size`).
+    pub max_rows: usize,
+}
+
+/// One decoded input: (key, width, rows x width values row-major).
+pub type Input = (String, usize, Vec<f32>);
+
 /// Splits a body by the binary extension's `Inference-Header-Content-Length`.
 fn split(body: &[u8], header_len: Option<usize>) -> Result<(&[u8], &[u8]), RequestError> {
     match header_len {
         None => Ok((body, &[])),
         Some(n) if n <= body.len() => Ok(body.split_at(n)),
-        Some(n) => Err(RequestError::BadJson(format!(
-            "Inference-Header-Content-Length is {n}, but the body has only {} bytes",
-            body.len()
-        ))),
+        Some(n) => Err(RequestError::HeaderPastBody { header: n, body: body.len() }),
     }
 }
 
@@ -74,235 +93,366 @@ fn parse(json: &[u8]) -> Result<InferRequest, RequestError> {
         Ok(r) => Ok(r),
         Err(e) => {
             let retry = quote_non_finite(json).and_then(|q| serde_json::from_slice::<InferRequest>(&q).ok());
-            retry.ok_or_else(|| RequestError::BadJson(e.to_string()))
+            retry.ok_or_else(|| RequestError::BadJson(Arc::new(e)))
         }
     }
 }
 
-fn bool_param(p: &Map<String, Value>, name: &str, what: &str) -> Result<Option<bool>, RequestError> {
+fn bool_param(
+    p: &Map<String, Value>,
+    name: &'static str,
+    scope: &dyn Fn() -> String,
+) -> Result<Option<bool>, InputError> {
     match p.get(name) {
         None => Ok(None),
         Some(Value::Bool(b)) => Ok(Some(*b)),
-        Some(v) => Err(RequestError::BadInput(format!("{what} parameter {name}: expected true or false, got {v}"))),
+        Some(v) => Err(InputError::Parameter { scope: scope(), name, expected: "true or false", got: v.to_string() }),
     }
 }
 
-/// Reads a request against `iface`.
-pub fn decode(
-    body: &[u8],
-    header_len: Option<usize>,
-    iface: &Interface,
-    non_finite: NonFinite,
-) -> Result<Decoded, RequestError> {
-    let (json, mut binary) = split(body, header_len)?;
-    let req = parse(json)?;
-    let p = &req.parameters;
-    let sample = bool_param(p, "sample", "request")?.unwrap_or(false);
-    let seed = match p.get("seed") {
-        None => 0,
-        Some(v) => v.as_u64().ok_or_else(|| {
-            RequestError::BadInput(format!("request parameter seed: expected an integer in [0, 2^64), got {v}"))
-        })?,
-    };
-    // a request may ask for the refusal, not waive the server's
-    let reject = bool_param(p, "reject_non_finite", "request")?.unwrap_or(false) || non_finite == NonFinite::Reject;
-    let binary_default = bool_param(p, "binary_data_output", "request")?.unwrap_or(false);
-    let names = |iface: &Interface| iface.outputs.iter().map(|o| o.name).collect::<Vec<_>>().join(", ");
+/// The request parameters this server reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Params {
+    /// `sample`: draw actions.
+    pub sample: bool,
+    /// `seed` of the action noise (default 0).
+    pub seed: u64,
+    /// Refuse non-finite inputs (the request's `reject_non_finite` or the server's policy).
+    pub reject: bool,
+    /// `binary_data_output`: outputs in binary unless an output says otherwise.
+    pub binary_default: bool,
+}
 
-    // inputs
-    let mut inputs: Vec<(String, usize, Vec<f32>)> = Vec::with_capacity(req.inputs.len());
-    let mut rows: Option<(usize, String)> = None;
-    for inp in req.inputs {
-        let name = inp.name;
-        let spec = iface.input(&name);
-        if spec.is_none() && !iface.ignored.contains(&name) {
-            let known: Vec<&str> = iface.inputs.iter().map(|i| i.name.as_str()).collect();
-            return Err(RequestError::BadInput(format!(
-                "unexpected input {name}: the model's inputs are {}",
-                known.join(", ")
-            )));
-        }
-        if inputs.iter().any(|(k, _, _)| *k == name) {
-            return Err(RequestError::BadInput(format!("input {name} is given twice")));
-        }
-        if inp.datatype != "FP32" {
-            return Err(RequestError::BadInput(format!("input {name}: datatype {}, expected FP32", inp.datatype)));
-        }
-        let width = spec.and_then(|s| s.width);
-        let want = width.map_or("[rows, D]".to_string(), |w| format!("[rows, {w}]"));
-        let [r, d] = inp.shape[..] else {
-            return Err(RequestError::BadInput(format!("input {name}: shape {:?}, expected {want}", inp.shape)));
+impl Params {
+    /// Reads `p`; under [`NonFinite::Reject`] a request cannot waive the refusal.
+    pub fn read(p: &Map<String, Value>, non_finite: NonFinite) -> Result<Params, InputError> {
+        let request = || "request".to_string();
+        let sample = bool_param(p, "sample", &request)?.unwrap_or(false);
+        let seed = match p.get("seed") {
+            None => 0,
+            Some(v) => v.as_u64().ok_or_else(|| InputError::Parameter {
+                scope: request(),
+                name: "seed",
+                expected: "an integer in [0, 2^64)",
+                got: v.to_string(),
+            })?,
         };
-        let (Ok(r), Ok(d)) = (usize::try_from(r), usize::try_from(d)) else {
-            return Err(RequestError::BadInput(format!("input {name}: shape {:?} is too large", inp.shape)));
-        };
-        if r == 0 || d == 0 {
-            return Err(RequestError::BadInput(format!(
-                "input {name}: shape {:?} is empty, expected {want} with rows >= 1",
-                inp.shape
-            )));
+        // a request may ask for the refusal, not waive the server's
+        let reject = bool_param(p, "reject_non_finite", &request)?.unwrap_or(false) || non_finite == NonFinite::Reject;
+        let binary_default = bool_param(p, "binary_data_output", &request)?.unwrap_or(false);
+        Ok(Params { sample, seed, reject, binary_default })
+    }
+}
+
+/// `[rows, width]` of an input, checked against its spec and `max_rows`.
+fn shape_of(name: &str, shape: &[u64], width: Option<usize>, max_rows: usize) -> Result<(usize, usize), InputError> {
+    let dims = || Dims(shape.to_vec());
+    let [r, d] = shape[..] else {
+        return Err(InputError::Rank { input: name.to_owned(), shape: dims(), width });
+    };
+    let (Ok(r), Ok(d)) = (usize::try_from(r), usize::try_from(d)) else {
+        return Err(InputError::TooLarge { input: name.to_owned(), shape: dims() });
+    };
+    if r == 0 || d == 0 {
+        return Err(InputError::Empty { input: name.to_owned(), shape: dims(), width });
+    }
+    if let Some(w) = width {
+        if d != w {
+            return Err(InputError::Width { input: name.to_owned(), width: d, expected: w });
         }
-        if let Some(w) = width {
-            if d != w {
-                return Err(RequestError::BadInput(format!("input {name}: width {d}, expected {w}")));
+    }
+    if r > max_rows {
+        return Err(InputError::Batch { input: name.to_owned(), rows: r, max_batch: max_rows });
+    }
+    Ok((r, d))
+}
+
+/// The values of an input, from its JSON `data` or from the binary data
+/// after the header (taking `binary_data_size` bytes off the front of `binary`).
+fn values_of(
+    name: &str,
+    (r, d): (usize, usize),
+    binary_size: Option<&Value>,
+    data: Option<FloatData>,
+    binary: &mut &[u8],
+) -> Result<Vec<f32>, InputError> {
+    let input = || name.to_owned();
+    let count = r
+        .checked_mul(d)
+        .ok_or_else(|| InputError::TooLarge { input: input(), shape: Dims(vec![r as u64, d as u64]) })?;
+    match (binary_size, data) {
+        (Some(_), Some(_)) => Err(InputError::DataTwice { input: input() }),
+        (None, None) => Err(InputError::NoData { input: input() }),
+        (None, Some(data)) => {
+            if data.0.len() != count {
+                return Err(InputError::DataLength {
+                    input: input(),
+                    values: data.0.len(),
+                    rows: r,
+                    width: d,
+                    needed: count,
+                });
             }
+            Ok(data.0)
         }
+        (Some(size), None) => {
+            let size = size
+                .as_u64()
+                .and_then(|s| usize::try_from(s).ok())
+                .ok_or_else(|| InputError::BinarySizeValue { input: input(), size: size.to_string() })?;
+            if Some(size) != count.checked_mul(4) {
+                let needed = count.saturating_mul(4);
+                return Err(InputError::BinarySize { input: input(), size, rows: r, width: d, needed });
+            }
+            if size > binary.len() {
+                return Err(InputError::BinaryShort { input: input(), size, left: binary.len() });
+            }
+            let (mine, rest) = binary.split_at(size);
+            *binary = rest;
+            Ok(mine.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect())
+        }
+    }
+}
+
+/// One input: known to the model, FP32, `[rows, width]` with the width the
+/// model fixes, its data filling the shape, finite where refused otherwise.
+/// Returns the input and its rows.
+pub fn decode_input(
+    inp: RequestInput,
+    expect: &Expect,
+    reject: bool,
+    binary: &mut &[u8],
+) -> Result<(Input, usize), RequestError> {
+    let iface = expect.iface;
+    let name = inp.name;
+    let spec = iface.input(&name);
+    if spec.is_none() && !iface.ignored.contains(&name) {
+        let known = iface.inputs.iter().map(|i| i.name.clone()).collect();
+        return Err(InputError::UnexpectedInput { input: name, known }.into());
+    }
+    if inp.datatype != "FP32" {
+        return Err(InputError::Datatype { input: name, datatype: inp.datatype }.into());
+    }
+    let (r, d) = shape_of(&name, &inp.shape, spec.and_then(|s| s.width), expect.max_rows)?;
+    let values = values_of(&name, (r, d), inp.parameters.get("binary_data_size"), inp.data, binary)?;
+    if reject {
+        if let Some(i) = values.iter().position(|v| !v.is_finite()) {
+            return Err(RequestError::NonFinite { input: name, row: i / d, column: i % d, value: values[i] });
+        }
+    }
+    Ok(((name, d, values), r))
+}
+
+/// Every input of the request (each once, all with the same rows, the
+/// binary data used up exactly); returns them and the rows.
+fn read_inputs(
+    list: Vec<RequestInput>,
+    expect: &Expect,
+    reject: bool,
+    mut binary: &[u8],
+) -> Result<(Vec<Input>, usize), RequestError> {
+    let mut inputs: Vec<Input> = Vec::with_capacity(list.len());
+    let mut rows: Option<(usize, String)> = None;
+    for inp in list {
+        if inputs.iter().any(|(k, _, _)| *k == inp.name) {
+            return Err(InputError::DuplicateInput { input: inp.name }.into());
+        }
+        let (input, r) = decode_input(inp, expect, reject, &mut binary)?;
         match &rows {
-            None => rows = Some((r, name.clone())),
+            None => rows = Some((r, input.0.clone())),
             Some((r0, first)) if *r0 != r => {
-                return Err(RequestError::BadInput(format!("input {name}: {r} rows, but input {first} has {r0}")))
+                let (input, first, first_rows) = (input.0, first.clone(), *r0);
+                return Err(InputError::Rows { input, rows: r, first, first_rows }.into());
             }
             _ => {}
         }
-        let count = r.checked_mul(d).ok_or_else(|| RequestError::BadInput(format!("input {name}: shape too large")))?;
-        let values = match (inp.parameters.get("binary_data_size"), inp.data) {
-            (Some(_), Some(_)) => {
-                return Err(RequestError::BadInput(format!("input {name}: both data and binary_data_size are given")))
-            }
-            (None, None) => {
-                return Err(RequestError::BadInput(format!(
-                    "input {name}: no data (neither data nor binary_data_size)"
-                )))
-            }
-            (None, Some(data)) => {
-                if data.0.len() != count {
-                    return Err(RequestError::BadInput(format!(
-                        "input {name}: {} values, but shape [{r}, {d}] needs {count}",
-                        data.0.len()
-                    )));
-                }
-                data.0
-            }
-            (Some(size), None) => {
-                let size = size.as_u64().and_then(|s| usize::try_from(s).ok()).ok_or_else(|| {
-                    RequestError::BadInput(format!("input {name}: binary_data_size {size} is not a byte count"))
-                })?;
-                if Some(size) != count.checked_mul(4) {
-                    return Err(RequestError::BadInput(format!(
-                        "input {name}: binary_data_size {size}, but FP32 shape [{r}, {d}] needs {} bytes",
-                        count.saturating_mul(4)
-                    )));
-                }
-                if size > binary.len() {
-                    return Err(RequestError::BadInput(format!(
-                        "input {name}: binary_data_size {size}, but only {} bytes of binary data are left",
-                        binary.len()
-                    )));
-                }
-                let (mine, rest) = binary.split_at(size);
-                binary = rest;
-                mine.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()
-            }
-        };
-        if reject {
-            if let Some(i) = values.iter().position(|v| !v.is_finite()) {
-                return Err(RequestError::NonFinite { input: name, row: i / d, column: i % d, value: values[i] });
-            }
-        }
-        inputs.push((name, d, values));
+        inputs.push(input);
     }
     if !binary.is_empty() {
-        return Err(RequestError::BadInput(format!(
-            "{} bytes of binary data after the last binary input",
-            binary.len()
-        )));
+        return Err(InputError::BinaryLeftOver { bytes: binary.len() }.into());
     }
     let Some((rows, _)) = rows else {
-        return Err(RequestError::BadInput("no inputs".into()));
+        return Err(InputError::NoInputs.into());
     };
+    Ok((inputs, rows))
+}
 
-    // outputs
-    let has = |k: &str| inputs.iter().any(|(n, _, _)| n == k);
+/// The outputs to return: those asked for (each known, once, `action` and
+/// `neglogp` only when sampling), or by default every output the request
+/// allows (the discriminator's when all its inputs are given).
+pub fn select_outputs(
+    asked: Option<Vec<RequestOutput>>,
+    iface: &Interface,
+    params: &Params,
+    has: &dyn Fn(&str) -> bool,
+) -> Result<Vec<Wanted>, InputError> {
     let mut outputs: Vec<Wanted> = Vec::new();
-    match req.outputs {
+    match asked {
         Some(list) => {
             for o in list {
                 let Some(spec) = iface.output(&o.name) else {
-                    return Err(RequestError::BadInput(format!(
-                        "unknown output {}: the model's outputs are {}",
-                        o.name,
-                        names(iface)
-                    )));
+                    let known = iface.outputs.iter().map(|o| o.name).collect();
+                    return Err(InputError::UnknownOutput { output: o.name, known });
                 };
                 if outputs.iter().any(|w| w.name == spec.name) {
-                    return Err(RequestError::BadInput(format!("output {} is asked for twice", spec.name)));
+                    return Err(InputError::DuplicateOutput { output: spec.name });
                 }
-                if spec.source == Source::Sample && !sample {
-                    return Err(RequestError::BadInput(format!(
-                        "output {}: draws actions; set the request parameter sample to true (and seed)",
-                        spec.name
-                    )));
+                if spec.source == Source::Sample && !params.sample {
+                    return Err(InputError::NeedsSample { output: spec.name });
                 }
-                let binary = bool_param(&o.parameters, "binary_data", &format!("output {}", spec.name))?
-                    .unwrap_or(binary_default);
+                let scope = || format!("output {}", spec.name);
+                let binary = bool_param(&o.parameters, "binary_data", &scope)?.unwrap_or(params.binary_default);
                 outputs.push(Wanted { name: spec.name, source: spec.source, binary });
             }
         }
         None => {
-            let disc_inputs = iface.inputs.iter().filter(|i| i.discriminator).all(|i| has(&i.name))
-                && iface.inputs.iter().any(|i| i.discriminator);
+            let disc = iface.inputs.iter().filter(|i| i.discriminator);
+            let disc_inputs = disc.clone().all(|i| has(&i.name)) && disc.count() > 0;
             for spec in &iface.outputs {
                 let take = match spec.source {
                     Source::ActorCritic => true,
-                    Source::Sample => sample,
+                    Source::Sample => params.sample,
                     Source::Discriminator => disc_inputs,
                 };
                 if take {
-                    outputs.push(Wanted { name: spec.name, source: spec.source, binary: binary_default });
+                    outputs.push(Wanted { name: spec.name, source: spec.source, binary: params.binary_default });
                 }
             }
         }
     }
     if outputs.is_empty() {
-        return Err(RequestError::BadInput("no outputs asked for".into()));
+        return Err(InputError::NoOutputs);
     }
+    Ok(outputs)
+}
+
+/// Every input the networks behind `outputs` read, nothing else, in the
+/// interface's order; a missing one is refused by name.
+pub fn order_inputs(iface: &Interface, mut inputs: Vec<Input>, outputs: &[Wanted]) -> Result<Vec<Input>, InputError> {
     let need_ac = outputs.iter().any(|o| o.source != Source::Discriminator);
     let need_disc = outputs.iter().any(|o| o.source == Source::Discriminator);
-
-    // every input the needed networks read, nothing else, in interface order
-    let needed = |i: &crate::model::InputSpec| (need_ac && i.actor_critic) || (need_disc && i.discriminator);
-    for spec in iface.inputs.iter().filter(|i| needed(i)) {
-        if !has(&spec.name) {
-            let w = spec.width.map_or("D".to_string(), |w| w.to_string());
-            return Err(RequestError::BadInput(format!("missing input {} (shape [rows, {w}])", spec.name)));
-        }
-    }
+    let needed = |i: &&InputSpec| (need_ac && i.actor_critic) || (need_disc && i.discriminator);
     let mut ordered = Vec::with_capacity(inputs.len());
-    for spec in iface.inputs.iter().filter(|i| needed(i)) {
-        if let Some(pos) = inputs.iter().position(|(n, _, _)| *n == spec.name) {
-            ordered.push(inputs.swap_remove(pos));
-        }
+    for spec in iface.inputs.iter().filter(needed) {
+        let Some(pos) = inputs.iter().position(|(n, _, _)| *n == spec.name) else {
+            return Err(InputError::MissingInput { input: spec.name.clone(), width: spec.width });
+        };
+        ordered.push(inputs.swap_remove(pos));
     }
+    Ok(ordered)
+}
 
-    // width sums, for keys whose own width the checkpoint leaves open
+/// The width sums the checkpoint fixes, for keys whose own width it leaves open.
+pub fn check_width_sums(iface: &Interface, inputs: &[Input]) -> Result<(), InputError> {
     for (module, keys, total) in &iface.groups {
-        if !keys.iter().any(|k| ordered.iter().any(|(n, _, _)| n == k)) {
+        if !keys.iter().any(|k| inputs.iter().any(|(n, _, _)| n == k)) {
             continue;
         }
-        let ws: Option<Vec<usize>> = keys
-            .iter()
-            .map(|k| {
-                ordered
-                    .iter()
-                    .find(|(n, _, _)| n == k)
-                    .map(|(_, w, _)| *w)
-                    .or_else(|| iface.input(k).and_then(|i| i.width))
-            })
-            .collect();
-        let Some(ws) = ws else { continue };
+        let width = |k: &String| {
+            inputs.iter().find(|(n, _, _)| n == k).map(|(_, w, _)| *w).or_else(|| iface.input(k).and_then(|i| i.width))
+        };
+        let Some(ws) = keys.iter().map(width).collect::<Option<Vec<usize>>>() else { continue };
         let sum: usize = ws.iter().sum();
         if sum != *total {
-            let parts: Vec<String> = keys.iter().zip(&ws).map(|(k, w)| format!("{k} {w}")).collect();
-            let key = keys
+            let input = keys
                 .iter()
                 .find(|k| iface.input(k).is_some_and(|i| i.width.is_none()))
                 .or(keys.first())
-                .map_or(module.as_str(), String::as_str);
-            return Err(RequestError::BadInput(format!(
-                "input {key}: {module} reads {} = {sum} columns, expected {total} in all",
-                parts.join(" + ")
-            )));
+                .map_or_else(|| module.clone(), String::clone);
+            let parts = keys.iter().cloned().zip(ws).collect();
+            return Err(InputError::WidthSum { input, module: module.clone(), parts, sum, total: *total });
         }
     }
-    Ok(Decoded { id: req.id, rows, inputs: ordered, outputs, seed: sample.then_some(seed) })
+    Ok(())
+}
+
+/// Reads a request (`header_len`: the binary extension's header length) against `expect`.
+pub fn decode(body: &[u8], header_len: Option<usize>, expect: &Expect) -> Result<Decoded, RequestError> {
+    let (json, binary) = split(body, header_len)?;
+    let req = parse(json)?;
+    let params = Params::read(&req.parameters, expect.non_finite)?;
+    let (inputs, rows) = read_inputs(req.inputs, expect, params.reject, binary)?;
+    let has = |k: &str| inputs.iter().any(|(n, _, _)| n == k);
+    let outputs = select_outputs(req.outputs, expect.iface, &params, &has)?;
+    let ordered = order_inputs(expect.iface, inputs, &outputs)?;
+    check_width_sums(expect.iface, &ordered)?;
+    Ok(Decoded { id: req.id, rows, inputs: ordered, outputs, seed: params.sample.then_some(params.seed) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::LoadedModel;
+    use serde_json::json;
+
+    fn tracker(pins: &[(String, usize)]) -> LoadedModel {
+        let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/policy/smpl_tracker");
+        LoadedModel::load(&dir.join("last.ckpt"), None, &candle_core::Device::Cpu, pins, 1).expect("the tracker")
+    }
+
+    /// A JSON request of zeros with these (key, rows, width) inputs and extra fields.
+    fn body(inputs: &[(&str, usize, usize)], extra: Value) -> Vec<u8> {
+        let inputs: Vec<Value> = inputs
+            .iter()
+            .map(|(k, r, w)| json!({"name": k, "shape": [r, w], "datatype": "FP32", "data": vec![0.0f32; r * w]}))
+            .collect();
+        let mut req = json!({ "inputs": inputs });
+        if let (Value::Object(m), Value::Object(e)) = (&mut req, extra) {
+            m.extend(e);
+        }
+        serde_json::to_vec(&req).expect("JSON")
+    }
+
+    const TRACKER: [(&str, usize, usize); 3] =
+        [("max_coords_obs", 2, 358), ("mimic_target_poses", 2, 576), ("previous_actions", 2, 69)];
+
+    #[test]
+    fn refusals_are_typed_and_name_the_input_and_what_was_expected() {
+        let pins = [("max_coords_obs".to_string(), 358), ("mimic_target_poses".to_string(), 576)];
+        let (open, pinned) = (tracker(&[]), tracker(&pins));
+        fn expect(m: &LoadedModel, max_rows: usize) -> Expect<'_> {
+            Expect { iface: &m.interface, non_finite: NonFinite::Pass, max_rows }
+        }
+        let ok = decode(&body(&TRACKER, json!({})), None, &expect(&open, 256)).expect("a good request");
+        assert_eq!(
+            (ok.rows, ok.signature()),
+            (2, vec![("max_coords_obs", 358), ("mimic_target_poses", 576), ("previous_actions", 69)])
+        );
+        assert_eq!(ok.outputs.iter().map(|o| o.name).collect::<Vec<_>>(), ["mean_action", "value", "std", "norm_obs"]);
+
+        let split = [("max_coords_obs", 2, 357), ("mimic_target_poses", 2, 577), ("previous_actions", 2, 69)];
+        // open widths: a split that adds up is taken; pinned: refused by key and width
+        assert!(decode(&body(&split, json!({})), None, &expect(&open, 256)).is_ok());
+        let e = decode(&body(&split, json!({})), None, &expect(&pinned, 256)).unwrap_err();
+        assert!(
+            matches!(&e, RequestError::BadInput(InputError::Width { input, width: 357, expected: 358 }) if input == "max_coords_obs"),
+            "{e}"
+        );
+        // widths that do not add up
+        let short = [("max_coords_obs", 2, 357), ("mimic_target_poses", 2, 576), ("previous_actions", 2, 69)];
+        let e = decode(&body(&short, json!({})), None, &expect(&open, 256)).unwrap_err();
+        assert!(matches!(&e, RequestError::BadInput(InputError::WidthSum { sum: 1002, total: 1003, .. })), "{e}");
+        // more rows than max_batch
+        let e = decode(&body(&TRACKER, json!({})), None, &expect(&open, 1)).unwrap_err();
+        assert!(matches!(&e, RequestError::BadInput(InputError::Batch { rows: 2, max_batch: 1, .. })), "{e}");
+        // a missing input, with the width the pins fix
+        let e = decode(&body(&TRACKER[..2], json!({})), None, &expect(&pinned, 256)).unwrap_err();
+        assert!(
+            matches!(&e, RequestError::BadInput(InputError::MissingInput { input, width: Some(69) }) if input == "previous_actions"),
+            "{e}"
+        );
+        // parameters and outputs
+        let e = decode(&body(&TRACKER, json!({"parameters": {"seed": -1}})), None, &expect(&open, 256)).unwrap_err();
+        assert!(matches!(&e, RequestError::BadInput(InputError::Parameter { name: "seed", .. })), "{e}");
+        let e =
+            decode(&body(&TRACKER, json!({"outputs": [{"name": "action"}]})), None, &expect(&open, 256)).unwrap_err();
+        assert!(matches!(&e, RequestError::BadInput(InputError::NeedsSample { output: "action" })), "{e}");
+        let e = decode(&body(&TRACKER, json!({"outputs": [{"name": "q"}]})), None, &expect(&open, 256)).unwrap_err();
+        assert!(matches!(&e, RequestError::BadInput(InputError::UnknownOutput { output, .. }) if output == "q"), "{e}");
+        // the binary extension: a header length past the body
+        let e = decode(b"{}", Some(9), &expect(&open, 256)).unwrap_err();
+        assert!(matches!(e, RequestError::HeaderPastBody { header: 9, body: 2 }), "{e}");
+        let e = decode(b"{\"inputs\": [", None, &expect(&open, 256)).unwrap_err();
+        assert!(matches!(e, RequestError::BadJson(_)), "{e}");
+    }
 }

@@ -2,10 +2,14 @@
 //! on reload), why the server could not start, and why a request was
 //! refused (each with its HTTP status and the metrics label of its kind).
 
+use std::fmt;
+use std::sync::Arc;
+
 use axum::http::StatusCode;
 
 /// Why a checkpoint could not become the served model.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum LoadError {
     /// Reading or building the policy failed.
     #[error(transparent)]
@@ -37,8 +41,8 @@ pub enum LoadError {
     Incompatible {
         /// The new checkpoint.
         path: String,
-        /// What differs (in_keys, the width of a key, action size, family).
-        what: String,
+        /// What differs.
+        what: Difference,
         /// The served model's.
         old: String,
         /// The new checkpoint's.
@@ -52,8 +56,44 @@ pub enum LoadError {
     },
 }
 
+/// What part of the interface a refused checkpoint would change
+/// ([`LoadError::Incompatible`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Difference {
+    /// `PPOModel` against `AMPModel`.
+    ModelClass,
+    /// The observation keys read (or accepted and ignored).
+    InKeys,
+    /// The width of one key.
+    Width {
+        /// The key.
+        key: String,
+    },
+    /// The sums of widths the first layers take.
+    WidthSums,
+    /// The number of actions.
+    ActionSize,
+    /// The outputs or their shapes.
+    Outputs,
+}
+
+impl fmt::Display for Difference {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Difference::ModelClass => f.write_str("model class"),
+            Difference::InKeys => f.write_str("in_keys"),
+            Difference::Width { key } => write!(f, "the width of {key}"),
+            Difference::WidthSums => f.write_str("width sums"),
+            Difference::ActionSize => f.write_str("action size"),
+            Difference::Outputs => f.write_str("outputs"),
+        }
+    }
+}
+
 /// Why [`crate::Server::start`] failed.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum StartError {
     /// The model did not load.
     #[error(transparent)]
@@ -67,28 +107,342 @@ pub enum StartError {
         source: std::io::Error,
     },
     /// An option makes no sense (`--max-batch 0`, a bad model name, ...).
-    #[error("{0}")]
-    Options(String),
+    #[error(transparent)]
+    Options(#[from] OptionsError),
     /// A thread or the runtime could not be started.
     #[error("starting the server: {0}")]
     Runtime(std::io::Error),
 }
 
+/// An option of [`crate::ServeOptions`] that makes no sense.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum OptionsError {
+    /// `max_batch` or `queue` is 0.
+    #[error("max_batch and queue must be at least 1")]
+    Zero,
+    /// A model name that cannot go into URLs.
+    #[error("model name \"{name}\": use letters, digits, '-', '_' and '.' (it goes into URLs)")]
+    Name {
+        /// The name given.
+        name: String,
+    },
+    /// The in-flight body budget is smaller than one largest body.
+    #[error("the in-flight body budget ({budget} bytes) must hold at least one largest body ({body} bytes)")]
+    Budget {
+        /// `max_inflight_body_bytes`.
+        budget: usize,
+        /// `max_body_bytes`.
+        body: usize,
+    },
+    /// The in-flight body budget does not fit the semaphore.
+    #[error("the in-flight body budget ({budget} bytes) must be under 4 GiB")]
+    BudgetTooLarge {
+        /// `max_inflight_body_bytes`.
+        budget: usize,
+    },
+}
+
+/// A tensor shape as a client sent it, shown as `[2, 576, 1]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Dims(pub Vec<u64>);
+
+impl fmt::Display for Dims {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("[")?;
+        for (i, d) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str(", ")?;
+            }
+            write!(f, "{d}")?;
+        }
+        f.write_str("]")
+    }
+}
+
+/// `[rows, 358]`, or `[rows, D]` for a width the checkpoint leaves open.
+fn rows_by(width: &Option<usize>) -> String {
+    width.map_or("[rows, D]".to_string(), |w| format!("[rows, {w}]"))
+}
+
+fn sum_of(parts: &[(String, usize)]) -> String {
+    parts.iter().map(|(k, w)| format!("{k} {w}")).collect::<Vec<_>>().join(" + ")
+}
+
+/// A tensor, output or parameter the model cannot take; each names the
+/// input, output or parameter at fault (and what was expected).
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum InputError {
+    /// A request or output parameter of the wrong type.
+    #[error("{scope} parameter {name}: expected {expected}, got {got}")]
+    Parameter {
+        /// `request`, or `output <name>`.
+        scope: String,
+        /// The parameter.
+        name: &'static str,
+        /// What it must be.
+        expected: &'static str,
+        /// What was sent (as JSON).
+        got: String,
+    },
+    /// An input the model does not read or accept.
+    #[error("unexpected input {input}: the model's inputs are {}", .known.join(", "))]
+    UnexpectedInput {
+        /// The input.
+        input: String,
+        /// The model's inputs.
+        known: Vec<String>,
+    },
+    /// An input given twice.
+    #[error("input {input} is given twice")]
+    DuplicateInput {
+        /// The input.
+        input: String,
+    },
+    /// A datatype other than FP32.
+    #[error("input {input}: datatype {datatype}, expected FP32")]
+    Datatype {
+        /// The input.
+        input: String,
+        /// The datatype sent.
+        datatype: String,
+    },
+    /// A shape that is not `[rows, width]`.
+    #[error("input {input}: shape {shape}, expected {}", rows_by(.width))]
+    Rank {
+        /// The input.
+        input: String,
+        /// The shape sent.
+        shape: Dims,
+        /// The width the model fixes, if any.
+        width: Option<usize>,
+    },
+    /// A shape whose element count does not fit in memory sizes.
+    #[error("input {input}: shape {shape} is too large")]
+    TooLarge {
+        /// The input.
+        input: String,
+        /// The shape sent.
+        shape: Dims,
+    },
+    /// A shape with no rows or no columns.
+    #[error("input {input}: shape {shape} is empty, expected {} with rows >= 1", rows_by(.width))]
+    Empty {
+        /// The input.
+        input: String,
+        /// The shape sent.
+        shape: Dims,
+        /// The width the model fixes, if any.
+        width: Option<usize>,
+    },
+    /// A width other than the one the checkpoint (or a `--width` pin) fixes.
+    #[error("input {input}: width {width}, expected {expected}")]
+    Width {
+        /// The input.
+        input: String,
+        /// The width sent.
+        width: usize,
+        /// The width the model takes.
+        expected: usize,
+    },
+    /// Inputs with different numbers of rows.
+    #[error("input {input}: {rows} rows, but input {first} has {first_rows}")]
+    Rows {
+        /// The input.
+        input: String,
+        /// Its rows.
+        rows: usize,
+        /// The first input.
+        first: String,
+        /// Its rows.
+        first_rows: usize,
+    },
+    /// More rows than `max_batch_size` (Triton refuses these too).
+    #[error(
+        "input {input}: {rows} rows, but a request may hold at most max_batch_size = {max_batch} \
+         (--max-batch); split it"
+    )]
+    Batch {
+        /// The (first) input.
+        input: String,
+        /// Its rows.
+        rows: usize,
+        /// `--max-batch`.
+        max_batch: usize,
+    },
+    /// Both `data` and `binary_data_size`.
+    #[error("input {input}: both data and binary_data_size are given")]
+    DataTwice {
+        /// The input.
+        input: String,
+    },
+    /// Neither `data` nor `binary_data_size`.
+    #[error("input {input}: no data (neither data nor binary_data_size)")]
+    NoData {
+        /// The input.
+        input: String,
+    },
+    /// JSON data that does not fill the shape.
+    #[error("input {input}: {values} values, but shape [{rows}, {width}] needs {needed}")]
+    DataLength {
+        /// The input.
+        input: String,
+        /// Values sent.
+        values: usize,
+        /// Rows of its shape.
+        rows: usize,
+        /// Width of its shape.
+        width: usize,
+        /// Values the shape needs.
+        needed: usize,
+    },
+    /// A `binary_data_size` that is not a byte count.
+    #[error("input {input}: binary_data_size {size} is not a byte count")]
+    BinarySizeValue {
+        /// The input.
+        input: String,
+        /// What was sent (as JSON).
+        size: String,
+    },
+    /// A `binary_data_size` that does not match the shape.
+    #[error("input {input}: binary_data_size {size}, but FP32 shape [{rows}, {width}] needs {needed} bytes")]
+    BinarySize {
+        /// The input.
+        input: String,
+        /// The size sent.
+        size: usize,
+        /// Rows of its shape.
+        rows: usize,
+        /// Width of its shape.
+        width: usize,
+        /// Bytes the shape needs.
+        needed: usize,
+    },
+    /// A `binary_data_size` past the end of the body.
+    #[error("input {input}: binary_data_size {size}, but only {left} bytes of binary data are left")]
+    BinaryShort {
+        /// The input.
+        input: String,
+        /// The size sent.
+        size: usize,
+        /// Binary bytes left.
+        left: usize,
+    },
+    /// Binary data no input claims.
+    #[error("{bytes} bytes of binary data after the last binary input")]
+    BinaryLeftOver {
+        /// How many.
+        bytes: usize,
+    },
+    /// A request without inputs.
+    #[error("no inputs")]
+    NoInputs,
+    /// An input a needed network reads is missing.
+    #[error("missing input {input} (shape {})", rows_by(.width))]
+    MissingInput {
+        /// The input.
+        input: String,
+        /// Its width, if fixed.
+        width: Option<usize>,
+    },
+    /// Widths that do not add up to what a first layer takes.
+    #[error("input {input}: {module} reads {} = {sum} columns, expected {total} in all", sum_of(.parts))]
+    WidthSum {
+        /// The input whose own width is open (or the first of the module's).
+        input: String,
+        /// The module's config path.
+        module: String,
+        /// Its in_keys and the widths sent.
+        parts: Vec<(String, usize)>,
+        /// Their sum.
+        sum: usize,
+        /// What the checkpoint takes.
+        total: usize,
+    },
+    /// An output the model does not have.
+    #[error("unknown output {output}: the model's outputs are {}", .known.join(", "))]
+    UnknownOutput {
+        /// The output.
+        output: String,
+        /// The model's outputs.
+        known: Vec<&'static str>,
+    },
+    /// An output asked for twice.
+    #[error("output {output} is asked for twice")]
+    DuplicateOutput {
+        /// The output.
+        output: &'static str,
+    },
+    /// `action` or `neglogp` without `"sample": true`.
+    #[error("output {output}: draws actions; set the request parameter sample to true (and seed)")]
+    NeedsSample {
+        /// The output.
+        output: &'static str,
+    },
+    /// Nothing to compute.
+    #[error("no outputs asked for")]
+    NoOutputs,
+}
+
 /// Why a request was refused; `Display` is the `{"error": ...}` text.
 #[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
 pub enum RequestError {
-    /// No such model, version or route.
-    #[error("{0}")]
-    NotFound(String),
+    /// A model this server does not serve.
+    #[error("unknown model {name}: this server serves {served}")]
+    UnknownModel {
+        /// The name asked for.
+        name: String,
+        /// The name served.
+        served: String,
+    },
+    /// A version other than the one served.
+    #[error("model {name} has no version {version}: version {served} is served")]
+    UnknownVersion {
+        /// The model.
+        name: String,
+        /// The version asked for.
+        version: String,
+        /// The version served.
+        served: u64,
+    },
+    /// No such route.
+    #[error("no route {method} {path}")]
+    NoRoute {
+        /// The method.
+        method: String,
+        /// The path.
+        path: String,
+    },
     /// The method is not one the route takes.
-    #[error("{0}")]
-    Method(String),
+    #[error("{method} is not allowed on {path}")]
+    Method {
+        /// The method.
+        method: String,
+        /// The path.
+        path: String,
+    },
     /// The body is not the JSON the protocol defines.
     #[error("malformed request: {0}")]
-    BadJson(String),
+    BadJson(Arc<serde_json::Error>),
+    /// An `Inference-Header-Content-Length` that is not a number.
+    #[error("Inference-Header-Content-Length {value} is not a byte count")]
+    HeaderLength {
+        /// The header's value (lossy text).
+        value: String,
+    },
+    /// An `Inference-Header-Content-Length` past the end of the body.
+    #[error("Inference-Header-Content-Length is {header}, but the body has only {body} bytes")]
+    HeaderPastBody {
+        /// The header's value.
+        header: usize,
+        /// The body's length.
+        body: usize,
+    },
     /// A tensor, output or parameter the model cannot take (names it).
-    #[error("{0}")]
-    BadInput(String),
+    #[error(transparent)]
+    BadInput(#[from] InputError),
     /// A NaN or infinity where the policy refuses them.
     #[error("input {input}: row {row}, column {column} is {value} (non-finite inputs are refused: reject_non_finite)")]
     NonFinite {
@@ -115,7 +469,7 @@ pub enum RequestError {
     },
     /// The body could not be read (the client went away mid-body).
     #[error("reading the request body: {0}")]
-    BodyRead(String),
+    BodyRead(Arc<axum::Error>),
     /// The queue is full.
     #[error("the queue of {queue} requests is full; retry later")]
     QueueFull {
@@ -131,27 +485,51 @@ pub enum RequestError {
     /// The server is draining before it stops.
     #[error("the server is shutting down")]
     ShuttingDown,
-    /// A bug or a device failure.
-    #[error("internal error: {0}")]
-    Internal(String),
+    /// The policy's forward failed (a bug or a device failure).
+    #[error("internal error: the forward failed: {0}")]
+    Forward(Arc<pmstate_policy::PolicyError>),
+    /// The policy's forward panicked (a bug); the server goes on.
+    #[error("internal error: the forward panicked")]
+    Panicked,
+    /// An output asked for was not computed (a bug).
+    #[error("internal error: output {output} was not computed")]
+    NotComputed {
+        /// The output.
+        output: &'static str,
+    },
+    /// A blocking task (decoding a large body) did not finish.
+    #[error("internal error: {what}: {source}")]
+    Task {
+        /// What the task did.
+        what: &'static str,
+        /// Why it did not finish.
+        source: Arc<tokio::task::JoinError>,
+    },
 }
 
 impl RequestError {
     /// The HTTP status the protocol (or Triton, where it leaves room) uses.
     pub fn status(&self) -> StatusCode {
         match self {
-            RequestError::NotFound(_) => StatusCode::NOT_FOUND,
-            RequestError::Method(_) => StatusCode::METHOD_NOT_ALLOWED,
-            RequestError::BadJson(_) | RequestError::BadInput(_) | RequestError::NonFinite { .. } => {
-                StatusCode::BAD_REQUEST
+            RequestError::UnknownModel { .. } | RequestError::UnknownVersion { .. } | RequestError::NoRoute { .. } => {
+                StatusCode::NOT_FOUND
             }
-            RequestError::BodyRead(_) => StatusCode::BAD_REQUEST,
+            RequestError::Method { .. } => StatusCode::METHOD_NOT_ALLOWED,
+            RequestError::BadJson(_)
+            | RequestError::HeaderLength { .. }
+            | RequestError::HeaderPastBody { .. }
+            | RequestError::BadInput(_)
+            | RequestError::NonFinite { .. }
+            | RequestError::BodyRead(_) => StatusCode::BAD_REQUEST,
             RequestError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             RequestError::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             RequestError::QueueFull { .. } | RequestError::Busy { .. } | RequestError::ShuttingDown => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
-            RequestError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            RequestError::Forward(_)
+            | RequestError::Panicked
+            | RequestError::NotComputed { .. }
+            | RequestError::Task { .. } => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
 
@@ -166,9 +544,13 @@ impl RequestError {
     /// The `kind` label of `pmstate_infer_errors_total`.
     pub fn kind(&self) -> &'static str {
         match self {
-            RequestError::NotFound(_) => "not_found",
-            RequestError::Method(_) => "method",
-            RequestError::BadJson(_) => "bad_json",
+            RequestError::UnknownModel { .. } | RequestError::UnknownVersion { .. } | RequestError::NoRoute { .. } => {
+                "not_found"
+            }
+            RequestError::Method { .. } => "method",
+            RequestError::BadJson(_) | RequestError::HeaderLength { .. } | RequestError::HeaderPastBody { .. } => {
+                "bad_json"
+            }
             RequestError::BadInput(_) => "bad_input",
             RequestError::NonFinite { .. } => "non_finite",
             RequestError::TooLarge { .. } => "too_large",
@@ -177,7 +559,10 @@ impl RequestError {
             RequestError::QueueFull { .. } => "queue_full",
             RequestError::Busy { .. } => "busy",
             RequestError::ShuttingDown => "shutting_down",
-            RequestError::Internal(_) => "internal",
+            RequestError::Forward(_)
+            | RequestError::Panicked
+            | RequestError::NotComputed { .. }
+            | RequestError::Task { .. } => "internal",
         }
     }
 
@@ -196,4 +581,66 @@ impl RequestError {
         "shutting_down",
         "internal",
     ];
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_name_what_is_at_fault_without_debug_formatting() {
+        let e = RequestError::from(InputError::Rank {
+            input: "mimic_target_poses".into(),
+            shape: Dims(vec![2, 576, 1]),
+            width: Some(576),
+        });
+        assert_eq!(e.to_string(), "input mimic_target_poses: shape [2, 576, 1], expected [rows, 576]");
+        assert_eq!((e.status(), e.kind()), (StatusCode::BAD_REQUEST, "bad_input"));
+        let e = InputError::WidthSum {
+            input: "max_coords_obs".into(),
+            module: "agent.model.actor.mu".into(),
+            parts: vec![("max_coords_obs".into(), 357), ("previous_actions".into(), 69)],
+            sum: 426,
+            total: 427,
+        };
+        assert_eq!(
+            e.to_string(),
+            "input max_coords_obs: agent.model.actor.mu reads max_coords_obs 357 + previous_actions 69 = 426 \
+             columns, expected 427 in all"
+        );
+        let e = InputError::MissingInput { input: "previous_actions".into(), width: None };
+        assert_eq!(e.to_string(), "missing input previous_actions (shape [rows, D])");
+        let e = LoadError::Incompatible {
+            path: "last.ckpt".into(),
+            what: Difference::Width { key: "obs".into() },
+            old: "3".into(),
+            new: "4".into(),
+        };
+        assert_eq!(
+            e.to_string(),
+            "last.ckpt: not compatible with the model being served: the width of obs was 3, is 4"
+        );
+        assert_eq!(OptionsError::Name { name: "a/b".into() }.to_string().split(':').next(), Some("model name \"a/b\""));
+    }
+
+    #[test]
+    fn every_kind_is_listed() {
+        let samples = [
+            RequestError::NoRoute { method: "GET".into(), path: "/".into() },
+            RequestError::Method { method: "GET".into(), path: "/".into() },
+            RequestError::HeaderLength { value: "x".into() },
+            RequestError::BadInput(InputError::NoInputs),
+            RequestError::TooLarge { limit: 1 },
+            RequestError::BodyTimeout { seconds: 1 },
+            RequestError::QueueFull { queue: 1 },
+            RequestError::Busy { budget: 1 },
+            RequestError::ShuttingDown,
+            RequestError::Panicked,
+        ];
+        for e in samples {
+            assert!(RequestError::KINDS.contains(&e.kind()), "{e}");
+        }
+        assert_eq!(RequestError::Busy { budget: 1 }.retry_after(), Some(1));
+        assert_eq!(RequestError::Panicked.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    }
 }

@@ -81,7 +81,7 @@ impl<'de> Visitor<'de> for Flatten<'_> {
                 self.out.push(x);
                 Ok(())
             }
-            None => Err(E::custom(format!("{v:?} is not a number"))),
+            None => Err(E::custom(format!("the string {} is not a number", serde_json::Value::from(v)))),
         }
     }
 

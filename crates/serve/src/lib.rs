@@ -19,10 +19,12 @@ mod routes;
 mod server;
 pub mod signals;
 pub mod slot;
+mod state;
 
 pub use blocking::{serve_until_signalled, Stopped};
-pub use error::{LoadError, RequestError, StartError};
+pub use error::{Difference, Dims, InputError, LoadError, OptionsError, RequestError, StartError};
 pub use events::{ignore_events, Event, EventSink};
 pub use options::{Batching, Limits, ModelSource, NonFinite, ServeOptions, Watch};
 pub use routes::HEADER_LENGTH;
-pub use server::{AppState, Server, ServerHandle};
+pub use server::{Server, ServerHandle};
+pub use state::AppState;

@@ -12,6 +12,25 @@ use crate::error::RequestError;
 
 type Labels = Vec<(String, String)>;
 
+/// How a reload ended, the `result` label of `pmstate_model_reloads_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReloadOutcome {
+    /// The new checkpoint is served.
+    Ok,
+    /// It was refused; the previous model keeps serving.
+    Failed,
+}
+
+impl ReloadOutcome {
+    /// The label value.
+    pub fn label(self) -> &'static str {
+        match self {
+            ReloadOutcome::Ok => "ok",
+            ReloadOutcome::Failed => "failed",
+        }
+    }
+}
+
 /// Every metric the server keeps.
 pub struct Metrics {
     registry: Registry,
@@ -36,6 +55,9 @@ pub struct Metrics {
     /// Inference requests being handled (body read, queued or running);
     /// one whose client went away leaves at once.
     pub in_flight: Gauge,
+    /// Bytes of the in-flight body budget held by requests being received
+    /// or handled (a body without Content-Length holds the whole limit).
+    pub body_bytes_reserved: Gauge,
     /// Checkpoint reloads, by result (`ok`, `failed`).
     pub reloads: Family<Labels, Counter>,
     /// The version being served.
@@ -70,6 +92,12 @@ impl Metrics {
         r.register("queue_depth", "Requests waiting for the batcher", queue_depth.clone());
         let in_flight = Gauge::default();
         r.register("requests_in_flight", "Inference requests being handled", in_flight.clone());
+        let body_bytes_reserved = Gauge::default();
+        r.register(
+            "body_bytes_reserved",
+            "Bytes of the in-flight request body budget held",
+            body_bytes_reserved.clone(),
+        );
         let reloads = Family::<Labels, Counter>::default();
         r.register("model_reloads", "Checkpoint reloads, by result", reloads.clone());
         let model_version = Gauge::default();
@@ -77,7 +105,7 @@ impl Metrics {
         for k in RequestError::KINDS {
             let _ = errors.get_or_create(&label("kind", k));
         }
-        for k in ["ok", "failed"] {
+        for k in [ReloadOutcome::Ok, ReloadOutcome::Failed].map(ReloadOutcome::label) {
             let _ = reloads.get_or_create(&label("result", k));
         }
         Metrics {
@@ -92,6 +120,7 @@ impl Metrics {
             forward_seconds,
             queue_depth,
             in_flight,
+            body_bytes_reserved,
             reloads,
             model_version,
         }
@@ -103,8 +132,8 @@ impl Metrics {
     }
 
     /// Counts a reload.
-    pub fn reload(&self, ok: bool) {
-        self.reloads.get_or_create(&label("result", if ok { "ok" } else { "failed" })).inc();
+    pub fn reload(&self, outcome: ReloadOutcome) {
+        self.reloads.get_or_create(&label("result", outcome.label())).inc();
     }
 
     /// The OpenMetrics text.

@@ -13,7 +13,7 @@ use pmstate_policy::{Description, Part, Policy};
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
-use crate::error::LoadError;
+use crate::error::{Difference, LoadError};
 
 /// Which networks an output comes from (and so which inputs it needs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -129,37 +129,42 @@ impl Interface {
     }
 
     /// The first difference from `other`, as (what, ours, theirs).
-    pub fn difference(&self, other: &Interface) -> Option<(String, String, String)> {
+    pub fn difference(&self, other: &Interface) -> Option<(Difference, String, String)> {
         if self.model != other.model {
-            return Some(("model class".into(), self.model.into(), other.model.into()));
+            return Some((Difference::ModelClass, self.model.into(), other.model.into()));
         }
         let names = |i: &Interface| i.inputs.iter().map(|s| s.name.clone()).collect::<Vec<_>>().join(", ");
         if names(self) != names(other) || self.ignored != other.ignored {
-            return Some(("in_keys".into(), names(self), names(other)));
+            return Some((Difference::InKeys, names(self), names(other)));
         }
         for (a, b) in self.inputs.iter().zip(&other.inputs) {
             if a.width != b.width {
                 let w = |w: Option<usize>| w.map_or("open".to_string(), |w| w.to_string());
-                return Some((format!("the width of {}", a.name), w(a.width), w(b.width)));
+                return Some((Difference::Width { key: a.name.clone() }, w(a.width), w(b.width)));
             }
         }
         let sums = |i: &Interface| {
             i.groups.iter().map(|(_, k, t)| format!("{} = {t}", k.join(" + "))).collect::<Vec<_>>().join("; ")
         };
         if sums(self) != sums(other) {
-            return Some(("width sums".into(), sums(self), sums(other)));
+            return Some((Difference::WidthSums, sums(self), sums(other)));
         }
         if self.action_size != other.action_size {
-            return Some(("action size".into(), self.action_size.to_string(), other.action_size.to_string()));
+            return Some((Difference::ActionSize, self.action_size.to_string(), other.action_size.to_string()));
         }
         if self.outputs != other.outputs {
             let outs = |i: &Interface| {
-                i.outputs.iter().map(|o| format!("{} {:?}", o.name, o.shape)).collect::<Vec<_>>().join(", ")
+                i.outputs.iter().map(|o| format!("{} {}", o.name, shape_text(&o.shape))).collect::<Vec<_>>().join(", ")
             };
-            return Some(("outputs".into(), outs(self), outs(other)));
+            return Some((Difference::Outputs, outs(self), outs(other)));
         }
         None
     }
+}
+
+/// `[-1, 69]`.
+fn shape_text(shape: &[i64]) -> String {
+    format!("[{}]", shape.iter().map(i64::to_string).collect::<Vec<_>>().join(", "))
 }
 
 /// The width of `norm_obs` when it has one row per observation row: the

@@ -32,7 +32,10 @@ pub enum ModelSource {
 /// How concurrent requests are merged into one forward (Triton's dynamic batcher).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Batching {
-    /// Most rows in one forward. A request with more rows runs alone.
+    /// Most rows in one forward, and so in one request: as Triton does with
+    /// `max_batch_size` (which the model configuration reports as this), a
+    /// request with more rows is refused with 400, so a client that reads
+    /// the configuration never meets a forward larger than it.
     pub max_batch: usize,
     /// How long the oldest waiting request may wait for more rows before
     /// the batch runs anyway. Zero (Triton's default): a batch takes what

@@ -25,7 +25,7 @@ use candle_core::Device;
 
 use crate::error::LoadError;
 use crate::events::{Event, EventSink};
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, ReloadOutcome};
 use crate::model::{FileStamp, LoadedModel};
 use crate::options::Watch;
 use crate::protocol::ReloadCounts;
@@ -183,7 +183,7 @@ impl Watcher {
                 self.loaded = stamp;
                 self.failed = None;
                 self.stats.ok.fetch_add(1, Ordering::Relaxed);
-                self.metrics.reload(true);
+                self.metrics.reload(ReloadOutcome::Ok);
                 self.metrics.model_version.set(version as i64);
                 let seconds = start.elapsed().as_secs_f64();
                 (self.events)(&Event::Reloaded { version, checkpoint, sha256, seconds });
@@ -195,7 +195,7 @@ impl Watcher {
                     self.failed = stamp;
                 }
                 self.stats.failed.fetch_add(1, Ordering::Relaxed);
-                self.metrics.reload(false);
+                self.metrics.reload(ReloadOutcome::Failed);
                 (self.events)(&Event::ReloadFailed { checkpoint, reason: e.to_string(), serving: current.version });
             }
         }

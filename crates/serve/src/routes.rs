@@ -12,15 +12,16 @@ use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use http_body_util::BodyExt;
 use tokio::sync::oneshot;
 
 use crate::batcher::Job;
-use crate::decode::decode;
+use crate::decode::{decode, Expect};
 use crate::encode::encode;
 use crate::error::RequestError;
 use crate::model::LoadedModel;
 use crate::protocol::{ModelConfigResponse, ModelMetadata, ModelReady, ServerMetadata};
-use crate::server::AppState;
+use crate::state::AppState;
 
 /// The binary extension's header.
 pub const HEADER_LENGTH: &str = "inference-header-content-length";
@@ -64,11 +65,11 @@ impl IntoResponse for RequestError {
 }
 
 async fn not_found(method: Method, uri: Uri) -> RequestError {
-    RequestError::NotFound(format!("no route {method} {}", uri.path()))
+    RequestError::NoRoute { method: method.to_string(), path: uri.path().to_owned() }
 }
 
 async fn method_not_allowed(method: Method, uri: Uri) -> RequestError {
-    RequestError::Method(format!("{method} is not allowed on {}", uri.path()))
+    RequestError::Method { method: method.to_string(), path: uri.path().to_owned() }
 }
 
 async fn live() -> Json<serde_json::Value> {
@@ -89,15 +90,16 @@ async fn server_metadata() -> Json<ServerMetadata> {
 /// The model if `name` (and `version`, when given) is what is served.
 fn find(st: &AppState, name: &str, version: Option<&str>) -> Result<Arc<LoadedModel>, RequestError> {
     if name != st.name {
-        return Err(RequestError::NotFound(format!("unknown model {name}: this server serves {}", st.name)));
+        return Err(RequestError::UnknownModel { name: name.to_owned(), served: st.name.clone() });
     }
     let m = st.slot.current();
     if let Some(v) = version {
         if v != m.version.to_string() {
-            return Err(RequestError::NotFound(format!(
-                "model {name} has no version {v}: version {} is served",
-                m.version
-            )));
+            return Err(RequestError::UnknownVersion {
+                name: name.to_owned(),
+                version: v.to_owned(),
+                served: m.version,
+            });
         }
     }
     Ok(m)
@@ -208,12 +210,39 @@ impl Drop for InFlight {
     }
 }
 
+/// Bytes of the in-flight body budget one request holds, counted in
+/// `pmstate_body_bytes_reserved`; given back when dropped.
+struct Reservation {
+    _permit: tokio::sync::OwnedSemaphorePermit,
+    bytes: i64,
+    gauge: prometheus_client::metrics::gauge::Gauge,
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        self.gauge.dec_by(self.bytes);
+    }
+}
+
+/// Reads a refused request's body (at most `limit` bytes, within `timeout`)
+/// without keeping any of it. A server that answered and closed while the
+/// client is still sending would reset the connection, and the client
+/// would lose the answer (and its `Retry-After`) to the reset.
+async fn discard(mut body: Body, limit: usize, timeout: std::time::Duration) {
+    let drain = async {
+        let mut seen = 0usize;
+        while let Some(Ok(frame)) = body.frame().await {
+            seen = seen.saturating_add(frame.data_ref().map_or(0, |d| d.len()));
+            if seen > limit {
+                break;
+            }
+        }
+    };
+    let _ = tokio::time::timeout(timeout, drain).await;
+}
+
 /// Reads the body within the size limit, the memory budget and the time limit.
-async fn read_body(
-    st: &AppState,
-    headers: &HeaderMap,
-    body: Body,
-) -> Result<(Bytes, tokio::sync::OwnedSemaphorePermit), RequestError> {
+async fn read_body(st: &AppState, headers: &HeaderMap, body: Body) -> Result<(Bytes, Reservation), RequestError> {
     let limit = st.limits.max_body_bytes;
     let declared =
         headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
@@ -223,11 +252,13 @@ async fn read_body(
     // reserve what the body may take (all of the limit when its length is not declared)
     let want = declared.map_or(limit, |n| n as usize).clamp(1, limit.max(1));
     let want = u32::try_from(want).unwrap_or(u32::MAX);
-    let permit = st
-        .body_budget
-        .clone()
-        .try_acquire_many_owned(want)
-        .map_err(|_| RequestError::Busy { budget: st.limits.max_inflight_body_bytes })?;
+    let Ok(permit) = st.body_budget.clone().try_acquire_many_owned(want) else {
+        discard(body, limit, st.limits.body_timeout).await;
+        return Err(RequestError::Busy { budget: st.limits.max_inflight_body_bytes });
+    };
+    let gauge = st.metrics.body_bytes_reserved.clone();
+    gauge.inc_by(i64::from(want));
+    let permit = Reservation { _permit: permit, bytes: i64::from(want), gauge };
     let read = tokio::time::timeout(st.limits.body_timeout, axum::body::to_bytes(body, limit)).await;
     match read {
         Err(_) => Err(RequestError::BodyTimeout { seconds: st.limits.body_timeout.as_secs() }),
@@ -238,7 +269,7 @@ async fn read_body(
             if over {
                 Err(RequestError::TooLarge { limit })
             } else {
-                Err(RequestError::BodyRead(e.to_string()))
+                Err(RequestError::BodyRead(Arc::new(e)))
             }
         }
     }
@@ -252,21 +283,24 @@ async fn infer_inner(
     body: Body,
 ) -> Result<Response, RequestError> {
     let model = find(st, name, version)?;
-    let header_len = match headers.get(HEADER_LENGTH) {
-        None => None,
-        Some(v) => Some(v.to_str().ok().and_then(|s| s.trim().parse::<usize>().ok()).ok_or_else(|| {
-            RequestError::BadJson(format!("Inference-Header-Content-Length {v:?} is not a byte count"))
-        })?),
-    };
+    let header_len =
+        match headers.get(HEADER_LENGTH) {
+            None => None,
+            Some(v) => Some(v.to_str().ok().and_then(|s| s.trim().parse::<usize>().ok()).ok_or_else(|| {
+                RequestError::HeaderLength { value: String::from_utf8_lossy(v.as_bytes()).into_owned() }
+            })?),
+        };
     let (bytes, _permit) = read_body(st, headers, body).await?;
-    let non_finite = st.non_finite;
+    let (non_finite, max_rows) = (st.non_finite, st.batching.max_batch);
     let decoded = if bytes.len() <= DECODE_INLINE_BYTES {
-        decode(&bytes, header_len, &model.interface, non_finite)?
+        decode(&bytes, header_len, &Expect { iface: &model.interface, non_finite, max_rows })?
     } else {
         let m = model.clone();
-        tokio::task::spawn_blocking(move || decode(&bytes, header_len, &m.interface, non_finite))
-            .await
-            .map_err(|e| RequestError::Internal(format!("decoding: {e}")))??
+        tokio::task::spawn_blocking(move || {
+            decode(&bytes, header_len, &Expect { iface: &m.interface, non_finite, max_rows })
+        })
+        .await
+        .map_err(|e| RequestError::Task { what: "decoding", source: Arc::new(e) })??
     };
     drop(model);
     let id = decoded.id.clone();

@@ -13,37 +13,14 @@ use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinHandle;
 
 use crate::batcher::Batcher;
-use crate::error::{LoadError, StartError};
+use crate::error::{LoadError, OptionsError, StartError};
 use crate::events::{Event, EventSink};
 use crate::metrics::Metrics;
 use crate::model::{FileStamp, LoadedModel};
-use crate::options::{Batching, Limits, ModelSource, NonFinite, ServeOptions};
+use crate::options::{Limits, ModelSource, ServeOptions};
 use crate::reload::{ReloadConfig, ReloadStats, Reloader};
 use crate::slot::ModelSlot;
-
-/// What every request handler shares.
-pub struct AppState {
-    /// The model name in URLs.
-    pub name: String,
-    /// The served model.
-    pub slot: Arc<ModelSlot>,
-    /// The queue.
-    pub batcher: Batcher,
-    /// Metrics.
-    pub metrics: Arc<Metrics>,
-    /// Batching settings (reported in the model configuration).
-    pub batching: Batching,
-    /// Request limits.
-    pub limits: Limits,
-    /// NaN policy.
-    pub non_finite: NonFinite,
-    /// Bytes of request bodies that may be held at once.
-    pub body_budget: Arc<Semaphore>,
-    /// Set when shutdown begins (readiness turns false).
-    pub draining: AtomicBool,
-    /// Reload outcomes.
-    pub reloads: Arc<ReloadStats>,
-}
+use crate::state::AppState;
 
 /// A running server.
 pub struct Server {
@@ -105,26 +82,24 @@ impl ServerHandle {
     }
 }
 
-fn check(opts: &ServeOptions) -> Result<(), StartError> {
+fn check(opts: &ServeOptions) -> Result<(), OptionsError> {
     let b = &opts.batching;
     if b.max_batch == 0 || b.queue == 0 {
-        return Err(StartError::Options("max_batch and queue must be at least 1".into()));
+        return Err(OptionsError::Zero);
     }
     let ok_name = !opts.name.is_empty()
         && opts.name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
         && opts.name != "."
         && opts.name != "..";
     if !ok_name {
-        return Err(StartError::Options(format!(
-            "model name {:?}: use letters, digits, '-', '_' and '.' (it goes into URLs)",
-            opts.name
-        )));
+        return Err(OptionsError::Name { name: opts.name.clone() });
     }
-    if opts.limits.max_body_bytes == 0 || opts.limits.max_inflight_body_bytes < opts.limits.max_body_bytes {
-        return Err(StartError::Options("the in-flight body budget must hold at least one largest body".into()));
+    let (budget, body) = (opts.limits.max_inflight_body_bytes, opts.limits.max_body_bytes);
+    if body == 0 || budget < body {
+        return Err(OptionsError::Budget { budget, body });
     }
-    if u32::try_from(opts.limits.max_inflight_body_bytes).is_err() {
-        return Err(StartError::Options("the in-flight body budget must be under 4 GiB".into()));
+    if u32::try_from(budget).is_err() {
+        return Err(OptionsError::BudgetTooLarge { budget });
     }
     Ok(())
 }
@@ -255,3 +230,7 @@ impl Server {
         result.map_err(|e| std::io::Error::other(e.to_string()))?
     }
 }
+
+#[cfg(test)]
+#[path = "server_tests.rs"]
+mod tests;

@@ -15,7 +15,7 @@ use crate::args::DeviceArg;
 use crate::{output, CliError, Global};
 
 /// `pmstate serve CHECKPOINT [--config P] [--name policy] [--addr 127.0.0.1:8080] [--device cpu|cuda]
-/// [--max-batch N] [--max-wait-us N] [--queue N] [--watch]`
+/// [--max-batch N] [--max-wait-us N] [--queue N] [--watch] [--drain-timeout S]`
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// A ProtoMotions checkpoint (last.ckpt, inference_last.ckpt, or its safetensors conversion).
@@ -32,7 +32,8 @@ pub struct Args {
     /// Where the policy runs.
     #[arg(long, value_enum, default_value = "cpu")]
     device: DeviceArg,
-    /// Most rows merged into one forward (1: no batching).
+    /// Most rows in one forward, and in one request (Triton's
+    /// max_batch_size: a request with more rows is refused with 400); 1: no batching.
     #[arg(long, default_value_t = 256, value_parser = crate::args::positive)]
     max_batch: usize,
     /// Microseconds the oldest queued request may wait for more rows (0: take
@@ -64,13 +65,17 @@ pub struct Args {
     /// Threads of the forward (default: all cores).
     #[arg(long, value_parser = crate::args::positive)]
     threads: Option<usize>,
+    /// Longest graceful shutdown on SIGINT/SIGTERM, in seconds: requests
+    /// still running after it are dropped (their connections closed).
+    #[arg(long, default_value_t = 30.0, value_parser = crate::args::positive_seconds)]
+    drain_timeout: f64,
 }
 
 /// `KEY=N`.
 fn width_pin(s: &str) -> Result<(String, usize), String> {
-    let (k, n) = s.split_once('=').ok_or_else(|| format!("{s:?}: expected KEY=N, e.g. max_coords_obs=358"))?;
+    let (k, n) = s.split_once('=').ok_or_else(|| format!("\"{s}\": expected KEY=N, e.g. max_coords_obs=358"))?;
     if k.is_empty() {
-        return Err(format!("{s:?}: the key is empty"));
+        return Err(format!("\"{s}\": the key is empty"));
     }
     Ok((k.to_owned(), crate::args::positive(n)?))
 }
@@ -92,6 +97,7 @@ pub fn run(a: Args, g: Global) -> Result<ExitCode, CliError> {
     opts.limits = Limits {
         max_body_bytes: a.max_body_bytes,
         max_inflight_body_bytes: defaults.max_inflight_body_bytes.max(a.max_body_bytes),
+        drain_timeout: Duration::from_secs_f64(a.drain_timeout),
         ..defaults
     };
     opts.threads = a.threads;

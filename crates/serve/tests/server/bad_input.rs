@@ -152,7 +152,7 @@ async fn non_finite_inputs_pass_through_or_are_refused() {
     let mut r = rows(&o, &[0, 1]);
     r[0].2[3] = f32::NAN; // max_coords_obs, row 0, column 3
     r[2].2[69 + 5] = f32::INFINITY; // previous_actions, row 1, column 5
-                                    // JSON with the NaN / Infinity literals (what tritonclient sends), binary outputs to read them back
+                                    // JSON with the NaN / Infinity literals (what tritonclient sends)
     let mut parts = vec![];
     for (k, w, v) in &r {
         let mut data = vec![];
@@ -160,30 +160,36 @@ async fn non_finite_inputs_pass_through_or_are_refused() {
         let data = String::from_utf8(data).unwrap();
         parts.push(format!(r#"{{"name":"{k}","shape":[{},{w}],"datatype":"FP32","data":{data}}}"#, v.len() / w));
     }
-    let text = format!(r#"{{"inputs":[{}],"parameters":{{"binary_data_output":true}}}}"#, parts.join(","));
+    let request = |tail: &str| format!(r#"{{"inputs":[{}],{tail}}}"#, parts.join(","));
+    // binary outputs, to read the values back exactly
+    let text = request(r#""parameters":{"binary_data_output":true}"#);
     assert!(text.contains("NaN") && text.contains("Infinity"));
     let reply = infer(&s.client, text.clone().into_bytes()).await;
     let got = outputs(&reply);
-    // passed through: exactly what Policy::forward gives on the same rows
-    // (today finite: the packed kernels' ReLU is f32::max(0), which drops a
-    // NaN where torch.relu keeps it; the server adds nothing of its own)
+    // passed through, as torch would: the normalizer's clamp keeps the NaN,
+    // the first layer spreads it over every unit and ReLU keeps it (as
+    // torch.relu does), so row 0's mean_action is NaN throughout; row 1's
+    // infinity is clamped to 5 and its answer is finite. Exactly what
+    // Policy::forward gives on the same rows: the server adds nothing of its own
     let policy =
         pmstate_policy::Policy::load(testdata("smpl_tracker").join("last.ckpt"), None, &candle_core::Device::Cpu)
             .unwrap();
     let want = host(&policy.forward(&tensors(&r)).unwrap().mean_action);
-    let same =
-        |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan()));
     let mean = &got["mean_action"].1;
-    assert!(same(mean, &want));
+    assert_eq!(got["mean_action"].0, [2, 69]);
+    assert!(mean[..69].iter().all(|v| v.is_nan()), "row 0 (a NaN input): {:?}", &mean[..69]);
+    assert!(mean[69..].iter().all(|v| v.is_finite()), "row 1 (an infinite input, clamped): {:?}", &mean[69..]);
+    assert!(want[..69].iter().all(|v| v.is_nan()));
+    assert_eq!(bits(&mean[69..]), bits(&want[69..]));
 
-    // JSON outputs write NaN as Triton does (a bare NaN literal)
-    let plain = text.replace("\"binary_data_output\":true", "\"binary_data_output\":false");
-    let reply = infer(&s.client, plain.clone().into_bytes()).await;
-    assert_eq!(reply.status, 200);
-    assert!(String::from_utf8_lossy(&reply.body).contains("NaN"));
+    // JSON outputs write NaN as Triton does (a bare NaN literal): 69 of them for row 0's mean_action
+    let plain = request(r#""outputs":[{"name":"mean_action"}]"#);
+    let reply = infer(&s.client, plain.into_bytes()).await;
+    assert_eq!(reply.status, 200, "{}", String::from_utf8_lossy(&reply.body));
+    assert_eq!(String::from_utf8_lossy(&reply.body).matches("NaN").count(), 69);
 
     // refused on request, naming input, row and column
-    let refused = plain.replace("\"binary_data_output\":false", "\"reject_non_finite\":true");
+    let refused = request(r#""parameters":{"reject_non_finite":true}"#);
     let r = infer(&s.client, refused.into_bytes()).await;
     let msg = error_of(&r, 400);
     assert_names(&msg, &["max_coords_obs", "row 0", "column 3", "NaN", "reject_non_finite"]);
@@ -325,4 +331,58 @@ async fn raw_request(addr: std::net::SocketAddr, head: &str, body: &[u8]) -> Str
         }
     }
     String::from_utf8_lossy(&got).into_owned()
+}
+
+/// `body` padded with spaces (valid JSON) to exactly `len` bytes.
+fn padded(mut body: Vec<u8>, len: usize) -> Vec<u8> {
+    assert!(body.len() <= len);
+    body.resize(len, b' ');
+    body
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bodies_in_flight_over_the_budget_get_503_until_the_budget_is_given_back() {
+    // room for two largest bodies at once, all clients together
+    let mut opts = options(testdata("smpl_tracker").join("last.ckpt"));
+    opts.limits = Limits { max_body_bytes: 64 << 10, max_inflight_body_bytes: 128 << 10, ..Limits::default() };
+    let s = start(opts).await;
+    let handle = s.server.handle();
+    let o = obs("smpl_tracker");
+    let reserved = || metric(&handle.metrics_text(), "pmstate_body_bytes_reserved");
+    let (small, r0) = row_request(&o, &[0], json!({}));
+    let body = padded(small.clone(), 64 << 10);
+    let policy =
+        pmstate_policy::Policy::load(testdata("smpl_tracker").join("last.ckpt"), None, &candle_core::Device::Cpu)
+            .unwrap();
+    let want = bits(&host(&policy.forward(&tensors(&r0)).unwrap().mean_action));
+
+    // two slow clients, each holding a 64 KiB body half sent: the budget is full
+    let slow = [Held::start(s.addr, &body).await, Held::start(s.addr, &body).await];
+    until("both bodies reserved", || reserved() == (128 << 10) as f64).await;
+
+    // one more body, large or small, does not fit: 503 with Retry-After and a JSON error
+    for b in [body.clone(), small.clone()] {
+        let r = infer(&s.client, b).await;
+        let msg = error_of(&r, 503);
+        assert_eq!(msg, "request bodies in flight fill the budget of 131072 bytes; retry later");
+        assert_eq!(r.header("retry-after"), Some("1"));
+    }
+    assert_eq!(metric(&handle.metrics_text(), "pmstate_infer_errors_total{kind=\"busy\"}"), 2.0);
+
+    // the slow bodies arrive and are answered; their reservations are given back
+    for h in slow {
+        let (status, answer) = h.finish().await;
+        assert_eq!(status, 200, "{}", String::from_utf8_lossy(&answer));
+        let v: Value = serde_json::from_slice(&answer).unwrap();
+        let mean: Vec<f32> =
+            v["outputs"][0]["data"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect();
+        assert_eq!(v["outputs"][0]["name"], "mean_action");
+        assert_eq!(bits(&mean), want);
+    }
+    until("the budget given back", || reserved() == 0.0).await;
+    // and a later request of the largest size is answered
+    let r = infer(&s.client, body).await;
+    assert_eq!(bits(&outputs(&r)["mean_action"].1), want);
+    handle.shutdown();
+    s.server.wait().await.unwrap();
 }

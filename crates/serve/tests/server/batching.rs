@@ -101,3 +101,29 @@ async fn max_batch_bounds_the_rows_of_a_forward_and_max_wait_gathers_them() {
     s.server.handle().shutdown();
     s.server.wait().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_over_max_batch_is_refused_as_triton_refuses_it() {
+    let v = "smpl_tracker";
+    let o = obs(v);
+    let mut opts = options(testdata(v).join("last.ckpt"));
+    opts.batching.max_batch = 4;
+    let s = start(opts).await;
+    // the configuration tells clients the bound
+    assert_eq!(s.client.get("/v2/models/policy/config").await.unwrap().json()["max_batch_size"], 4);
+    let (body, _) = row_request(&o, &[0, 1, 2, 3, 4], json!({}));
+    let r = infer(&s.client, body).await;
+    assert_eq!(r.status, 400);
+    let msg = r.json()["error"].as_str().unwrap().to_owned();
+    assert!(msg.contains("5 rows") && msg.contains("max_batch_size = 4"), "{msg}");
+    // at the bound: answered, in one forward
+    let (body, rows4) = row_request(&o, &[0, 1, 2, 3], json!({}));
+    let got = outputs(&infer(&s.client, body).await);
+    let policy = Policy::load(testdata(v).join("last.ckpt"), None, &Device::Cpu).unwrap();
+    assert_eq!(bits(&got["mean_action"].1), bits(&host(&policy.forward(&tensors(&rows4)).unwrap().mean_action)));
+    let text = s.server.handle().metrics_text();
+    assert_eq!(metric(&text, "pmstate_infer_errors_total{kind=\"bad_input\"}"), 1.0);
+    assert_eq!(metric(&text, "pmstate_batch_rows_count"), 1.0);
+    s.server.handle().shutdown();
+    s.server.wait().await.unwrap();
+}

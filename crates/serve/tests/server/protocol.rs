@@ -173,3 +173,154 @@ async fn amp_models_serve_the_discriminator_when_its_inputs_are_given() {
     s.server.handle().shutdown();
     s.server.wait().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pinned_widths_are_in_the_metadata_and_refuse_another_split() {
+    let ckpt = testdata("smpl_tracker").join("last.ckpt");
+    let mut opts = options(ckpt.clone());
+    // the third width follows from the sum 1003
+    opts.widths = vec![("max_coords_obs".into(), 358), ("mimic_target_poses".into(), 576)];
+    let s = start(opts).await;
+    let m = s.client.get("/v2/models/policy").await.unwrap().json();
+    assert_eq!(
+        m["inputs"],
+        json!([
+            {"name": "max_coords_obs", "datatype": "FP32", "shape": [-1, 358]},
+            {"name": "mimic_target_poses", "datatype": "FP32", "shape": [-1, 576]},
+            {"name": "previous_actions", "datatype": "FP32", "shape": [-1, 69]},
+        ])
+    );
+    let cfg = s.client.get("/v2/models/policy/config").await.unwrap().json();
+    let dims: Vec<_> = cfg["input"].as_array().unwrap().iter().map(|i| i["dims"].clone()).collect();
+    assert_eq!(dims, [json!([358]), json!([576]), json!([69])]);
+
+    // one column moved from max_coords_obs to mimic_target_poses: still 1003 in all
+    let o = obs("smpl_tracker");
+    let mut r = rows(&o, &[0, 1]);
+    let (a, b) = (&r[0].2, &r[1].2);
+    let moved_a: Vec<f32> = a.chunks(358).flat_map(|row| row[..357].to_vec()).collect();
+    let moved_b: Vec<f32> =
+        b.chunks(576).zip(a.chunks(358)).flat_map(|(row, from)| [&[from[357]], row].concat()).collect();
+    r[0] = ("max_coords_obs".into(), 357, moved_a);
+    r[1] = ("mimic_target_poses".into(), 577, moved_b);
+    let body = json_request(&r, json!({}));
+    let reply = infer(&s.client, body.clone()).await;
+    assert_eq!(reply.status, 400);
+    assert_eq!(reply.json()["error"], "input max_coords_obs: width 357, expected 358");
+    s.server.handle().shutdown();
+    s.server.wait().await.unwrap();
+
+    // without the pins the same split is accepted (only the sum is known): the pins are what refuse it
+    let s = start(options(ckpt)).await;
+    let reply = infer(&s.client, body).await;
+    assert_eq!(outputs(&reply)["mean_action"].0, [2, 69]);
+    s.server.handle().shutdown();
+    s.server.wait().await.unwrap();
+}
+
+/// The `count` buffer of a normalizer, read from the checkpoint itself (through pmstate-ckpt's safetensors export).
+fn saved_count(ckpt: &std::path::Path, key: &str) -> i64 {
+    let dir = tempfile::tempdir().unwrap();
+    let st = dir.path().join("c.safetensors");
+    pmstate_ckpt::Checkpoint::open(ckpt).unwrap().save(&st).unwrap();
+    let m = candle_core::safetensors::load(&st, &Device::Cpu).unwrap();
+    m[key].to_dtype(candle_core::DType::F64).unwrap().flatten_all().unwrap().to_vec1::<f64>().unwrap()[0] as i64
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_configuration_reports_normalizer_counts_checkpoint_and_load() {
+    // Welford normalizers: their count is the number of samples seen in training
+    let ckpt = testdata("welford_clamps").join("last.ckpt");
+    let before = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs_f64();
+    let s = start(options(ckpt.clone())).await;
+    let after = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs_f64();
+    let cfg = s.client.get("/v2/models/policy/config").await.unwrap().json();
+    let p = &cfg["pmstate"];
+    let nets = p["description"]["networks"].as_array().unwrap();
+    let norm = |role: &str| nets.iter().find(|n| n["role"] == role).unwrap()["modules"][0]["normalizer"].clone();
+    let (actor, critic) = (norm("actor"), norm("critic"));
+    assert_eq!(actor["count"], saved_count(&ckpt, "model._actor.mu.norm.running_obs_norm.count"));
+    assert_eq!(critic["count"], saved_count(&ckpt, "model._critic.norm.running_obs_norm.count"));
+    assert_eq!(actor["count"], 4801);
+    assert_eq!(actor["ema"], false);
+    // the checkpoint: its path, configs file, size and sha256 as on disk
+    let prov = &p["provenance"];
+    assert_eq!(prov["checkpoint"], ckpt.display().to_string());
+    assert_eq!(prov["config"], testdata("welford_clamps").join("resolved_configs.pt").display().to_string());
+    let bytes = std::fs::read(&ckpt).unwrap();
+    assert_eq!(prov["bytes"], bytes.len());
+    let sha: String = sha2::Digest::finalize(<sha2::Sha256 as sha2::Digest>::new_with_prefix(&bytes))
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    assert_eq!(prov["sha256"], sha);
+    // when it was loaded (during start) and that the load took some time
+    let at = prov["loaded_at_unix"].as_f64().unwrap();
+    assert!((before..=after).contains(&at), "{before} <= {at} <= {after}");
+    let took = prov["load_seconds"].as_f64().unwrap();
+    assert!(took > 0.0 && took.is_finite(), "{took}");
+    assert_eq!(p["reloads"], json!({"ok": 0, "failed": 0}));
+    s.server.handle().shutdown();
+    s.server.wait().await.unwrap();
+}
+
+/// (le, cumulative count) of every bucket of a histogram in the metrics text.
+fn buckets(text: &str, name: &str) -> Vec<(f64, f64)> {
+    let prefix = format!("{name}_bucket{{le=\"");
+    text.lines()
+        .filter_map(|l| l.strip_prefix(&prefix))
+        .map(|rest| {
+            let (le, count) = rest.split_once("\"} ").unwrap();
+            let le = if le == "+Inf" { f64::INFINITY } else { le.parse().unwrap() };
+            (le, count.trim().parse().unwrap())
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_count_requests_by_outcome_latency_and_forwards() {
+    let s = start_variant("smpl_tracker").await;
+    let o = obs("smpl_tracker");
+    // three answered (1, 2 and 3 rows, one after the other: one forward each), two refused, one unknown model
+    for n in 1..=3usize {
+        let (body, _) = row_request(&o, &(0..n).collect::<Vec<_>>(), json!({}));
+        assert_eq!(infer(&s.client, body).await.status, 200);
+    }
+    for _ in 0..2 {
+        assert_eq!(infer(&s.client, b"{\"inputs\": []}".to_vec()).await.status, 400);
+    }
+    let (body, _) = row_request(&o, &[0], json!({}));
+    let r = s.client.post("/v2/models/other/infer", body, &[]).await.unwrap();
+    assert_eq!(r.status, 404);
+
+    let text = String::from_utf8(s.client.get("/metrics").await.unwrap().body.to_vec()).unwrap();
+    // every inference request, by outcome: 3 answered + the refusals by kind
+    assert_eq!(metric(&text, "pmstate_infer_requests_total "), 6.0);
+    assert_eq!(metric(&text, "pmstate_infer_errors_total{kind=\"bad_input\"}"), 2.0);
+    assert_eq!(metric(&text, "pmstate_infer_errors_total{kind=\"not_found\"}"), 1.0);
+    let kinds = pmstate_serve::RequestError::KINDS;
+    let refused: f64 =
+        kinds.iter().map(|k| metric(&text, &format!("pmstate_infer_errors_total{{kind=\"{k}\"}}"))).sum();
+    assert_eq!(refused, 3.0);
+    assert_eq!(metric(&text, "pmstate_infer_rows_total"), 6.0);
+    // the latency histogram: every request observed, buckets cumulative up to +Inf
+    let lat = buckets(&text, "pmstate_request_duration_seconds");
+    assert_eq!(lat.len(), 21, "20 exponential buckets from 25 µs, and +Inf");
+    assert_eq!(lat[0].0, 25e-6);
+    assert!(lat.windows(2).all(|w| w[0].0 < w[1].0 && w[0].1 <= w[1].1), "{lat:?}");
+    assert_eq!(lat.last().unwrap(), &(f64::INFINITY, 6.0));
+    assert_eq!(metric(&text, "pmstate_request_duration_seconds_count"), 6.0);
+    assert!(metric(&text, "pmstate_request_duration_seconds_sum") > 0.0);
+    // the forward: one per answered request, of 1, 2 and 3 rows
+    let fwd = buckets(&text, "pmstate_forward_duration_seconds");
+    assert_eq!(fwd.last().unwrap(), &(f64::INFINITY, 3.0));
+    assert!(fwd.windows(2).all(|w| w[0].1 <= w[1].1));
+    assert_eq!(metric(&text, "pmstate_forward_duration_seconds_count"), 3.0);
+    assert!(metric(&text, "pmstate_forward_duration_seconds_sum") > 0.0);
+    assert_eq!(buckets(&text, "pmstate_batch_rows")[..3], [(1.0, 1.0), (2.0, 2.0), (4.0, 3.0)]);
+    assert_eq!(metric(&text, "pmstate_batch_rows_sum"), 6.0);
+    assert_eq!(metric(&text, "pmstate_requests_in_flight"), 0.0);
+    assert_eq!(metric(&text, "pmstate_body_bytes_reserved"), 0.0);
+    s.server.handle().shutdown();
+    s.server.wait().await.unwrap();
+}

@@ -12,7 +12,8 @@ use std::time::Duration;
 use crate::common::*;
 use candle_core::{Device, Tensor};
 use pmstate_policy::Policy;
-use pmstate_serve::{Event, Watch};
+use pmstate_serve::model::LoadedModel;
+use pmstate_serve::{Difference, Event, Watch};
 use serde_json::json;
 
 fn mean_rows(policy: &Policy, o: &std::collections::HashMap<String, Tensor>) -> Vec<Vec<u32>> {
@@ -148,4 +149,171 @@ async fn without_watch_only_a_reload_on_request_loads() {
     assert!(s.events.all().iter().any(|e| matches!(e, Event::Reloaded { version: 2, .. })));
     handle.shutdown();
     s.server.wait().await.unwrap();
+}
+
+/// Mean actions of the 8 recorded rows as the server answers them, and the version that answered.
+async fn served_rows(s: &Running, o: &std::collections::HashMap<String, Tensor>) -> (Vec<Vec<u32>>, Vec<String>) {
+    let mut means = vec![];
+    let mut versions = vec![];
+    for i in 0..8 {
+        let (body, _) = row_request(o, &[i], json!({}));
+        let r = infer(&s.client, body).await;
+        versions.push(r.json()["model_version"].as_str().unwrap().to_owned());
+        means.push(bits(&outputs(&r)["mean_action"].1));
+    }
+    (means, versions)
+}
+
+#[cfg(unix)]
+fn inode(p: &std::path::Path) -> u64 {
+    std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(p).unwrap())
+}
+
+#[cfg(unix)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_checkpoint_rewritten_in_place_is_swapped_in() {
+    let (_dir, ckpt) = tracker_dir(0.0);
+    let o = obs("smpl_tracker");
+    let b_path = ckpt.with_file_name("b.safetensors");
+    candle_core::safetensors::save(&tracker_tensors(0.25), &b_path).unwrap();
+    let b = mean_rows(&Policy::load(&b_path, None, &Device::Cpu).unwrap(), &o);
+    let mut opts = options(ckpt.clone());
+    opts.watch = Watch::Poll { interval: Duration::from_millis(20) };
+    let s = start(opts).await;
+    let handle = s.server.handle();
+    let (before, _) = served_rows(&s, &o).await;
+    assert_ne!(before, b);
+
+    // the same file (same inode), truncated and written again, as torch.save to an open path does
+    let ino = inode(&ckpt);
+    {
+        use std::io::Write;
+        let mut f = std::fs::OpenOptions::new().write(true).truncate(true).open(&ckpt).unwrap();
+        f.write_all(&std::fs::read(&b_path).unwrap()).unwrap();
+        f.sync_all().unwrap();
+    }
+    assert_eq!(inode(&ckpt), ino);
+    until("the rewritten file served", || handle.version() >= 2).await;
+    let (after, versions) = served_rows(&s, &o).await;
+    assert_eq!(after, b, "answers switched to the new weights");
+    let v = handle.version().to_string();
+    assert!(versions.iter().all(|x| *x == v), "{versions:?}");
+    assert!(s.events.all().iter().any(|e| matches!(e, Event::Reloaded { .. })));
+    handle.shutdown();
+    s.server.wait().await.unwrap();
+}
+
+/// The smpl tracker's `last.ckpt` (ProtoMotions' own torch zip) with the
+/// actor's last bias shifted by `shift`, written as a torch zip to `path`.
+fn write_shifted_ckpt(shift: f32, path: &std::path::Path) {
+    let ck = pmstate_ckpt::Checkpoint::open(testdata("smpl_tracker").join("last.ckpt")).unwrap();
+    let t = ck.tensor("model._actor.mu.mlp.12.bias").unwrap().clone();
+    assert_eq!((t.dtype, t.stride.as_slice()), (pmstate_ckpt::DType::F32, &[1][..]));
+    let (root, mut storages) = ck.into_parts();
+    let st = storages.get_mut(&t.storage).unwrap();
+    let mut data = st.data.read().unwrap().into_owned();
+    for i in t.offset..t.offset + t.numel() {
+        let at = &mut data[i * 4..i * 4 + 4];
+        let v = f32::from_le_bytes([at[0], at[1], at[2], at[3]]) + shift;
+        at.copy_from_slice(&v.to_le_bytes());
+    }
+    st.data = pmstate_ckpt::Bytes::owned(data);
+    // the checkpoint keeps what ProtoMotions pickled (its optimizer and config objects)
+    let opts = pmstate_ckpt::WriteOptions { unsafe_globals: pmstate_ckpt::UnsafeGlobals::Allow, ..Default::default() };
+    pmstate_ckpt::Checkpoint::from_parts(root, storages).unwrap().save_with(path, &opts).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watched_torch_ckpt_is_reloaded() {
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = dir.path().join("last.ckpt");
+    std::fs::copy(testdata("smpl_tracker").join("last.ckpt"), &ckpt).unwrap();
+    std::fs::copy(testdata("smpl_tracker").join("resolved_configs.pt"), dir.path().join("resolved_configs.pt"))
+        .unwrap();
+    let o = obs("smpl_tracker");
+    let a = mean_rows(&Policy::load(&ckpt, None, &Device::Cpu).unwrap(), &o);
+    let staged = dir.path().join("staged").join("last.ckpt");
+    std::fs::create_dir(staged.parent().unwrap()).unwrap();
+    std::fs::copy(dir.path().join("resolved_configs.pt"), staged.with_file_name("resolved_configs.pt")).unwrap();
+    write_shifted_ckpt(-0.125, &staged);
+    let b = mean_rows(&Policy::load(&staged, None, &Device::Cpu).unwrap(), &o);
+    assert_ne!(a, b);
+
+    let mut opts = options(ckpt.clone());
+    opts.watch = Watch::Poll { interval: Duration::from_millis(20) };
+    let s = start(opts).await;
+    let handle = s.server.handle();
+    assert_eq!(served_rows(&s, &o).await.0, a);
+    // a new torch zip renamed over the watched last.ckpt
+    std::fs::rename(&staged, &ckpt).unwrap();
+    until("the new last.ckpt served", || handle.version() == 2).await;
+    let (after, versions) = served_rows(&s, &o).await;
+    assert_eq!(after, b);
+    assert!(versions.iter().all(|v| v == "2"));
+    assert!(failures(&s.events).is_empty(), "{:?}", failures(&s.events));
+    handle.shutdown();
+    s.server.wait().await.unwrap();
+}
+
+/// A folder holding a copy of `variant`'s `last.ckpt` and resolved configs.
+fn variant_dir(variant: &str) -> (tempfile::TempDir, std::path::PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    for f in ["last.ckpt", "resolved_configs.pt"] {
+        std::fs::copy(testdata(variant).join(f), dir.path().join(f)).unwrap();
+    }
+    let ckpt = dir.path().join("last.ckpt");
+    (dir, ckpt)
+}
+
+/// Another run's configs copied next to `ckpt`, then its checkpoint renamed over it.
+fn swap_in(variant: &str, ckpt: &std::path::Path) {
+    std::fs::copy(testdata(variant).join("resolved_configs.pt"), ckpt.with_file_name("resolved_configs.pt")).unwrap();
+    let staged = ckpt.with_file_name("staged.ckpt");
+    std::fs::copy(testdata(variant).join("last.ckpt"), &staged).unwrap();
+    std::fs::rename(&staged, ckpt).unwrap();
+}
+
+/// Serving `served` (watched), the checkpoint of `candidate` swapped in
+/// is refused: the interface differs as `want` says, and the old model
+/// keeps serving (same version, same metadata, the same answers).
+async fn refused_swap(served: &str, candidate: &str, want: impl Fn(&Difference) -> bool) -> String {
+    let (_dir, ckpt) = variant_dir(served);
+    let old = LoadedModel::load(&ckpt, None, &Device::Cpu, &[], 1).unwrap();
+    let new = LoadedModel::load(&testdata(candidate).join("last.ckpt"), None, &Device::Cpu, &[], 2).unwrap();
+    let d = old.interface.difference(&new.interface);
+    assert!(d.as_ref().is_some_and(|(what, _, _)| want(what)), "{served} -> {candidate}: {d:?}");
+    let r = rows(&obs(served), &[0, 1, 2]);
+    let answer = bits(&host(&old.policy.forward(&tensors(&r)).unwrap().mean_action));
+
+    let mut opts = options(ckpt.clone());
+    opts.watch = Watch::Poll { interval: Duration::from_millis(20) };
+    let s = start(opts).await;
+    let handle = s.server.handle();
+    let meta = s.client.get("/v2/models/policy").await.unwrap().json();
+    swap_in(candidate, &ckpt);
+    until("the refusal", || !failures(&s.events).is_empty()).await;
+    assert_eq!(handle.version(), 1);
+    assert_eq!(s.client.get("/v2/models/policy").await.unwrap().json(), meta, "the served interface stays");
+    let got = outputs(&infer(&s.client, json_request(&r, json!({}))).await);
+    assert_eq!(bits(&got["mean_action"].1), answer, "still the old model's answers");
+    let f = failures(&s.events);
+    assert!(f.iter().all(|m| m.starts_with("1: ")), "{f:?}");
+    assert_eq!(metric(&handle.metrics_text(), "pmstate_model_reloads_total{result=\"ok\"}"), 0.0);
+    handle.shutdown();
+    s.server.wait().await.unwrap();
+    f[0].clone()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_changed_action_size_is_refused_and_the_old_model_keeps_serving() {
+    // the same in_keys and widths (obs_a 7, obs_b 5, obs_c 6); 6 actions, then 10
+    let reason = refused_swap("layernorm_activations", "module_ops_ppo", |d| matches!(d, Difference::ActionSize)).await;
+    assert!(reason.contains("not compatible") && reason.contains("action size was 6, is 10"), "{reason}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn changed_in_keys_are_refused_and_the_old_model_keeps_serving() {
+    // obs_a, obs_b, obs_c, then obs_a, obs_b
+    let reason = refused_swap("layernorm_activations", "welford_clamps", |d| matches!(d, Difference::InKeys)).await;
+    assert!(reason.contains("in_keys was obs_a, obs_b, obs_c, is obs_a, obs_b"), "{reason}");
 }

@@ -38,6 +38,10 @@ pub struct Running {
     pub addr: SocketAddr,
 }
 
+/// How long one request or one wait may take before a test calls it a hang
+/// (a watchdog, not a speed check).
+pub const WATCHDOG: std::time::Duration = std::time::Duration::from_secs(120);
+
 /// Options for `checkpoint` on 127.0.0.1:0.
 pub fn options(checkpoint: PathBuf) -> ServeOptions {
     let mut o = ServeOptions::new(ModelSource::Checkpoint { path: checkpoint, config: None });
@@ -51,7 +55,7 @@ pub async fn start(opts: ServeOptions) -> Running {
     let events = Events::default();
     let server = Server::start(opts, events.sink()).await.expect("server starts");
     let addr = server.addr();
-    Running { client: Client::new(addr), server, events, addr }
+    Running { client: Client::new(addr).with_timeout(WATCHDOG), server, events, addr }
 }
 
 pub async fn start_variant(variant: &str) -> Running {
@@ -219,11 +223,47 @@ pub fn row_request(o: &HashMap<String, Tensor>, idx: &[usize], extra: Value) -> 
     (json_request(&r, extra), r)
 }
 
-/// Polls `cond` every 5 ms until it holds; panics after 60 s (a hang, not a speed check).
+/// Polls `cond` every 5 ms until it holds; panics after [`WATCHDOG`] (a hang, not a speed check).
 pub async fn until(what: &str, mut cond: impl FnMut() -> bool) {
     let start = std::time::Instant::now();
     while !cond() {
-        assert!(start.elapsed() < std::time::Duration::from_secs(60), "timed out waiting for {what}");
+        assert!(start.elapsed() < WATCHDOG, "timed out waiting for {what}");
         tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+}
+
+/// A request sent over a raw connection, headers and the first half of its
+/// body only: in flight at the server (holding its share of the body
+/// budget) until [`Held::finish`] sends the rest.
+pub struct Held {
+    tcp: tokio::net::TcpStream,
+    rest: Vec<u8>,
+}
+
+impl Held {
+    pub async fn start(addr: SocketAddr, body: &[u8]) -> Held {
+        use tokio::io::AsyncWriteExt;
+        let mut tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let head = format!(
+            "POST /v2/models/policy/infer HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
+             connection: close\r\ncontent-length: {}\r\n\r\n",
+            body.len()
+        );
+        tcp.write_all(head.as_bytes()).await.unwrap();
+        let half = body.len() / 2;
+        tcp.write_all(&body[..half]).await.unwrap();
+        Held { tcp, rest: body[half..].to_vec() }
+    }
+
+    /// Sends the rest of the body: the status and the body of the answer.
+    pub async fn finish(mut self) -> (u16, Vec<u8>) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        self.tcp.write_all(&self.rest).await.unwrap();
+        let mut got = Vec::new();
+        tokio::time::timeout(WATCHDOG, self.tcp.read_to_end(&mut got)).await.expect("an answer").unwrap();
+        let text = String::from_utf8_lossy(&got).into_owned();
+        let status = text.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or_else(|| panic!("{text}"));
+        let start = text.find("\r\n\r\n").unwrap_or_else(|| panic!("{text}")) + 4;
+        (status, got[start..].to_vec())
     }
 }

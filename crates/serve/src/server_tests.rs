@@ -1,0 +1,73 @@
+//! The 500 path, which no request can reach with a real checkpoint
+//! (decoding refuses everything its forward would): a forward made to fail
+//! through the batcher's test-only fault hook answers 500 with a JSON
+//! error, is counted as `internal`, and the server keeps serving.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use crate::batcher::Fault;
+use crate::client::Client;
+use crate::{ignore_events, ModelSource, ServeOptions, Server};
+
+fn smpl_tracker() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/policy/smpl_tracker")
+}
+
+/// One row of the recorded observations as a JSON request.
+fn request() -> Vec<u8> {
+    let obs = candle_core::safetensors::load(smpl_tracker().join("obs.safetensors"), &candle_core::Device::Cpu)
+        .expect("the recorded observations");
+    let mut keys: Vec<&String> = obs.keys().collect();
+    keys.sort();
+    let inputs: Vec<Value> = keys
+        .into_iter()
+        .map(|k| {
+            let row = obs[k].narrow(0, 0, 1).and_then(|t| t.flatten_all()).and_then(|t| t.to_vec1::<f32>());
+            let row = row.expect("row 0");
+            json!({"name": k, "shape": [1, row.len()], "datatype": "FP32", "data": row})
+        })
+        .collect();
+    serde_json::to_vec(&json!({ "inputs": inputs })).expect("JSON")
+}
+
+fn metric(text: &str, series: &str) -> Option<f64> {
+    text.lines().find_map(|l| l.strip_prefix(series)).and_then(|v| v.trim().parse().ok())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_or_panicking_forward_is_a_500_and_the_server_goes_on() {
+    let mut opts = ServeOptions::new(ModelSource::Checkpoint { path: smpl_tracker().join("last.ckpt"), config: None });
+    opts.addr = SocketAddr::from(([127, 0, 0, 1], 0));
+    opts.threads = Some(1);
+    let server = Server::start(opts, ignore_events()).await.expect("the server starts");
+    let handle = server.handle();
+    let c = Client::new(server.addr()).with_timeout(Duration::from_secs(120));
+    let headers = [("content-type", "application/json".to_string())];
+    let infer = || c.post("/v2/models/policy/infer", request(), &headers);
+
+    let good = infer().await.expect("an answer");
+    assert_eq!(good.status, 200);
+    for (fault, want) in [
+        (Fault::Error, "internal error: the forward failed: candle: injected fault"),
+        (Fault::Panic, "internal error: the forward panicked"),
+    ] {
+        handle.state.batcher.inject(fault);
+        let r = infer().await.expect("an answer");
+        assert_eq!(r.status, 500, "{fault:?}");
+        assert_eq!(r.header("content-type"), Some("application/json"));
+        assert_eq!(r.json()["error"], want, "{fault:?}");
+        // the next request is answered as before
+        let again = infer().await.expect("an answer");
+        assert_eq!(again.status, 200, "after {fault:?}");
+        assert_eq!(again.json()["outputs"], good.json()["outputs"]);
+    }
+    let text = handle.metrics_text();
+    assert_eq!(metric(&text, "pmstate_infer_errors_total{kind=\"internal\"} "), Some(2.0));
+    assert_eq!(metric(&text, "pmstate_infer_requests_total "), Some(5.0));
+    handle.shutdown();
+    server.wait().await.expect("a clean stop");
+}
