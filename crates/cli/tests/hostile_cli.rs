@@ -296,7 +296,9 @@ fn same_node(a: &Node, b: &Node, r: &mut Renaming, at: &str) -> Result<(), Strin
     let differ = || Err(format!("{at}: {a} then {b}"));
     match (a, b) {
         (Node::Float(x), Node::Float(y)) if x.to_bits() != y.to_bits() => differ(),
-        (Node::Complex(xr, xi), Node::Complex(yr, yi)) if (xr.to_bits(), xi.to_bits()) != (yr.to_bits(), yi.to_bits()) => {
+        (Node::Complex(xr, xi), Node::Complex(yr, yi))
+            if (xr.to_bits(), xi.to_bits()) != (yr.to_bits(), yi.to_bits()) =>
+        {
             differ()
         }
         (Node::List(xs), Node::List(ys)) | (Node::Tuple(xs), Node::Tuple(ys)) | (Node::Set(xs), Node::Set(ys)) => {
@@ -310,7 +312,8 @@ fn same_node(a: &Node, b: &Node, r: &mut Renaming, at: &str) -> Result<(), Strin
             same_option(&x.state().cloned(), &y.state().cloned(), r, &format!("{at}.<state>"))
         }
         (Node::Tensor(x), Node::Tensor(y)) => {
-            let view = |t: &TensorRef| (t.dtype, t.shape.clone(), t.stride.clone(), t.offset, t.requires_grad, t.parameter);
+            let view =
+                |t: &TensorRef| (t.dtype, t.shape.clone(), t.stride.clone(), t.offset, t.requires_grad, t.parameter);
             if view(x) != view(y) {
                 return Err(format!("{at}: tensor {:?} then {:?}", view(x), view(y)));
             }
