@@ -1,17 +1,19 @@
 //! Strict config reading: unknown fields, classes and activations are
 //! refused with errors that name them; neutral unknown fields pass.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use candle_core::Device;
 use pmstate_ckpt::{Checkpoint, Node};
+use pmstate_policy::actor::LogstdSource;
 use pmstate_policy::{ModelConfig, Policy, PolicyError};
 
+fn data(rel: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata/policy").join(rel)
+}
+
 fn configs(v: &str) -> Checkpoint {
-    Checkpoint::open(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata/policy").join(v).join("resolved_configs.pt"),
-    )
-    .unwrap()
+    Checkpoint::open(data(&format!("{v}/resolved_configs.pt"))).unwrap()
 }
 
 fn model(v: &str) -> Node {
@@ -113,13 +115,121 @@ fn activations_and_ops_are_checked() {
 #[test]
 fn a_checkpoint_that_does_not_fit_the_config_is_refused() {
     let cfg = ModelConfig::from_node(&model("smpl_tracker"), "agent.model").unwrap();
-    let ckpt =
-        Checkpoint::open(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata/policy/welford_clamps/last.ckpt"))
-            .unwrap();
+    let ckpt = Checkpoint::open(data("welford_clamps/last.ckpt")).unwrap();
     let e = Policy::from_parts(cfg, &ckpt, &Device::Cpu).unwrap_err();
-    let msg = e.to_string();
+    // the recorded smpl actor has three hidden layers of 16, welford_clamps' two: its
+    // third Linear (mlp.4) is already the 16 -> 5 output
     assert!(
-        msg.contains("welford_clamps/last.ckpt") && msg.contains("running_obs_norm") || msg.contains("mlp."),
-        "{msg}"
+        matches!(&e, PolicyError::WeightShape { file, key, got, expected }
+            if file.ends_with("welford_clamps/last.ckpt") && key == "model._actor.mu.mlp.4.weight"
+                && got == &[5, 16] && expected.starts_with("[16, 16]")),
+        "{e}"
     );
+    assert!(
+        e.to_string().ends_with(
+            "model._actor.mu.mlp.4.weight has shape [5, 16], expected [16, 16] (from the config's layer widths)"
+        ),
+        "{e}"
+    );
+}
+
+/// `PPO._load_model_state_dict`: a fixed std follows the config's
+/// `actor_logstd` when the checkpoint's differs beyond `allclose`; a
+/// learnable one is always the checkpoint's.
+#[test]
+fn a_fixed_std_follows_the_configs_actor_logstd() {
+    let ckpt = Checkpoint::open(data("smpl_tracker/last.ckpt")).unwrap();
+    let saved = ckpt.to_candle(ckpt.tensor("model._actor.logstd").unwrap(), &Device::Cpu).unwrap();
+    let saved: Vec<f32> = saved.to_vec1().unwrap();
+    let with_logstd = |logstd: f64, learnable: bool| {
+        let mut m = model("smpl_tracker");
+        let actor = fields_mut(&mut m, "actor");
+        actor.insert("actor_logstd", Node::Float(logstd));
+        actor.insert("learnable_std", Node::Bool(learnable));
+        Policy::from_parts(ModelConfig::from_node(&m, "agent.model").unwrap(), &ckpt, &Device::Cpu).unwrap()
+    };
+    let std_of = |p: &Policy| p.actor().std.to_vec1::<f32>().unwrap();
+
+    // the recorded config: fixed, equal to the checkpoint's
+    let p = with_logstd(-2.9, false);
+    assert_eq!(p.actor().logstd_source, LogstdSource::Checkpoint);
+    assert_eq!(p.actor().logstd.to_vec1::<f32>().unwrap(), saved);
+
+    // a different fixed value wins over the checkpoint's
+    let p = with_logstd(-1.0, false);
+    assert_eq!(p.actor().logstd_source, LogstdSource::ConfigOverride);
+    assert_eq!(p.actor().logstd.to_vec1::<f32>().unwrap(), vec![-1.0f32; 69]);
+    assert_eq!(std_of(&p), vec![(-1.0f32).exp(); 69]);
+    assert!(p.describe().unwrap().to_string().contains("overrides the checkpoint's"));
+
+    // within torch.allclose(atol=1e-6, rtol=1e-5) of the saved one: the checkpoint's is kept
+    let p = with_logstd(f64::from(saved[0]) + 5e-6, false);
+    assert_eq!(p.actor().logstd_source, LogstdSource::Checkpoint);
+    assert_eq!(p.actor().logstd.to_vec1::<f32>().unwrap(), saved);
+
+    // learnable: the checkpoint's, whatever the config says
+    let p = with_logstd(-1.0, true);
+    assert_eq!(p.actor().logstd_source, LogstdSource::Checkpoint);
+    assert_eq!(p.actor().logstd.to_vec1::<f32>().unwrap(), saved);
+}
+
+/// `Policy::load` without a configs file reads resolved_configs_inference.pt
+/// when it exists next to the checkpoint, else resolved_configs.pt.
+#[test]
+fn load_picks_the_inference_configs_first() {
+    let both = Policy::load(data("smpl_tracker/last.ckpt"), None, &Device::Cpu).unwrap();
+    assert_eq!(both.config_path(), Some(data("smpl_tracker/resolved_configs_inference.pt").to_str().unwrap()));
+    let only = Policy::load(data("welford_clamps/last.ckpt"), None, &Device::Cpu).unwrap();
+    assert_eq!(only.config_path(), Some(data("welford_clamps/resolved_configs.pt").to_str().unwrap()));
+    let given = data("smpl_tracker/resolved_configs.pt");
+    let p = Policy::load(data("smpl_tracker/last.ckpt"), Some(&given), &Device::Cpu).unwrap();
+    assert_eq!(p.config_path(), Some(given.to_str().unwrap()));
+
+    // the same checkpoint in a folder with only resolved_configs.pt, then with none
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::copy(data("smpl_tracker/last.ckpt"), tmp.path().join("last.ckpt")).unwrap();
+    let e = Policy::load(tmp.path().join("last.ckpt"), None, &Device::Cpu).unwrap_err();
+    assert!(matches!(&e, PolicyError::ConfigNotFound { checkpoint } if checkpoint.ends_with("last.ckpt")), "{e}");
+    std::fs::copy(data("smpl_tracker/resolved_configs.pt"), tmp.path().join("resolved_configs.pt")).unwrap();
+    let p = Policy::load(tmp.path().join("last.ckpt"), None, &Device::Cpu).unwrap();
+    assert_eq!(p.config_path(), Some(tmp.path().join("resolved_configs.pt").to_str().unwrap()));
+}
+
+#[test]
+fn field_errors_name_path_class_and_field() {
+    // a required field missing: a Reshape operation relabelled a Permute has no new_order
+    let mut m = model("module_ops_ppo");
+    let ops = match fields_mut(&mut m, "actor.mu_model").get_mut("module_operations").unwrap() {
+        Node::List(xs) => xs,
+        other => panic!("{}", other.kind()),
+    };
+    let i = ops
+        .iter()
+        .position(|o| matches!(o, Node::Object(o) if o.class_name().is_some_and(|c| c.ends_with("ReshapeConfig"))))
+        .unwrap();
+    let Node::Object(op) = &mut ops[i] else { unreachable!() };
+    let Node::Global { name, .. } = &mut op.callable else { panic!("callable") };
+    *name = "ModuleOperationPermuteConfig".into();
+    let e = ModelConfig::from_node(&m, "agent.model").unwrap_err();
+    let at = format!("agent.model.actor.mu_model.module_operations.{i}");
+    assert!(
+        matches!(&e, PolicyError::MissingField { path, class, field }
+            if *path == at && class == "ModuleOperationPermuteConfig" && field == "new_order"),
+        "{e}"
+    );
+    assert_eq!(e.to_string(), format!("{at}.new_order: missing (a ModuleOperationPermuteConfig needs it)"));
+
+    // a field of the wrong type
+    let mut m = model("smpl_tracker");
+    fields_mut(&mut m, "actor.mu_model.layers.1").insert("units", Node::Str("512".into()));
+    let e = ModelConfig::from_node(&m, "agent.model").unwrap_err();
+    assert!(
+        matches!(&e, PolicyError::FieldType { path, field, expected, .. }
+            if path == "agent.model.actor.mu_model.layers.1" && field == "units" && *expected == "a positive int"),
+        "{e}"
+    );
+    let mut m = model("smpl_tracker");
+    fields_mut(&mut m, "actor").insert("actor_logstd", Node::None);
+    let e = ModelConfig::from_node(&m, "agent.model").unwrap_err();
+    assert!(matches!(&e, PolicyError::FieldType { field, .. } if field == "actor_logstd"), "{e}");
 }
