@@ -1,5 +1,8 @@
-//! Strict config reading: unknown fields, classes and activations are
-//! refused with errors that name them; neutral unknown fields pass.
+//! Strict reading of configs and observations: unknown fields, classes and
+//! activations, missing or mistyped fields, and observations of the wrong
+//! key, dtype, rank, width or batch are refused with typed errors that name
+//! them; neutral unknown fields pass. Also which configs file `Policy::load`
+//! picks and the logstd rule.
 
 use std::path::{Path, PathBuf};
 
@@ -67,10 +70,12 @@ fn unsupported_families_name_the_class_and_what_is_supported() {
     let mut m = model("smpl_tracker");
     fields_mut(&mut m, "")
         .insert("_target_", Node::Str("protomotions.agents.masked_mimic.model.MaskedMimicModel".into()));
-    let msg = ModelConfig::from_node(&m, "agent.model").unwrap_err().to_string();
+    let e = ModelConfig::from_node(&m, "agent.model").unwrap_err();
     assert!(
-        msg.contains("MaskedMimicModel is not supported") && msg.contains("PPOModel") && msg.contains("AMPModel"),
-        "{msg}"
+        matches!(&e, PolicyError::UnsupportedClass { path, class, supported }
+            if path == "agent.model" && class.ends_with("MaskedMimicModel")
+                && supported == &[pmstate_policy::config::PPO_MODEL, pmstate_policy::config::AMP_MODEL]),
+        "{e}"
     );
 }
 
@@ -102,14 +107,27 @@ fn unknown_fields_must_be_absent_or_neutral() {
 fn activations_and_ops_are_checked() {
     let mut m = model("smpl_tracker");
     fields_mut(&mut m, "actor.mu_model.layers.2").insert("activation", Node::Str("selu".into()));
-    let msg = ModelConfig::from_node(&m, "agent.model").unwrap_err().to_string();
-    assert!(msg.contains("agent.model.actor.mu_model.layers.2.activation") && msg.contains("\"selu\""), "{msg}");
+    let e = ModelConfig::from_node(&m, "agent.model").unwrap_err();
+    assert!(
+        matches!(&e, PolicyError::UnknownActivation { path, name }
+            if path == "agent.model.actor.mu_model.layers.2.activation" && name == "selu"),
+        "{e}"
+    );
+    assert!(
+        e.to_string().starts_with("agent.model.actor.mu_model.layers.2.activation: activation \"selu\" is not one"),
+        "{e}"
+    );
 
     let mut m = model("module_ops_ppo");
     fields_mut(&mut m, "actor.mu_model.module_operations.0")
         .insert("new_shape", Node::List(vec![Node::Str("batch_size / 2".into()), Node::Int(-1)]));
-    let msg = ModelConfig::from_node(&m, "agent.model").unwrap_err().to_string();
-    assert!(msg.contains("module_operations.0") && msg.contains("float"), "{msg}");
+    let e = ModelConfig::from_node(&m, "agent.model").unwrap_err();
+    assert!(
+        matches!(&e, PolicyError::BadField { path, field, reason }
+            if path == "agent.model.actor.mu_model.module_operations.0" && field == "new_shape"
+                && reason.contains("'/' makes a float")),
+        "{e}"
+    );
 }
 
 #[test]
@@ -232,4 +250,64 @@ fn field_errors_name_path_class_and_field() {
     fields_mut(&mut m, "actor").insert("actor_logstd", Node::None);
     let e = ModelConfig::from_node(&m, "agent.model").unwrap_err();
     assert!(matches!(&e, PolicyError::FieldType { field, .. } if field == "actor_logstd"), "{e}");
+}
+
+#[test]
+fn observations_are_checked_by_key_dtype_rank_width_and_batch() {
+    use candle_core::{DType, Tensor};
+    let policy = Policy::load(data("container_obsprocessor/last.ckpt"), None, &Device::Cpu).unwrap();
+    let obs = candle_core::safetensors::load(data("container_obsprocessor/obs.safetensors"), &Device::Cpu).unwrap();
+    let run = |edit: &dyn Fn(&mut std::collections::HashMap<String, Tensor>)| {
+        let mut o = obs.clone();
+        edit(&mut o);
+        policy.forward(&o).unwrap_err()
+    };
+    let zeros = |shape: &[usize], dtype| Tensor::zeros(shape, dtype, &Device::Cpu).unwrap();
+
+    let e = run(&|o| {
+        o.remove("obs_b");
+    });
+    assert!(matches!(&e, PolicyError::MissingObs { key, width: Some(3) } if key == "obs_b"), "{e}");
+    let e = run(&|o| {
+        o.insert("obs_z".into(), zeros(&[8, 2], DType::F32));
+    });
+    assert!(
+        matches!(&e, PolicyError::ExtraObs { key, expected } if key == "obs_z" && expected.contains(&"obs_a".to_string())),
+        "{e}"
+    );
+    let e = run(&|o| {
+        o.insert("obs_c".into(), zeros(&[8, 6], DType::F32));
+    });
+    assert!(matches!(&e, PolicyError::ObsWidth { key, got: 6, expected: 5 } if key == "obs_c"), "{e}");
+    let e = run(&|o| {
+        o.insert("obs_c".into(), zeros(&[8, 5], DType::F64));
+    });
+    assert!(
+        matches!(&e, PolicyError::ObsDtype { key, dtype, width: Some(5) } if key == "obs_c" && dtype == "f64"),
+        "{e}"
+    );
+    assert_eq!(e.to_string(), "observation obs_c: dtype f64, expected float32 [B, 5]");
+    let e = run(&|o| {
+        o.insert("obs_c".into(), zeros(&[8, 5, 1], DType::F32));
+    });
+    assert!(matches!(&e, PolicyError::ObsRank { key, shape, .. } if key == "obs_c" && shape == &[8, 5, 1]), "{e}");
+    assert_eq!(e.to_string(), "observation obs_c: shape [8, 5, 1], expected [B, 5]");
+    let e = run(&|o| {
+        let keys: Vec<String> = o.keys().cloned().collect();
+        let last = keys.iter().max().unwrap();
+        let w = o[last].dims()[1];
+        o.insert(last.clone(), zeros(&[7, w], DType::F32));
+    });
+    assert!(matches!(&e, PolicyError::ObsBatch { got: 7, others: 8, .. }), "{e}");
+
+    // the smpl tracker fixes only the sum of its three widths
+    let smpl = Policy::load(data("smpl_tracker/last.ckpt"), None, &Device::Cpu).unwrap();
+    let mut o = candle_core::safetensors::load(data("smpl_tracker/obs.safetensors"), &Device::Cpu).unwrap();
+    o.insert("previous_actions".into(), zeros(&[8, 70], DType::F32));
+    let e = smpl.forward(&o).unwrap_err();
+    assert!(
+        matches!(&e, PolicyError::ObsGroupWidth { module, parts, sum: 1004, total: 1003, .. }
+            if module == "agent.model.actor.mu_model" && parts.iter().any(|(k, w)| k == "previous_actions" && *w == 70)),
+        "{e}"
+    );
 }
