@@ -39,6 +39,24 @@ fn fields_mut<'a>(node: &'a mut Node, path: &str) -> &'a mut pmstate_ckpt::Dict 
     }
 }
 
+/// Takes `key` out of a fields dict; whether it was there.
+fn remove(d: &mut pmstate_ckpt::Dict, key: &str) -> bool {
+    // (no Dict constructor: its ordering argument is changing; the dict's own is reused)
+    let (ordered, entries, state) = d.clone().into_parts();
+    let before = entries.len();
+    let kept: Vec<(Node, Node)> = entries.into_iter().filter(|(k, _)| k.as_str() != Some(key)).collect();
+    let removed = kept.len() < before;
+    *d = pmstate_ckpt::Dict::from_entries(ordered, kept).unwrap().with_state(state);
+    removed
+}
+
+/// An empty dict of the kind a config's fields dict is.
+fn empty_dict() -> pmstate_ckpt::Dict {
+    let mut m = model("smpl_tracker");
+    let (ordered, _, _) = fields_mut(&mut m, "").clone().into_parts();
+    pmstate_ckpt::Dict::from_entries(ordered, vec![]).unwrap()
+}
+
 #[test]
 fn the_recorded_configs_parse() {
     for v in [
@@ -92,15 +110,87 @@ fn unknown_fields_must_be_absent_or_neutral() {
         e.to_string(),
         "agent.model.actor.mu_model: protomotions.agents.common.config.MLPWithConcatConfig.dropout = 0.1 is not supported (only its default, or leaving it out)"
     );
-    for neutral in [Node::None, Node::Bool(false), Node::List(vec![])] {
+    // the neutral values crates/policy/README.md lists pass on a dataclass ...
+    for neutral in [
+        Node::None,
+        Node::Bool(false),
+        Node::Str(String::new()),
+        Node::List(vec![]),
+        Node::Tuple(vec![]),
+        Node::Set(vec![]),
+        Node::Dict(empty_dict()),
+    ] {
         let mut m = model("smpl_tracker");
-        fields_mut(&mut m, "actor.mu_model.layers.0").insert("dropout", neutral);
-        ModelConfig::from_node(&m, "agent.model").unwrap();
+        fields_mut(&mut m, "actor.mu_model.layers.0").insert("dropout", neutral.clone());
+        ModelConfig::from_node(&m, "agent.model").unwrap_or_else(|e| panic!("{}: {e}", neutral.kind()));
+    }
+    // ... and nothing else, not even a falsy number or True
+    for value in [Node::Int(0), Node::Float(0.0), Node::Bool(true), Node::Str("x".into())] {
+        let mut m = model("smpl_tracker");
+        fields_mut(&mut m, "actor.mu_model.layers.0").insert("dropout", value.clone());
+        let e = ModelConfig::from_node(&m, "agent.model").unwrap_err();
+        assert!(
+            matches!(&e, PolicyError::UnsupportedField { field, .. } if field == "dropout"),
+            "{}: {e}",
+            value.kind()
+        );
+    }
+    // an operation config's unknown field only as None (module_ops_ppo's first: a Reshape)
+    for (value, ok) in [(Node::None, true), (Node::Bool(false), false)] {
+        let mut m = model("module_ops_ppo");
+        fields_mut(&mut m, "actor.mu_model.module_operations.0").insert("extra", value);
+        let r = ModelConfig::from_node(&m, "agent.model");
+        assert_eq!(r.is_ok(), ok, "{:?}", r.err().map(|e| e.to_string()));
+        if let Err(e) = r {
+            assert!(matches!(&e, PolicyError::UnsupportedField { field, .. } if field == "extra"), "{e}");
+        }
     }
     // training-only fields hold anything
     let mut m = model("smpl_tracker");
     fields_mut(&mut m, "").insert("actor_optimizer", Node::Str("anything".into()));
     ModelConfig::from_node(&m, "agent.model").unwrap();
+}
+
+/// A field left out takes its dataclass's default at the reference commit
+/// (protomotions/agents/common/config.py, ppo/config.py): the recorded
+/// configs set every field, so each is removed here and the parsed value
+/// compared with that default.
+#[test]
+fn absent_fields_take_the_reference_dataclass_defaults() {
+    use pmstate_policy::activation::Activation;
+    use pmstate_policy::config::{ModuleConfig, Number};
+    use pmstate_policy::module_ops::ModuleOp;
+
+    let mut m = model("smpl_tracker");
+    // smpl's recorded values differ from the defaults where they can: normalize_obs true, clamp int 5
+    for f in ["actor_logstd", "learnable_std"] {
+        assert!(remove(fields_mut(&mut m, "actor"), f), "{f}");
+    }
+    for f in ["normalize_obs", "norm_clamp_value", "norm_ema_decay", "output_activation", "module_operations"] {
+        assert!(remove(fields_mut(&mut m, "actor.mu_model"), f), "{f}");
+    }
+    for f in ["units", "activation", "use_layer_norm"] {
+        assert!(remove(fields_mut(&mut m, "actor.mu_model.layers.0"), f), "{f}");
+    }
+    let cfg = ModelConfig::from_node(&m, "agent.model").unwrap();
+    assert_eq!(cfg.actor.actor_logstd, -2.9);
+    assert!(!cfg.actor.learnable_std);
+    let ModuleConfig::Mlp(mlp) = &cfg.actor.mu_model else { panic!("smpl's mu_model is an MLPWithConcat") };
+    assert!(!mlp.norm.normalize_obs);
+    assert_eq!(mlp.norm.clamp, Some(Number::Float(5.0)));
+    assert_eq!(mlp.norm.ema_decay, Some(0.999));
+    assert_eq!(mlp.output_activation, None);
+    assert_eq!(mlp.module_operations, [ModuleOp::Forward]);
+    let l = mlp.layers[0];
+    assert_eq!((l.units, l.activation, l.use_layer_norm), (512, Activation::Relu, false));
+
+    // ObsProcessorConfig's module_operations default to an empty list (a passthrough)
+    let mut m = model("container_obsprocessor");
+    assert!(remove(fields_mut(&mut m, "actor.mu_model.models.0"), "module_operations"));
+    let cfg = ModelConfig::from_node(&m, "agent.model").unwrap();
+    let ModuleConfig::Container(c) = &cfg.actor.mu_model else { panic!("a container") };
+    let ModuleConfig::ObsProcessor(o) = &c.models[0] else { panic!("models.0 is an ObsProcessor") };
+    assert!(o.module_operations.is_empty());
 }
 
 #[test]
