@@ -13,7 +13,7 @@ use crate::checkpoint::Checkpoint;
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::io::storage::Bytes;
-use crate::tree::{Dict, Node, Shape, TensorRef};
+use crate::tree::{Dict, Node, Object, Shape, TensorRef};
 
 /// When two numbers count as equal: `|a - b| <= atol + rtol * |b|`
 /// (numpy's `allclose`); NaN equals NaN, equal infinities are equal.
@@ -197,6 +197,16 @@ impl Differ<'_, '_> {
                     self.nodes(x, y, &join(key, &i.to_string()))?;
                 }
             }
+            (Node::Object(oa), Node::Object(ob))
+                if oa.construct == ob.construct
+                    && oa.callable == ob.callable
+                    && oa.kwargs.is_some() == ob.kwargs.is_some()
+                    && oa.state.is_some() == ob.state.is_some()
+                    && oa.setitems.len() == ob.setitems.len()
+                    && oa.appends.len() == ob.appends.len() =>
+            {
+                self.objects(oa, ob, key)?;
+            }
             (Node::Tensor(ta), Node::Tensor(tb)) => {
                 if let Some(kind) = self.tensors(ta, tb, key)? {
                     self.push(key, kind);
@@ -215,6 +225,31 @@ impl Differ<'_, '_> {
             _ if na == nb => {}
             _ if na.kind() == nb.kind() => self.push(key, DifferenceKind::Value { a: short(na), b: short(nb) }),
             _ => self.push(key, DifferenceKind::Kind { a: na.kind().into(), b: nb.kind().into() }),
+        }
+        Ok(())
+    }
+
+    /// Two objects of one class built the same way, part by part (keys as
+    /// the tree walk names them: dataclass fields under the object's key),
+    /// so that their tensors are compared by value, not by storage name.
+    fn objects(&mut self, oa: &Object, ob: &Object, key: &str) -> Result<()> {
+        self.nodes(&oa.args, &ob.args, &join(key, "<args>"))?;
+        if let (Some(ka), Some(kb)) = (&oa.kwargs, &ob.kwargs) {
+            self.nodes(ka, kb, &join(key, "<kwargs>"))?;
+        }
+        if let (Some(sa), Some(sb)) = (&oa.state, &ob.state) {
+            let fields = matches!((sa, sb), (Node::Dict(_), Node::Dict(_)));
+            self.nodes(sa, sb, &if fields { key.to_owned() } else { join(key, "<state>") })?;
+        }
+        for ((ka, va), (kb, vb)) in oa.setitems.iter().zip(&ob.setitems) {
+            if ka == kb {
+                self.nodes(va, vb, &join(key, &label(ka)))?;
+            } else {
+                self.push(&join(key, &label(ka)), DifferenceKind::Value { a: short(ka), b: short(kb) });
+            }
+        }
+        for (i, (xa, xb)) in oa.appends.iter().zip(&ob.appends).enumerate() {
+            self.nodes(xa, xb, &join(key, &i.to_string()))?;
         }
         Ok(())
     }

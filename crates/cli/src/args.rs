@@ -17,6 +17,26 @@ pub struct Global {
     pub quiet: bool,
 }
 
+/// How a command prints, from the global `--json`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutputFormat {
+    /// Lines for people.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+impl Global {
+    /// The output format `--json` selects.
+    pub fn format(self) -> OutputFormat {
+        if self.json {
+            OutputFormat::Json
+        } else {
+            OutputFormat::Text
+        }
+    }
+}
+
 /// How the trace's ranks run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum CollectiveArg {

@@ -123,42 +123,147 @@ fn flat(t: &Tensor) -> Vec<f32> {
     t.flatten_all().unwrap().to_vec1::<f32>().unwrap()
 }
 
+/// Distance in units in the last place (both finite f32).
+fn ulps(a: f32, b: f32) -> u32 {
+    let key = |x: f32| {
+        let i = x.to_bits() as i32;
+        if i < 0 {
+            i32::MIN.wrapping_sub(i)
+        } else {
+            i
+        }
+    };
+    key(a).wrapping_sub(key(b)).unsigned_abs()
+}
+
+fn max_ulps(a: &Tensor, b: &Tensor) -> u32 {
+    assert_eq!(a.dims(), b.dims());
+    flat(a).iter().zip(flat(b)).map(|(&x, y)| ulps(x, y)).max().unwrap_or(0)
+}
+
+/// norm_obs within this many ulps of torch's: crates/policy/tests/parity.rs
+/// derives it (torch's float32 sqrt, one ulp off for some columns' std).
+const NORM_ULPS: u32 = 2;
+
+/// `pmstate policy run` of `v`'s checkpoint `ckpt_name` (with `--config` when
+/// given) against torch's recorded outputs; returns what it wrote.
+fn check_cli_run(v: &str, ckpt_name: &str, config: Option<&str>, dir: &std::path::Path) -> HashMap<String, Tensor> {
+    let ckpt = data(&format!("{v}/{ckpt_name}"));
+    let obs_path = data(&format!("{v}/obs.safetensors"));
+    let tag = config.map_or("default", |_| "config");
+    let out_path = dir.join(format!("{v}.{ckpt_name}.{tag}.safetensors")).display().to_string();
+    let cfg = config.map(|c| data(&format!("{v}/{c}")));
+    let policy = Policy::load(&ckpt, cfg.as_deref().map(std::path::Path::new), &Device::Cpu).unwrap();
+    let mut args = vec!["policy", "run", &ckpt, "--obs", &obs_path, "--out", &out_path];
+    if let Some(c) = &cfg {
+        args.extend(["--config", c]);
+    }
+    if policy.amp().is_some() {
+        args.push("--discriminator");
+    }
+    let out = pmstate(&args);
+    assert!(out.status.success(), "{v}: {}", text(&out));
+    let got = load(&out_path);
+    let exp = load(&data(&format!("{v}/expected.safetensors")));
+    let obs = load(&obs_path);
+    let r = policy.reference(&obs).unwrap();
+    let mut keys =
+        vec![("mean_action", policy.actor().mu_key.clone()), ("value", policy.critic().out_key().to_owned())];
+    if let Some(a) = policy.amp() {
+        keys.push(("disc_logits", a.discriminator.out_key().to_owned()));
+        keys.push(("disc_value", a.disc_critic.out_key().to_owned()));
+    }
+    for (name, key) in keys {
+        assert_eq!(got[name].dims(), exp[name].dims(), "{v}: {name}");
+        // |ours - torch| <= |ours - ref| + |torch - ref| <= 2 bound
+        let (g, e) = (flat(&got[name]), flat(&exp[name]));
+        for (i, ((a, b), bound)) in g.iter().zip(&e).zip(&r.values[&key].bound).enumerate() {
+            assert!(((a - b).abs() as f64) <= 2.0 * bound, "{v}: {name}[{i}] {a} vs torch {b}, bound {bound:e}");
+        }
+        assert!(within(&flat(&got[name]), &r.values[&key], 1.0).is_none(), "{v}: {name}");
+    }
+    // the normalizer output element by element, the std within 1 ulp of torch's exp
+    let u = max_ulps(&got["norm_obs"], &exp["norm_obs"]);
+    assert!(u <= NORM_ULPS, "{v}: norm_obs {u} ulps from torch's");
+    let lib = policy.forward(&obs).unwrap();
+    assert_eq!(
+        flat(&got["norm_obs"]),
+        flat(lib.norm_obs.as_ref().unwrap()),
+        "{v}: the CLI's norm_obs is the library's"
+    );
+    assert!(max_ulps(&got["std"], &exp["std"]) <= 1, "{v}: std");
+    if let Some(a) = policy.amp() {
+        // the reward is 1-Lipschitz in the logits, plus a few ulps of its own
+        let bound = &r.values[a.discriminator.out_key()].bound;
+        let (g, e) = (flat(&got["disc_reward"]), flat(&exp["disc_reward"]));
+        assert_eq!(g.len(), e.len(), "{v}: disc_reward");
+        for (i, ((a, b), bd)) in g.iter().zip(&e).zip(bound).enumerate() {
+            let tol = 2.0 * bd + 8.0 * pmstate_policy::bound::U * (b.abs() as f64 + 1.0);
+            assert!(((a - b).abs() as f64) <= tol, "{v}: disc_reward[{i}] {a} vs torch {b}");
+        }
+    } else {
+        assert!(!got.contains_key("disc_reward"), "{v}");
+    }
+    assert!(!got.contains_key("action"), "{v}: deterministic unless --sample");
+    got
+}
+
 #[test]
 fn policy_run_matches_torch_on_every_variant() {
     let tmp = tempfile::tempdir().unwrap();
     for v in VARIANTS {
-        let ckpt = data(&format!("{v}/last.ckpt"));
-        let obs_path = data(&format!("{v}/obs.safetensors"));
-        let out_path = tmp.path().join(format!("{v}.safetensors")).display().to_string();
-        let policy = Policy::load(&ckpt, None, &Device::Cpu).unwrap();
-        let mut args = vec!["policy", "run", &ckpt, "--obs", &obs_path, "--out", &out_path];
-        if policy.amp().is_some() {
-            args.push("--discriminator");
-        }
-        let out = pmstate(&args);
-        assert!(out.status.success(), "{v}: {}", text(&out));
-        let got = load(&out_path);
-        let exp = load(&data(&format!("{v}/expected.safetensors")));
-        let obs = load(&obs_path);
-        let r = policy.reference(&obs).unwrap();
-        let mut keys =
-            vec![("mean_action", policy.actor().mu_key.clone()), ("value", policy.critic().out_key().to_owned())];
-        if let Some(a) = policy.amp() {
-            keys.push(("disc_logits", a.discriminator.out_key().to_owned()));
-            keys.push(("disc_value", a.disc_critic.out_key().to_owned()));
-        }
-        for (name, key) in keys {
-            assert_eq!(got[name].dims(), exp[name].dims(), "{v}: {name}");
-            // |ours - torch| <= |ours - ref| + |torch - ref| <= 2 bound
-            let (g, e) = (flat(&got[name]), flat(&exp[name]));
-            for (i, ((a, b), bound)) in g.iter().zip(&e).zip(&r.values[&key].bound).enumerate() {
-                assert!(((a - b).abs() as f64) <= 2.0 * bound, "{v}: {name}[{i}] {a} vs torch {b}, bound {bound:e}");
+        let last = check_cli_run(v, "last.ckpt", None, tmp.path());
+        // the inference checkpoint (weights only), found by its folder's configs and given them
+        if std::path::Path::new(&data(&format!("{v}/inference_last.ckpt"))).exists() {
+            for config in [None, Some("resolved_configs.pt")] {
+                let inf = check_cli_run(v, "inference_last.ckpt", config, tmp.path());
+                let mut names: Vec<&String> = last.keys().collect();
+                names.sort();
+                assert_eq!(
+                    names,
+                    {
+                        let mut n: Vec<&String> = inf.keys().collect();
+                        n.sort();
+                        n
+                    },
+                    "{v}"
+                );
+                for k in names {
+                    assert_eq!(flat(&last[k]), flat(&inf[k]), "{v}: {k} from inference_last.ckpt");
+                }
             }
-            assert!(within(&flat(&got[name]), &r.values[&key], 1.0).is_none(), "{v}: {name}");
         }
-        assert_eq!(got["norm_obs"].dims(), exp["norm_obs"].dims(), "{v}");
-        assert_eq!(got["std"].dims(), exp["std"].dims(), "{v}");
-        assert!(!got.contains_key("action"), "{v}: deterministic unless --sample");
+    }
+}
+
+#[test]
+fn bench_policy_json_records_have_their_fields() {
+    let out = pmstate(&["bench-policy", "--json", "--batch", "2", "--min-time", "0", "--threads", "1"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let records: Vec<J> =
+        String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(records.len(), 2, "{records:?}");
+    // 6x1024 actor and 4x1024 critic over 1003 inputs, float32: the weights bench_config() builds
+    let weights = 4 * ((1003 * 1024 + 1024) + 5 * (1024 * 1024 + 1024) + (1024 * 69 + 69))
+        + 4 * ((1003 * 1024 + 1024) + 3 * (1024 * 1024 + 1024) + (1024 + 1));
+    for (r, (op, batch)) in records.iter().zip([("stream", 0), ("forward", 2)]) {
+        let fields: std::collections::BTreeSet<&str> = r.as_object().unwrap().keys().map(String::as_str).collect();
+        let want: std::collections::BTreeSet<&str> =
+            ["op", "batch", "threads", "seconds", "min_seconds", "cpu_seconds", "rows_per_s", "weight_bytes"].into();
+        assert_eq!(fields, want, "{r}");
+        assert_eq!(r["op"], op);
+        assert_eq!(r["batch"], batch);
+        assert_eq!(r["threads"], 1);
+        assert_eq!(r["weight_bytes"], weights);
+        let (median, min) = (r["seconds"].as_f64().unwrap(), r["min_seconds"].as_f64().unwrap());
+        assert!(min > 0.0 && min <= median, "{r}");
+        let rows = r["rows_per_s"].as_f64().unwrap();
+        if batch == 0 {
+            assert_eq!(rows, 0.0);
+        } else {
+            assert!((rows - batch as f64 / median).abs() <= 1e-9 * rows, "{r}");
+        }
+        assert!(r["cpu_seconds"].is_null() || r["cpu_seconds"].as_f64().unwrap() >= 0.0, "{r}");
     }
 }
 
@@ -251,4 +356,274 @@ fn describe_reports_keys_layers_and_normalizers() {
     let t = text(&out);
     assert!(t.contains("clamp 5, EMA 0.999"), "{t}");
     assert!(t.contains("width sum: max_coords_obs + mimic_target_poses + previous_actions = 1003"), "{t}");
+}
+
+/// The configs files of the recorded runs (both kinds where a run has both).
+const CONFIG_FILES: [&str; 4] = [
+    "smpl_tracker/resolved_configs.pt",
+    "smpl_tracker/resolved_configs_inference.pt",
+    "g1_amp_deploy/resolved_configs.pt",
+    "g1_amp_deploy/resolved_configs_inference.pt",
+];
+
+fn stdout_json(out: &Output) -> J {
+    assert!(out.status.success(), "{}", text(out));
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", text(out)))
+}
+
+/// Each tensor of a file: key -> (dtype, shape, bytes), read through the library.
+fn tensor_table(path: &str) -> std::collections::BTreeMap<String, (String, Vec<usize>, Vec<u8>)> {
+    let c = pmstate_ckpt::Checkpoint::open(path).unwrap();
+    c.tensors()
+        .into_iter()
+        .map(|(k, t)| {
+            let bytes = c.tensor_bytes(t).unwrap().into_owned();
+            (k, (t.dtype.torch_name().to_owned(), t.shape.clone(), bytes))
+        })
+        .collect()
+}
+
+/// The number of times each `__class__` / `__global__` name occurs in a config JSON tree.
+fn class_uses(v: &J, out: &mut HashMap<String, usize>) {
+    match v {
+        J::Object(m) => {
+            for tag in ["__class__", "__global__"] {
+                if let Some(J::String(c)) = m.get(tag) {
+                    *out.entry(c.clone()).or_default() += 1;
+                }
+            }
+            m.values().for_each(|x| class_uses(x, out));
+        }
+        J::Array(xs) => xs.iter().for_each(|x| class_uses(x, out)),
+        _ => {}
+    }
+}
+
+#[test]
+fn configs_files_convert_to_safetensors_and_back_keeping_tensors_and_tree() {
+    let tmp = tempfile::tempdir().unwrap();
+    for (i, f) in CONFIG_FILES.iter().enumerate() {
+        let src = data(f);
+        let st = tmp.path().join(format!("c{i}.safetensors")).display().to_string();
+        let back = tmp.path().join(format!("c{i}.pt")).display().to_string();
+        // its dataclasses are unsafe globals: refused without the flag, nothing written
+        let refused = pmstate(&["convert", &src, &st]);
+        assert_eq!(refused.status.code(), Some(1), "{f}: {}", text(&refused));
+        assert!(!std::path::Path::new(&st).exists(), "{f}");
+        let to_st = stdout_json(&pmstate(&["convert", "--json", "--allow-unsafe-globals", &src, &st]));
+        assert_eq!(to_st["skipped_non_tensors"], serde_json::json!([]), "{f}: {to_st}");
+        let to_pt = stdout_json(&pmstate(&["convert", "--json", "--allow-unsafe-globals", &st, &back]));
+        assert_eq!(to_pt["ok"], true, "{f}");
+
+        // diff: no differences at zero tolerance, exit 0
+        let d = pmstate(&["diff", &src, &back]);
+        assert_eq!(d.status.code(), Some(0), "{f}: {}", text(&d));
+        assert!(String::from_utf8_lossy(&d.stdout).starts_with("no differences"), "{f}: {}", text(&d));
+        assert_eq!(stdout_json(&pmstate(&["diff", "--json", &src, &st]))["equal"], true, "{f}");
+
+        // every tensor keeps key, dtype, shape and bytes, through both files
+        let (a, b, c) = (tensor_table(&src), tensor_table(&st), tensor_table(&back));
+        assert!(!a.is_empty(), "{f}: no tensors");
+        assert_eq!(a.len(), b.len(), "{f}: tensors in the safetensors copy");
+        assert_eq!(a, b, "{f}: safetensors copy");
+        assert_eq!(a, c, "{f}: round trip");
+        // tensors that share a storage (g1's dof limits, referenced by robot and env) still do,
+        // and the safetensors file holds one entry per storage
+        let sharing = |p: &str| {
+            let j = stdout_json(&pmstate(&["inspect", "--json", p]));
+            let mut groups: HashMap<String, Vec<String>> = HashMap::new();
+            for t in j["tensors"].as_array().unwrap() {
+                let (k, s) = (t["key"].as_str().unwrap(), t["storage"].as_str().unwrap());
+                groups.entry(s.to_owned()).or_default().push(k.to_owned());
+            }
+            let mut g: Vec<Vec<String>> = groups.into_values().collect();
+            g.sort();
+            (g, j["storages"].as_u64().unwrap())
+        };
+        let (groups, storages) = sharing(&src);
+        assert_eq!(groups.iter().map(Vec::len).sum::<usize>(), a.len(), "{f}");
+        assert_eq!(sharing(&st), (groups.clone(), storages), "{f}: safetensors copy");
+        assert_eq!(sharing(&back), (groups, storages), "{f}: round trip");
+        assert_eq!(to_st["tensors"].as_u64(), Some(storages), "{f}: {to_st}");
+
+        // the config tree is the same before, in between and after
+        let tree = |p: &str| stdout_json(&pmstate(&["config", "--json", p]));
+        let before = tree(&src);
+        assert_eq!(before, tree(&st), "{f}: safetensors copy");
+        assert_eq!(before, tree(&back), "{f}: round trip");
+    }
+}
+
+#[test]
+fn inspect_lists_each_unsafe_global_of_a_configs_file_once_with_its_uses() {
+    for f in CONFIG_FILES {
+        let j = stdout_json(&pmstate(&["inspect", "--json", &data(f)]));
+        let uses = j["unsafe_globals"].as_array().unwrap();
+        let distinct = j["unsafe_globals_distinct"].as_array().unwrap();
+        assert!(!distinct.is_empty(), "{f}");
+        let names: Vec<&str> = distinct.iter().map(|d| d["global"].as_str().unwrap()).collect();
+        let unique: std::collections::BTreeSet<&str> = names.iter().copied().collect();
+        assert_eq!(unique.len(), names.len(), "{f}: a global listed twice: {names:?}");
+        let total: u64 = distinct.iter().map(|d| d["uses"].as_u64().unwrap()).sum();
+        assert_eq!(total as usize, uses.len(), "{f}: the counts sum to the uses");
+        // each count is the number of its uses, and the first key is the first use's
+        for d in distinct {
+            let g = d["global"].as_str().unwrap();
+            let mine: Vec<&J> = uses.iter().filter(|u| u["global"] == g).collect();
+            assert_eq!(d["uses"].as_u64(), Some(mine.len() as u64), "{f}: {g}");
+            assert_eq!(d["first_key"], mine[0]["key"], "{f}: {g}");
+        }
+        // against the config tree: every dataclass as often as it occurs there
+        let mut in_tree = HashMap::new();
+        class_uses(&stdout_json(&pmstate(&["config", "--json", &data(f)])), &mut in_tree);
+        for layer in [
+            "protomotions.agents.common.config.MLPLayerConfig",
+            "protomotions.agents.common.config.MLPWithConcatConfig",
+        ] {
+            let d = distinct.iter().find(|d| d["global"] == layer).unwrap_or_else(|| panic!("{f}: {layer}"));
+            let n = d["uses"].as_u64().unwrap();
+            assert!(n > 1, "{f}: {layer} used {n} times");
+            assert_eq!(n as usize, in_tree[layer], "{f}: {layer} in the tree");
+        }
+
+        // text: one UNSAFE GLOBAL line per global, with its count
+        let out = pmstate(&["inspect", &data(f)]);
+        assert!(out.status.success(), "{}", text(&out));
+        let t = String::from_utf8_lossy(&out.stdout);
+        let lines: Vec<&str> = t.lines().filter(|l| l.starts_with("UNSAFE GLOBAL ")).collect();
+        assert_eq!(lines.len(), distinct.len(), "{f}");
+        for d in distinct {
+            let n = d["uses"].as_u64().unwrap();
+            let uses = if n == 1 { "1 use".to_string() } else { format!("{n} uses") };
+            let want = format!(
+                "UNSAFE GLOBAL {} ({uses}, first at {};",
+                d["global"].as_str().unwrap(),
+                d["first_key"].as_str().unwrap()
+            );
+            assert_eq!(lines.iter().filter(|l| l.starts_with(&want)).count(), 1, "{f}: {want}");
+        }
+    }
+}
+
+#[test]
+fn config_get_reads_the_inference_configs_too() {
+    let mut checked = 0;
+    for v in manifest()["variants"].as_array().unwrap() {
+        let name = v["name"].as_str().unwrap();
+        let cfg = data(&format!("{name}/resolved_configs_inference.pt"));
+        if !std::path::Path::new(&cfg).exists() {
+            continue;
+        }
+        for m in v["modules"].as_array().unwrap() {
+            if m.get("normalize_obs").is_none() {
+                continue;
+            }
+            let path = config_path(m["path"].as_str().unwrap());
+            for field in ["norm_clamp_value", "norm_ema_decay", "normalize_obs"] {
+                let out = pmstate(&["config", "--get", &format!("{path}.{field}"), &cfg]);
+                assert!(out.status.success(), "{}", text(&out));
+                let got = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+                let want = match (&m[field], m.get("norm_clamp_value_type").and_then(J::as_str)) {
+                    (J::Number(n), Some("float")) if field == "norm_clamp_value" => {
+                        format!("{:?}", n.as_f64().unwrap())
+                    }
+                    (other, _) => other.to_string(),
+                };
+                assert_eq!(got, want, "{name}: {path}.{field} in {cfg}");
+                checked += 1;
+            }
+        }
+    }
+    // smpl_tracker (actor, critic) and g1_amp_deploy (actor, critic, discriminator, disc_critic)
+    assert!(checked >= 18, "{checked}");
+}
+
+#[test]
+fn config_json_carries_small_tensors_values_and_text_is_an_indented_tree() {
+    let cfg = data("g1_amp_deploy/resolved_configs.pt");
+    let j = stdout_json(&pmstate(&["config", "--json", &cfg]));
+    // every tensor of the tree: values exactly when small, and then as many as its shape holds
+    let mut small = 0;
+    let mut stack = vec![&j];
+    while let Some(v) = stack.pop() {
+        match v {
+            J::Object(m) => {
+                if let Some(t) = m.get("__tensor__") {
+                    let n: u64 = t["shape"].as_array().unwrap().iter().map(|d| d.as_u64().unwrap()).product();
+                    match t.get("values") {
+                        Some(J::Array(vals)) => {
+                            assert!(n <= 64, "{t}");
+                            assert_eq!(vals.len() as u64, n, "{t}");
+                            small += 1;
+                        }
+                        _ => assert!(n > 64, "{t}: small but no values"),
+                    }
+                }
+                stack.extend(m.values());
+            }
+            J::Array(xs) => stack.extend(xs),
+            _ => {}
+        }
+    }
+    assert!(small > 0, "no small tensor in {cfg}");
+    // one real small tensor, value for value against the checkpoint reader
+    let c = pmstate_ckpt::Checkpoint::open(&cfg).unwrap();
+    let (key, t) = c.tensors().into_iter().find(|(_, t)| t.numel() <= 64 && t.dtype.torch_name() == "float32").unwrap();
+    let want: Vec<f64> = c
+        .tensor_bytes(t)
+        .unwrap()
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]) as f64)
+        .collect();
+    let got = stdout_json(&pmstate(&["config", "--json", "--get", &key, &cfg]));
+    let vals: Vec<f64> = got["__tensor__"]["values"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect();
+    assert_eq!(vals, want, "{key}");
+    assert_eq!(got["__tensor__"]["dtype"], "float32");
+
+    // text: an indented tree of fields, no Debug formatting
+    let out = pmstate(&["config", &data("smpl_tracker/resolved_configs.pt")]);
+    let t = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "{}", text(&out));
+    let lines: Vec<&str> = t.lines().collect();
+    assert!(lines.contains(&"agent: protomotions.agents.ppo.config.PPOAgentConfig"), "{t}");
+    let model = lines.iter().position(|l| *l == "  model: protomotions.agents.ppo.config.PPOModelConfig").unwrap();
+    assert!(lines[model..].contains(&"      norm_clamp_value: 5"), "{t}");
+    assert!(lines[model..].contains(&"      normalize_obs: true"), "{t}");
+    assert!(lines[model..].iter().any(|l| l.starts_with("      layers: (") && l.ends_with(" items)")), "{t}");
+    assert!(lines[model..].contains(&"          activation: \"relu\""), "{t}");
+    for debug in ["Int(", "Float(", "Str(", "Object {", "Some(", "Node::"] {
+        assert!(!t.contains(debug), "Debug formatting {debug} in\n{t}");
+    }
+}
+
+/// `diff` descends into dataclasses: a changed field is named by its dotted
+/// key, everything else (tensors inside objects included) compares equal.
+#[test]
+fn diff_names_a_changed_field_inside_a_dataclass() {
+    let src = data("g1_amp_deploy/resolved_configs.pt");
+    let (mut root, storages) = pmstate_ckpt::Checkpoint::open(&src).unwrap().into_parts();
+    let mut cur = &mut root;
+    for part in ["agent", "model", "actor", "actor_logstd"] {
+        cur = match cur {
+            pmstate_ckpt::Node::Dict(d) => d.get_mut(part).unwrap(),
+            pmstate_ckpt::Node::Object(o) => o.state.as_mut().unwrap().as_dict_mut().unwrap().get_mut(part).unwrap(),
+            other => panic!("{part}: {}", other.kind()),
+        };
+    }
+    assert_eq!(*cur, pmstate_ckpt::Node::Float(-2.9));
+    *cur = pmstate_ckpt::Node::Float(-1.5);
+    let changed = pmstate_ckpt::Checkpoint::from_parts(root, storages).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("changed.pt");
+    let opts = pmstate_ckpt::WriteOptions {
+        unsafe_globals: pmstate_ckpt::UnsafeGlobals::Allow,
+        ..pmstate_ckpt::WriteOptions::default()
+    };
+    pmstate_ckpt::save_torch(&changed, &out, &opts).unwrap();
+    let d = pmstate(&["diff", &src, &out.display().to_string()]);
+    assert_eq!(d.status.code(), Some(1), "{}", text(&d));
+    assert_eq!(
+        String::from_utf8_lossy(&d.stdout),
+        "agent.model.actor.actor_logstd: -2.9 in A, -1.5 in B\n1 difference(s)\n"
+    );
 }

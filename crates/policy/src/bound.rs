@@ -3,9 +3,10 @@
 //!
 //! The model (first order in the unit roundoff u = 2^-24, `gamma(n) = n u / (1 - n u)`):
 //!
-//! - **normalizer** `z = clamp((x - m) / s)`: a subtraction and a division,
-//!   and a std that may differ by 1 ulp (torch's float32 sqrt is not always
-//!   correctly rounded): `e_z = e_x / s + gamma(3) |z|`; an element whose
+//! - **normalizer** `z = clamp((x - m) / s)`: a subtraction and a division
+//!   (u each), and a std that may differ by 1 ulp (torch's float32 sqrt is
+//!   not always correctly rounded; one ulp of s is at most 2^-23 s = 2u s):
+//!   `e_z = e_x / s + gamma(4) |z|`; an element whose
 //!   unclamped value exceeds the clamp by more than that is exactly `±c` on
 //!   both sides (`e_z = 0`).
 //! - **Linear** `y = W x + b` over n inputs, any summation order:
@@ -249,11 +250,12 @@ fn normalize(x: &Bounded, n: &ObsNormalizer) -> Result<Bounded> {
         vec_f64(n.rms.std_f32().ok_or_else(|| PolicyError::Graph { path: n.name.clone(), reason: "no std".into() })?)?;
     let clamp = n.rms.config().clamp_value.map(|c| c as f32 as f64);
     let w = x.last();
-    let g3 = gamma(3);
+    // u (x - m) + u (division) + 2u (a std one ulp off)
+    let g4 = gamma(4);
     Ok(x.map_rows(w, |xv, xe, yv, ye| {
         for j in 0..w {
             let pre = (xv[j] - mean[j]) / std[j];
-            let e = xe[j] / std[j] + g3 * pre.abs();
+            let e = xe[j] / std[j] + g4 * pre.abs();
             match clamp {
                 Some(c) if pre.abs() - e > c => {
                     yv[j] = c.copysign(pre);

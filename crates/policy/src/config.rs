@@ -169,7 +169,9 @@ impl std::fmt::Display for Number {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Number::Int(i) => write!(f, "{i}"),
-            Number::Float(x) => write!(f, "{x:?}"),
+            // a float keeps its point, as Python prints it: `5.0`, not `5`
+            Number::Float(x) if x.is_finite() && x.fract() == 0.0 && x.abs() < 1e16 => write!(f, "{x:.1}"),
+            Number::Float(x) => write!(f, "{x}"),
         }
     }
 }
@@ -237,7 +239,7 @@ impl Obj<'_> {
             Some(Node::None) => Ok(None),
             Some(Node::Int(i)) => Ok(Some(Number::Int(*i))),
             Some(Node::Float(f)) => Ok(Some(Number::Float(*f))),
-            Some(other) => Err(self.bad(field, format!("expected a number or None, found {other}"))),
+            Some(other) => Err(self.wrong_type(field, "a number or None", other)),
         }
     }
 }
@@ -292,7 +294,7 @@ impl ActorConfig {
         let num_out = o.count("num_out")?;
         let actor_logstd = match o.number("actor_logstd", Some(Number::Float(-2.9)))? {
             Some(n) => n.as_f64(),
-            None => return Err(o.bad("actor_logstd", "None: a float is needed")),
+            None => return Err(o.wrong_type("actor_logstd", "a float", &Node::None)),
         };
         let learnable_std = o.bool_or("learnable_std", false)?;
         let mu_model = ModuleConfig::from_node(o.req("mu_model")?, &o.sub("mu_model"))?;

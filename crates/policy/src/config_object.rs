@@ -26,14 +26,19 @@ pub(crate) struct Obj<'a> {
 
 impl<'a> Obj<'a> {
     pub(crate) fn new(node: &'a Node, path: &str) -> Result<Self> {
-        let bad = |reason: String| PolicyError::BadField { path: parent(path), field: last(path), reason };
+        let wrong = |found: String| PolicyError::FieldType {
+            path: parent(path),
+            field: last(path),
+            expected: "a config object",
+            found,
+        };
         match node {
             Node::Object(o) => {
                 // A dataclass without fields pickles without a BUILD state.
                 let fields = match &o.state {
                     None => None,
                     Some(_) => {
-                        Some(o.fields().ok_or_else(|| bad("an object whose state is not a dict of fields".into()))?)
+                        Some(o.fields().ok_or_else(|| wrong("an object whose state is not a dict of fields".into()))?)
                     }
                 };
                 Ok(Obj {
@@ -49,7 +54,7 @@ impl<'a> Obj<'a> {
                 fields: Some(d),
                 used: RefCell::new(BTreeSet::new()),
             }),
-            other => Err(bad(format!("expected a config object, found {other}"))),
+            other => Err(wrong(other.to_string())),
         }
     }
 
@@ -74,14 +79,23 @@ impl<'a> Obj<'a> {
         self.fields.and_then(|f| f.get(field))
     }
 
+    /// The error for `field` holding `found` where `expected` is needed.
+    pub(crate) fn wrong_type(&self, field: &str, expected: &'static str, found: &Node) -> PolicyError {
+        PolicyError::FieldType { path: self.path.clone(), field: field.to_owned(), expected, found: found.to_string() }
+    }
+
     pub(crate) fn req(&self, field: &str) -> Result<&'a Node> {
-        self.get(field).ok_or_else(|| self.bad(field, format!("missing (a {} needs it)", self.short_class())))
+        self.get(field).ok_or_else(|| PolicyError::MissingField {
+            path: self.path.clone(),
+            class: self.short_class().to_owned(),
+            field: field.to_owned(),
+        })
     }
 
     pub(crate) fn string(&self, field: &str) -> Result<String> {
         match self.req(field)? {
             Node::Str(s) => Ok(s.clone()),
-            other => Err(self.bad(field, format!("expected a string, found {other}"))),
+            other => Err(self.wrong_type(field, "a string", other)),
         }
     }
 
@@ -89,7 +103,7 @@ impl<'a> Obj<'a> {
         match self.get(field) {
             None | Some(Node::None) => Ok(None),
             Some(Node::Str(s)) => Ok(Some(s.clone())),
-            Some(other) => Err(self.bad(field, format!("expected a string or None, found {other}"))),
+            Some(other) => Err(self.wrong_type(field, "a string or None", other)),
         }
     }
 
@@ -97,14 +111,14 @@ impl<'a> Obj<'a> {
         match self.get(field) {
             None => Ok(default),
             Some(Node::Bool(b)) => Ok(*b),
-            Some(other) => Err(self.bad(field, format!("expected True or False, found {other}"))),
+            Some(other) => Err(self.wrong_type(field, "True or False", other)),
         }
     }
 
     pub(crate) fn count(&self, field: &str) -> Result<usize> {
         match self.req(field)? {
             Node::Int(i) if *i > 0 => usize::try_from(*i).map_err(|_| self.bad(field, format!("{i} is too large"))),
-            other => Err(self.bad(field, format!("expected a positive int, found {other}"))),
+            other => Err(self.wrong_type(field, "a positive int", other)),
         }
     }
 
@@ -112,7 +126,7 @@ impl<'a> Obj<'a> {
         match self.get(field) {
             None => Ok(&[]),
             Some(Node::List(xs)) | Some(Node::Tuple(xs)) => Ok(xs),
-            Some(other) => Err(self.bad(field, format!("expected a list, found {other}"))),
+            Some(other) => Err(self.wrong_type(field, "a list", other)),
         }
     }
 
@@ -121,7 +135,7 @@ impl<'a> Obj<'a> {
             .iter()
             .map(|n| match n {
                 Node::Str(s) => Ok(s.clone()),
-                other => Err(self.bad(field, format!("expected a list of strings, found an element {other}"))),
+                other => Err(self.wrong_type(field, "a list of strings", other)),
             })
             .collect()
     }

@@ -1,5 +1,7 @@
 //! [`Description`]: what a loaded policy is, for `pmstate policy describe`.
 
+use std::fmt;
+
 use serde::Serialize;
 
 use crate::actor::LogstdSource;
@@ -202,5 +204,85 @@ impl Policy {
             std_mean,
             networks,
         })
+    }
+}
+
+/// The text `pmstate policy describe` prints: one fact per line, indented
+/// by network and module.
+impl fmt::Display for Description {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "checkpoint: {}", self.checkpoint)?;
+        if let Some(c) = &self.config {
+            writeln!(f, "config: {c}")?;
+        }
+        let fam = match self.family {
+            Family::Ppo => "PPO",
+            Family::Amp => "AMP",
+        };
+        writeln!(f, "model: {} ({fam})", self.model)?;
+        let std = match (self.learnable_std, self.logstd_source) {
+            (true, _) => "learnable std",
+            (false, LogstdSource::Checkpoint) => "fixed std",
+            (false, LogstdSource::ConfigOverride) => "fixed std (the config's actor_logstd overrides the checkpoint's)",
+        };
+        writeln!(f, "actions: {} ({std}, mean std {:.6})", self.action_size, self.std_mean)?;
+        writeln!(f, "in_keys:")?;
+        let kw = self.in_keys.iter().map(|k| k.key.len()).max().unwrap_or(0);
+        for k in &self.in_keys {
+            let w = k.width.map_or("?".to_string(), |w| w.to_string());
+            let by = if k.read_by.is_empty() {
+                "listed by the config, read by no network".to_string()
+            } else {
+                k.read_by.join(", ")
+            };
+            writeln!(f, "  {:<kw$}  {w:>5}  ({by})", k.key)?;
+        }
+        for g in &self.width_groups {
+            writeln!(f, "  width sum: {} = {} ({})", g.keys.join(" + "), g.total, g.module)?;
+        }
+        write!(f, "networks:")?;
+        for n in &self.networks {
+            write!(f, "\n  {}: {} -> {}", n.role, n.path, n.out_key)?;
+            for m in &n.modules {
+                write!(f, "\n{m}")?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A module's lines of [`Description`]'s text (indented four spaces).
+impl fmt::Display for ModuleDesc {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "    {} {} [{}] -> {}", self.class, self.path, self.in_keys.join(", "), self.out_key)?;
+        if self.module_operations != ["Forward"] {
+            write!(f, "\n      module operations: {}", self.module_operations.join(", "))?;
+        }
+        if !self.layers.is_empty() {
+            write!(f, "\n      layers: {}", self.layers.join(", "))?;
+        }
+        if let Some(a) = self.output_activation {
+            write!(f, "\n      output activation: {a}")?;
+        }
+        match &self.normalizer {
+            Some(nd) => write!(f, "\n      normalizer {nd}"),
+            None => write!(f, "\n      normalizer: none"),
+        }
+    }
+}
+
+/// `NAME: width W, clamp C, EMA D | Welford, count N, epsilon E`.
+impl fmt::Display for NormDesc {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let clamp = self.clamp.map_or("none".to_string(), |c| c.to_string());
+        let mode = match self.ema_decay {
+            Some(e) => format!("EMA {e}"),
+            None => "Welford".into(),
+        };
+        write!(
+            f,
+            "{}: width {}, clamp {clamp}, {mode}, count {}, epsilon {:e}",
+            self.name, self.width, self.count, self.epsilon
+        )
     }
 }

@@ -2,8 +2,11 @@
 //! the config path (`agent.model.actor.mu_model.layers.0`), the class, the
 //! field or the observation key at fault.
 
+use pmstate_norm::Dims;
+
 /// What can stop a policy from loading or running.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum PolicyError {
     /// Reading the checkpoint or the configs file failed.
     #[error(transparent)]
@@ -44,7 +47,29 @@ pub enum PolicyError {
         /// The value found, in short form.
         value: String,
     },
-    /// A config field is missing or has the wrong type or value.
+    /// A required config field is absent.
+    #[error("{path}.{field}: missing (a {class} needs it)")]
+    MissingField {
+        /// Config path of the object.
+        path: String,
+        /// Its class, without the module (`MLPWithConcatConfig`).
+        class: String,
+        /// The field.
+        field: String,
+    },
+    /// A config field (or a list element of one) has the wrong type.
+    #[error("{path}.{field}: expected {expected}, found {found}")]
+    FieldType {
+        /// Config path of the object.
+        path: String,
+        /// The field.
+        field: String,
+        /// What the field must hold (`a positive int`, `a list of strings`).
+        expected: &'static str,
+        /// What it holds, in short form.
+        found: String,
+    },
+    /// A config field has the right type but a value that cannot work.
     #[error("{path}.{field}: {reason}")]
     BadField {
         /// Config path of the object.
@@ -55,7 +80,7 @@ pub enum PolicyError {
         reason: String,
     },
     /// An activation name `get_activation_func` would reject.
-    #[error("{path}: activation {name:?} is not one ProtoMotions accepts (tanh, relu, elu, gelu, identity, silu, mish, any case)")]
+    #[error("{path}: activation \"{name}\" is not one ProtoMotions accepts (tanh, relu, elu, gelu, identity, silu, mish, any case)")]
     UnknownActivation {
         /// Config path of the field.
         path: String,
@@ -73,7 +98,7 @@ pub enum PolicyError {
         path: String,
     },
     /// A checkpoint tensor has a shape the config does not allow.
-    #[error("{file}: {key} has shape {got:?}, expected {expected}")]
+    #[error("{file}: {key} has shape {}, expected {expected}", Dims(got))]
     WeightShape {
         /// The checkpoint.
         file: String,
@@ -84,7 +109,15 @@ pub enum PolicyError {
         /// What the config implies.
         expected: String,
     },
-    /// A module reads a key nothing provides, or two modules disagree about widths.
+    /// A module reads a key that no observation and no earlier module provides.
+    #[error("{path}: reads {key}, which no observation or earlier module provides")]
+    UnprovidedKey {
+        /// Config path of the module.
+        path: String,
+        /// The key.
+        key: String,
+    },
+    /// Two modules disagree about widths, or a module computes nothing usable.
     #[error("{path}: {reason}")]
     Graph {
         /// Config path of the module.
@@ -108,13 +141,63 @@ pub enum PolicyError {
         /// The keys the model takes.
         expected: Vec<String>,
     },
-    /// An observation with the wrong shape or dtype.
-    #[error("observation {key}: {reason}")]
-    BadObs {
+    /// An observation that is not float32.
+    #[error("observation {key}: dtype {dtype}, expected float32 {}", row_shape(*width))]
+    ObsDtype {
         /// The key.
         key: String,
-        /// What is wrong (names the expected width).
-        reason: String,
+        /// Its dtype (`f64`, `i64`, ...).
+        dtype: String,
+        /// Its expected width, when the checkpoint determines it.
+        width: Option<usize>,
+    },
+    /// An observation that is not 2-D.
+    #[error("observation {key}: shape {}, expected {}", Dims(shape), row_shape(*width))]
+    ObsRank {
+        /// The key.
+        key: String,
+        /// Its shape.
+        shape: Vec<usize>,
+        /// Its expected width, when the checkpoint determines it.
+        width: Option<usize>,
+    },
+    /// An observation whose width is not the one the checkpoint fixes.
+    #[error("observation {key}: width {got}, expected {expected}")]
+    ObsWidth {
+        /// The key.
+        key: String,
+        /// Its width.
+        got: usize,
+        /// The width the checkpoint fixes.
+        expected: usize,
+    },
+    /// Observations with different batch sizes.
+    #[error("observation {key}: batch {got}, but other observations have {others}")]
+    ObsBatch {
+        /// The key.
+        key: String,
+        /// Its batch size.
+        got: usize,
+        /// The batch size of the observations before it.
+        others: usize,
+    },
+    /// Observations one module concatenates whose widths do not add up to
+    /// the width its checkpoint fixes.
+    #[error(
+        "observation {key}: {module} reads {} = {sum} columns, expected {total} in all",
+        parts.iter().map(|(k, w)| format!("{k} {w}")).collect::<Vec<_>>().join(" + ")
+    )]
+    ObsGroupWidth {
+        /// A key of the group whose own width is open (else the first).
+        key: String,
+        /// Config path of the module reading them.
+        module: String,
+        /// The keys with the widths given.
+        parts: Vec<(String, usize)>,
+        /// Their sum.
+        sum: usize,
+        /// What the checkpoint fixes.
+        total: usize,
     },
     /// A module operation cannot apply to the tensor it gets.
     #[error("{path}: module operation {index} ({op}): {reason}")]
@@ -151,6 +234,14 @@ fn width_text(w: Option<usize>) -> String {
     match w {
         Some(w) => w.to_string(),
         None => "not determined by the checkpoint".into(),
+    }
+}
+
+/// `[B, 1003]`, or `[B, D]` when the width is open.
+fn row_shape(w: Option<usize>) -> String {
+    match w {
+        Some(w) => format!("[B, {w}]"),
+        None => "[B, D]".into(),
     }
 }
 

@@ -269,32 +269,20 @@ impl Policy {
         for k in &required {
             let known = self.widths.known.get(k).copied();
             let t = obs.get(k).ok_or_else(|| PolicyError::MissingObs { key: k.clone(), width: known })?;
-            let want = known.map_or("[B, D]".to_string(), |w| format!("[B, {w}]"));
             if t.dtype() != DType::F32 {
-                return Err(PolicyError::BadObs {
-                    key: k.clone(),
-                    reason: format!("dtype {:?}, expected float32 {want}", t.dtype()),
-                });
+                return Err(PolicyError::ObsDtype { key: k.clone(), dtype: t.dtype().as_str().into(), width: known });
             }
             let [b, d] = t.dims() else {
-                return Err(PolicyError::BadObs {
-                    key: k.clone(),
-                    reason: format!("shape {:?}, expected {want}", t.dims()),
-                });
+                return Err(PolicyError::ObsRank { key: k.clone(), shape: t.dims().to_vec(), width: known });
             };
             if let Some(w) = known {
                 if *d != w {
-                    return Err(PolicyError::BadObs { key: k.clone(), reason: format!("width {d}, expected {w}") });
+                    return Err(PolicyError::ObsWidth { key: k.clone(), got: *d, expected: w });
                 }
             }
             match batch {
                 None => batch = Some(*b),
-                Some(b0) if b0 != *b => {
-                    return Err(PolicyError::BadObs {
-                        key: k.clone(),
-                        reason: format!("batch {b}, but other observations have {b0}"),
-                    })
-                }
+                Some(b0) if b0 != *b => return Err(PolicyError::ObsBatch { key: k.clone(), got: *b, others: b0 }),
                 _ => {}
             }
         }
@@ -313,16 +301,13 @@ impl Policy {
             }
             let sum: usize = ws.iter().sum();
             if sum != g.total && g.keys.iter().any(|k| required.contains(k)) {
-                let parts: Vec<String> = g.keys.iter().zip(&ws).map(|(k, w)| format!("{k} {w}")).collect();
                 let key = g.keys.iter().find(|k| !self.widths.known.contains_key(*k)).unwrap_or(&g.keys[0]).clone();
-                return Err(PolicyError::BadObs {
+                return Err(PolicyError::ObsGroupWidth {
                     key,
-                    reason: format!(
-                        "{} reads {} = {sum} columns, expected {} in all",
-                        g.path,
-                        parts.join(" + "),
-                        g.total
-                    ),
+                    module: g.path.clone(),
+                    parts: g.keys.iter().cloned().zip(ws).collect(),
+                    sum,
+                    total: g.total,
                 });
             }
         }
@@ -382,9 +367,7 @@ impl Policy {
         a.discriminator.forward(&mut td, &mut trace)?;
         a.disc_critic.forward(&mut td, &mut trace)?;
         let get = |k: &str, path: &str| {
-            td.get(k)
-                .cloned()
-                .ok_or_else(|| PolicyError::Graph { path: path.into(), reason: format!("does not write {k}") })
+            td.get(k).cloned().ok_or_else(|| PolicyError::Graph { path: path.into(), reason: format!("writes no {k}") })
         };
         let disc_logits = get(a.discriminator.out_key(), "agent.model.discriminator")?;
         let disc_value = get(a.disc_critic.out_key(), "agent.model.disc_critic")?;

@@ -64,24 +64,35 @@ impl ModuleOp {
         let short = class.strip_prefix(OPS_MODULE).unwrap_or(&class);
         let bad =
             |field: &str, reason: String| PolicyError::BadField { path: path.to_owned(), field: field.into(), reason };
+        let wrong = |field: &str, expected: &'static str, found: &Node| PolicyError::FieldType {
+            path: path.to_owned(),
+            field: field.into(),
+            expected,
+            found: found.to_string(),
+        };
+        let missing = |field: &str| PolicyError::MissingField {
+            path: path.to_owned(),
+            class: short.to_owned(),
+            field: field.into(),
+        };
         let ints = |field: &str| -> Result<Vec<i64>> {
             match fields.iter().find(|(k, _)| k == field).map(|(_, v)| v) {
                 Some(Node::List(xs)) | Some(Node::Tuple(xs)) => xs
                     .iter()
                     .map(|x| match x {
                         Node::Int(i) => Ok(*i),
-                        other => Err(bad(field, format!("expected ints, found {other}"))),
+                        other => Err(wrong(field, "a list of ints", other)),
                     })
                     .collect(),
-                Some(other) => Err(bad(field, format!("expected a list of ints, found {other}"))),
-                None => Err(bad(field, "missing (required, no default)".into())),
+                Some(other) => Err(wrong(field, "a list of ints", other)),
+                None => Err(missing(field)),
             }
         };
         let int = |field: &str| -> Result<i64> {
             match fields.iter().find(|(k, _)| k == field).map(|(_, v)| v) {
                 Some(Node::Int(i)) => Ok(*i),
-                Some(other) => Err(bad(field, format!("expected an int, found {other}"))),
-                None => Err(bad(field, "missing (required, no default)".into())),
+                Some(other) => Err(wrong(field, "an int", other)),
+                None => Err(missing(field)),
             }
         };
         let (op, known): (ModuleOp, &[&str]) = match short {
@@ -94,15 +105,15 @@ impl ModuleOp {
             "ModuleOperationReshapeConfig" => {
                 let shape = match fields.iter().find(|(k, _)| k == "new_shape").map(|(_, v)| v) {
                     Some(Node::List(xs)) | Some(Node::Tuple(xs)) => xs,
-                    Some(other) => return Err(bad("new_shape", format!("expected a list, found {other}"))),
-                    None => return Err(bad("new_shape", "missing (required, no default)".into())),
+                    Some(other) => return Err(wrong("new_shape", "a list", other)),
+                    None => return Err(missing("new_shape")),
                 };
                 let mut dims = Vec::new();
                 for (i, x) in shape.iter().enumerate() {
                     dims.push(match x {
                         Node::Int(v) => ReshapeDim::Size(*v),
                         Node::Str(s) if i == 0 && s.contains("batch_size") => {
-                            eval_batch_expr(s, 1).map_err(|e| bad("new_shape", format!("{s:?}: {e}")))?;
+                            eval_batch_expr(s, 1).map_err(|e| bad("new_shape", format!("\"{s}\": {e}")))?;
                             ReshapeDim::Batch(s.clone())
                         }
                         other => {
@@ -267,11 +278,13 @@ pub(crate) fn infer_reshape(sizes: &[i64], numel: usize) -> std::result::Result<
     match infer {
         Some(i) => {
             if known == 0 || numel % known != 0 {
-                return Err(format!("shape {sizes:?} is invalid for input of size {numel}"));
+                return Err(format!("shape {} is invalid for input of size {numel}", int_list(sizes)));
             }
             out[i] = numel / known;
         }
-        None if known != numel => return Err(format!("shape {sizes:?} is invalid for input of size {numel}")),
+        None if known != numel => {
+            return Err(format!("shape {} is invalid for input of size {numel}", int_list(sizes)))
+        }
         None => {}
     }
     Ok(out)
@@ -285,7 +298,7 @@ pub(crate) fn eval_batch_expr(expr: &str, batch: i64) -> std::result::Result<i64
     let mut p = Parser { toks: &toks, pos: 0, batch };
     let v = p.sum()?;
     if p.pos != toks.len() {
-        return Err(format!("unexpected {:?}", toks[p.pos]));
+        return Err(format!("unexpected {}", toks[p.pos]));
     }
     Ok(v)
 }
@@ -297,6 +310,23 @@ enum Tok {
     Op(&'static str),
     Open,
     Close,
+}
+
+impl std::fmt::Display for Tok {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Tok::Num(n) => write!(f, "{n}"),
+            Tok::Batch => f.write_str("batch_size"),
+            Tok::Op(op) => write!(f, "'{op}'"),
+            Tok::Open => f.write_str("'('"),
+            Tok::Close => f.write_str("')'"),
+        }
+    }
+}
+
+/// `[-1, 4]`, as Python prints a list of ints.
+fn int_list(xs: &[i64]) -> String {
+    format!("[{}]", xs.iter().map(i64::to_string).collect::<Vec<_>>().join(", "))
 }
 
 fn tokenize(s: &str) -> std::result::Result<Vec<Tok>, String> {
@@ -342,7 +372,7 @@ fn tokenize(s: &str) -> std::result::Result<Vec<Tok>, String> {
             }
             _ => {
                 return Err(format!(
-                    "cannot evaluate {:?} (only ints, batch_size, + - * // % and parentheses)",
+                    "cannot evaluate \"{}\" (only ints, batch_size, + - * // % and parentheses)",
                     &s[i..]
                 ))
             }
@@ -417,7 +447,7 @@ impl Parser<'_> {
                     _ => Err("missing ')'".into()),
                 }
             }
-            other => Err(format!("unexpected {other:?}")),
+            other => Err(format!("unexpected {other}")),
         }
     }
 }

@@ -238,10 +238,7 @@ impl Leaf {
     fn forward(&self, td: &TensorMap, trace: &mut Trace) -> Result<Tensor> {
         let mut parts = Vec::with_capacity(self.in_keys.len());
         for k in &self.in_keys {
-            let t = td.get(k).ok_or_else(|| PolicyError::Graph {
-                path: self.path.clone(),
-                reason: format!("reads {k}, which no observation or earlier module provides"),
-            })?;
+            let t = td.get(k).ok_or_else(|| PolicyError::UnprovidedKey { path: self.path.clone(), key: k.clone() })?;
             parts.push(t);
         }
         let mut x = if parts.len() == 1 { parts[0].clone() } else { Tensor::cat(&parts, D::Minus1)? };
@@ -313,7 +310,10 @@ fn load_norm(
     if rms.shape().is_none_or(|s| s.len() != 1) {
         return Err(PolicyError::Graph {
             path: path.to_owned(),
-            reason: format!("normalizer {name} has shape {:?}; a 1-D one is expected", rms.shape()),
+            reason: match rms.shape() {
+                Some(s) => format!("normalizer {name} has shape {}; a 1-D one is expected", pmstate_norm::Dims(s)),
+                None => format!("normalizer {name} has no statistics"),
+            },
         });
     }
     Ok(ObsNormalizer { rms, settings, name, count })

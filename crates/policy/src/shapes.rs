@@ -142,7 +142,7 @@ pub(crate) fn simulate(l: &Leaf, c: usize) -> Result<usize, String> {
             if *op == ModuleOp::Forward {
                 let last = *shape.last().ok_or("empty shape")?;
                 if fw.is_some_and(|w| w != last) {
-                    return Err(format!("width {last} at Forward, expected {fw:?}"));
+                    return Err(format!("width {last} at Forward, expected {}", fw.map_or(0, |w| w)));
                 }
                 if let Some(m) = &l.mlp {
                     let n = shape.len();
@@ -153,7 +153,7 @@ pub(crate) fn simulate(l: &Leaf, c: usize) -> Result<usize, String> {
             }
         }
         if shape.len() != 2 || shape[0] != b {
-            return Err(format!("output shape {shape:?} is not [batch, width]"));
+            return Err(format!("output shape {} is not [batch, width]", pmstate_norm::Dims(&shape)));
         }
         if out.is_some_and(|o| o != shape[1]) {
             return Err("output width depends on the batch size".into());

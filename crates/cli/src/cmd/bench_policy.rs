@@ -15,7 +15,7 @@ use pmstate_policy::module_ops::ModuleOp;
 use pmstate_policy::{Activation, Policy};
 use serde::Serialize;
 
-use crate::cmd::policy::Format;
+use crate::args::OutputFormat;
 use crate::{output, CliError, Global};
 
 /// Which CPU matrix product.
@@ -65,7 +65,7 @@ pub fn run(a: Args, g: Global) -> Result<ExitCode, CliError> {
         KernelsArg::Candle => pmstate_policy::CpuKernels::Candle,
     };
     let opts = BenchOptions { threads, min_time: a.min_time, batches, write_weights: a.write_weights, kernels };
-    let format = if g.json { Format::Json } else { Format::Text };
+    let format = g.format();
     pool.install(|| bench(&opts, format))
 }
 
@@ -226,7 +226,7 @@ fn median_seconds(
 }
 
 /// `pmstate bench-policy`.
-pub fn bench(opts: &BenchOptions, format: Format) -> Result<ExitCode, CliError> {
+pub fn bench(opts: &BenchOptions, format: OutputFormat) -> Result<ExitCode, CliError> {
     let weights = bench_weights()?;
     let path = match &opts.write_weights {
         Some(p) => p.clone(),
@@ -299,12 +299,12 @@ pub fn bench(opts: &BenchOptions, format: Format) -> Result<ExitCode, CliError> 
         });
     }
     match format {
-        Format::Json => {
+        OutputFormat::Json => {
             for r in &records {
                 output::json_line(r)?;
             }
         }
-        Format::Text => {
+        OutputFormat::Text => {
             output::line(format!(
                 "{:<8} {:>6} {:>3} {:>12} {:>12} {:>12} {:>12}",
                 "op", "batch", "thr", "median µs", "min µs", "cpu µs", "rows/s"

@@ -1,12 +1,13 @@
 //! `pmstate config`: a resolved-configs file (or any part of it) as a
 //! readable tree or as JSON, read inertly (nothing in it is executed).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 use pmstate_ckpt::Checkpoint;
 use serde_json::Value as J;
 
+use crate::args::OutputFormat;
 use crate::{output, CliError, Global};
 
 /// `pmstate config FILE [--get DOTTED.PATH]`
@@ -19,32 +20,21 @@ pub struct Args {
     file: PathBuf,
 }
 
-/// Runs the command: the JSON tree (`--json`), or a readable indented tree.
-pub fn run_command(a: Args, g: Global) -> Result<ExitCode, CliError> {
-    run(&a.file, a.get.as_deref(), if g.json { Format::Json } else { Format::Text })
-}
-
-/// How `pmstate config` prints.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Format {
-    /// An indented tree, one field per line.
-    Text,
-    /// The JSON tree on one line.
-    Json,
-}
-
-/// Prints the config at `key` (`None`: the whole file) of the file at `path`.
-pub fn run(path: &Path, key: Option<&str>, format: Format) -> Result<ExitCode, CliError> {
-    let ckpt = Checkpoint::open(path)?;
+/// Prints the config at `--get` (default: the whole file): the JSON tree
+/// on one line (`--json`), or a readable indented tree (`--get` of a
+/// scalar prints just it: `5`, `5.0`, `relu`).
+pub fn run(a: Args, g: Global) -> Result<ExitCode, CliError> {
+    let ckpt = Checkpoint::open(&a.file)?;
+    let key = a.get.as_deref();
     let key_text = key.unwrap_or("");
-    let value =
-        ckpt.config_json(key_text).ok_or_else(|| CliError::Usage(format!("{}: no key {key_text}", path.display())))?;
-    match format {
-        Format::Json => output::json_line(&value)?,
-        Format::Text => {
+    let value = ckpt
+        .config_json(key_text)
+        .ok_or_else(|| CliError::Usage(format!("{}: no key {key_text}", a.file.display())))?;
+    match g.format() {
+        OutputFormat::Json => output::json_line(&value)?,
+        OutputFormat::Text => {
             let mut lines = Vec::new();
             match (&value, key) {
-                // `--get` of a scalar prints just it: `5`, `5.0`, `relu`.
                 (J::String(s), Some(_)) => lines.push(s.clone()),
                 (v, Some(_)) if is_scalar(v) => lines.push(scalar(v)),
                 (v, _) => render_root(v, &mut lines),

@@ -1,0 +1,32 @@
+//! `pmstate policy describe`: what a policy takes and computes.
+
+use std::process::ExitCode;
+
+use candle_core::Device;
+use pmstate_policy::Policy;
+
+use super::PolicyFiles;
+use crate::args::OutputFormat;
+use crate::{output, CliError, Global};
+
+/// `pmstate policy describe [--config CONFIGS] CHECKPOINT`
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    #[command(flatten)]
+    files: PolicyFiles,
+}
+
+/// Prints the policy's [`pmstate_policy::Description`]: its text form, or the JSON object (`--json`).
+pub fn run(a: Args, g: Global) -> Result<ExitCode, CliError> {
+    let policy = Policy::load(&a.files.checkpoint, a.files.config.as_deref(), &Device::Cpu)?;
+    let d = policy.describe()?;
+    match g.format() {
+        OutputFormat::Json => output::json_line(&d)?,
+        OutputFormat::Text => {
+            for l in d.to_string().lines() {
+                output::line(l);
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}

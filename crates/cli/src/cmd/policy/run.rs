@@ -1,0 +1,102 @@
+//! `pmstate policy run`: the eval-mode forward on a file of observations.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use candle_core::{Device, Tensor};
+use pmstate_norm::Dims;
+use pmstate_policy::Policy;
+use serde::Serialize;
+
+use super::PolicyFiles;
+use crate::args::{DeviceArg, OutputFormat};
+use crate::{output, CliError, Global};
+
+/// `pmstate policy run [--config CONFIGS] CHECKPOINT --obs OBS --out OUT [--sample [--seed S]] [--discriminator]`
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    #[command(flatten)]
+    files: PolicyFiles,
+    /// Observations: a safetensors file of one f32 [B, D_key] tensor per in_key.
+    #[arg(long)]
+    obs: PathBuf,
+    /// Where to write the outputs (safetensors).
+    #[arg(long)]
+    out: PathBuf,
+    /// Where the policy runs.
+    #[arg(long, value_enum, default_value = "cpu")]
+    device: DeviceArg,
+    /// Also draw actions around the mean (the noise stream of --seed).
+    #[arg(long)]
+    sample: bool,
+    /// The seed of the action noise (with --sample).
+    #[arg(long, default_value_t = 0, requires = "sample")]
+    seed: u64,
+    /// Also run the AMP discriminator and its critic.
+    #[arg(long)]
+    discriminator: bool,
+}
+
+#[derive(Serialize)]
+struct RunReport {
+    out: String,
+    tensors: Vec<(String, Vec<usize>)>,
+}
+
+/// Runs the policy and writes its outputs; prints what it wrote (one line, or a JSON object with `--json`).
+pub fn run(a: Args, g: Global) -> Result<ExitCode, CliError> {
+    let (device, _) = a.device.open()?;
+    let policy = Policy::load(&a.files.checkpoint, a.files.config.as_deref(), &device)?;
+    let obs = candle_core::safetensors::load(&a.obs, &Device::Cpu)
+        .map_err(|e| CliError::Usage(format!("{}: {e}", a.obs.display())))?;
+    let mut tensors: Vec<(String, Tensor)> = Vec::new();
+    let outputs = if a.sample {
+        let s = policy.sample(&obs, a.seed)?;
+        tensors.push(("action".into(), s.action));
+        tensors.push(("neglogp".into(), s.neglogp));
+        s.outputs
+    } else {
+        policy.forward(&obs)?
+    };
+    tensors.push(("mean_action".into(), outputs.mean_action));
+    tensors.push(("value".into(), outputs.value));
+    tensors.push(("std".into(), outputs.std));
+    if let Some(n) = outputs.norm_obs {
+        tensors.push(("norm_obs".into(), n));
+    }
+    if a.discriminator {
+        let d = policy.discriminate(&obs)?;
+        tensors.push(("disc_logits".into(), d.disc_logits));
+        tensors.push(("disc_reward".into(), d.disc_reward));
+        tensors.push(("disc_value".into(), d.disc_value));
+    }
+    let map: HashMap<String, Tensor> = tensors
+        .iter()
+        .map(|(k, t)| Ok((k.clone(), t.to_device(&Device::Cpu)?.contiguous()?)))
+        .collect::<Result<_, CliError>>()?;
+    write_atomic(&a.out, &map)?;
+    let report = RunReport {
+        out: a.out.display().to_string(),
+        tensors: tensors.iter().map(|(k, t)| (k.clone(), t.dims().to_vec())).collect(),
+    };
+    match g.format() {
+        OutputFormat::Json => output::json_line(&report)?,
+        OutputFormat::Text => {
+            let parts: Vec<String> = report.tensors.iter().map(|(k, s)| format!("{k} {}", Dims(s))).collect();
+            output::line(format!("wrote {}: {}", report.out, parts.join(", ")));
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Writes next to the target, then renames over it.
+fn write_atomic(path: &Path, map: &HashMap<String, Tensor>) -> Result<(), CliError> {
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "out".into());
+    let tmp = path.with_file_name(format!(".{name}.{}.tmp", std::process::id()));
+    candle_core::safetensors::save(map, &tmp).map_err(|e| CliError::Usage(format!("{}: {e}", path.display())))?;
+    std::fs::rename(&tmp, path).map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        CliError::Io(std::io::Error::new(e.kind(), format!("{}: {e}", path.display())))
+    })
+}
