@@ -374,10 +374,9 @@ fn micro<const MR: usize, const W: usize>(
         *row = if first { bias.0 } else { o.0 };
     }
     for (av, bv) in a.chunks_exact(MR).zip(b) {
-        for r in 0..MR {
-            let x = av[r];
-            for j in 0..W {
-                acc[r][j] = x.mul_add(bv.0[j], acc[r][j]);
+        for (acc, &x) in acc.iter_mut().zip(av) {
+            for (a, &w) in acc.iter_mut().zip(&bv.0) {
+                *a = x.mul_add(w, *a);
             }
         }
     }
@@ -423,17 +422,16 @@ fn gemv_panels<const W: usize, const G: usize>(
     let mut acc: [[f32; W]; G] = std::array::from_fn(|g| bias[g].0);
     for (kk, &xv) in x.iter().enumerate() {
         for (acc, panel) in acc.iter_mut().zip(&panels) {
-            let row = &panel[kk].0;
-            for j in 0..W {
-                acc[j] = xv.mul_add(row[j], acc[j]);
+            for (a, &w) in acc.iter_mut().zip(&panel[kk].0) {
+                *a = xv.mul_add(w, *a);
             }
         }
     }
     for (acc, out) in acc.iter().zip(out) {
-        for j in 0..W {
-            out.0[j] = match epilogue {
-                Epilogue::Identity => acc[j],
-                Epilogue::Relu => relu(acc[j]),
+        for (o, &a) in out.0.iter_mut().zip(acc) {
+            *o = match epilogue {
+                Epilogue::Identity => a,
+                Epilogue::Relu => relu(a),
             };
         }
     }
