@@ -21,8 +21,9 @@
 //!   one Sapphire Rapids core where 6 rows reached 104 and 14 spilled).
 //!   AVX2: 6 x 16, 12 of the 16 ymm accumulate, 2 hold weights, 1 a
 //!   broadcast row value (BLIS's Haswell block): 12 independent chains
-//!   cover the FMA latency of two pipes, 8 loads per 12 FMAs; on a Zen 3
-//!   core it reaches about 93 GFLOP/s with its operands in L1;
+//!   cover the FMA latency of two pipes, 8 loads per 12 FMAs; a 1024 x
+//!   1024 x 1024 product reached 69-76 GFLOP/s on one Zen 3 core where
+//!   AVX2's former 2 x 32 block reached 52-62 (`benches/kernels.rs`);
 //! - tasks are blocks of rows on the current rayon pool; each packs its
 //!   rows, then goes panel by panel (K in blocks) and sweeps its
 //!   micro-panels over the panel, which stays in cache; every output
