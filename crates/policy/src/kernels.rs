@@ -8,21 +8,27 @@
 //! (not available offline, and not in CI). So this module is a small
 //! GotoBLAS-style kernel in safe Rust:
 //!
-//! - the weights are packed at load into panels of [`NR`] = 32 output
-//!   columns, each `K x 32` contiguous (zero-padded past the last column),
-//!   so a micro-kernel step reads one 128-byte row of the panel;
+//! - the weights are packed at load into panels of `W` output columns,
+//!   each `K x W` contiguous (zero-padded past the last column), every k
+//!   row on whole 64-byte cache lines: `W` = [`NR`] = 32 with AVX-512
+//!   (a step reads two zmm), 16 elsewhere (two ymm);
 //! - the input is packed per call into micro-panels of `MR` rows
 //!   interleaved by k (zero-padded rows);
-//! - the micro-kernel keeps an `MR x 32` block of outputs in registers
-//!   (12 x 2 of the 32 zmm with AVX-512: 24 accumulators, 2 weight rows, 1
-//!   broadcast; 2 x 4 of the 16 ymm with AVX2) and does one fused
-//!   multiply-add per weight and row; `multiversion` compiles it per
-//!   instruction set and picks one at run time (12 rows reached 119
-//!   GFLOP/s on one Sapphire Rapids core where 6 rows reached 104 and 14
-//!   spilled);
-//! - tasks are (block of rows, panel) pairs on the current rayon pool;
-//!   every output element is one sequential sum over k, so the result does
-//!   not depend on the thread count;
+//! - the micro-kernel keeps an `MR x W` block of outputs in registers and
+//!   does one fused multiply-add per weight and row; `multiversion`
+//!   compiles it per instruction set and picks one at run time. AVX-512:
+//!   12 x 32, 24 of the 32 zmm accumulate (12 rows reached 119 GFLOP/s on
+//!   one Sapphire Rapids core where 6 rows reached 104 and 14 spilled).
+//!   AVX2: 6 x 16, 12 of the 16 ymm accumulate, 2 hold weights, 1 a
+//!   broadcast row value (BLIS's Haswell block): 12 independent chains
+//!   cover the FMA latency of two pipes, 8 loads per 12 FMAs; a 1024 x
+//!   1024 x 1024 product reached 69-76 GFLOP/s on one Zen 3 core where
+//!   AVX2's former 2 x 32 block reached 52-62 (`benches/kernels.rs`);
+//! - tasks are blocks of rows on the current rayon pool; each packs its
+//!   rows, then goes panel by panel (K in blocks) and sweeps its
+//!   micro-panels over the panel, which stays in cache; every output
+//!   element is one sequential sum over k, so the result does not depend
+//!   on the thread count;
 //! - bias is the accumulators' start value, ReLU is applied when storing.
 //!
 //! At batch 1 this is a matrix-vector product that streams each weight
@@ -31,25 +37,40 @@
 //! # Row independence
 //!
 //! Every output element, on either path (matrix-vector for fewer than 4
-//! rows, packed blocks otherwise), is computed as `acc = bias; for k in
-//! 0..K { acc = fma(x[k], w[k], acc) }`, then the epilogue: one sequential
-//! chain whose order depends neither on the number of rows, nor on a row's
-//! position (its block, its slot in a micro-panel, zero-padded neighbours),
-//! nor on the thread count; K blocking stores and reloads the float32
-//! accumulator exactly. So a row gives the same bits alone or in any batch,
-//! which `pmstate-serve`'s dynamic batching relies on
-//! (`tests/row_independence.rs` checks it on every recorded policy).
+//! rows, packed blocks otherwise) and with either packing, is computed as
+//! `acc = bias; for k in 0..K { acc = fma(x[k], w[k], acc) }`, then the
+//! epilogue: one sequential chain whose order depends neither on the
+//! number of rows, nor on a row's position (its block, its slot in a
+//! micro-panel, zero-padded neighbours), nor on the thread count, nor on
+//! the instruction set (a fused multiply-add rounds once wherever it
+//! runs); K blocking stores and reloads the float32 accumulator exactly.
+//! So a row gives the same bits alone or in any batch, which
+//! `pmstate-serve`'s dynamic batching relies on (`tests/row_independence.rs`
+//! checks it on every recorded policy).
 
 use rayon::prelude::*;
 
-/// Output columns per packed panel.
+/// Output columns per packed panel with AVX-512 (the widest panel).
 pub const NR: usize = 32;
-/// Most rows per task (a multiple of every MR): its packed rows (MC x K,
-/// 672 KiB for K = 1024) stay in L2 while every panel goes by.
-const MC: usize = 168;
-/// Depth of one pass over a panel: `KC x NR` weights (32 KiB) stay in L1
-/// while every micro-panel of the task's rows goes by.
-const KC: usize = 256;
+/// Output columns per packed panel elsewhere (AVX2, the portable fallback).
+const NR_AVX2: usize = 16;
+/// Rows per micro-panel with AVX-512.
+const MR_AVX512: usize = 12;
+/// Rows per micro-panel elsewhere.
+const MR_AVX2: usize = 6;
+
+/// `W` consecutive floats on whole 64-byte cache lines (`W` = 16 or 32):
+/// a k row of a packed panel, a panel's bias, or a row of a block of
+/// outputs. A `Vec<f32>` is only 4-byte aligned (glibc's large blocks
+/// start 16 bytes past a page), so rows of `f32` would make a quarter to
+/// a half of the weight loads straddle two lines.
+#[derive(Debug, Clone, Copy, PartialEq)]
+#[repr(C, align(64))]
+struct Cols<const W: usize>([f32; W]);
+
+impl<const W: usize> Cols<W> {
+    const ZERO: Self = Cols([0.0; W]);
+}
 
 /// An elementwise function fused into the store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -76,31 +97,41 @@ fn relu(v: f32) -> f32 {
 pub struct PackedLinear {
     k: usize,
     n: usize,
-    /// `ceil(n / NR)` panels of `k x NR`.
-    panels: Vec<f32>,
-    /// Bias padded to `ceil(n / NR) * NR`.
-    bias: Vec<f32>,
+    packing: Packing,
+}
+
+/// The weights in the panels of the instruction set found at packing.
+#[derive(Debug, Clone)]
+enum Packing {
+    Avx512(Panels<NR>),
+    Avx2(Panels<NR_AVX2>),
+}
+
+/// `ceil(n / W)` panels of `k` rows, and the bias padded likewise.
+#[derive(Debug, Clone)]
+struct Panels<const W: usize> {
+    k: usize,
+    n: usize,
+    rows: Vec<Cols<W>>,
+    bias: Vec<Cols<W>>,
 }
 
 impl PackedLinear {
-    /// Packs `weight` (`[n, k]` row-major, as `nn.Linear` stores it) and `bias` (`[n]`).
+    /// Packs `weight` (`[n, k]` row-major, as `nn.Linear` stores it) and
+    /// `bias` (`[n]`) for this CPU's micro-kernel.
     pub fn new(weight: &[f32], bias: &[f32], n: usize, k: usize) -> Self {
+        Self::for_isa(weight, bias, n, k, if avx512() { Isa::Avx512 } else { Isa::Avx2 })
+    }
+
+    /// [`PackedLinear::new`] for the micro-kernel of `isa` (tests run the
+    /// AVX2 one on AVX-512 machines too).
+    fn for_isa(weight: &[f32], bias: &[f32], n: usize, k: usize, isa: Isa) -> Self {
         debug_assert_eq!(weight.len(), n * k);
-        let p = n.div_ceil(NR);
-        let mut panels = vec![0f32; p * k * NR];
-        for (pi, panel) in panels.chunks_exact_mut(k * NR).enumerate() {
-            for (kk, row) in panel.chunks_exact_mut(NR).enumerate() {
-                for (j, v) in row.iter_mut().enumerate() {
-                    let col = pi * NR + j;
-                    if col < n {
-                        *v = weight[col * k + kk];
-                    }
-                }
-            }
-        }
-        let mut b = vec![0f32; p * NR];
-        b[..n].copy_from_slice(&bias[..n]);
-        PackedLinear { k, n, panels, bias: b }
+        let packing = match isa {
+            Isa::Avx512 => Packing::Avx512(Panels::new(weight, bias, n, k)),
+            Isa::Avx2 => Packing::Avx2(Panels::new(weight, bias, n, k)),
+        };
+        PackedLinear { k, n, packing }
     }
 
     /// Input width.
@@ -124,110 +155,196 @@ impl PackedLinear {
     /// so a caller that keeps `y` across calls pays no page faults for it).
     pub fn forward_into(&self, x: &[f32], m: usize, epilogue: Epilogue, y: &mut Vec<f32>) {
         debug_assert_eq!(x.len(), m * self.k);
-        y.clear();
+        // every element is written below: no need to zero what is kept
         y.resize(m * self.n, 0.0);
         if m == 0 {
             return;
         }
-        if m < 4 {
-            return self.gemv(x, m, epilogue, y);
-        }
-        if avx512() {
-            self.run::<12>(x, m, epilogue, Isa::Avx512, y)
-        } else {
-            self.run::<2>(x, m, epilogue, Isa::Other, y)
+        match &self.packing {
+            Packing::Avx512(p) if m < 4 => p.gemv(x, m, epilogue, gemv_avx512, y),
+            Packing::Avx512(p) => p.run::<MR_AVX512>(x, m, epilogue, Isa::Avx512, block_avx512::<MR_AVX512>, y),
+            Packing::Avx2(p) if m < 4 => p.gemv(x, m, epilogue, gemv_avx2, y),
+            Packing::Avx2(p) => p.run::<MR_AVX2>(x, m, epilogue, Isa::Avx2, block_avx2::<MR_AVX2>, y),
         }
     }
+}
 
-    /// A few rows: one matrix-vector product per row, panels in parallel.
-    /// Memory-bound: each weight is read once per row from the packed panels.
-    fn gemv(&self, x: &[f32], m: usize, epilogue: Epilogue, y: &mut [f32]) {
-        let (k, n) = (self.k, self.n);
-        let p = n.div_ceil(NR);
-        let mut tiles = vec![0f32; m * p * NR];
-        tiles.par_chunks_mut(NR).enumerate().for_each(|(t, out)| {
-            let (row, pi) = (t / p, t % p);
-            let b = &self.panels[pi * k * NR..(pi + 1) * k * NR];
-            let xr = &x[row * k..(row + 1) * k];
-            let bias = &self.bias[pi * NR..(pi + 1) * NR];
-            if avx512() {
-                gemv_avx512(xr, b, bias, out, epilogue)
-            } else {
-                gemv_avx2(xr, b, bias, out, epilogue)
+/// A micro-kernel: [`micro`] compiled for one instruction set.
+type Block<const W: usize> = fn(&[f32], &[Cols<W>], &Cols<W>, &mut [Cols<W>], bool, Epilogue);
+/// A matrix-vector kernel: [`gemv_panels`] compiled for one instruction
+/// set, over the rows of a group of consecutive panels, their biases and
+/// their tiles of outputs.
+type Gemv<const W: usize> = fn(&[f32], &[Cols<W>], &[Cols<W>], &mut [Cols<W>], Epilogue);
+
+impl<const W: usize> Panels<W> {
+    fn new(weight: &[f32], bias: &[f32], n: usize, k: usize) -> Self {
+        let p = n.div_ceil(W);
+        let mut rows = vec![Cols::ZERO; p * k];
+        for (pi, panel) in rows.chunks_exact_mut(k.max(1)).enumerate() {
+            for (kk, row) in panel.iter_mut().enumerate() {
+                for (j, v) in row.0.iter_mut().enumerate() {
+                    let col = pi * W + j;
+                    if col < n {
+                        *v = weight[col * k + kk];
+                    }
+                }
             }
+        }
+        let mut b = vec![Cols::ZERO; p];
+        for (i, v) in bias[..n].iter().enumerate() {
+            b[i / W].0[i % W] = *v;
+        }
+        Panels { k, n, rows, bias: b }
+    }
+
+    /// The `k` rows of panel `pi`.
+    fn panel(&self, pi: usize) -> &[Cols<W>] {
+        &self.rows[pi * self.k..(pi + 1) * self.k]
+    }
+
+    /// A few rows: one matrix-vector product per row, groups of `g`
+    /// panels (`g * W` = [`NR`] columns) in parallel. Memory-bound: each
+    /// weight is read once per row from the packed panels.
+    fn gemv(&self, x: &[f32], m: usize, epilogue: Epilogue, kernel: Gemv<W>, y: &mut [f32]) {
+        let (k, n) = (self.k, self.n);
+        let p = n.div_ceil(W);
+        let g = (NR / W).max(1);
+        // each row's tiles padded to whole groups: no task spans two rows
+        let pg = p.div_ceil(g) * g;
+        let mut tiles = vec![Cols::ZERO; m * pg];
+        tiles.par_chunks_mut(g).enumerate().for_each(|(t, out)| {
+            let (row, pi) = (t * g / pg, t * g % pg);
+            let pe = (pi + g).min(p);
+            let (b, bias) = (&self.rows[pi * k..pe * k], &self.bias[pi..pe]);
+            kernel(&x[row * k..(row + 1) * k], b, bias, &mut out[..pe - pi], epilogue)
         });
         for (row, dst) in y.chunks_mut(n).enumerate() {
-            for (pi, cols) in dst.chunks_mut(NR).enumerate() {
-                cols.copy_from_slice(&tiles[(row * p + pi) * NR..][..cols.len()]);
+            for (pi, cols) in dst.chunks_mut(W).enumerate() {
+                cols.copy_from_slice(&tiles[row * pg + pi].0[..cols.len()]);
             }
         }
     }
 
     /// Row blocks in parallel; each task packs its rows, then goes panel by
-    /// panel (K in L1-sized chunks) and writes its rows of `y` directly.
-    fn run<const MR: usize>(&self, x: &[f32], m: usize, epilogue: Epilogue, isa: Isa, y: &mut [f32]) {
+    /// panel (K in blocks) and writes its rows of `y` directly.
+    fn run<const MR: usize>(&self, x: &[f32], m: usize, epilogue: Epilogue, isa: Isa, block: Block<W>, y: &mut [f32]) {
         let (k, n) = (self.k, self.n);
-        let p = n.div_ceil(NR);
-        // one task per thread where the batch is small (each task streams
-        // every weight once), at most MC rows each
-        let threads = rayon::current_num_threads().max(1);
-        let mc = (m.div_ceil(threads).div_ceil(MR) * MR).clamp(MR, MC);
+        let p = n.div_ceil(W);
+        let mc = isa.rows_per_task(m, rayon::current_num_threads().max(1), MR);
+        let kc = isa.kc();
         y.par_chunks_mut(mc * n).enumerate().for_each(|(blk, ys)| {
             let rows = ys.len() / n;
-            let panels = rows.div_ceil(MR);
-            // this block's rows packed: [panels][k][MR], zero-padded
-            let mut a = vec![0f32; panels * MR * k];
-            for (i, dst) in a.chunks_exact_mut(MR * k).enumerate() {
-                let first = blk * mc + i * MR;
-                let rows: Vec<&[f32]> = (first..(first + MR).min(m)).map(|row| &x[row * k..(row + 1) * k]).collect();
-                if rows.len() == MR {
-                    // MR sequential streams in, one contiguous stream out
-                    for (kk, d) in dst.chunks_exact_mut(MR).enumerate() {
-                        for (dv, row) in d.iter_mut().zip(&rows) {
-                            *dv = row[kk];
-                        }
-                    }
-                } else {
-                    for (r, row) in rows.iter().enumerate() {
-                        for (kk, &v) in row.iter().enumerate() {
-                            dst[kk * MR + r] = v;
-                        }
-                    }
-                }
-            }
-            let mut tile = vec![0f32; panels * MR * NR];
+            let a = pack_rows::<MR>(x, m, k, blk * mc, rows);
+            let mut tile = vec![Cols::ZERO; rows.div_ceil(MR) * MR];
             for pi in 0..p {
-                let b = &self.panels[pi * k * NR..(pi + 1) * k * NR];
-                let bias: &[f32] = &self.bias[pi * NR..(pi + 1) * NR];
+                let b = self.panel(pi);
+                let bias = &self.bias[pi];
+                let (c0, w) = (pi * W, W.min(n - pi * W));
                 let mut k0 = 0;
                 while k0 < k {
-                    let k1 = (k0 + KC).min(k);
-                    let first = k0 == 0;
-                    let ep = if k1 == k { epilogue } else { Epilogue::Identity };
-                    let bk = &b[k0 * NR..k1 * NR];
-                    for (i, o) in tile.chunks_exact_mut(MR * NR).enumerate() {
-                        let ak = &a[i * MR * k + k0 * MR..i * MR * k + k1 * MR];
-                        match isa {
-                            Isa::Avx512 => block_avx512::<MR>(ak, bk, bias, o, first, ep),
-                            Isa::Other => block_avx2::<MR>(ak, bk, bias, o, first, ep),
+                    let k1 = (k0 + kc).min(k);
+                    let (first, last) = (k0 == 0, k1 == k);
+                    let ep = if last { epilogue } else { Epilogue::Identity };
+                    let bk = &b[k0..k1];
+                    for (i, o) in tile.chunks_exact_mut(MR).enumerate() {
+                        block(&a[i * MR * k + k0 * MR..i * MR * k + k1 * MR], bk, bias, o, first, ep);
+                        if last {
+                            // stored now, the stores drain while the next
+                            // micro-panel computes (one pass over the whole
+                            // tile after the sweep stalled on them: 3 % of a
+                            // forward)
+                            store(o, &mut ys[i * MR * n..((i + 1) * MR).min(rows) * n], n, c0, w);
                         }
                     }
                     k0 = k1;
-                }
-                let c0 = pi * NR;
-                let w = NR.min(n - c0);
-                for (r, yrow) in ys.chunks_exact_mut(n).enumerate() {
-                    yrow[c0..c0 + w].copy_from_slice(&tile[r * NR..r * NR + w]);
                 }
             }
         });
     }
 }
 
-#[derive(Clone, Copy)]
+/// Columns `c0..c0 + w` of the rows of `y` (`n` wide) from a block's rows.
+#[inline(always)]
+fn store<const W: usize>(block: &[Cols<W>], y: &mut [f32], n: usize, c0: usize, w: usize) {
+    let rows = y.chunks_exact_mut(n).zip(block);
+    if w == W {
+        // a fixed-size copy: vector moves, no call to memmove
+        rows.for_each(|(yrow, t)| yrow[c0..c0 + W].copy_from_slice(&t.0));
+    } else {
+        rows.for_each(|(yrow, t)| yrow[c0..c0 + w].copy_from_slice(&t.0[..w]));
+    }
+}
+
+/// Rows `first..first + rows` of `x` (`[m, k]`) packed into micro-panels
+/// `[rows / MR][k][MR]`, the last one zero-padded.
+fn pack_rows<const MR: usize>(x: &[f32], m: usize, k: usize, first: usize, rows: usize) -> Vec<f32> {
+    let mut a = vec![0f32; rows.div_ceil(MR) * MR * k];
+    for (i, dst) in a.chunks_exact_mut(MR * k).enumerate() {
+        let f = first + i * MR;
+        if f + MR <= m {
+            // MR sequential streams in, one contiguous stream out; every
+            // index in range by construction (no bounds checks left)
+            let src: [&[f32]; MR] = std::array::from_fn(|r| &x[(f + r) * k..][..k]);
+            for (kk, d) in (0..k).zip(dst.chunks_exact_mut(MR)) {
+                for r in 0..MR {
+                    d[r] = src[r][kk];
+                }
+            }
+        } else {
+            for r in 0..m.saturating_sub(f) {
+                for (kk, &v) in x[(f + r) * k..][..k].iter().enumerate() {
+                    dst[kk * MR + r] = v;
+                }
+            }
+        }
+    }
+    a
+}
+
+/// Which micro-kernel, panel width and blocking.
+#[derive(Clone, Copy, Debug)]
 enum Isa {
+    /// [`MR_AVX512`] x [`NR`] blocks.
     Avx512,
-    Other,
+    /// [`MR_AVX2`] x [`NR_AVX2`] blocks, compiled for AVX2 + FMA and
+    /// portably (x86 CPUs without AVX2, other architectures).
+    Avx2,
+}
+
+impl Isa {
+    /// Rows per task (a multiple of `mr`).
+    fn rows_per_task(self, m: usize, threads: usize, mr: usize) -> usize {
+        match self {
+            // One task per thread where the batch is small (each task
+            // streams every weight once), at most 168 rows each: their
+            // packed rows (672 KiB for K = 1024) stay in a Sapphire Rapids
+            // core's 2 MiB L2 while every panel goes by.
+            Isa::Avx512 => (m.div_ceil(threads).div_ceil(mr) * mr).clamp(mr, 168),
+            // Equal tasks, a multiple of the thread count, of at most
+            // about 504 rows: each task streams every weight once (from
+            // L3 or memory), and fewer, longer sweeps over a panel (64
+            // KiB for K = 1024, in L2) amortize that better than packed
+            // rows fitting L2 would (measured on Zen 3, 512 KiB of L2:
+            // 168-row tasks were 10 % slower, 84-row ones 20 %).
+            Isa::Avx2 => {
+                let tasks = m.div_ceil(504).div_ceil(threads) * threads;
+                m.div_ceil(tasks.min(m.div_ceil(mr))).div_ceil(mr) * mr
+            }
+        }
+    }
+
+    /// Depth of one pass over a panel.
+    fn kc(self) -> usize {
+        match self {
+            // 256 x 32 weights (32 KiB) stay in L1 while every
+            // micro-panel of the task's rows goes by
+            Isa::Avx512 => 256,
+            // a whole panel at K = 1024 (64 KiB, in L2): blocking it to
+            // fit L1 measured no faster, and every pass costs a store and
+            // reload of the outputs
+            Isa::Avx2 => 1024,
+        }
+    }
 }
 
 fn avx512() -> bool {
@@ -241,29 +358,34 @@ fn avx512() -> bool {
     }
 }
 
-/// One `MR x NR` output block over a range of k: `out = epilogue(start + a b)`
-/// where `start` is the bias on the first range and `out` itself after.
+/// One `MR x W` output block over a range of k: `out = epilogue(start +
+/// a b)` where `start` is the bias on the first range and `out` itself
+/// after.
 #[inline(always)]
-fn micro<const MR: usize>(a: &[f32], b: &[f32], bias: &[f32], out: &mut [f32], first: bool, epilogue: Epilogue) {
-    let mut acc = [[0f32; NR]; MR];
-    for (r, row) in acc.iter_mut().enumerate() {
-        row.copy_from_slice(if first { &bias[..NR] } else { &out[r * NR..(r + 1) * NR] });
+fn micro<const MR: usize, const W: usize>(
+    a: &[f32],
+    b: &[Cols<W>],
+    bias: &Cols<W>,
+    out: &mut [Cols<W>],
+    first: bool,
+    epilogue: Epilogue,
+) {
+    let mut acc = [[0f32; W]; MR];
+    for (row, o) in acc.iter_mut().zip(out.iter()) {
+        *row = if first { bias.0 } else { o.0 };
     }
-    for (av, bv) in a.chunks_exact(MR).zip(b.chunks_exact(NR)) {
-        let Ok(bv) = <&[f32; NR]>::try_from(bv) else { continue };
-        for r in 0..MR {
-            let x = av[r];
-            for j in 0..NR {
-                acc[r][j] = x.mul_add(bv[j], acc[r][j]);
+    for (av, bv) in a.chunks_exact(MR).zip(b) {
+        for (acc, &x) in acc.iter_mut().zip(av) {
+            for (a, &w) in acc.iter_mut().zip(&bv.0) {
+                *a = x.mul_add(w, *a);
             }
         }
     }
-    for (r, row) in acc.iter().enumerate() {
-        let dst = &mut out[r * NR..(r + 1) * NR];
+    for (row, o) in acc.iter().zip(out.iter_mut()) {
         match epilogue {
-            Epilogue::Identity => dst.copy_from_slice(row),
+            Epilogue::Identity => o.0 = *row,
             Epilogue::Relu => {
-                for (d, &v) in dst.iter_mut().zip(row) {
+                for (d, &v) in o.0.iter_mut().zip(row) {
                     *d = relu(v);
                 }
             }
@@ -271,49 +393,83 @@ fn micro<const MR: usize>(a: &[f32], b: &[f32], bias: &[f32], out: &mut [f32], f
     }
 }
 
-/// `out = epilogue(bias + x b)` for one row and one panel: one fused
-/// multiply-add per k, in k order, starting from the bias: the same
-/// operations in the same order as [`micro`] performs for every row of a
-/// block, so a row's result does not depend on which path, batch size or
-/// position in the batch computed it (see "Row independence" in the module
-/// docs). Four interleaved partial sums would overlap the FMA latency, but
-/// one row streams each weight once and is bound by memory, not latency.
+/// `out = epilogue(bias + x b)` for one row and `G` consecutive panels
+/// (`b`: their rows, `k = x.len()` each; fewer panels at the end of a
+/// layer): one fused multiply-add per k, in k order, starting from the
+/// bias: the same operations in the same order as [`micro`] performs for
+/// every row of a block, so a row's result does not depend on which path,
+/// batch size or position in the batch computed it (see "Row independence"
+/// in the module docs). Interleaved partial sums would overlap the FMA
+/// latency but change the order; `G` panels side by side give `G * W / 8`
+/// independent ymm chains instead (4 with AVX2: 16-column panels one at a
+/// time left a 1 x 1024 x 1024 product 20 % slower than 32-column ones).
 #[inline(always)]
-fn gemv_panel(x: &[f32], b: &[f32], bias: &[f32], out: &mut [f32], epilogue: Epilogue) {
-    let mut acc = [0f32; NR];
-    acc.copy_from_slice(&bias[..NR]);
-    for (&xv, row) in x.iter().zip(b.chunks_exact(NR)) {
-        let Ok(row) = <&[f32; NR]>::try_from(row) else { continue };
-        for j in 0..NR {
-            acc[j] = xv.mul_add(row[j], acc[j]);
+fn gemv_panels<const W: usize, const G: usize>(
+    x: &[f32],
+    b: &[Cols<W>],
+    bias: &[Cols<W>],
+    out: &mut [Cols<W>],
+    epilogue: Epilogue,
+) {
+    let k = x.len();
+    if bias.len() != G {
+        // the last, partial group: its panels one at a time
+        for (i, (bias, out)) in bias.chunks(1).zip(out.chunks_mut(1)).enumerate() {
+            gemv_panels::<W, 1>(x, &b[i * k..(i + 1) * k], bias, out, epilogue);
+        }
+        return;
+    }
+    let panels: [&[Cols<W>]; G] = std::array::from_fn(|g| &b[g * k..][..k]);
+    let mut acc: [[f32; W]; G] = std::array::from_fn(|g| bias[g].0);
+    for (kk, &xv) in x.iter().enumerate() {
+        for (acc, panel) in acc.iter_mut().zip(&panels) {
+            for (a, &w) in acc.iter_mut().zip(&panel[kk].0) {
+                *a = xv.mul_add(w, *a);
+            }
         }
     }
-    for j in 0..NR {
-        out[j] = match epilogue {
-            Epilogue::Identity => acc[j],
-            Epilogue::Relu => relu(acc[j]),
-        };
+    for (acc, out) in acc.iter().zip(out) {
+        for (o, &a) in out.0.iter_mut().zip(acc) {
+            *o = match epilogue {
+                Epilogue::Identity => a,
+                Epilogue::Relu => relu(a),
+            };
+        }
     }
 }
 
 #[multiversion::multiversion(targets("x86_64+avx512f+avx512vl+avx2+fma"))]
-fn gemv_avx512(x: &[f32], b: &[f32], bias: &[f32], out: &mut [f32], epilogue: Epilogue) {
-    gemv_panel(x, b, bias, out, epilogue)
+fn gemv_avx512(x: &[f32], b: &[Cols<NR>], bias: &[Cols<NR>], out: &mut [Cols<NR>], epilogue: Epilogue) {
+    gemv_panels::<NR, 1>(x, b, bias, out, epilogue)
 }
 
 #[multiversion::multiversion(targets("x86_64+avx2+fma"))]
-fn gemv_avx2(x: &[f32], b: &[f32], bias: &[f32], out: &mut [f32], epilogue: Epilogue) {
-    gemv_panel(x, b, bias, out, epilogue)
+fn gemv_avx2(x: &[f32], b: &[Cols<NR_AVX2>], bias: &[Cols<NR_AVX2>], out: &mut [Cols<NR_AVX2>], epilogue: Epilogue) {
+    gemv_panels::<NR_AVX2, { NR / NR_AVX2 }>(x, b, bias, out, epilogue)
 }
 
 #[multiversion::multiversion(targets("x86_64+avx512f+avx512vl+avx2+fma"))]
-fn block_avx512<const MR: usize>(a: &[f32], b: &[f32], bias: &[f32], out: &mut [f32], first: bool, epilogue: Epilogue) {
-    micro::<MR>(a, b, bias, out, first, epilogue)
+fn block_avx512<const MR: usize>(
+    a: &[f32],
+    b: &[Cols<NR>],
+    bias: &Cols<NR>,
+    out: &mut [Cols<NR>],
+    first: bool,
+    epilogue: Epilogue,
+) {
+    micro::<MR, NR>(a, b, bias, out, first, epilogue)
 }
 
 #[multiversion::multiversion(targets("x86_64+avx2+fma"))]
-fn block_avx2<const MR: usize>(a: &[f32], b: &[f32], bias: &[f32], out: &mut [f32], first: bool, epilogue: Epilogue) {
-    micro::<MR>(a, b, bias, out, first, epilogue)
+fn block_avx2<const MR: usize>(
+    a: &[f32],
+    b: &[Cols<NR_AVX2>],
+    bias: &Cols<NR_AVX2>,
+    out: &mut [Cols<NR_AVX2>],
+    first: bool,
+    epilogue: Epilogue,
+) {
+    micro::<MR, NR_AVX2>(a, b, bias, out, first, epilogue)
 }
 
 #[cfg(test)]
@@ -326,11 +482,10 @@ mod tests {
         let w: Vec<f32> = (0..n * k).map(|i| ((i * 37 % 101) as f32 - 50.0) / 64.0).collect();
         let b: Vec<f32> = (0..n).map(|i| i as f32 / 8.0 - 1.0).collect();
         let x: Vec<f32> = (0..m * k).map(|i| ((i * 13 % 29) as f32 - 14.0) / 16.0).collect();
-        let p = PackedLinear::new(&w, &b, n, k);
-        let mut y2 = vec![0f32; m * n];
-        p.run::<2>(&x, m, Epilogue::Relu, Isa::Other, &mut y2);
-        let y = p.forward(&x, m, Epilogue::Relu);
-        assert_eq!(y, y2, "dyadic inputs: every order sums exactly");
+        let y = PackedLinear::new(&w, &b, n, k).forward(&x, m, Epilogue::Relu);
+        let avx2 = PackedLinear::for_isa(&w, &b, n, k, Isa::Avx2);
+        assert!(matches!(avx2.packing, Packing::Avx2(_)));
+        assert_eq!(y, avx2.forward(&x, m, Epilogue::Relu), "dyadic inputs: every order sums exactly");
     }
 
     #[test]
@@ -365,30 +520,34 @@ mod tests {
         let w: Vec<f32> = (0..n * k).map(|_| rnd() * 0.37).collect();
         let b: Vec<f32> = (0..n).map(|_| rnd()).collect();
         let rows: Vec<Vec<f32>> = (0..200).map(|_| (0..k).map(|_| rnd() * 3.1).collect()).collect();
-        let p = PackedLinear::new(&w, &b, n, k);
-        let alone: Vec<Vec<f32>> = rows.iter().map(|r| p.forward(r, 1, Epilogue::Relu)).collect();
-        for m in [2usize, 3, 4, 5, 12, 13, 25, 169, 200] {
+        // this CPU's packing, and the AVX2 one (the same here on an AVX2
+        // machine, a second micro-kernel and panel width on AVX-512)
+        let auto = PackedLinear::new(&w, &b, n, k);
+        let avx2 = PackedLinear::for_isa(&w, &b, n, k, Isa::Avx2);
+        let alone: Vec<Vec<f32>> = rows.iter().map(|r| auto.forward(r, 1, Epilogue::Relu)).collect();
+        for (r, want) in rows.iter().zip(&alone) {
+            let got = avx2.forward(r, 1, Epilogue::Relu);
+            assert_eq!(bits(&got), bits(want), "avx2 matrix-vector product");
+        }
+        // three threads: three row blocks (with either micro-kernel)
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(3).build().expect("a rayon pool");
+        for m in [2usize, 3, 4, 5, 6, 7, 12, 13, 25, 169, 200] {
             let idx: Vec<usize> = (0..m).map(|j| (j * 37 + m) % rows.len()).collect();
             let x: Vec<f32> = idx.iter().flat_map(|&i| rows[i].iter().copied()).collect();
-            for (isa, y) in [
-                ("auto", p.forward(&x, m, Epilogue::Relu)),
-                ("avx2 blocks", {
-                    let mut y = vec![0f32; m * n];
-                    if m >= 4 {
-                        p.run::<2>(&x, m, Epilogue::Relu, Isa::Other, &mut y);
-                    } else {
-                        y = p.forward(&x, m, Epilogue::Relu);
-                    }
-                    y
-                }),
-            ] {
+            for (isa, p, threads) in [("auto", &auto, None), ("avx2", &avx2, None), ("avx2", &avx2, Some(&pool))] {
+                let y = match threads {
+                    None => p.forward(&x, m, Epilogue::Relu),
+                    Some(pool) => pool.install(|| p.forward(&x, m, Epilogue::Relu)),
+                };
                 for (j, &i) in idx.iter().enumerate() {
-                    let got: Vec<u32> = y[j * n..(j + 1) * n].iter().map(|v| v.to_bits()).collect();
-                    let want: Vec<u32> = alone[i].iter().map(|v| v.to_bits()).collect();
-                    assert_eq!(got, want, "{isa}: row {i} at position {j} of {m}");
+                    assert_eq!(bits(&y[j * n..(j + 1) * n]), bits(&alone[i]), "{isa}: row {i} at position {j} of {m}");
                 }
             }
         }
+    }
+
+    fn bits(v: &[f32]) -> Vec<u32> {
+        v.iter().map(|v| v.to_bits()).collect()
     }
 
     #[test]

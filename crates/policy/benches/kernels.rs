@@ -1,0 +1,49 @@
+//! Criterion benchmarks of one packed `Linear + ReLU` layer on one thread,
+//! the smpl tracker's hidden layer (1024 x 1024) at the batch sizes
+//! `pmstate bench-policy` times, and a block that stays in L1/L2 (the
+//! micro-kernel with its operands in cache).
+//!
+//! Throughput is in multiply-adds counted twice (`2 m n k`): criterion's
+//! "elem/s" reads as FLOP/s, so "78 Gelem/s" is 78 GFLOP/s on one core.
+//! `pmstate bench-policy` times the whole policy; this isolates the kernel.
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use pmstate_policy::kernels::{Epilogue, PackedLinear};
+
+/// `(m, n, k)`: batch rows, output width, input width.
+const SHAPES: [(usize, usize, usize); 5] =
+    [(1, 1024, 1024), (64, 1024, 1024), (1024, 1024, 1024), (4096, 1024, 1024), (240, 32, 256)];
+
+fn values(len: usize, seed: u32, scale: f32) -> Vec<f32> {
+    let mut s = seed | 1;
+    (0..len)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 17;
+            s ^= s << 5;
+            ((s as f32 / u32::MAX as f32) * 2.0 - 1.0) * scale
+        })
+        .collect()
+}
+
+fn benches(c: &mut Criterion) {
+    // one thread: the per-core throughput, as `bench-policy --threads 1`
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(1).build().expect("a one-thread rayon pool");
+    let mut g = c.benchmark_group("packed_linear");
+    g.sample_size(10);
+    for (m, n, k) in SHAPES {
+        let weight = values(n * k, 0x9e37_79b9, 1.0 / (k as f32).sqrt());
+        let bias = values(n, 0x85eb_ca6b, 0.1);
+        let x = values(m * k, 0xc2b2_ae35, 1.0);
+        let layer = PackedLinear::new(&weight, &bias, n, k);
+        let mut y = Vec::new();
+        g.throughput(Throughput::Elements(2 * (m * n * k) as u64));
+        g.bench_function(BenchmarkId::new("relu", format!("{m}x{n}x{k}")), |b| {
+            pool.install(|| b.iter(|| layer.forward_into(&x, m, Epilogue::Relu, &mut y)))
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(kernels, benches);
+criterion_main!(kernels);
