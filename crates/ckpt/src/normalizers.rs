@@ -19,7 +19,7 @@ use serde::Serialize;
 
 use crate::checkpoint::Checkpoint;
 use crate::dtype::DType;
-use crate::error::{CkptError, Result, ValueProblem};
+use crate::error::{CkptError, Found, Result, ValueProblem};
 use crate::io::storage::{Bytes, Storage};
 use crate::tree::{dotted, Dict, Node, TensorRef};
 
@@ -366,7 +366,10 @@ impl Checkpoint {
         let arr: [u8; 8] = b[..].try_into().map_err(|_| CkptError::Value {
             path: self.path_str().to_owned(),
             key: t.storage.clone(),
-            problem: ValueProblem::Malformed { what: "normalizer count", found: format!("{} bytes, not 8", b.len()) },
+            problem: ValueProblem::Malformed {
+                what: "normalizer count",
+                found: Found::Bytes { len: b.len(), expected: 8 },
+            },
         })?;
         Ok(i64::from_le_bytes(arr))
     }

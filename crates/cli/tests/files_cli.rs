@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::Duration;
 
-use pmstate_ckpt::{Bytes, Checkpoint, DType, Dict, Node, Storage, TensorRef};
+use pmstate_ckpt::{Bytes, Checkpoint, DType, Dict, DictKind, Node, Storage, TensorRef};
 
 fn pmstate(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_pmstate")).args(args).output().expect("run pmstate")
@@ -43,7 +43,7 @@ fn checkpoint(values: &[i64], n: usize) -> Checkpoint {
     .into();
     let t = |s: &str, d, len| Node::Tensor(Box::new(TensorRef::contiguous(s.into(), d, vec![len])));
     let root = Dict::from_entries(
-        false,
+        DictKind::Plain,
         vec![
             (Node::Str("ints".into()), t("i", DType::I64, values.len())),
             (Node::Str("big".into()), t("f", DType::F32, n)),

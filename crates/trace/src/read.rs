@@ -10,7 +10,7 @@ use safetensors::{Dtype, SafeTensors};
 use serde_json::Value;
 
 use crate::doc::{ClassDoc, Document, Names, OpName, Probe, StateDoc, StepDoc};
-use crate::error::{Dims, FieldProblem, Result, TraceError};
+use crate::error::{Dims, FieldProblem, Result, TraceError, TraceLimit};
 use crate::model::*;
 
 /// The largest world size a trace may declare. Each rank needs its own
@@ -72,7 +72,7 @@ pub fn read_bytes(bytes: &[u8]) -> Result<Trace> {
     let text = md.get("trace").ok_or(TraceError::NotATrace("__metadata__ has no \"trace\" document"))?;
     let probe: Probe = serde_json::from_str(text).map_err(TraceError::Json)?;
     if probe.format.as_deref() != Some("pm-trace") {
-        return Err(header("format", FieldProblem::Invalid("missing, or not \"pm-trace\"".into())));
+        return Err(header("format", FieldProblem::NotPmTrace));
     }
     match probe.version {
         Some(1) => {}
@@ -83,10 +83,8 @@ pub fn read_bytes(bytes: &[u8]) -> Result<Trace> {
     let module = module_spec(&doc, bytes.len())?;
     let world = usize::try_from(doc.world_size).unwrap_or(usize::MAX);
     if world == 0 || world > MAX_WORLD_SIZE {
-        return Err(header(
-            "world_size",
-            FieldProblem::Invalid(format!("{} is not in 1..={MAX_WORLD_SIZE}", doc.world_size)),
-        ));
+        let problem = FieldProblem::OutOfRange { value: doc.world_size, min: 1, max: MAX_WORLD_SIZE as u64 };
+        return Err(header("world_size", problem));
     }
     let tensors = Tensors { st: &st, loaded: RefCell::new(HashMap::new()) };
     let mut steps = Vec::with_capacity(doc.steps.len());
@@ -122,7 +120,7 @@ fn module_spec(doc: &Document<Value>, file_len: usize) -> Result<ModuleSpec> {
         ClassDoc::RewardRunningMeanStd => ModuleClass::RewardRunningMeanStd,
     };
     if class == ModuleClass::RewardRunningMeanStd && m.gamma.is_none() {
-        return Err(header("module.gamma", FieldProblem::Invalid("RewardRunningMeanStd needs a number".into())));
+        return Err(header("module.gamma", FieldProblem::RequiredFor("RewardRunningMeanStd")));
     }
     let shape = match &m.shape {
         None => None,
@@ -135,8 +133,7 @@ fn module_spec(doc: &Document<Value>, file_len: usize) -> Result<ModuleSpec> {
                 Some(n) if n <= max => {}
                 _ => {
                     return Err(TraceError::Limit {
-                        limit: "module shape: at most max(file bytes / 16, 65536) elements",
-                        what: format!("module.shape {}", Dims(&dims)),
+                        limit: TraceLimit::ModuleShape { shape: dims },
                         max: max as u64,
                         needed: elems.map_or(u64::MAX, |n| n as u64),
                     })
@@ -183,7 +180,7 @@ impl Tensors<'_, '_> {
             }
         };
         let t = Tensor::from_raw_buffer(v.data(), dtype, v.shape(), &Device::Cpu)
-            .map_err(|e| FieldProblem::Invalid(format!("tensor '{name}': {e}")))?;
+            .map_err(|source| FieldProblem::BadTensor { name: name.to_owned(), source })?;
         self.loaded.borrow_mut().insert(name.to_owned(), t.clone());
         Ok(t)
     }
@@ -249,9 +246,7 @@ impl Ctx<'_, '_, '_> {
     fn one(&self, field: &str, names: &Option<Names>, kind: Kind) -> Result<Tensor> {
         match names {
             Some(Names::One(n)) => self.load(field, n, kind),
-            Some(Names::Many(_)) => {
-                Err(self.err(field, FieldProblem::Invalid("a list; expected one tensor name".into())))
-            }
+            Some(Names::Many(_)) => Err(self.err(field, FieldProblem::ExpectedOneName)),
             None => Err(self.err(field, FieldProblem::Missing)),
         }
     }
@@ -261,9 +256,7 @@ impl Ctx<'_, '_, '_> {
             Some(Names::Many(ns)) => {
                 ns.iter().enumerate().map(|(i, n)| self.load(&format!("{field}[{i}]"), n, kind)).collect()
             }
-            Some(Names::One(_)) => {
-                Err(self.err(field, FieldProblem::Invalid("a single name; expected a list of tensor names".into())))
-            }
+            Some(Names::One(_)) => Err(self.err(field, FieldProblem::ExpectedNameList)),
             None => Err(self.err(field, FieldProblem::Missing)),
         }
     }
@@ -279,7 +272,7 @@ impl Ctx<'_, '_, '_> {
     }
 
     fn count(&self, field: &str, t: &Tensor) -> Result<i64> {
-        t.to_scalar::<i64>().map_err(|e| self.err(field, FieldProblem::Invalid(e.to_string())))
+        t.to_scalar::<i64>().map_err(|e| self.err(field, FieldProblem::Candle(e)))
     }
 
     fn same_shape(&self, field: &str, t: &Tensor, other: &'static str, o: &Tensor) -> Result<()> {
@@ -337,11 +330,11 @@ fn parse_step(i: usize, raw: Value, t: &Tensors<'_, '_>, world: usize) -> Result
         |field: &str, problem| TraceError::Field { step: i, op: shown_op.clone(), field: field.into(), problem };
     let op: OpName = match raw.get("op") {
         None | Some(Value::Null) => return Err(field_err("op", FieldProblem::Missing)),
-        Some(v) => serde_json::from_value(v.clone())
-            .map_err(|_| field_err("op", FieldProblem::Invalid(format!("unknown op {v}"))))?,
+        Some(v) => {
+            serde_json::from_value(v.clone()).map_err(|_| field_err("op", FieldProblem::UnknownOp(v.to_string())))?
+        }
     };
-    let d: StepDoc =
-        serde_json::from_value(raw).map_err(|e| field_err("<step>", FieldProblem::Invalid(e.to_string())))?;
+    let d: StepDoc = serde_json::from_value(raw).map_err(|e| field_err("<step>", FieldProblem::Json(e)))?;
     let c = Ctx { step: i, op: op_name(op), t, world };
     let ok = d.error.is_none();
     let op = match op {
@@ -387,8 +380,7 @@ fn parse_step(i: usize, raw: Value, t: &Tensors<'_, '_>, world: usize) -> Result
             let means = c.list("means", &d.means, Kind::Float)?;
             let vars = c.list("vars", &d.vars, Kind::Float)?;
             if means.len() != vars.len() || means.is_empty() {
-                let reason = format!("{} means and {} vars: need the same number, at least 1", means.len(), vars.len());
-                return Err(c.err("vars", FieldProblem::Invalid(reason)));
+                return Err(c.err("vars", FieldProblem::PartCounts { means: means.len(), vars: vars.len() }));
             }
             let Some(Names::One(counts_name)) = &d.counts else {
                 return Err(c.err("counts", FieldProblem::Missing));
@@ -398,7 +390,7 @@ fn parse_step(i: usize, raw: Value, t: &Tensors<'_, '_>, world: usize) -> Result
                 let found = format!("{} of shape {}", ct.dtype().as_str(), Dims(ct.dims()));
                 return Err(c.err("counts", FieldProblem::WrongTensor { found, expected: "an I64 tensor [k]" }));
             }
-            let counts = ct.to_vec1::<i64>().map_err(|e| c.err("counts", FieldProblem::Invalid(e.to_string())))?;
+            let counts = ct.to_vec1::<i64>().map_err(|e| c.err("counts", FieldProblem::Candle(e)))?;
             let result = if ok {
                 let mean = c.one("mean", &d.mean, Kind::Float)?;
                 let var = c.one("var", &d.var, Kind::Float)?;

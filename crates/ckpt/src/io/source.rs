@@ -16,7 +16,7 @@ use std::fs::File;
 use std::io;
 use std::path::Path;
 
-use crate::error::{CkptError, Result};
+use crate::error::{CkptError, Result, Truncation};
 
 /// Where a checkpoint's bytes come from: a file, or a buffer in memory.
 pub(crate) enum Source {
@@ -119,7 +119,7 @@ impl Source {
         if end.is_none() {
             return Err(CkptError::Truncated {
                 path: self.shown().to_owned(),
-                what: format!("a read of {} bytes at {offset}", buf.len()),
+                what: Truncation::Read { offset, len: buf.len() },
             });
         }
         match self {

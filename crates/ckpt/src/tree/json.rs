@@ -15,7 +15,24 @@ use serde::Serialize;
 use serde_json::{Map, Value as J};
 
 use crate::dtype::DType;
-use crate::tree::{Construct, Dict, Node, Object, TensorRef};
+use crate::tree::{Construct, Dict, DictKind, Node, Object, TensorClass, TensorRef};
+
+/// The JSON tag of a dict of class `kind`.
+fn dict_tag(kind: DictKind) -> &'static str {
+    match kind {
+        DictKind::Plain => "dict",
+        DictKind::Ordered => "odict",
+    }
+}
+
+/// The class of a dict with JSON tag `tag` (`dict` or `odict`).
+fn dict_kind(tag: &str) -> DictKind {
+    if tag == "odict" {
+        DictKind::Ordered
+    } else {
+        DictKind::Plain
+    }
+}
 
 fn hex(bytes: &[u8]) -> String {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
@@ -78,7 +95,7 @@ pub fn node_from_json(j: &J) -> Result<Node, String> {
                         }
                     }
                     let state = m.get("state").map(node_from_json).transpose()?;
-                    let dict = Dict::from_entries(tag == "odict", entries)
+                    let dict = Dict::from_entries(dict_kind(tag), entries)
                         .map_err(|d| format!("dict key {} appears twice", d.0))?;
                     Node::Dict(dict.with_state(state))
                 }
@@ -153,7 +170,10 @@ fn tensor_from_json(m: &Map<String, J>) -> Result<TensorRef, String> {
         shape: usizes(m.get("shape"), "shape")?,
         stride: usizes(m.get("stride"), "stride")?,
         requires_grad: m.get("requires_grad").and_then(J::as_bool).unwrap_or(false),
-        parameter: m.get("parameter").and_then(J::as_bool),
+        class: match m.get("parameter").and_then(J::as_bool) {
+            Some(requires_grad) => TensorClass::Parameter { requires_grad },
+            None => TensorClass::Tensor,
+        },
         object: m.get("object").and_then(J::as_u64),
     })
 }
@@ -306,7 +326,7 @@ impl Serialize for NodeJson<'_> {
                 m.end()
             }
             Node::Dict(d) => {
-                let mut m = tagged(s, if d.is_ordered() { "odict" } else { "dict" }, 2)?;
+                let mut m = tagged(s, dict_tag(d.kind()), 2)?;
                 m.serialize_entry("items", &NodePairs(d.entries()))?;
                 if let Some(st) = d.state() {
                     m.serialize_entry("state", &NodeJson(st))?;
@@ -321,7 +341,7 @@ impl Serialize for NodeJson<'_> {
                 m.serialize_entry("shape", &t.shape)?;
                 m.serialize_entry("stride", &t.stride)?;
                 m.serialize_entry("requires_grad", &t.requires_grad)?;
-                m.serialize_entry("parameter", &t.parameter)?;
+                m.serialize_entry("parameter", &t.class.parameter_requires_grad())?;
                 m.serialize_entry("object", &t.object)?;
                 m.end()
             }
@@ -470,11 +490,6 @@ impl Serialize for ValueJson<'_> {
             }
         }
     }
-}
-
-/// A node's exact JSON text: equal text iff equal nodes (a dict key's identity).
-pub(crate) fn fingerprint(n: &Node) -> String {
-    serde_json::to_string(&NodeJson(n)).unwrap_or_default()
 }
 
 /// Size and depth of a JSON text, found without allocating: values (an
@@ -706,7 +721,7 @@ fn assemble(p: Parts) -> Result<Node, String> {
         "dict" | "odict" => {
             let items = p.items.ok_or_else(|| missing("items"))?;
             let dict =
-                Dict::from_entries(tag == "odict", items).map_err(|d| format!("dict key {} appears twice", d.0))?;
+                Dict::from_entries(dict_kind(&tag), items).map_err(|d| format!("dict key {} appears twice", d.0))?;
             Node::Dict(dict.with_state(p.state))
         }
         "object" => {

@@ -146,26 +146,8 @@ impl Tally {
         } else {
             match outcome {
                 Ok(r) => {
-                    let worst = r.worst().map_or("no fields".to_string(), |w| {
-                        format!(
-                            "worst: step {} {} {} max_ulps {} max_abs {:.3e}{}{}",
-                            w.step,
-                            w.op,
-                            w.field,
-                            if w.max_ulps == u64::MAX { "inf".into() } else { w.max_ulps.to_string() },
-                            w.max_abs,
-                            w.first_mismatch.map_or(String::new(), |i| format!(" first mismatch at element {i}")),
-                            w.note.as_ref().map_or(String::new(), |n| format!(" ({n})")),
-                        )
-                    });
-                    crate::output::line(format!(
-                        "{} {} ({} steps, world size {}, {} fields): {worst}",
-                        if r.pass { "PASS" } else { "FAIL" },
-                        name(f),
-                        r.steps,
-                        r.world_size,
-                        r.fields.len()
-                    ));
+                    let verdict = if r.pass { "PASS" } else { "FAIL" };
+                    crate::output::line(format!("{verdict} {} ({r})", name(f)));
                 }
                 Err(e) => crate::output::line(format!("ERROR {}: {e}", name(f))),
             }
@@ -182,8 +164,7 @@ impl Tally {
                 "passed": passed, "failed": failed, "unreadable": broken});
             crate::output::json_line(&summary).expect("a JSON value always serializes");
         } else {
-            let m = if mode == Mode::Pinned { "pinned" } else { "free" };
-            crate::output::line(format!("replay ({m}, {collective}): {passed} passed, {} failed", failed + broken));
+            crate::output::line(format!("replay ({mode}, {collective}): {passed} passed, {} failed", failed + broken));
         }
         if broken > 0 {
             2
