@@ -301,11 +301,7 @@ impl Checkpoint {
         if state.var.dims() != shape.as_slice() {
             let source = pmstate_norm::NormError::InvalidState {
                 field: "var",
-                reason: format!(
-                    "shape {} differs from mean's {}",
-                    crate::tree::Shape(state.var.dims()),
-                    crate::tree::Shape(&shape)
-                ),
+                problem: pmstate_norm::StateProblem::VarShape { var: state.var.dims().to_vec(), mean: shape.clone() },
             };
             return Err(CkptError::Norm { group: name.to_owned(), source: Box::new(source) });
         }

@@ -245,7 +245,7 @@ fn run_mpi(paths: &[PathBuf], mode: Mode, json: bool, timeout: Duration) -> Resu
                 crate::output::err_line(format!(
                     "pmstate: the MPI communicator is broken ({}); leaving without MPI_Finalize so that mpirun ends \
                      the job",
-                    b.unwrap_or_else(|| "the final broadcast failed".into())
+                    b.map_or_else(|| "the final broadcast failed".to_owned(), |p| p.to_string())
                 ));
             }
             Ok(2)
