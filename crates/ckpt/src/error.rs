@@ -234,6 +234,21 @@ pub enum CkptError {
         /// What the input asks for.
         needed: u64,
     },
+    /// A read outside a storage's bytes: a tensor that is not a tensor of
+    /// this checkpoint (its view leaves the storage of that key here), or a
+    /// range past the end of [`Bytes`](crate::Bytes).
+    #[error(
+        "a read of {len} bytes at offset {offset} lies outside a storage of {size} bytes (a tensor of another \
+         checkpoint?)"
+    )]
+    StorageRange {
+        /// The offset asked for, in bytes.
+        offset: usize,
+        /// The bytes asked for.
+        len: usize,
+        /// The storage's size in bytes.
+        size: usize,
+    },
     /// A key the caller asked for is not there.
     #[error("{path}: no key {key}{}", did_you_mean(closest))]
     NotFound {

@@ -84,7 +84,7 @@ mod tests {
         assert!(matches!(
             poll_until(far, || {
                 n += 1;
-                Ok(n == 3)
+                Ok::<bool, ()>(n == 3)
             }),
             Wait::Done
         ));

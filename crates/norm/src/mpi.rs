@@ -157,7 +157,7 @@ impl MpiCollective {
         let header = Header::new(kind, root, t.dims(), local.as_ref().map(|(d, b)| (*d, b.len())).ok());
         let all = self.all_gather_bytes(&mut g, op, header.to_bytes(), deadline)?;
         agree(&all, self.rank, local.as_ref().err()).map_err(|e| self.err(op, e))?;
-        let (dtype, bytes) = local.map_err(|e| self.err(op, e))?;
+        let (dtype, bytes) = local.map_err(|e| self.err(op, CollectiveProblem::CannotSend(e)))?;
         let dtype = dtype_from_code(dtype).ok_or_else(|| self.err(op, CollectiveProblem::DTypeCode(dtype)))?;
         let device = t.device();
         match kind {

@@ -158,7 +158,7 @@ mod tests {
         assert!(agree(&bytes(&[a.clone(), a.clone()]), 0, None).is_ok());
         let b = Header::new(OpKind::AllGather, 0, &[4], Some((6, 16)));
         let e = agree(&bytes(&[a.clone(), b]), 1, None).unwrap_err();
-        let call = |op: &str, dims: Vec<usize>| Call { op: op.into(), dtype: "F32".into(), dims };
+        let call = |op: &str, dims: Vec<usize>| Call { op: op.into(), dtype: "f32".into(), dims };
         assert_eq!(
             e,
             CollectiveProblem::Disagree {
@@ -171,7 +171,7 @@ mod tests {
         // The one wording check: both calls, in words.
         assert_eq!(
             e.to_string(),
-            "ranks disagree: rank 0 calls all_gather of F32 [3], rank 1 calls all_gather of F32 [4]"
+            "ranks disagree: rank 0 calls all_gather of f32 [3], rank 1 calls all_gather of f32 [4]"
         );
         let c = Header::new(OpKind::Broadcast, 1, &[3], Some((6, 12)));
         let e = agree(&bytes(&[a.clone(), c]), 0, None).unwrap_err();

@@ -9,7 +9,7 @@ use candle_core::{DType, Device, Tensor};
 use safetensors::{Dtype, SafeTensors};
 use serde_json::Value;
 
-use crate::doc::{ClassDoc, Document, Names, OpName, Probe, StateDoc, StepDoc};
+use crate::doc::{Document, Names, Probe, StateDoc, StepDoc};
 use crate::error::{Dims, FieldProblem, Result, TraceError, TraceLimit};
 use crate::model::*;
 
@@ -115,10 +115,7 @@ fn header(field: &'static str, problem: FieldProblem) -> TraceError {
 /// the file that records them (a lazy shape is bounded by the first input).
 fn module_spec(doc: &Document<Value>, file_len: usize) -> Result<ModuleSpec> {
     let m = &doc.module;
-    let class = match m.class {
-        ClassDoc::RunningMeanStd => ModuleClass::RunningMeanStd,
-        ClassDoc::RewardRunningMeanStd => ModuleClass::RewardRunningMeanStd,
-    };
+    let class = m.class;
     if class == ModuleClass::RewardRunningMeanStd && m.gamma.is_none() {
         return Err(header("module.gamma", FieldProblem::RequiredFor("RewardRunningMeanStd")));
     }
@@ -313,36 +310,25 @@ impl Ctx<'_, '_, '_> {
     }
 }
 
-fn op_name(op: OpName) -> &'static str {
-    match op {
-        OpName::RecordMoments => "record_moments",
-        OpName::RecordReward => "record_reward",
-        OpName::Normalize => "normalize",
-        OpName::LoadStateDict => "load_state_dict",
-        OpName::SetEmaDecay => "set_ema_decay",
-        OpName::CombineMoments => "combine_moments",
-    }
-}
-
 fn parse_step(i: usize, raw: Value, t: &Tensors<'_, '_>, world: usize) -> Result<Step> {
     let shown_op = raw.get("op").and_then(Value::as_str).unwrap_or("?").to_owned();
     let field_err =
         |field: &str, problem| TraceError::Field { step: i, op: shown_op.clone(), field: field.into(), problem };
-    let op: OpName = match raw.get("op") {
+    let op: OpKind = match raw.get("op") {
         None | Some(Value::Null) => return Err(field_err("op", FieldProblem::Missing)),
         Some(v) => {
             serde_json::from_value(v.clone()).map_err(|_| field_err("op", FieldProblem::UnknownOp(v.to_string())))?
         }
     };
     let d: StepDoc = serde_json::from_value(raw).map_err(|e| field_err("<step>", FieldProblem::Json(e)))?;
-    let c = Ctx { step: i, op: op_name(op), t, world };
+    let c = Ctx { step: i, op: op.name(), t, world };
     let ok = d.error.is_none();
     let op = match op {
-        OpName::RecordMoments => {
+        OpKind::RecordMoments => {
             let x = c.per_rank("x", &d.x, Kind::Float)?;
             Op::RecordMoments { x, result: if ok { Some(c.update(&d)?) } else { None } }
         }
-        OpName::RecordReward => {
+        OpKind::RecordReward => {
             let reward = c.per_rank("reward", &d.reward, Kind::Float)?;
             let terminated = c.per_rank("terminated", &d.terminated, Kind::Mask)?;
             let result = if ok {
@@ -352,7 +338,7 @@ fn parse_step(i: usize, raw: Value, t: &Tensors<'_, '_>, world: usize) -> Result
             };
             Op::RecordReward { reward, terminated, result }
         }
-        OpName::Normalize => {
+        OpKind::Normalize => {
             let x = c.one("x", &d.x, Kind::Float)?;
             let direction = match d.un_norm {
                 Some(false) => Direction::Normalize,
@@ -370,13 +356,13 @@ fn parse_step(i: usize, raw: Value, t: &Tensors<'_, '_>, world: usize) -> Result
             };
             Op::Normalize { x, direction, result }
         }
-        OpName::LoadStateDict => Op::LoadStateDict { state: c.state(&d.state)? },
-        OpName::SetEmaDecay => {
+        OpKind::LoadStateDict => Op::LoadStateDict { state: c.state(&d.state)? },
+        OpKind::SetEmaDecay => {
             let ema_decay = d.ema_decay.ok_or_else(|| c.err("ema_decay", FieldProblem::Missing))?;
             let state = if d.state.is_some() { Some(c.state(&d.state)?) } else { None };
             Op::SetEmaDecay { ema_decay, state }
         }
-        OpName::CombineMoments => {
+        OpKind::CombineMoments => {
             let means = c.list("means", &d.means, Kind::Float)?;
             let vars = c.list("vars", &d.vars, Kind::Float)?;
             if means.len() != vars.len() || means.is_empty() {
