@@ -144,12 +144,19 @@ fn first_input_features(trace: &Trace) -> Option<usize> {
 ///
 /// ```
 /// use std::sync::Arc;
+/// use candle_core::{Device, Tensor};
 /// use pmstate_norm::SingleProcess;
-/// use pmstate_trace::{read_file, replay_rank, ReplayOptions};
-/// let trace = read_file("../../testdata/traces/lazy_welford.pmtrace.safetensors".as_ref())?;
+/// use pmstate_trace::{replay_rank, Direction, ModuleClass, ModuleSpec, Recorder, ReplayOptions};
+/// // A one-rank trace of a lazy Welford normalizer, recorded here.
+/// let spec = ModuleSpec { class: ModuleClass::RunningMeanStd, shape: None, epsilon: 1e-5,
+///                         clamp_value: None, ema_decay: None, gamma: None };
+/// let mut rec = Recorder::new(spec, "replay_rank example")?;
+/// rec.record_moments(&Tensor::new(&[[1f32, 2.], [3., 5.]], &Device::Cpu)?)?;
+/// rec.normalize(&Tensor::new(&[[0f32, 1.]], &Device::Cpu)?, Direction::Normalize)?;
+/// let trace = rec.finish();
 /// let report = replay_rank(&trace, &ReplayOptions::default(), Arc::new(SingleProcess))?;
 /// assert!(report.expect("rank 0 gets the report").pass);
-/// # Ok::<(), pmstate_trace::TraceError>(())
+/// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub fn replay_rank(trace: &Trace, opts: &ReplayOptions, coll: Arc<dyn Collective>) -> Result<Option<Report>> {
     let (rank, w) = (coll.rank(), coll.world_size());
