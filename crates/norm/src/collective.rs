@@ -148,9 +148,9 @@ impl InProcessGroup {
                 };
                 let problem = CollectiveProblem::Disagree {
                     first_rank: self.rank,
-                    first: call(t),
+                    first: Box::new(call(t)),
                     rank: peer,
-                    call: call(first),
+                    call: Box::new(call(first)),
                 };
                 g.poisoned = Some(problem.clone());
                 self.shared.cv.notify_all();

@@ -17,6 +17,31 @@ pub struct Moments {
     pub count: i64,
 }
 
+/// A summary for people (the values are tensors: print those for the
+/// numbers): `moments of 4096 samples, shape [3] (f32)`.
+///
+/// ```
+/// use candle_core::{Device, Tensor};
+/// let m = pmstate_norm::Moments {
+///     mean: Tensor::zeros(3, candle_core::DType::F32, &Device::Cpu)?,
+///     var: Tensor::ones(3, candle_core::DType::F32, &Device::Cpu)?,
+///     count: 4096,
+/// };
+/// assert_eq!(m.to_string(), "moments of 4096 samples, shape [3] (f32)");
+/// # Ok::<(), candle_core::Error>(())
+/// ```
+impl std::fmt::Display for Moments {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "moments of {} samples, shape {} ({})",
+            self.count,
+            crate::error::Dims(self.mean.dims()),
+            self.mean.dtype().as_str()
+        )
+    }
+}
+
 /// Merges k parts into one, as ProtoMotions' `combine_moments` does: a
 /// pairwise tree (parts 0+1, 2+3, ...; an odd last part carried up a level
 /// unchanged), then the variance clamped at 0.

@@ -336,12 +336,12 @@ pub enum CollectiveProblem {
     Disagree {
         /// One rank (rank 0 for MPI and NCCL, this rank in process).
         first_rank: usize,
-        /// Its call.
-        first: Call,
+        /// Its call (boxed, as is `call`: an error stays small).
+        first: Box<Call>,
         /// A rank whose call differs.
         rank: usize,
         /// That rank's call.
-        call: Call,
+        call: Box<Call>,
     },
     /// This rank cannot send its tensor; its peers fail with
     /// [`CollectiveProblem::PeerCannotSend`].

@@ -136,9 +136,9 @@ pub(crate) fn agree_words(words: &[u64], rank: usize, local: Option<&Unsendable>
     match headers.iter().position(|h| *h != headers[0]) {
         Some(r) => Err(CollectiveProblem::Disagree {
             first_rank: 0,
-            first: headers[0].call(),
+            first: Box::new(headers[0].call()),
             rank: r,
-            call: headers[r].call(),
+            call: Box::new(headers[r].call()),
         }),
         None => Ok(()),
     }
@@ -158,7 +158,7 @@ mod tests {
         assert!(agree(&bytes(&[a.clone(), a.clone()]), 0, None).is_ok());
         let b = Header::new(OpKind::AllGather, 0, &[4], Some((6, 16)));
         let e = agree(&bytes(&[a.clone(), b]), 1, None).unwrap_err();
-        let call = |op: &str, dims: Vec<usize>| Call { op: op.into(), dtype: "f32".into(), dims };
+        let call = |op: &str, dims: Vec<usize>| Box::new(Call { op: op.into(), dtype: "f32".into(), dims });
         assert_eq!(
             e,
             CollectiveProblem::Disagree {

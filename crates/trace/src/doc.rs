@@ -84,7 +84,7 @@ mod class_by_name {
     }
 
     pub(crate) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<ModuleClass, D::Error> {
-        super::by_name(d, ModuleClass::from_name, &ModuleClass::NAMES)
+        crate::doc::by_name(d, ModuleClass::from_name, &ModuleClass::NAMES)
     }
 }
 

@@ -124,8 +124,8 @@ pub enum FieldProblem {
     BadTensor {
         /// The tensor's name in the file.
         name: String,
-        /// candle's error.
-        source: candle_core::Error,
+        /// candle's error (boxed: errors stay small).
+        source: Box<candle_core::Error>,
     },
     /// A tensor of the wrong dtype or rank.
     #[error("{found}; expected {expected}")]
@@ -163,7 +163,7 @@ pub enum FieldProblem {
     },
     /// candle refused the tensor (reading a count, moving it to the CPU).
     #[error("{0}")]
-    Candle(#[source] candle_core::Error),
+    Candle(#[source] Box<candle_core::Error>),
     /// The safetensors writer refused the tensors.
     #[error("{0}")]
     Safetensors(#[source] safetensors::SafeTensorError),
@@ -322,7 +322,7 @@ pub enum WireProblem {
         /// The tensor's name in the blob.
         name: String,
         /// candle's error.
-        source: candle_core::Error,
+        source: Box<candle_core::Error>,
     },
 }
 

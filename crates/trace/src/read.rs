@@ -177,7 +177,7 @@ impl Tensors<'_, '_> {
             }
         };
         let t = Tensor::from_raw_buffer(v.data(), dtype, v.shape(), &Device::Cpu)
-            .map_err(|source| FieldProblem::BadTensor { name: name.to_owned(), source })?;
+            .map_err(|e| FieldProblem::BadTensor { name: name.to_owned(), source: Box::new(e) })?;
         self.loaded.borrow_mut().insert(name.to_owned(), t.clone());
         Ok(t)
     }
@@ -269,7 +269,7 @@ impl Ctx<'_, '_, '_> {
     }
 
     fn count(&self, field: &str, t: &Tensor) -> Result<i64> {
-        t.to_scalar::<i64>().map_err(|e| self.err(field, FieldProblem::Candle(e)))
+        t.to_scalar::<i64>().map_err(|e| self.err(field, FieldProblem::Candle(Box::new(e))))
     }
 
     fn same_shape(&self, field: &str, t: &Tensor, other: &'static str, o: &Tensor) -> Result<()> {
@@ -376,7 +376,7 @@ fn parse_step(i: usize, raw: Value, t: &Tensors<'_, '_>, world: usize) -> Result
                 let found = format!("{} of shape {}", ct.dtype().as_str(), Dims(ct.dims()));
                 return Err(c.err("counts", FieldProblem::WrongTensor { found, expected: "an I64 tensor [k]" }));
             }
-            let counts = ct.to_vec1::<i64>().map_err(|e| c.err("counts", FieldProblem::Candle(e)))?;
+            let counts = ct.to_vec1::<i64>().map_err(|e| c.err("counts", FieldProblem::Candle(Box::new(e))))?;
             let result = if ok {
                 let mean = c.one("mean", &d.mean, Kind::Float)?;
                 let var = c.one("var", &d.var, Kind::Float)?;

@@ -146,7 +146,10 @@ fn document(trace: &Trace) -> (Document<StepDoc>, Names) {
 }
 
 fn raw(name: &str, t: &Tensor, mask: bool) -> Result<(&'static str, Vec<u8>)> {
-    let err = |e: candle_core::Error| TraceError::Write { tensor: name.to_owned(), problem: FieldProblem::Candle(e) };
+    let err = |e: candle_core::Error| TraceError::Write {
+        tensor: name.to_owned(),
+        problem: FieldProblem::Candle(Box::new(e)),
+    };
     let t = t.flatten_all().and_then(|t| t.to_device(&candle_core::Device::Cpu)).map_err(err)?;
     Ok(match t.dtype() {
         DType::F32 => ("F32", t.to_vec1::<f32>().map_err(err)?.iter().flat_map(|v| v.to_le_bytes()).collect()),

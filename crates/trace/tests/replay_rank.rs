@@ -61,10 +61,7 @@ fn a_world_size_that_differs_from_the_trace_is_an_error_on_every_rank() {
     let t = trace("dist_w3_welford.pmtrace.safetensors");
     for r in per_rank(&t, 2, &ReplayOptions::default()) {
         let e = r.unwrap_err();
-        assert!(
-            matches!(e, TraceError::Replay(ReplayFailure::WorldSize { trace: 3, collective: 2 })),
-            "{e}"
-        );
+        assert!(matches!(e, TraceError::Replay(ReplayFailure::WorldSize { trace: 3, collective: 2 })), "{e}");
     }
     let e = replay_rank(&t, &ReplayOptions::default(), Arc::new(SingleProcess)).unwrap_err();
     assert!(matches!(e, TraceError::Replay(ReplayFailure::WorldSize { trace: 3, collective: 1 })), "{e}");

@@ -13,6 +13,11 @@ fn f64s(t: &Tensor) -> Vec<f64> {
     t.flatten_all().and_then(|t| t.to_dtype(DType::F64)).and_then(|t| t.to_vec1::<f64>()).unwrap_or_default()
 }
 
+/// Moments for a message, or `none`.
+fn or_none(m: Option<&Moments>) -> String {
+    m.map_or_else(|| "none".to_owned(), Moments::to_string)
+}
+
 fn count_tensor(c: i64) -> Tensor {
     Tensor::new(c, &Device::Cpu).expect("a CPU scalar")
 }
@@ -195,7 +200,7 @@ fn judge_update(j: &mut Judge<'_>, step: &UpdateStep<'_>, obs: &[Vec<Obs>], carr
                 op,
                 "combined",
                 Verdict::Fail,
-                format!("recorded combined moments: {}, replayed: {}", want.is_some(), got.is_some()),
+                format!("recorded combined moments: {}; replayed: {}", or_none(want.as_ref()), or_none(got.as_ref())),
             ));
             return;
         }

@@ -76,7 +76,7 @@ pub(crate) fn encode(obs: &[Obs]) -> Result<Vec<u8>> {
         *t = t
             .to_device(&Device::Cpu)
             .and_then(|t| t.contiguous())
-            .map_err(|e| write_err(name, FieldProblem::Candle(e)))?;
+            .map_err(|e| write_err(name, FieldProblem::Candle(Box::new(e))))?;
     }
     let steps = serde_json::to_string(&steps).map_err(TraceError::Json)?;
     let meta = HashMap::from([("steps".to_string(), steps)]);
@@ -99,7 +99,7 @@ pub(crate) fn decode(bytes: &[u8], steps: usize) -> std::result::Result<Vec<Obs>
             Ok(v) => v,
             Err(source) => return Err(WireProblem::Tensor { name, source }),
         };
-        view.load(&Device::Cpu).map_err(|source| WireProblem::Load { name, source })
+        view.load(&Device::Cpu).map_err(|e| WireProblem::Load { name, source: Box::new(e) })
     };
     let state = |i: usize, count: i64| -> std::result::Result<NormState, WireProblem> {
         Ok(NormState { mean: tensor(format!("{i}.state.mean"))?, var: tensor(format!("{i}.state.var"))?, count })
