@@ -26,7 +26,8 @@ pub use configs::{config_node_to_json, SMALL_TENSOR};
 pub use diff::{diff, Difference, DifferenceKind, Tolerance};
 pub use dtype::DType;
 pub use error::{
-    CkptError, EntryProblem, Found, HeaderProblem, LegacyProblem, ReadLimit, Result, Truncation, ValueProblem, View,
+    CkptError, EntryProblem, Found, HeaderProblem, JsonProblem, LegacyProblem, ReadLimit, Result, Truncation,
+    ValueProblem, View,
 };
 pub use io::atomic::{remove_temporary_files, stale_temporary_files};
 pub use io::storage::{Bytes, Storage};
