@@ -69,12 +69,12 @@ pub enum ReadProblem {
     NegativeLength,
     /// A text operand or persistent id with bytes outside ASCII.
     #[error("{0} is not ASCII")]
-    NotAscii(&'static str),
+    NotAscii(Operand),
     /// A string, module or global name that is not UTF-8.
     #[error("{what} is not valid UTF-8 ({error})")]
     NotUtf8 {
-        /// What was being decoded (`string`, `module name`, `global name`).
-        what: &'static str,
+        /// What was being decoded.
+        what: Operand,
         /// Where the decoding stopped.
         error: std::str::Utf8Error,
     },
@@ -89,10 +89,11 @@ pub enum ReadProblem {
     /// A text operand that does not parse (its first 40 characters).
     #[error("malformed {what} \"{}\"", .text.escape_debug())]
     MalformedLiteral {
-        /// Which operand (`integer literal`, `float literal`, `memo key`).
-        what: &'static str,
-        /// The start of the text given.
-        text: String,
+        /// Which operand.
+        what: Operand,
+        /// The start of the text given (boxed, as the operand names are
+        /// small enums: a [`PickleError`] stays small).
+        text: Box<str>,
     },
     /// A `STRING` operand without its quotes.
     #[error("the STRING opcode argument must be quoted")]
@@ -174,6 +175,41 @@ pub enum ReadProblem {
     TrailingBytes(usize),
 }
 
+/// The operand a [`ReadProblem`] is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Operand {
+    /// The decimal of `INT` / `LONG`.
+    IntegerLiteral,
+    /// The decimal of `FLOAT`.
+    FloatLiteral,
+    /// The decimal key of `GET` / `PUT`.
+    MemoKey,
+    /// The line of `PERSID`.
+    PersistentId,
+    /// The bytes of a `BINUNICODE` / `SHORT_BINUNICODE` / `BINUNICODE8` string.
+    String,
+    /// The module line of `GLOBAL` / `INST`.
+    ModuleName,
+    /// The name line of `GLOBAL` / `INST`.
+    GlobalName,
+}
+
+/// `integer literal`, `memo key`, ...
+impl std::fmt::Display for Operand {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Operand::IntegerLiteral => "integer literal",
+            Operand::FloatLiteral => "float literal",
+            Operand::MemoKey => "memo key",
+            Operand::PersistentId => "persistent id",
+            Operand::String => "string",
+            Operand::ModuleName => "module name",
+            Operand::GlobalName => "global name",
+        })
+    }
+}
+
 /// Why a value cannot be pickled ([`PickleError::Unwritable`]).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
@@ -204,3 +240,16 @@ pub enum WriteProblem {
 
 /// Result alias of this crate.
 pub type Result<T, E = PickleError> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `PickleError` travels inside the checkpoint and policy errors, which
+    /// clippy's `result_large_err` holds under 128 bytes: it stays at six words.
+    #[test]
+    fn errors_stay_small() {
+        assert!(std::mem::size_of::<ReadProblem>() <= 24, "{}", std::mem::size_of::<ReadProblem>());
+        assert!(std::mem::size_of::<PickleError>() <= 48, "{}", std::mem::size_of::<PickleError>());
+    }
+}

@@ -4,7 +4,7 @@
 mod common;
 
 use common::same;
-use pmstate_pickle::{from_slice, from_slice_prefix, Limits, PickleError, ReadProblem, Value};
+use pmstate_pickle::{from_slice, from_slice_prefix, Limits, Operand, PickleError, ReadProblem, Value};
 
 fn read(bytes: &[u8]) -> Value {
     from_slice(bytes, &Limits::default()).unwrap_or_else(|e| panic!("{e} in {bytes:?}"))
@@ -52,7 +52,7 @@ fn text_opcodes() {
     assert_eq!(read(b"(Vk\nI2\nd."), Value::Dict(vec![(s("k"), Value::Int(2))]));
     assert_eq!(read(b"(lp7\nI1\nag7\n0g7\n."), Value::List(vec![Value::Int(1)]));
     assert_eq!(read(b"Pstorage 0\n."), Value::PersistentId(Box::new(s("storage 0"))));
-    let malformed = ReadProblem::MalformedLiteral { what: "integer literal", text: "abc".into() };
+    let malformed = ReadProblem::MalformedLiteral { what: Operand::IntegerLiteral, text: "abc".into() };
     assert_eq!(invalid(&err(b"Iabc\n.")), ("INT", malformed));
     assert!(matches!(err(b"I12"), PickleError::Truncated { offset: 3, what: "integer literal" }), "{}", err(b"I12"));
 }

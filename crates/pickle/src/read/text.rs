@@ -1,7 +1,7 @@
 //! Decoders for the operands of the protocol-0 text opcodes.
 
 use crate::int;
-use crate::{ReadProblem, Value};
+use crate::{Operand, ReadProblem, Value};
 
 /// CPython refuses to convert decimal strings longer than this
 /// (`sys.int_info.default_max_str_digits`), so text `INT`/`LONG` longer
@@ -25,24 +25,24 @@ pub(super) fn long_operand(line: &[u8]) -> Result<Value, ReadProblem> {
 
 /// A decimal integer with optional surrounding ASCII whitespace, as Python's `int()`.
 fn decimal(text: &[u8]) -> Result<Value, ReadProblem> {
-    let text = std::str::from_utf8(text.trim_ascii()).map_err(|_| ReadProblem::NotAscii("integer literal"))?;
+    let text = std::str::from_utf8(text.trim_ascii()).map_err(|_| ReadProblem::NotAscii(Operand::IntegerLiteral))?;
     match int::parse_decimal(text, MAX_DECIMAL_DIGITS) {
         Some(Ok(v)) => Ok(v),
         Some(Err(digits)) => Err(ReadProblem::TooManyDigits { digits, max: MAX_DECIMAL_DIGITS }),
-        None => Err(malformed("integer literal", text)),
+        None => Err(malformed(Operand::IntegerLiteral, text)),
     }
 }
 
 /// A non-negative decimal memo key (`GET`/`PUT`).
 pub(super) fn memo_key(line: &[u8]) -> Result<u64, ReadProblem> {
-    let text = std::str::from_utf8(line.trim_ascii()).map_err(|_| ReadProblem::NotAscii("memo key"))?;
-    text.parse::<u64>().map_err(|_| malformed("memo key", text))
+    let text = std::str::from_utf8(line.trim_ascii()).map_err(|_| ReadProblem::NotAscii(Operand::MemoKey))?;
+    text.parse::<u64>().map_err(|_| malformed(Operand::MemoKey, text))
 }
 
 /// `FLOAT` operand: Python's `float()` syntax (`inf`, `nan`, exponents).
 pub(super) fn float_operand(line: &[u8]) -> Result<f64, ReadProblem> {
-    let text = std::str::from_utf8(line.trim_ascii()).map_err(|_| ReadProblem::NotAscii("float literal"))?;
-    text.parse::<f64>().map_err(|_| malformed("float literal", text))
+    let text = std::str::from_utf8(line.trim_ascii()).map_err(|_| ReadProblem::NotAscii(Operand::FloatLiteral))?;
+    text.parse::<f64>().map_err(|_| malformed(Operand::FloatLiteral, text))
 }
 
 /// `STRING` operand: a quoted Python 2 string literal, decoded like `codecs.escape_decode`.
@@ -157,12 +157,12 @@ fn hex_digit(d: u8) -> u8 {
 
 /// A [`ReadProblem::MalformedLiteral`] quoting the first 40 characters of
 /// `text` (a hostile line may be as long as the literal limit allows).
-fn malformed(what: &'static str, text: &str) -> ReadProblem {
+fn malformed(what: Operand, text: &str) -> ReadProblem {
     let text = match text.char_indices().nth(40) {
         Some((i, _)) => &text[..i],
         None => text,
     };
-    ReadProblem::MalformedLiteral { what, text: text.to_owned() }
+    ReadProblem::MalformedLiteral { what, text: text.into() }
 }
 
 #[cfg(test)]
@@ -205,18 +205,18 @@ mod tests {
         let long_junk = [b'x'; 100];
         assert_eq!(
             int_operand(&long_junk),
-            Err(ReadProblem::MalformedLiteral { what: "integer literal", text: "x".repeat(40) }),
+            Err(ReadProblem::MalformedLiteral { what: Operand::IntegerLiteral, text: "x".repeat(40).into() }),
             "quotes the first 40 characters"
         );
-        assert_eq!(int_operand(b"\xff"), Err(ReadProblem::NotAscii("integer literal")));
+        assert_eq!(int_operand(b"\xff"), Err(ReadProblem::NotAscii(Operand::IntegerLiteral)));
         assert_eq!(float_operand(b"-0.0").unwrap().to_bits(), (-0.0f64).to_bits());
         assert!(float_operand(b"nan").unwrap().is_nan());
         assert_eq!(float_operand(b"-inf").unwrap(), f64::NEG_INFINITY);
         assert_eq!(memo_key(b"12").unwrap(), 12);
-        assert_eq!(memo_key(b"-1"), Err(ReadProblem::MalformedLiteral { what: "memo key", text: "-1".into() }));
+        assert_eq!(memo_key(b"-1"), Err(ReadProblem::MalformedLiteral { what: Operand::MemoKey, text: "-1".into() }));
         assert_eq!(
             float_operand(b"1.5x"),
-            Err(ReadProblem::MalformedLiteral { what: "float literal", text: "1.5x".into() })
+            Err(ReadProblem::MalformedLiteral { what: Operand::FloatLiteral, text: "1.5x".into() })
         );
     }
 }

@@ -9,7 +9,7 @@ use super::input::Input;
 use super::keys::Keys;
 use super::text;
 use crate::opcodes::{self as op, name};
-use crate::{int, Limits, PickleError, ReadProblem, Result};
+use crate::{int, Limits, Operand, PickleError, ReadProblem, Result};
 
 /// The highest protocol this reader knows.
 const HIGHEST_PROTOCOL: u8 = 5;
@@ -369,7 +369,7 @@ impl<'a> Machine<'a, '_> {
                 let pid = std::str::from_utf8(line)
                     .ok()
                     .filter(|s| s.is_ascii())
-                    .ok_or_else(|| self.invalid(ReadProblem::NotAscii("persistent id")))?;
+                    .ok_or_else(|| self.invalid(ReadProblem::NotAscii(Operand::PersistentId)))?;
                 let pid = self.new_node(Node::Str(pid.to_owned()))?;
                 self.push(Node::PersistentId(pid))?;
             }
@@ -446,7 +446,11 @@ impl<'a> Machine<'a, '_> {
             crate::Value::Bool(b) => Node::Bool(b),
             // The integer decoders make nothing else; should one, the
             // operand was no integer.
-            _ => return Err(self.invalid(ReadProblem::MalformedLiteral { what: "integer", text: String::new() })),
+            _ => {
+                return Err(
+                    self.invalid(ReadProblem::MalformedLiteral { what: Operand::IntegerLiteral, text: "".into() })
+                )
+            }
         })
     }
 
@@ -492,8 +496,8 @@ impl<'a> Machine<'a, '_> {
 
     fn push_utf8(&mut self, n: u64) -> Result<()> {
         let bytes = self.literal(n, "string bytes")?;
-        let s =
-            std::str::from_utf8(bytes).map_err(|error| self.invalid(ReadProblem::NotUtf8 { what: "string", error }))?;
+        let s = std::str::from_utf8(bytes)
+            .map_err(|error| self.invalid(ReadProblem::NotUtf8 { what: Operand::String, error }))?;
         let s = s.to_owned();
         self.push(Node::Str(s))
     }
@@ -502,11 +506,11 @@ impl<'a> Machine<'a, '_> {
     fn global_operands(&mut self) -> Result<(String, String)> {
         let module = self.line("global module")?;
         let module = std::str::from_utf8(module)
-            .map_err(|error| self.invalid(ReadProblem::NotUtf8 { what: "module name", error }))?
+            .map_err(|error| self.invalid(ReadProblem::NotUtf8 { what: Operand::ModuleName, error }))?
             .to_owned();
         let name = self.line("global name")?;
         let name = std::str::from_utf8(name)
-            .map_err(|error| self.invalid(ReadProblem::NotUtf8 { what: "global name", error }))?
+            .map_err(|error| self.invalid(ReadProblem::NotUtf8 { what: Operand::GlobalName, error }))?
             .to_owned();
         Ok((module, name))
     }
