@@ -26,8 +26,7 @@ pub use configs::{config_node_to_json, SMALL_TENSOR};
 pub use diff::{diff, Difference, DifferenceKind, Tolerance};
 pub use dtype::DType;
 pub use error::{
-    CkptError, EntryProblem, Found, HeaderProblem, JsonProblem, LegacyProblem, ReadLimit, Result, Truncation,
-    ValueProblem, View,
+    CkptError, EntryProblem, Found, HeaderProblem, LegacyProblem, ReadLimit, Result, Truncation, ValueProblem, View,
 };
 pub use io::atomic::{remove_temporary_files, stale_temporary_files};
 pub use io::storage::{Bytes, Storage};
@@ -36,5 +35,6 @@ pub use parsed::{Format, ReadOptions};
 pub use safetensors::{save_safetensors, ExportReport, SafetensorsOptions};
 pub use torch::{is_safe_global, save_torch};
 pub use tree::json::{node_from_json, value_from_json, NodeJson, ValueJson};
+pub use tree::json_problem::JsonProblem;
 pub use tree::{dotted, Construct, Dict, DictKind, DuplicateKey, Key, Node, Object, Shape, TensorClass, TensorRef};
 pub use write_options::{Durability, UnsafeGlobals, WriteOptions};

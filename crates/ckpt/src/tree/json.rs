@@ -14,8 +14,8 @@ use serde::ser::{SerializeMap, SerializeSeq, Serializer};
 use serde::Serialize;
 use serde_json::{Map, Value as J};
 
+use super::json_problem::JsonProblem;
 use crate::dtype::DType;
-use crate::error::JsonProblem;
 use crate::tree::{Construct, Dict, DictKind, Node, Object, TensorClass, TensorRef};
 
 /// The JSON tag of a dict of class `kind`.

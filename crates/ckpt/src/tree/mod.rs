@@ -2,6 +2,7 @@
 
 mod dict;
 pub(crate) mod json;
+pub(crate) mod json_problem;
 mod node;
 mod tensor;
 mod walk;
