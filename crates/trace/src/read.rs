@@ -36,6 +36,10 @@ pub fn read_file(path: &Path) -> Result<Trace> {
 }
 
 /// What a non-regular file is, in words.
+///
+/// The same words as `pmstate-ckpt`'s `io::source::file_kind`: the two crates do not
+/// depend on each other, and `pmstate-norm`, the one crate below both,
+/// knows nothing of files, so each keeps its copy.
 pub(crate) fn file_kind(meta: &std::fs::Metadata) -> &'static str {
     #[cfg(unix)]
     {

@@ -54,6 +54,10 @@ impl Identity {
 }
 
 /// What a non-regular file is, in words.
+///
+/// The same words as `pmstate-trace`'s `read::file_kind`: the two crates do not
+/// depend on each other, and `pmstate-norm`, the one crate below both,
+/// knows nothing of files, so each keeps its copy.
 pub(crate) fn file_kind(meta: &std::fs::Metadata) -> &'static str {
     #[cfg(unix)]
     {
