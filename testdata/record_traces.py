@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Records pm-trace v1 files (../shared/TRACE_FORMAT.md) by running the real
+"""Records pm-trace v1 files (docs/trace-format.md) by running the real
 ProtoMotions normalizers on PyTorch.
 
 usage: python testdata/record_traces.py --protomotions PATH [--out testdata/traces]

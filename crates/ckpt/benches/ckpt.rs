@@ -34,8 +34,8 @@ use std::time::{Duration, Instant};
 
 use criterion::{BatchSize, Criterion, SamplingMode, Throughput};
 use pmstate_ckpt::{
-    save_safetensors, save_torch, Bytes, Checkpoint, DType, Dict, Durability, Node, SafetensorsOptions, Storage,
-    TensorRef, WriteOptions,
+    save_safetensors, save_torch, Bytes, Checkpoint, DType, Dict, DictKind, Durability, Node, SafetensorsOptions,
+    Storage, TensorClass, TensorRef, WriteOptions,
 };
 
 /// A checkpoint under construction: the storages its tensors use.
@@ -57,7 +57,7 @@ impl Builder {
             shape: shape.to_vec(),
             stride: TensorRef::contiguous_stride(shape),
             requires_grad: false,
-            parameter: None,
+            class: TensorClass::Tensor,
             object: None,
         }))
     }
@@ -94,8 +94,8 @@ fn s(k: &str) -> Node {
     Node::Str(k.to_owned())
 }
 
-fn dict(ordered: bool, entries: Vec<(Node, Node)>) -> Node {
-    Node::Dict(Dict::from_entries(ordered, entries).expect("unique keys"))
+fn dict(kind: DictKind, entries: Vec<(Node, Node)>) -> Node {
+    Node::Dict(Dict::from_entries(kind, entries).expect("unique keys"))
 }
 
 /// An MLP's parameter shapes: Linear layers at even indices (ReLU between).
@@ -117,10 +117,10 @@ fn adam(b: &mut Builder, shapes: &[Vec<usize>], lr: f64) -> Node {
             (s("exp_avg"), b.f32s(shape, 1e-3)),
             (s("exp_avg_sq"), b.f32s(shape, 1e-6)),
         ];
-        state.push((Node::Int(i as i64), dict(false, entry)));
+        state.push((Node::Int(i as i64), dict(DictKind::Plain, entry)));
     }
     let group = dict(
-        false,
+        DictKind::Plain,
         vec![
             (s("lr"), Node::Float(lr)),
             (s("betas"), Node::Tuple(vec![Node::Float(0.9), Node::Float(0.999)])),
@@ -135,7 +135,10 @@ fn adam(b: &mut Builder, shapes: &[Vec<usize>], lr: f64) -> Node {
             (s("params"), Node::List((0..shapes.len() as i64).map(Node::Int).collect())),
         ],
     );
-    dict(false, vec![(s("state"), dict(false, state)), (s("param_groups"), Node::List(vec![group]))])
+    dict(
+        DictKind::Plain,
+        vec![(s("state"), dict(DictKind::Plain, state)), (s("param_groups"), Node::List(vec![group]))],
+    )
 }
 
 /// A PPO checkpoint as ProtoMotions' agent saves it. `hidden` 2048 gives
@@ -163,21 +166,21 @@ fn ppo_checkpoint(hidden: usize) -> Checkpoint {
     let actor_opt = adam(&mut b, &param_shapes["actor"], 2e-5);
     let critic_opt = adam(&mut b, &param_shapes["critic"], 1e-4);
     let reward_norm = dict(
-        true,
+        DictKind::Ordered,
         vec![(s("mean"), b.f64s(&[1], 0.5)), (s("var"), b.f64s(&[1], 2.0)), (s("count"), b.scalar_i64(4096))],
     );
     let adv_mean = b.f32s(&[1], 0.1);
     let adv_std = b.f32s(&[1], 1.0);
     let root = dict(
-        false,
+        DictKind::Plain,
         vec![
-            (s("model"), dict(true, model)),
+            (s("model"), dict(DictKind::Ordered, model)),
             (s("epoch"), Node::Int(1234)),
             (s("step_count"), Node::Int(3_135_137_969)),
             (s("run_start_time"), Node::Float(1_700_000_000.25)),
             (s("best_evaluated_score"), Node::None),
             (s("running_reward_norm"), reward_norm),
-            (s("evaluator"), dict(false, vec![(s("eval_count"), Node::Int(3))])),
+            (s("evaluator"), dict(DictKind::Plain, vec![(s("eval_count"), Node::Int(3))])),
             (s("motion_shard_cycle"), Node::Int(4)),
             (s("actor_optimizer"), actor_opt),
             (s("critic_optimizer"), critic_opt),
@@ -185,7 +188,10 @@ fn ppo_checkpoint(hidden: usize) -> Checkpoint {
             (s("adv_std_ema"), adv_std),
             (
                 s("adaptive_lr"),
-                dict(false, vec![(s("actor_lr"), Node::Float(3e-5)), (s("critic_lr"), Node::Float(1e-4 / 1.5))]),
+                dict(
+                    DictKind::Plain,
+                    vec![(s("actor_lr"), Node::Float(3e-5)), (s("critic_lr"), Node::Float(1e-4 / 1.5))],
+                ),
             ),
         ],
     );

@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crate::error::{CkptError, Result, ValueProblem};
+use crate::error::{CkptError, ReadLimit, Result, ValueProblem};
 use crate::io::source::Source;
 use crate::io::storage::Storage;
 use crate::parsed::Parsed;
@@ -256,15 +256,13 @@ impl Checkpoint {
         if nbytes as u64 <= limit {
             return Ok(());
         }
-        let shape = crate::tree::Shape(&t.shape);
-        let what = match key {
-            Some(k) => format!("gathering the view {k} (storage {}, size {shape})", t.storage),
-            None => format!("gathering the view of storage {} (size {shape})", t.storage),
-        };
         Err(CkptError::Limit {
             path: self.path.clone(),
-            limit: "ReadOptions::max_view_bytes",
-            what,
+            limit: ReadLimit::ViewBytes {
+                key: key.map(str::to_owned),
+                storage: t.storage.clone(),
+                shape: t.shape.clone(),
+            },
             max: limit,
             needed: nbytes as u64,
         })
@@ -342,26 +340,6 @@ impl Checkpoint {
             })));
         }
         Ok(())
-    }
-
-    /// Writes the checkpoint, choosing the format by extension
-    /// ([`Format::for_path`]), with default options (unsafe globals refused,
-    /// fsync before the rename). Atomic.
-    pub fn save(&self, path: impl AsRef<Path>) -> Result<()> {
-        self.save_with(path, &crate::WriteOptions::default())
-    }
-
-    /// [`Checkpoint::save`] with explicit options.
-    pub fn save_with(&self, path: impl AsRef<Path>, opts: &crate::WriteOptions<'_>) -> Result<()> {
-        let path = path.as_ref();
-        match Format::for_path(path) {
-            Some(Format::Safetensors { .. }) => {
-                let st = crate::SafetensorsOptions { write: *opts, select: None };
-                crate::save_safetensors(self, path, &st).map(|_| ())
-            }
-            Some(_) => crate::save_torch(self, path, opts),
-            None => Err(CkptError::NotACheckpoint { path: path.display().to_string() }),
-        }
     }
 }
 

@@ -318,7 +318,7 @@ impl KeyId {
         match k {
             Node::Int(i) => KeyId::Int(*i),
             Node::Bool(b) => KeyId::Bool(*b),
-            other => KeyId::Other(crate::tree::json::fingerprint(other)),
+            other => KeyId::Other(crate::tree::fingerprint(other)),
         }
     }
 }
@@ -512,6 +512,7 @@ impl Elements {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::DictKind;
 
     #[test]
     fn integers_are_compared_exactly() {
@@ -539,7 +540,8 @@ mod tests {
     fn one_tensor(t: TensorRef, values: &[f32]) -> Checkpoint {
         let data = crate::io::storage::Bytes::owned(values.iter().flat_map(|v| v.to_le_bytes()).collect());
         let storage = crate::io::storage::Storage { typed: true, dtype: DType::F32, location: "cpu".into(), data };
-        let root = Dict::from_entries(false, vec![(Node::Str("w".into()), Node::Tensor(Box::new(t)))]).unwrap();
+        let root =
+            Dict::from_entries(DictKind::Plain, vec![(Node::Str("w".into()), Node::Tensor(Box::new(t)))]).unwrap();
         Checkpoint::from_parts(Node::Dict(root), [(String::from("s"), storage)].into()).unwrap()
     }
 
@@ -579,7 +581,7 @@ mod tests {
     #[test]
     fn non_string_keys_are_matched_by_value() {
         let dict = |entries: Vec<(Node, Node)>| {
-            let root = Dict::from_entries(false, entries).unwrap();
+            let root = Dict::from_entries(DictKind::Plain, entries).unwrap();
             Checkpoint::from_parts(Node::Dict(root), HashMap::new()).unwrap()
         };
         let tuple = || Node::Tuple(vec![Node::Int(2)]);

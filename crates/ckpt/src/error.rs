@@ -125,7 +125,7 @@ pub enum CkptError {
         /// The file.
         path: String,
         /// What was cut (`record data/0`, `legacy storage 3`).
-        what: String,
+        what: Truncation,
     },
     /// Inflating compressed records would pass the zip-bomb budget.
     #[error(
@@ -241,19 +241,33 @@ pub enum CkptError {
     },
     /// A bound on what an input may make this crate allocate or do.
     #[error(
-        "{path}: {what} needs {needed}, over the limit {limit} = {max}; raise it in ReadOptions for a legitimate file"
+        "{path}: {limit} needs {needed}, over the limit {} = {max}; raise it in ReadOptions for a legitimate file",
+        limit.name()
     )]
     Limit {
         /// The file.
         path: String,
-        /// The limit's name (`ReadOptions::max_tree_nodes`).
-        limit: &'static str,
-        /// What hit it.
-        what: String,
+        /// Which limit, and what hit it.
+        limit: ReadLimit,
         /// The limit.
         max: u64,
         /// What the input asks for.
         needed: u64,
+    },
+    /// A read outside a storage's bytes: a tensor that is not a tensor of
+    /// this checkpoint (its view leaves the storage of that key here), or a
+    /// range past the end of [`Bytes`](crate::Bytes).
+    #[error(
+        "a read of {len} bytes at offset {offset} lies outside a storage of {size} bytes (a tensor of another \
+         checkpoint?)"
+    )]
+    StorageRange {
+        /// The offset asked for, in bytes.
+        offset: usize,
+        /// The bytes asked for.
+        len: usize,
+        /// The storage's size in bytes.
+        size: usize,
     },
     /// A key the caller asked for is not there.
     #[error("{path}: no key {key}{}", did_you_mean(closest))]
@@ -338,6 +352,93 @@ fn did_you_mean(closest: &[String]) -> String {
     }
 }
 
+/// What a file ends inside of ([`CkptError::Truncated`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Truncation {
+    /// A zip entry (its data starts past the end).
+    Entry(String),
+    /// An archive record's data.
+    Record(String),
+    /// A legacy stream's storage, by key.
+    LegacyStorage(String),
+    /// A read of `len` bytes at `offset`.
+    Read {
+        /// Where the read starts.
+        offset: u64,
+        /// Bytes asked for.
+        len: usize,
+    },
+}
+
+impl fmt::Display for Truncation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Truncation::Entry(name) => write!(f, "entry {name}"),
+            Truncation::Record(name) => write!(f, "record {name}"),
+            Truncation::LegacyStorage(key) => write!(f, "legacy storage {key}"),
+            Truncation::Read { offset, len } => write!(f, "a read of {len} bytes at {offset}"),
+        }
+    }
+}
+
+/// Which bound an input hit ([`CkptError::Limit`]), and what hit it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ReadLimit {
+    /// A pickle record larger than pickle's `Limits::max_input_bytes` (or
+    /// than its storage declares).
+    RecordBytes {
+        /// The record (`data.pkl`).
+        record: String,
+    },
+    /// [`ReadOptions::max_tree_values`](crate::ReadOptions::max_tree_values):
+    /// the JSON values of a safetensors file's `__metadata__` tree.
+    TreeValues,
+    /// pickle's `Limits::max_depth` (three JSON levels per tree level): the
+    /// nesting of a safetensors file's `__metadata__` tree.
+    TreeDepth,
+    /// [`ReadOptions::max_view_bytes`](crate::ReadOptions::max_view_bytes):
+    /// the bytes a non-contiguous view expands to when gathered.
+    ViewBytes {
+        /// The view's dotted key, where the caller knows it.
+        key: Option<String>,
+        /// The view's storage.
+        storage: String,
+        /// The view's size.
+        shape: Vec<usize>,
+    },
+}
+
+impl ReadLimit {
+    /// The limit's name, where to raise it.
+    pub fn name(&self) -> &'static str {
+        match self {
+            ReadLimit::RecordBytes { .. } => "pickle Limits::max_input_bytes (or the record's declared size)",
+            ReadLimit::TreeValues => "ReadOptions::max_tree_values",
+            ReadLimit::TreeDepth => "pickle Limits::max_depth (x3 for JSON nesting)",
+            ReadLimit::ViewBytes { .. } => "ReadOptions::max_view_bytes",
+        }
+    }
+}
+
+/// What hit the limit, in words: `record data.pkl`, `__metadata__ pmstate.tree`.
+impl fmt::Display for ReadLimit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ReadLimit::RecordBytes { record } => write!(f, "record {record}"),
+            ReadLimit::TreeValues => f.write_str("__metadata__ pmstate.tree"),
+            ReadLimit::TreeDepth => f.write_str("__metadata__ pmstate.tree nesting"),
+            ReadLimit::ViewBytes { key: Some(key), storage, shape } => {
+                write!(f, "gathering the view {key} (storage {storage}, size {})", Shape(shape))
+            }
+            ReadLimit::ViewBytes { key: None, storage, shape } => {
+                write!(f, "gathering the view of storage {storage} (size {})", Shape(shape))
+            }
+        }
+    }
+}
+
 /// What is wrong with a zip entry's name or position.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -371,8 +472,10 @@ pub enum LegacyProblem {
     Protocol(String),
     /// `sys_info` does not say little-endian.
     NotLittleEndian,
-    /// The storage key list is not a list of strings or ints.
-    KeyList(String),
+    /// The storage key list is not a list (what it is instead).
+    NotAKeyList(String),
+    /// A storage key that is neither a string nor an int (what it is).
+    KeyNotAString(String),
     /// A storage listed after the object that no tensor uses.
     UnusedStorage(String),
     /// A storage a tensor uses that the stream does not hold.
@@ -395,7 +498,8 @@ impl fmt::Display for LegacyProblem {
         match self {
             LegacyProblem::Protocol(found) => write!(f, "protocol version {found}, expected 1001"),
             LegacyProblem::NotLittleEndian => f.write_str("sys_info is not little-endian"),
-            LegacyProblem::KeyList(found) => write!(f, "storage key list: {found}"),
+            LegacyProblem::NotAKeyList(found) => write!(f, "storage key list: not a list but {found}"),
+            LegacyProblem::KeyNotAString(found) => write!(f, "storage key list: key {found} is not a string"),
             LegacyProblem::UnusedStorage(k) => write!(f, "storage {k} is listed but no tensor uses it"),
             LegacyProblem::MissingStorage(k) => write!(f, "storage {k} is used but has no data"),
             LegacyProblem::DuplicateStorage(k) => write!(f, "storage {k} is listed twice"),
@@ -453,8 +557,8 @@ pub enum ValueProblem {
     Malformed {
         /// The field.
         what: &'static str,
-        /// What it holds instead, in words.
-        found: String,
+        /// What it holds instead.
+        found: Found,
     },
     /// A size or element count whose arithmetic overflows.
     Overflow {
@@ -584,6 +688,62 @@ impl fmt::Display for ValueProblem {
                 write!(f, "the safetensors header would be {needed} bytes; readers accept {max}")
             }
             ValueProblem::IntTooLarge(v) => write!(f, "{v} does not fit the output's integers"),
+        }
+    }
+}
+
+/// What a malformed field holds instead of what its position requires
+/// ([`ValueProblem::Malformed`]). Values are shown as Python writes them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Found {
+    /// A value of another kind than the field takes.
+    Value(String),
+    /// A value that is not a tuple.
+    NotATuple(String),
+    /// A value that is not a persistent id.
+    NotAPersistentId(String),
+    /// A persistent id that is not torch's `('storage', ...)` tuple of `len` items.
+    NotAStorageTuple {
+        /// The persistent id.
+        pid: String,
+        /// The items torch writes.
+        len: usize,
+    },
+    /// `torch.Size` called with these arguments instead of one tuple.
+    TorchSizeOf(String),
+    /// A tuple of `len` arguments where this reader handles `expected`
+    /// (extra ones are tensor metadata, such as conjugate bits).
+    Arguments {
+        /// Arguments given.
+        len: usize,
+        /// Arguments this reader handles.
+        expected: usize,
+    },
+    /// An `nn.Parameter` of something that is not a tensor (its kind).
+    ParameterOf(&'static str),
+    /// `len` bytes where the field takes `expected`.
+    Bytes {
+        /// Bytes given.
+        len: usize,
+        /// Bytes the field takes.
+        expected: usize,
+    },
+}
+
+impl fmt::Display for Found {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Found::Value(v) => f.write_str(v),
+            Found::NotATuple(v) => write!(f, "{v}, not a tuple"),
+            Found::NotAPersistentId(v) => write!(f, "{v}, not a persistent id"),
+            Found::NotAStorageTuple { pid, len } => write!(f, "{pid}, not a storage {len}-tuple"),
+            Found::TorchSizeOf(args) => write!(f, "torch.Size of {args}"),
+            Found::Arguments { len, expected } => {
+                write!(f, "{len} arguments (this reader handles {expected}; extra ones are tensor metadata)")
+            }
+            Found::ParameterOf(kind) => write!(f, "a parameter of a {kind}"),
+            Found::Bytes { len, expected } => write!(f, "{len} bytes, not {expected}"),
         }
     }
 }

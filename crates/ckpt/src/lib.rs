@@ -14,6 +14,7 @@ mod io;
 mod normalizers;
 mod parsed;
 mod safetensors;
+mod save;
 mod suggest;
 mod torch;
 mod tree;
@@ -24,7 +25,9 @@ pub use checkpoint::Checkpoint;
 pub use configs::{config_node_to_json, SMALL_TENSOR};
 pub use diff::{diff, Difference, DifferenceKind, Tolerance};
 pub use dtype::DType;
-pub use error::{CkptError, EntryProblem, HeaderProblem, LegacyProblem, Result, ValueProblem, View};
+pub use error::{
+    CkptError, EntryProblem, Found, HeaderProblem, LegacyProblem, ReadLimit, Result, Truncation, ValueProblem, View,
+};
 pub use io::atomic::{abandon_temporary_files, remove_temporary_files, stale_temporary_files};
 pub use io::storage::{Bytes, Storage};
 pub use normalizers::{LoadWarning, NormalizerGroup, NormalizerSummary, SavedBuffers, Summary, Trained};
@@ -32,5 +35,6 @@ pub use parsed::{Format, ReadOptions};
 pub use safetensors::{save_safetensors, ExportReport, SafetensorsOptions};
 pub use torch::{is_safe_global, save_torch};
 pub use tree::json::{node_from_json, value_from_json, NodeJson, ValueJson};
-pub use tree::{dotted, Construct, Dict, DuplicateKey, Key, Node, Object, Shape, TensorRef};
+pub use tree::json_problem::JsonProblem;
+pub use tree::{dotted, Construct, Dict, DictKind, DuplicateKey, Key, Node, Object, Shape, TensorClass, TensorRef};
 pub use write_options::{Durability, UnsafeGlobals, WriteOptions};

@@ -19,7 +19,7 @@ use serde::Serialize;
 
 use crate::checkpoint::Checkpoint;
 use crate::dtype::DType;
-use crate::error::{CkptError, Result, ValueProblem};
+use crate::error::{CkptError, Found, Result, ValueProblem};
 use crate::io::storage::{Bytes, Storage};
 use crate::tree::{dotted, Dict, Node, TensorRef};
 
@@ -307,11 +307,7 @@ impl Checkpoint {
         if state.var.dims() != shape.as_slice() {
             let source = pmstate_norm::NormError::InvalidState {
                 field: "var",
-                reason: format!(
-                    "shape {} differs from mean's {}",
-                    crate::tree::Shape(state.var.dims()),
-                    crate::tree::Shape(&shape)
-                ),
+                problem: pmstate_norm::StateProblem::VarShape { var: state.var.dims().to_vec(), mean: shape.clone() },
             };
             return Err(CkptError::Norm { group: name.to_owned(), source: Box::new(source) });
         }
@@ -372,7 +368,10 @@ impl Checkpoint {
         let arr: [u8; 8] = b[..].try_into().map_err(|_| CkptError::Value {
             path: self.path_str().to_owned(),
             key: key.to_owned(),
-            problem: ValueProblem::Malformed { what: "normalizer count", found: format!("{} bytes, not 8", b.len()) },
+            problem: ValueProblem::Malformed {
+                what: "normalizer count",
+                found: Found::Bytes { len: b.len(), expected: 8 },
+            },
         })?;
         Ok(i64::from_le_bytes(arr))
     }

@@ -1,5 +1,5 @@
 //! What every reader returns ([`Parsed`]), the options they read with, and
-//! the container [`Format`]. Readers depend on this module and
+//! the container [`Format`]. Readers and writers depend on this module and
 //! `checkpoint` depends on the readers, never the other way.
 
 use std::collections::HashMap;
@@ -39,7 +39,7 @@ impl Format {
         let ext = path.extension().and_then(|e| e.to_str())?.to_ascii_lowercase();
         match ext.as_str() {
             "safetensors" => Some(Format::Safetensors { with_tree: true }),
-            "pt" | "pth" | "ckpt" | "bin" => Some(Format::TorchZip { prefix: crate::torch::archive_prefix(path) }),
+            "pt" | "pth" | "ckpt" | "bin" => Some(Format::TorchZip { prefix: archive_prefix(path) }),
             _ => None,
         }
     }
@@ -100,6 +100,14 @@ impl Default for ReadOptions {
             max_tree_values: 1 << 22,
             max_view_bytes: None,
         }
+    }
+}
+
+/// The archive folder torch.save uses for a file: its name without the last extension.
+pub(crate) fn archive_prefix(path: &Path) -> String {
+    match path.file_stem().and_then(|s| s.to_str()) {
+        Some(s) if !s.is_empty() && !s.contains('/') => s.to_owned(),
+        _ => "archive".to_owned(),
     }
 }
 

@@ -7,12 +7,14 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use pmstate_ckpt::{abandon_temporary_files, Bytes, Checkpoint, CkptError, DType, Dict, Node, Storage, TensorRef};
+use pmstate_ckpt::{
+    abandon_temporary_files, Bytes, Checkpoint, CkptError, DType, Dict, DictKind, Node, Storage, TensorRef,
+};
 use pmstate_ckpt::{Durability, WriteOptions};
 
 fn small() -> Checkpoint {
     let t = Node::Tensor(Box::new(TensorRef::contiguous("0".into(), DType::F32, vec![4])));
-    let root = Dict::from_entries(false, vec![(Node::Str("w".into()), t)]).unwrap();
+    let root = Dict::from_entries(DictKind::Plain, vec![(Node::Str("w".into()), t)]).unwrap();
     let storage = Storage { typed: true, dtype: DType::F32, location: "cpu".into(), data: Bytes::owned(vec![1; 16]) };
     Checkpoint::from_parts(Node::Dict(root), HashMap::from([("0".to_owned(), storage)])).unwrap()
 }

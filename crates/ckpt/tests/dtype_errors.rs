@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 
-use pmstate_ckpt::{Bytes, Checkpoint, CkptError, DType, Dict, Node, Storage, TensorRef};
+use pmstate_ckpt::{Bytes, Checkpoint, CkptError, DType, Dict, DictKind, Node, Storage, TensorRef};
 
 /// `{"flags": <bool tensor of 4 in storage "s0">}`.
 fn bool_checkpoint() -> Checkpoint {
@@ -13,7 +13,7 @@ fn bool_checkpoint() -> Checkpoint {
     )]
     .into();
     let t = Node::Tensor(Box::new(TensorRef::contiguous("s0".into(), DType::Bool, vec![4])));
-    let root = Dict::from_entries(false, vec![(Node::Str("flags".into()), t)]).unwrap();
+    let root = Dict::from_entries(DictKind::Plain, vec![(Node::Str("flags".into()), t)]).unwrap();
     Checkpoint::from_parts(Node::Dict(root), storages).unwrap()
 }
 

@@ -4,10 +4,12 @@
 
 use std::collections::HashMap;
 
-use pmstate_ckpt::{Checkpoint, CkptError, Construct, Dict, Node, Object, UnsafeGlobals, ValueProblem, WriteOptions};
+use pmstate_ckpt::{
+    Checkpoint, CkptError, Construct, Dict, DictKind, Node, Object, UnsafeGlobals, ValueProblem, WriteOptions,
+};
 
 fn one(key: &str, value: Node) -> Result<Checkpoint, CkptError> {
-    let root = Node::Dict(Dict::from_entries(false, vec![(Node::Str(key.into()), value)]).unwrap());
+    let root = Node::Dict(Dict::from_entries(DictKind::Plain, vec![(Node::Str(key.into()), value)]).unwrap());
     Checkpoint::from_parts(root, HashMap::new())
 }
 
@@ -49,7 +51,7 @@ fn unsafe_globals_in_keys_are_refused_unless_allowed() {
         setitems: vec![],
         appends: vec![],
     }));
-    let inner = Node::Dict(Dict::from_entries(false, vec![(call, Node::None)]).unwrap());
+    let inner = Node::Dict(Dict::from_entries(DictKind::Plain, vec![(call, Node::None)]).unwrap());
     let ckpt = one("model", inner).unwrap();
     let flagged = vec![("model.<key of entry 0>.<callable>".to_owned(), "os.system".to_owned())];
     assert_eq!(ckpt.unsafe_globals(), flagged);

@@ -51,9 +51,23 @@ fn replay_exit_codes_tell_mismatch_from_unreadable() {
     tampered[8 + n + off] ^= 1;
     let bad = dir.join("tampered.pmtrace.safetensors");
     std::fs::write(&bad, &tampered).unwrap();
+    let out = pmstate().args(["replay", "--json"]).arg(&bad).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{stdout}");
+    let line: serde_json::Value = serde_json::from_str(stdout.lines().next().unwrap_or_default()).unwrap();
+    assert_eq!((&line["pass"], &line["worst"]["pass"]), (&false.into(), &false.into()), "{line}");
+    // The low bit of step 0's recorded count flipped: that count, off by one.
+    let w = &line["worst"];
+    assert_eq!(
+        (w["step"].as_u64(), w["op"].as_str(), w["field"].as_str()),
+        (Some(0), Some("record_moments"), Some("state.count"))
+    );
+    assert_eq!((w["max_abs"].as_f64(), w["first_mismatch"].as_u64()), (Some(1.0), Some(0)), "{line}");
+    // The same for people: a FAIL line naming the field.
     let out = pmstate().arg("replay").arg(&bad).output().unwrap();
-    assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stdout));
-    assert!(String::from_utf8_lossy(&out.stdout).contains("state.count"));
+    assert_eq!(out.status.code(), Some(1));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.starts_with("FAIL ") && stdout.contains("state.count"), "{stdout}");
     // Not a trace at all: exit 2, with the reason.
     let junk = dir.join("junk.pmtrace.safetensors");
     std::fs::write(&junk, b"not a safetensors file").unwrap();

@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
 
-use pmstate_ckpt::{Bytes, Checkpoint, DType, Dict, Node, Storage, TensorRef};
+use pmstate_ckpt::{Bytes, Checkpoint, DType, Dict, DictKind, Node, Storage, TensorRef};
 
 fn pmstate(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_pmstate")).args(args).output().expect("run pmstate")
@@ -52,7 +52,7 @@ fn checkpoint(values: &[i64], n: usize) -> Checkpoint {
     .into();
     let t = |s: &str, d, len| Node::Tensor(Box::new(TensorRef::contiguous(s.into(), d, vec![len])));
     let root = Dict::from_entries(
-        false,
+        DictKind::Plain,
         vec![
             (Node::Str("ints".into()), t("i", DType::I64, values.len())),
             (Node::Str("big".into()), t("f", DType::F32, n)),
@@ -293,8 +293,10 @@ fn notes_go_to_stderr_and_stdout_holds_only_results() {
     let dir = tempfile::tempdir().unwrap();
     let src = dir.path().join("in.pt");
     let w = Node::Tensor(Box::new(TensorRef::contiguous("w".into(), DType::F32, vec![2])));
-    let model = Dict::from_entries(false, vec![(Node::Str("w".into()), w), (Node::Str("step".into()), Node::Int(5))]);
-    let root = Dict::from_entries(false, vec![(Node::Str("model".into()), Node::Dict(model.unwrap()))]).unwrap();
+    let model =
+        Dict::from_entries(DictKind::Plain, vec![(Node::Str("w".into()), w), (Node::Str("step".into()), Node::Int(5))]);
+    let root =
+        Dict::from_entries(DictKind::Plain, vec![(Node::Str("model".into()), Node::Dict(model.unwrap()))]).unwrap();
     let storage = Storage { typed: true, dtype: DType::F32, location: "cpu".into(), data: Bytes::owned(vec![0; 8]) };
     Checkpoint::from_parts(Node::Dict(root), [("w".to_owned(), storage)].into()).unwrap().save(&src).unwrap();
     let src = src.to_str().unwrap();

@@ -312,8 +312,7 @@ fn same_node(a: &Node, b: &Node, r: &mut Renaming, at: &str) -> Result<(), Strin
             same_option(&x.state().cloned(), &y.state().cloned(), r, &format!("{at}.<state>"))
         }
         (Node::Tensor(x), Node::Tensor(y)) => {
-            let view =
-                |t: &TensorRef| (t.dtype, t.shape.clone(), t.stride.clone(), t.offset, t.requires_grad, t.parameter);
+            let view = |t: &TensorRef| (t.dtype, t.shape.clone(), t.stride.clone(), t.offset, t.requires_grad, t.class);
             if view(x) != view(y) {
                 return Err(format!("{at}: tensor {:?} then {:?}", view(x), view(y)));
             }

@@ -2,7 +2,7 @@
 
 use candle_core::Tensor;
 
-use crate::error::Result;
+use crate::error::{Call, CollectiveProblem, Result};
 
 /// The collectives ProtoMotions' normalizers call through Lightning Fabric.
 ///
@@ -86,7 +86,7 @@ struct Round {
     slots: Vec<Option<Tensor>>,
     taken: usize,
     result: Option<Vec<Tensor>>,
-    poisoned: Option<String>,
+    poisoned: Option<CollectiveProblem>,
 }
 
 impl InProcessGroup {
@@ -107,15 +107,15 @@ impl InProcessGroup {
         (0..world_size).map(|rank| InProcessGroup { rank, shared: shared.clone(), timeout }).collect()
     }
 
-    fn err(&self, op: &'static str, reason: String) -> crate::NormError {
-        crate::NormError::Collective { op, rank: self.rank, world_size: self.shared.world_size, reason }
+    fn err(&self, op: &'static str, problem: CollectiveProblem) -> crate::NormError {
+        crate::NormError::Collective { op, rank: self.rank, world_size: self.shared.world_size, problem }
     }
 
     /// Marks the group broken: every waiting and later call fails. A rank
     /// that gives up calls this so that its peers fail fast.
     pub fn abort(&self, reason: &str) {
         let mut g = self.shared.inner.lock().unwrap_or_else(|p| p.into_inner());
-        g.poisoned.get_or_insert_with(|| format!("rank {} aborted: {reason}", self.rank));
+        g.poisoned.get_or_insert_with(|| CollectiveProblem::Aborted { rank: self.rank, reason: reason.to_owned() });
         self.shared.cv.notify_all();
     }
 
@@ -133,24 +133,28 @@ impl InProcessGroup {
         }
         if let Some(other) = g.op {
             if other != op {
-                let msg = format!("rank mismatch: this rank called {op}, a peer called {other}");
-                g.poisoned = Some(msg.clone());
+                let problem = CollectiveProblem::OpMismatch { here: op, peer: other };
+                g.poisoned = Some(problem.clone());
                 self.shared.cv.notify_all();
-                return Err(self.err(op, msg));
+                return Err(self.err(op, problem));
             }
         }
-        if let Some(first) = g.slots.iter().flatten().next() {
+        if let Some((peer, first)) = g.slots.iter().enumerate().find_map(|(r, s)| Some((r, s.as_ref()?))) {
             if first.dims() != t.dims() || first.dtype() != t.dtype() {
-                let msg = format!(
-                    "peers disagree: {:?} {:?} here, {:?} {:?} on another rank",
-                    t.dtype(),
-                    t.dims(),
-                    first.dtype(),
-                    first.dims()
-                );
-                g.poisoned = Some(msg.clone());
+                let call = |t: &Tensor| Call {
+                    op: op.to_owned(),
+                    dtype: t.dtype().as_str().to_owned(),
+                    dims: t.dims().to_vec(),
+                };
+                let problem = CollectiveProblem::Disagree {
+                    first_rank: self.rank,
+                    first: Box::new(call(t)),
+                    rank: peer,
+                    call: Box::new(call(first)),
+                };
+                g.poisoned = Some(problem.clone());
                 self.shared.cv.notify_all();
-                return Err(self.err(op, msg));
+                return Err(self.err(op, problem));
             }
         }
         g.op = Some(op);
@@ -187,10 +191,10 @@ impl InProcessGroup {
         let now = std::time::Instant::now();
         if now >= deadline {
             let mut g = g;
-            let msg = format!("timed out after {} s waiting for peers", self.timeout.as_secs_f64());
-            g.poisoned.get_or_insert_with(|| msg.clone());
+            let problem = CollectiveProblem::TimedOut { after: self.timeout };
+            g.poisoned.get_or_insert_with(|| problem.clone());
             self.shared.cv.notify_all();
-            return Err(self.err(op, msg));
+            return Err(self.err(op, problem));
         }
         let (g, _) = self.shared.cv.wait_timeout(g, deadline - now).unwrap_or_else(|p| p.into_inner());
         Ok(g)
@@ -209,7 +213,7 @@ impl Collective for InProcessGroup {
     }
     fn broadcast(&self, t: &Tensor, src: usize) -> Result<Tensor> {
         if src >= self.shared.world_size {
-            return Err(self.err("broadcast", format!("source rank {src} out of range")));
+            return Err(self.err("broadcast", CollectiveProblem::SourceOutOfRange { src }));
         }
         Ok(self.exchange("broadcast", t)?.swap_remove(src))
     }

@@ -3,7 +3,7 @@
 use candle_core::{DType, Tensor};
 
 use crate::config::Arithmetic;
-use crate::error::{dims, NormError, Result};
+use crate::error::{CountProblem, NormError, PartsProblem, Result};
 use crate::promote::{self, add, div, sub};
 
 /// Moments of a set of samples: population variance, sample count.
@@ -15,6 +15,31 @@ pub struct Moments {
     pub var: Tensor,
     /// Number of samples.
     pub count: i64,
+}
+
+/// A summary for people (the values are tensors: print those for the
+/// numbers): `moments of 4096 samples, shape [3] (f32)`.
+///
+/// ```
+/// use candle_core::{Device, Tensor};
+/// let m = pmstate_norm::Moments {
+///     mean: Tensor::zeros(3, candle_core::DType::F32, &Device::Cpu)?,
+///     var: Tensor::ones(3, candle_core::DType::F32, &Device::Cpu)?,
+///     count: 4096,
+/// };
+/// assert_eq!(m.to_string(), "moments of 4096 samples, shape [3] (f32)");
+/// # Ok::<(), candle_core::Error>(())
+/// ```
+impl std::fmt::Display for Moments {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "moments of {} samples, shape {} ({})",
+            self.count,
+            crate::error::Dims(self.mean.dims()),
+            self.mean.dtype().as_str()
+        )
+    }
 }
 
 /// Merges k parts into one, as ProtoMotions' `combine_moments` does: a
@@ -48,16 +73,11 @@ pub fn combine_moments(means: &[Tensor], vars: &[Tensor], counts: &[i64], arithm
 
 fn check_parts(means: &[Tensor], vars: &[Tensor], counts: &[i64]) -> Result<()> {
     if means.is_empty() {
-        return Err(NormError::InvalidParts { reason: "no parts to combine".into() });
+        return Err(NormError::InvalidParts { problem: PartsProblem::Empty });
     }
     if means.len() != vars.len() || means.len() != counts.len() {
         return Err(NormError::InvalidParts {
-            reason: format!(
-                "{} means, {} vars and {} counts: one of each per part",
-                means.len(),
-                vars.len(),
-                counts.len()
-            ),
+            problem: PartsProblem::Lengths { means: means.len(), vars: vars.len(), counts: counts.len() },
         });
     }
     let dev = means[0].device();
@@ -65,34 +85,27 @@ fn check_parts(means: &[Tensor], vars: &[Tensor], counts: &[i64]) -> Result<()> 
         for (what, t) in [("mean", m), ("var", v)] {
             if !matches!(t.dtype(), DType::F32 | DType::F64) {
                 return Err(NormError::InvalidParts {
-                    reason: format!("part {i}: {what} has dtype {}; need F32 or F64", t.dtype().as_str()),
+                    problem: PartsProblem::DType { part: i, what, dtype: t.dtype() },
                 });
             }
             if !t.device().same_device(dev) {
-                return Err(NormError::InvalidParts {
-                    reason: format!("part {i}: {what} is on another device than part 0"),
-                });
+                return Err(NormError::InvalidParts { problem: PartsProblem::Device { part: i, what } });
             }
         }
         if promote::broadcast_shapes(m.dims(), v.dims()).is_none() {
             return Err(NormError::InvalidParts {
-                reason: format!("part {i}: mean {} and var {} do not broadcast", dims(m.dims()), dims(v.dims())),
+                problem: PartsProblem::MeanVar { part: i, mean: m.dims().to_vec(), var: v.dims().to_vec() },
             });
         }
     }
     let mut shape: Vec<usize> = vec![];
     for (i, t) in means.iter().chain(vars).enumerate() {
         shape = promote::broadcast_shapes(&shape, t.dims()).ok_or_else(|| NormError::InvalidParts {
-            reason: format!(
-                "part {}: shape {} does not broadcast with the other parts ({})",
-                i % means.len(),
-                dims(t.dims()),
-                dims(&shape)
-            ),
+            problem: PartsProblem::Shape { part: i % means.len(), shape: t.dims().to_vec(), others: shape.clone() },
         })?;
     }
     if let Some((i, c)) = counts.iter().enumerate().find(|(_, c)| **c < 0) {
-        return Err(NormError::InvalidParts { reason: format!("part {i}: negative count {c}") });
+        return Err(NormError::InvalidParts { problem: PartsProblem::NegativeCount { part: i, count: *c } });
     }
     Ok(())
 }
@@ -122,7 +135,7 @@ fn pairwise_tree<C: Copy>(
         }
         parts = next;
     }
-    parts.pop().ok_or_else(|| NormError::InvalidParts { reason: "no parts to combine".into() })
+    parts.pop().ok_or(NormError::InvalidParts { problem: PartsProblem::Empty })
 }
 
 /// The reference, op for op. Count arithmetic happens on 0-dim float32
@@ -162,7 +175,7 @@ fn combine_exact(means: &[Tensor], vars: &[Tensor], counts: &[i64]) -> Result<Mo
     let last = pairwise_tree(parts, |a, b| {
         let total = a.count.checked_add(b.count).ok_or_else(|| NormError::InvalidCount {
             op: "combine_moments",
-            reason: format!("{} + {} overflows i64", a.count, b.count),
+            problem: CountProblem::Overflow(a.count, b.count),
         })?;
         if total == 0 {
             // Two empty parts: nothing to weigh, keep the first.

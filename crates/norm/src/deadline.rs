@@ -8,12 +8,14 @@
 
 use std::time::{Duration, Instant};
 
+use crate::error::CollectiveProblem;
+
 /// How a wait ended.
-pub(crate) enum Wait {
+pub(crate) enum Wait<E> {
     /// The operation completed.
     Done,
     /// Polling it failed (the library's error).
-    Failed(String),
+    Failed(E),
     /// The deadline passed first.
     TimedOut,
 }
@@ -22,7 +24,7 @@ pub(crate) enum Wait {
 /// passes. Spins for the first 50 µs (a collective among ranks in step
 /// completes in microseconds), then yields until 1 ms, then sleeps 50 µs
 /// between polls (a rank waiting for a slow peer must not burn a core).
-pub(crate) fn poll_until(deadline: Instant, mut poll: impl FnMut() -> Result<bool, String>) -> Wait {
+pub(crate) fn poll_until<E>(deadline: Instant, mut poll: impl FnMut() -> Result<bool, E>) -> Wait<E> {
     let start = Instant::now();
     loop {
         match poll() {
@@ -45,37 +47,29 @@ pub(crate) fn poll_until(deadline: Instant, mut poll: impl FnMut() -> Result<boo
     }
 }
 
-/// The message of a timed-out wait.
-pub(crate) fn timed_out(timeout: Duration) -> String {
-    format!(
-        "timed out after {} s waiting for peers (a rank exited, stalled, or called another collective)",
-        timeout.as_secs_f64()
-    )
-}
-
 /// Whether a communicator is still usable: once a collective failed or
 /// timed out, the ranks are out of step and every later call must fail at
 /// once rather than pair with the wrong operation of a peer.
 #[derive(Debug, Default)]
-pub(crate) struct Broken(Option<String>);
+pub(crate) struct Broken(Option<CollectiveProblem>);
 
 impl Broken {
-    /// The reason it broke, if it did.
-    pub(crate) fn reason(&self) -> Option<&str> {
-        self.0.as_deref()
+    /// What broke it, if anything did.
+    pub(crate) fn problem(&self) -> Option<&CollectiveProblem> {
+        self.0.as_ref()
     }
 
-    /// Errors (the message for a later call) once broken.
-    pub(crate) fn check(&self) -> Result<(), String> {
+    /// Errors ([`CollectiveProblem::Broken`] with the first failure) once broken.
+    pub(crate) fn check(&self) -> Result<(), CollectiveProblem> {
         match &self.0 {
-            Some(b) => Err(format!("the communicator is broken by an earlier failure: {b}")),
+            Some(first) => Err(CollectiveProblem::Broken(Box::new(first.clone()))),
             None => Ok(()),
         }
     }
 
-    /// Marks it broken (the first reason is kept).
-    pub(crate) fn mark(&mut self, reason: &str) {
-        self.0.get_or_insert_with(|| reason.to_owned());
+    /// Marks it broken (the first failure is kept).
+    pub(crate) fn mark(&mut self, problem: &CollectiveProblem) {
+        self.0.get_or_insert_with(|| problem.clone());
     }
 }
 
@@ -90,21 +84,22 @@ mod tests {
         assert!(matches!(
             poll_until(far, || {
                 n += 1;
-                Ok(n == 3)
+                Ok::<bool, ()>(n == 3)
             }),
             Wait::Done
         ));
-        assert!(matches!(poll_until(far, || Err("boom".into())), Wait::Failed(e) if e == "boom"));
-        assert!(matches!(poll_until(Instant::now(), || Ok(false)), Wait::TimedOut));
+        assert!(matches!(poll_until(far, || Err("boom")), Wait::Failed("boom")));
+        assert!(matches!(poll_until::<()>(Instant::now(), || Ok(false)), Wait::TimedOut));
     }
 
     #[test]
     fn a_broken_communicator_stays_broken_with_its_first_reason() {
+        let first = CollectiveProblem::SourceOutOfRange { src: 1 };
         let mut b = Broken::default();
         assert!(b.check().is_ok());
-        b.mark("first");
-        b.mark("second");
-        assert_eq!(b.reason(), Some("first"));
-        assert!(b.check().unwrap_err().contains("first"));
+        b.mark(&first);
+        b.mark(&CollectiveProblem::SourceOutOfRange { src: 2 });
+        assert_eq!(b.problem(), Some(&first));
+        assert_eq!(b.check(), Err(CollectiveProblem::Broken(Box::new(first))));
     }
 }

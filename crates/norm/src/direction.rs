@@ -20,3 +20,14 @@ impl Direction {
         }
     }
 }
+
+/// The reference's name of the operation, for people: `normalize` or `un_norm`.
+///
+/// ```
+/// assert_eq!(pmstate_norm::Direction::UnNormalize.to_string(), "un_norm");
+/// ```
+impl std::fmt::Display for Direction {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.op_name())
+    }
+}

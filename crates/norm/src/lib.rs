@@ -33,7 +33,9 @@ pub use collective::{Collective, InProcessGroup, SingleProcess};
 pub use combine::{combine_moments, Moments};
 pub use config::{Arithmetic, NormConfig};
 pub use direction::Direction;
-pub use error::{Dims, NormError, Result};
+pub use error::{
+    Call, CollectiveProblem, CountProblem, Dims, NormError, PartsProblem, Result, StateProblem, Unsendable,
+};
 #[cfg(feature = "mpi")]
 pub use mpi::MpiCollective;
 #[cfg(feature = "nccl")]

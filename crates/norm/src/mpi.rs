@@ -24,8 +24,8 @@ use mpi::raw::AsRaw;
 use mpi::topology::{Communicator, SimpleCommunicator};
 
 use crate::collective::Collective;
-use crate::deadline::{poll_until, timed_out, Broken, Wait};
-use crate::error::{NormError, Result};
+use crate::deadline::{poll_until, Broken, Wait};
+use crate::error::{CollectiveProblem, NormError, Result, Unsendable};
 use crate::tensor_io::{dtype_from_code, tensor_to_ne_bytes};
 use crate::wire_header::{agree, check_encodable, Header, OpKind};
 
@@ -92,11 +92,14 @@ impl MpiCollective {
     /// `timeout` bounds every collective call. Fails if MPI was already
     /// initialized in this process or provides less than serialized threading.
     pub fn init(timeout: Duration) -> Result<MpiCollective> {
-        let err = |reason: String| NormError::Collective { op: "mpi_init", rank: 0, world_size: 0, reason };
+        let err = |problem| NormError::Collective { op: "mpi_init", rank: 0, world_size: 0, problem };
+        let library = |call, message| err(CollectiveProblem::Library { call, message });
         let (universe, provided) = mpi::initialize_with_threading(mpi::Threading::Serialized)
-            .ok_or_else(|| err("MPI is already initialized in this process".into()))?;
-        if matches!(provided, mpi::Threading::Single | mpi::Threading::Funneled) {
-            return Err(err(format!("the MPI library provides only {provided:?} threading; need Serialized")));
+            .ok_or_else(|| err(CollectiveProblem::AlreadyInitialized))?;
+        match provided {
+            mpi::Threading::Single => return Err(err(CollectiveProblem::Threading { provided: "single" })),
+            mpi::Threading::Funneled => return Err(err(CollectiveProblem::Threading { provided: "funneled" })),
+            _ => {}
         }
         let world = universe.world();
         // SAFETY: `world` is MPI_COMM_WORLD of an initialized MPI; setting its
@@ -104,12 +107,13 @@ impl MpiCollective {
         // (which every call below checks) instead of aborting the process.
         let rc = unsafe { ffi::MPI_Comm_set_errhandler(world.as_raw(), ffi::RSMPI_ERRORS_RETURN) };
         if rc != ffi::MPI_SUCCESS as c_int {
-            return Err(err(format!("MPI_Comm_set_errhandler: {}", error_string(rc))));
+            return Err(library("MPI_Comm_set_errhandler", error_string(rc)));
         }
         let (rank, world_size) = (world.rank(), world.size());
         let (rank, world_size) = (
-            usize::try_from(rank).map_err(|_| err(format!("MPI rank {rank}")))?,
-            usize::try_from(world_size).map_err(|_| err(format!("MPI world size {world_size}")))?,
+            usize::try_from(rank).map_err(|_| library("MPI_Comm_rank", format!("returned rank {rank}")))?,
+            usize::try_from(world_size)
+                .map_err(|_| library("MPI_Comm_size", format!("returned world size {world_size}")))?,
         );
         Ok(MpiCollective {
             inner: Mutex::new(Inner { universe: Some(universe), world, broken: Broken::default(), stranded: vec![] }),
@@ -130,16 +134,16 @@ impl MpiCollective {
     }
 
     /// Why the communicator is unusable (a peer timed out or MPI failed), if it is.
-    pub fn broken(&self) -> Option<String> {
-        self.lock().broken.reason().map(str::to_owned)
+    pub fn broken(&self) -> Option<CollectiveProblem> {
+        self.lock().broken.problem().cloned()
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn err(&self, op: &'static str, reason: String) -> NormError {
-        NormError::Collective { op, rank: self.rank, world_size: self.world_size, reason }
+    fn err(&self, op: &'static str, problem: CollectiveProblem) -> NormError {
+        NormError::Collective { op, rank: self.rank, world_size: self.world_size, problem }
     }
 
     /// One collective: header agreement, then the data. Returns the W
@@ -153,8 +157,8 @@ impl MpiCollective {
         let header = Header::new(kind, root, t.dims(), local.as_ref().map(|(d, b)| (*d, b.len())).ok());
         let all = self.all_gather_bytes(&mut g, op, header.to_bytes(), deadline)?;
         agree(&all, self.rank, local.as_ref().err()).map_err(|e| self.err(op, e))?;
-        let (dtype, bytes) = local.map_err(|e| self.err(op, e))?;
-        let dtype = dtype_from_code(dtype).ok_or_else(|| self.err(op, format!("unknown dtype code {dtype}")))?;
+        let (dtype, bytes) = local.map_err(|e| self.err(op, CollectiveProblem::CannotSend(e)))?;
+        let dtype = dtype_from_code(dtype).ok_or_else(|| self.err(op, CollectiveProblem::DTypeCode(dtype)))?;
         let device = t.device();
         match kind {
             OpKind::AllGather => {
@@ -172,7 +176,8 @@ impl MpiCollective {
     }
 
     fn all_gather_bytes(&self, g: &mut Inner, op: &'static str, send: Vec<u8>, deadline: Instant) -> Result<Vec<u8>> {
-        let count = c_int::try_from(send.len()).map_err(|_| self.err(op, format!("{} bytes per rank", send.len())))?;
+        let count =
+            c_int::try_from(send.len()).map_err(|_| self.err(op, CollectiveProblem::TooLarge { bytes: send.len() }))?;
         let mut recv = vec![0u8; send.len() * self.world_size];
         let mut request = null_request();
         // SAFETY: `send` holds `count` bytes and `recv` W * `count` bytes,
@@ -205,8 +210,10 @@ impl MpiCollective {
         root: usize,
         deadline: Instant,
     ) -> Result<Vec<u8>> {
-        let count = c_int::try_from(buf.len()).map_err(|_| self.err(op, format!("{} bytes", buf.len())))?;
-        let root_c = c_int::try_from(root).map_err(|_| self.err(op, format!("root rank {root}")))?;
+        let count =
+            c_int::try_from(buf.len()).map_err(|_| self.err(op, CollectiveProblem::TooLarge { bytes: buf.len() }))?;
+        let root_c =
+            c_int::try_from(root).map_err(|_| self.err(op, CollectiveProblem::SourceOutOfRange { src: root }))?;
         let mut request = null_request();
         // SAFETY: `buf` holds `count` bytes at an address that stays fixed
         // until completion (see `all_gather_bytes`); the root was checked
@@ -246,29 +253,29 @@ impl MpiCollective {
             if rc == ffi::MPI_SUCCESS as c_int {
                 Ok(flag != 0)
             } else {
-                Err(format!("MPI_Test: {}", error_string(rc)))
+                Err(CollectiveProblem::Library { call: "MPI_Test", message: error_string(rc) })
             }
         });
-        let reason = match outcome {
+        let problem = match outcome {
             Wait::Done => return Ok((send, recv)),
             Wait::Failed(e) => e,
-            Wait::TimedOut => timed_out(self.timeout),
+            Wait::TimedOut => CollectiveProblem::TimedOut { after: self.timeout },
         };
         g.stranded.push(Stranded { _request: request, _send: send, _recv: recv });
-        Err(self.fail(g, op, reason))
+        Err(self.fail(g, op, problem))
     }
 
-    fn check(&self, g: &mut Inner, op: &'static str, call: &str, rc: c_int) -> Result<()> {
+    fn check(&self, g: &mut Inner, op: &'static str, call: &'static str, rc: c_int) -> Result<()> {
         if rc == ffi::MPI_SUCCESS as c_int {
             Ok(())
         } else {
-            Err(self.fail(g, op, format!("{call}: {}", error_string(rc))))
+            Err(self.fail(g, op, CollectiveProblem::Library { call, message: error_string(rc) }))
         }
     }
 
-    fn fail(&self, g: &mut Inner, op: &'static str, reason: String) -> NormError {
-        g.broken.mark(&reason);
-        self.err(op, reason)
+    fn fail(&self, g: &mut Inner, op: &'static str, problem: CollectiveProblem) -> NormError {
+        g.broken.mark(&problem);
+        self.err(op, problem)
     }
 }
 
@@ -277,7 +284,7 @@ impl Drop for MpiCollective {
         let g = self.inner.get_mut().unwrap_or_else(|p| p.into_inner());
         // Buffers of abandoned requests must outlive MPI: never free them.
         std::mem::forget(std::mem::take(&mut g.stranded));
-        if g.broken.reason().is_some() {
+        if g.broken.problem().is_some() {
             // MPI_Finalize may wait for the missing peer: leave without it
             // (mpirun then reports this process as not finalized).
             std::mem::forget(g.universe.take());
@@ -298,23 +305,23 @@ impl Collective for MpiCollective {
     }
     fn broadcast(&self, t: &Tensor, src: usize) -> Result<Tensor> {
         if src >= self.world_size {
-            return Err(self.err("broadcast", format!("source rank {src} out of range")));
+            return Err(self.err("broadcast", CollectiveProblem::SourceOutOfRange { src }));
         }
         Ok(self.exchange(OpKind::Broadcast, t, src)?.swap_remove(0))
     }
 }
 
 /// The tensor's dtype code and bytes, or why it cannot be sent.
-fn encode(t: &Tensor) -> std::result::Result<(u64, Vec<u8>), String> {
+fn encode(t: &Tensor) -> std::result::Result<(u64, Vec<u8>), Unsendable> {
     let code = check_encodable(t)?;
-    let bytes = tensor_to_ne_bytes(t).map_err(|e| e.to_string())?;
+    let bytes = tensor_to_ne_bytes(t).map_err(|e| Unsendable::Unreadable(e.to_string()))?;
     Ok((code, bytes))
 }
 
-fn decode(b: &[u8], dtype: DType, dims: &[usize], device: &Device) -> std::result::Result<Tensor, String> {
+fn decode(b: &[u8], dtype: DType, dims: &[usize], device: &Device) -> std::result::Result<Tensor, CollectiveProblem> {
     Tensor::from_raw_buffer(b, dtype, dims, &Device::Cpu)
         .and_then(|t| t.to_device(device))
-        .map_err(|e| format!("rebuilding the received tensor: {e}"))
+        .map_err(|e| CollectiveProblem::Received(e.to_string()))
 }
 
 fn null_request() -> ffi::MPI_Request {

@@ -30,8 +30,8 @@ use candle_core::op::BackpropOp;
 use candle_core::{CudaDevice, DType, Device, Storage, Tensor};
 
 use crate::collective::Collective;
-use crate::deadline::{poll_until, timed_out, Broken, Wait};
-use crate::error::{NormError, Result};
+use crate::deadline::{poll_until, Broken, Wait};
+use crate::error::{CollectiveProblem, NormError, Result, Unsendable};
 use crate::wire_header::{agree_words, check_encodable, Header, OpKind};
 
 /// A communicator's unique id (128 bytes): made by one rank with
@@ -43,7 +43,7 @@ pub struct NcclId(Id);
 impl NcclId {
     /// A fresh id (`ncclGetUniqueId`; needs no GPU).
     pub fn new() -> Result<NcclId> {
-        Id::new().map(NcclId).map_err(|e| nccl_err("nccl_id", 0, 0, format!("ncclGetUniqueId: {e:?}")))
+        Id::new().map(NcclId).map_err(|e| nccl_err("nccl_id", 0, 0, library("ncclGetUniqueId", format!("{e:?}"))))
     }
 
     /// The id's bytes, to send to the other ranks.
@@ -98,19 +98,22 @@ impl std::fmt::Debug for NcclCollective {
     }
 }
 
-fn nccl_err(op: &'static str, rank: usize, world_size: usize, reason: String) -> NormError {
-    NormError::Collective { op, rank, world_size, reason }
+fn nccl_err(op: &'static str, rank: usize, world_size: usize, problem: CollectiveProblem) -> NormError {
+    NormError::Collective { op, rank, world_size, problem }
+}
+
+/// A failed NCCL or CUDA call, with the library's message.
+fn library(call: &'static str, message: String) -> CollectiveProblem {
+    CollectiveProblem::Library { call, message }
 }
 
 fn cuda_device(device: &Device, op: &'static str) -> Result<CudaDevice> {
     match device {
         Device::Cuda(d) => Ok(d.clone()),
-        other => Err(nccl_err(
-            op,
-            0,
-            0,
-            format!("NCCL needs a CUDA device, got {}", crate::error::location(&other.location())),
-        )),
+        other => {
+            let found = crate::error::location(&other.location());
+            Err(nccl_err(op, 0, 0, CollectiveProblem::Device { found }))
+        }
     }
 }
 
@@ -122,7 +125,7 @@ impl NcclCollective {
         let dev = cuda_device(device, "nccl_init")?;
         let stream = dev.cuda_stream();
         let comm = Comm::from_rank(stream.clone(), rank, world_size, id.0)
-            .map_err(|e| nccl_err("nccl_init", rank, world_size, format!("ncclCommInitRank: {e:?}")))?;
+            .map_err(|e| nccl_err("nccl_init", rank, world_size, library("ncclCommInitRank", format!("{e:?}"))))?;
         Ok(Self::wrap(comm, dev, stream, rank, world_size, timeout))
     }
 
@@ -132,7 +135,7 @@ impl NcclCollective {
         let devs = devices.iter().map(|d| cuda_device(d, "nccl_init")).collect::<Result<Vec<_>>>()?;
         let streams: Vec<Arc<CudaStream>> = devs.iter().map(CudaDevice::cuda_stream).collect();
         let comms = Comm::from_devices(streams.clone())
-            .map_err(|e| nccl_err("nccl_init", 0, devs.len(), format!("ncclCommInitAll: {e:?}")))?;
+            .map_err(|e| nccl_err("nccl_init", 0, devs.len(), library("ncclCommInitAll", format!("{e:?}"))))?;
         let w = comms.len();
         Ok(comms
             .into_iter()
@@ -149,38 +152,45 @@ impl NcclCollective {
     }
 
     /// Why the communicator is unusable (a peer timed out, NCCL failed), if it is.
-    pub fn broken(&self) -> Option<String> {
-        self.lock().broken.reason().map(str::to_owned)
+    pub fn broken(&self) -> Option<CollectiveProblem> {
+        self.lock().broken.problem().cloned()
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn err(&self, op: &'static str, reason: String) -> NormError {
-        nccl_err(op, self.rank, self.world_size, reason)
+    fn err(&self, op: &'static str, problem: CollectiveProblem) -> NormError {
+        nccl_err(op, self.rank, self.world_size, problem)
     }
 
     /// Marks the communicator broken and aborts it (dropping a cudarc
     /// `Comm` calls `ncclCommAbort`).
-    fn fail(&self, g: &mut Inner, op: &'static str, reason: String) -> NormError {
-        g.broken.mark(&reason);
+    fn fail(&self, g: &mut Inner, op: &'static str, problem: CollectiveProblem) -> NormError {
+        g.broken.mark(&problem);
         drop(g.comm.take());
-        self.err(op, reason)
+        self.err(op, problem)
     }
 
-    /// Waits for the work queued on the stream so far, until `deadline`.
+    /// The error of a call after the communicator was aborted: the failure that aborted it.
+    fn aborted(&self, g: &Inner, op: &'static str) -> NormError {
+        let problem = g.broken.check().err().unwrap_or_else(|| library("ncclCommAbort", "aborted earlier".into()));
+        self.err(op, problem)
+    }
+
+    /// Waits for the work queued on the stream so far, until `deadline`; at
+    /// the deadline the communicator is aborted.
     fn wait(&self, g: &mut Inner, op: &'static str, deadline: Instant) -> Result<()> {
-        let event = self.stream.record_event(None).map_err(|e| self.fail(g, op, format!("recording an event: {e}")))?;
+        let event = match self.stream.record_event(None) {
+            Ok(e) => e,
+            Err(e) => return Err(self.fail(g, op, library("cuEventRecord", e.to_string()))),
+        };
         let outcome =
-            poll_until(deadline, || event.try_is_complete().map_err(|e| format!("CUDA error while waiting: {e}")));
+            poll_until(deadline, || event.try_is_complete().map_err(|e| library("cuEventQuery", e.to_string())));
         match outcome {
             Wait::Done => Ok(()),
             Wait::Failed(e) => Err(self.fail(g, op, e)),
-            Wait::TimedOut => {
-                let msg = format!("{}; the communicator was aborted", timed_out(self.timeout));
-                Err(self.fail(g, op, msg))
-            }
+            Wait::TimedOut => Err(self.fail(g, op, CollectiveProblem::TimedOut { after: self.timeout })),
         }
     }
 
@@ -192,10 +202,7 @@ impl NcclCollective {
         let local = if t.device().same_device(&Device::Cuda(self.device.clone())) {
             check_encodable(t)
         } else {
-            Err(format!(
-                "the tensor is on {}, not on this rank's NCCL device",
-                crate::error::location(&t.device().location())
-            ))
+            Err(Unsendable::WrongDevice { found: crate::error::location(&t.device().location()) })
         };
         let bytes = t.elem_count() * t.dtype().size_in_bytes();
         let header = Header::new(kind, root, t.dims(), local.as_ref().ok().map(|&c| (c, bytes)));
@@ -209,7 +216,7 @@ impl NcclCollective {
             DType::I64 => self.data::<i64>(&mut g, kind, &t, root, deadline),
             DType::F32 => self.data::<f32>(&mut g, kind, &t, root, deadline),
             DType::F64 => self.data::<f64>(&mut g, kind, &t, root, deadline),
-            d => Err(self.err(op, format!("dtype {} has no NCCL type here", d.as_str()))),
+            d => Err(self.err(op, CollectiveProblem::CannotSend(Unsendable::DType(d)))),
         }
     }
 
@@ -221,12 +228,15 @@ impl NcclCollective {
         host: &[T],
         deadline: Instant,
     ) -> Result<Vec<T>> {
-        let cuda = |e: candle_core::cuda_backend::cudarc::driver::DriverError| self.err(op, format!("CUDA: {e}"));
+        let cuda =
+            |e: candle_core::cuda_backend::cudarc::driver::DriverError| self.err(op, library("CUDA", e.to_string()));
         let send = self.stream.clone_htod(host).map_err(cuda)?;
         let mut recv = self.stream.alloc_zeros::<T>(host.len() * self.world_size).map_err(cuda)?;
-        let comm = g.comm.as_ref().ok_or_else(|| self.err(op, "the communicator was aborted".into()))?;
+        let Some(comm) = g.comm.as_ref() else {
+            return Err(self.aborted(g, op));
+        };
         if let Err(e) = comm.all_gather(&send, &mut recv) {
-            return Err(self.fail(g, op, format!("ncclAllGather: {e:?}")));
+            return Err(self.fail(g, op, library("ncclAllGather", format!("{e:?}"))));
         }
         self.wait(g, op, deadline)?;
         self.stream.clone_dtoh(&recv).map_err(cuda)
@@ -244,27 +254,33 @@ impl NcclCollective {
         let op = kind.name();
         let n = t.elem_count();
         let w = self.world_size;
-        let cuda = |e: candle_core::cuda_backend::cudarc::driver::DriverError| self.err(op, format!("CUDA: {e}"));
+        let cuda =
+            |e: candle_core::cuda_backend::cudarc::driver::DriverError| self.err(op, library("CUDA", e.to_string()));
         let out_len = if kind == OpKind::AllGather { n * w } else { n };
         let mut out = self.stream.alloc_zeros::<T>(out_len).map_err(cuda)?;
         {
             let (storage, layout) = t.storage_and_layout();
             let Storage::Cuda(cs) = &*storage else {
-                return Err(self.err(op, "not a CUDA tensor".into()));
+                let found = crate::error::location(&t.device().location());
+                return Err(self.err(op, CollectiveProblem::CannotSend(Unsendable::WrongDevice { found })));
             };
-            let (start, end) =
-                layout.contiguous_offsets().ok_or_else(|| self.err(op, "the tensor is not contiguous".into()))?;
+            let (start, end) = layout.contiguous_offsets().ok_or_else(|| {
+                self.err(op, CollectiveProblem::CannotSend(Unsendable::Unreadable("not contiguous".into())))
+            })?;
             let src = T::as_cuda_slice(cs)?.slice(start..end);
-            let comm = g.comm.as_ref().ok_or_else(|| self.err(op, "the communicator was aborted".into()))?;
-            let res = match kind {
-                OpKind::AllGather => comm.all_gather(&src, &mut out),
+            let Some(comm) = g.comm.as_ref() else {
+                return Err(self.aborted(g, op));
+            };
+            let (call, res) = match kind {
+                OpKind::AllGather => ("ncclAllGather", comm.all_gather(&src, &mut out)),
                 OpKind::Broadcast => {
-                    let root = i32::try_from(root).map_err(|_| self.err(op, format!("root rank {root}")))?;
-                    comm.broadcast(Some(&src), &mut out, root)
+                    let root = i32::try_from(root)
+                        .map_err(|_| self.err(op, CollectiveProblem::SourceOutOfRange { src: root }))?;
+                    ("ncclBroadcast", comm.broadcast(Some(&src), &mut out, root))
                 }
             };
             if let Err(e) = res {
-                return Err(self.fail(g, op, format!("NCCL {op}: {e:?}")));
+                return Err(self.fail(g, op, library(call, format!("{e:?}"))));
             }
         }
         self.wait(g, op, deadline)?;
@@ -294,7 +310,7 @@ impl Collective for NcclCollective {
     }
     fn broadcast(&self, t: &Tensor, src: usize) -> Result<Tensor> {
         if src >= self.world_size {
-            return Err(self.err("broadcast", format!("source rank {src} out of range")));
+            return Err(self.err("broadcast", CollectiveProblem::SourceOutOfRange { src }));
         }
         Ok(self.exchange(OpKind::Broadcast, t, src)?.swap_remove(0))
     }

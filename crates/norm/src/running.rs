@@ -8,7 +8,7 @@ use crate::collective::{Collective, SingleProcess};
 use crate::combine::{combine_moments, Moments};
 use crate::config::{validate_ema_decay, Arithmetic, NormConfig};
 use crate::direction::Direction;
-use crate::error::{dims, NormError, Result};
+use crate::error::{dims, CountProblem, NormError, Result, StateProblem};
 use crate::kernels::{cpu, generic};
 use crate::normalizer::{MomentUpdate, NormState, Normalizer};
 use crate::promote;
@@ -153,28 +153,25 @@ impl RunningMeanStd {
         let NormState { mean, var, count } = state;
         for (field, t) in [("mean", &mean), ("var", &var)] {
             if !t.dtype().is_float() {
-                return Err(NormError::InvalidState {
-                    field,
-                    reason: format!("dtype {}; need a float dtype (F64 in checkpoints)", t.dtype().as_str()),
-                });
+                return Err(NormError::InvalidState { field, problem: StateProblem::DType(t.dtype()) });
             }
         }
         if mean.dims() != var.dims() {
             return Err(NormError::InvalidState {
                 field: "var",
-                reason: format!("shape {} differs from mean's {}", dims(var.dims()), dims(mean.dims())),
+                problem: StateProblem::VarShape { var: var.dims().to_vec(), mean: mean.dims().to_vec() },
             });
         }
         if let Some(shape) = self.shape() {
             if shape != mean.dims() {
                 return Err(NormError::InvalidState {
                     field: "mean",
-                    reason: format!("shape {} differs from the normalizer's {}", dims(mean.dims()), dims(shape)),
+                    problem: StateProblem::MeanShape { mean: mean.dims().to_vec(), normalizer: shape.to_vec() },
                 });
             }
         }
         if count < 0 {
-            return Err(NormError::InvalidState { field: "count", reason: format!("negative count {count}") });
+            return Err(NormError::InvalidState { field: "count", problem: StateProblem::NegativeCount(count) });
         }
         let mean = mean.to_device(&self.device)?.to_dtype(DType::F64)?;
         let var = var.to_device(&self.device)?.to_dtype(DType::F64)?;
@@ -252,7 +249,7 @@ impl RunningMeanStd {
             self.check_fits(OP, what, t.dims())?;
         }
         if m.count < 0 {
-            return Err(NormError::InvalidCount { op: OP, reason: format!("negative batch count {}", m.count) });
+            return Err(NormError::InvalidCount { op: OP, problem: CountProblem::Negative(m.count) });
         }
         if self.config.reject_non_finite && !(all_finite(&m.mean)? && all_finite(&m.var)?) {
             return Err(NormError::NonFinite { op: OP, what: "batch moments" });

@@ -6,6 +6,7 @@
 
 use candle_core::Tensor;
 
+use crate::error::{Call, CollectiveProblem, Unsendable};
 use crate::tensor_io::{dtype_code, dtype_from_code};
 
 /// Dimensions a header can describe.
@@ -88,7 +89,8 @@ impl Header {
         Some(Header { ok: w[1] == 0, op: w[2], root: w[3], dtype: w[4], bytes: w[5], dims: w[7..7 + ndims].to_vec() })
     }
 
-    fn describe(&self) -> String {
+    /// The call this header announces, for messages.
+    fn call(&self) -> Call {
         let dtype =
             dtype_from_code(self.dtype).map_or_else(|| format!("dtype#{}", self.dtype), |d| d.as_str().to_owned());
         let op = match self.op {
@@ -96,25 +98,25 @@ impl Header {
             2 => format!("broadcast from rank {}", self.root),
             o => format!("op#{o}"),
         };
-        format!("{op} of {dtype} {}", crate::error::dims(&self.dims.iter().map(|&d| d as usize).collect::<Vec<_>>()))
+        Call { op, dtype, dims: self.dims.iter().map(|&d| usize::try_from(d).unwrap_or(usize::MAX)).collect() }
     }
 }
 
 /// The dtype code of a tensor that can go over the wire, or why not.
-pub(crate) fn check_encodable(t: &Tensor) -> Result<u64, String> {
+pub(crate) fn check_encodable(t: &Tensor) -> Result<u64, Unsendable> {
     if t.rank() > MAX_DIMS {
-        return Err(format!("{} dimensions; at most {MAX_DIMS} are supported", t.rank()));
+        return Err(Unsendable::TooManyDims { dims: t.rank(), max: MAX_DIMS });
     }
-    dtype_code(t.dtype()).ok_or_else(|| format!("dtype {} is not supported", t.dtype().as_str()))
+    dtype_code(t.dtype()).ok_or(Unsendable::DType(t.dtype()))
 }
 
 /// The verdict on every rank's header (`all`: W headers as native-endian
 /// bytes, index = rank): `Ok` when all ranks can send and agree. `local`:
 /// this rank's own reason if it cannot send.
 #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
-pub(crate) fn agree(all: &[u8], rank: usize, local: Option<&String>) -> Result<(), String> {
+pub(crate) fn agree(all: &[u8], rank: usize, local: Option<&Unsendable>) -> Result<(), CollectiveProblem> {
     if all.is_empty() || all.len() % HEADER_BYTES != 0 {
-        return Err(format!("{} header bytes, not a multiple of {HEADER_BYTES}", all.len()));
+        return Err(CollectiveProblem::BadHeaders { bytes: all.len(), per_header: HEADER_BYTES });
     }
     let words: Vec<u64> =
         all.chunks_exact(8).map(|c| u64::from_ne_bytes(c.try_into().expect("chunks of 8 bytes"))).collect();
@@ -122,21 +124,22 @@ pub(crate) fn agree(all: &[u8], rank: usize, local: Option<&String>) -> Result<(
 }
 
 /// As [`agree`], on the headers as words.
-pub(crate) fn agree_words(words: &[u64], rank: usize, local: Option<&String>) -> Result<(), String> {
+pub(crate) fn agree_words(words: &[u64], rank: usize, local: Option<&Unsendable>) -> Result<(), CollectiveProblem> {
     let headers: Vec<Option<Header>> = words.chunks_exact(HEADER_WORDS).map(Header::from_words).collect();
     if let Some(r) = headers.iter().position(|h| !h.as_ref().is_some_and(|h| h.ok)) {
         return Err(match (local, r == rank) {
-            (Some(e), true) => format!("this rank cannot send its tensor: {e}"),
-            _ => format!("rank {r} could not send its tensor (see its error)"),
+            (Some(e), true) => CollectiveProblem::CannotSend(e.clone()),
+            _ => CollectiveProblem::PeerCannotSend { rank: r },
         });
     }
     let headers: Vec<Header> = headers.into_iter().flatten().collect();
     match headers.iter().position(|h| *h != headers[0]) {
-        Some(r) => Err(format!(
-            "ranks disagree: rank 0 calls {}, rank {r} calls {}",
-            headers[0].describe(),
-            headers[r].describe()
-        )),
+        Some(r) => Err(CollectiveProblem::Disagree {
+            first_rank: 0,
+            first: Box::new(headers[0].call()),
+            rank: r,
+            call: Box::new(headers[r].call()),
+        }),
         None => Ok(()),
     }
 }
@@ -155,16 +158,34 @@ mod tests {
         assert!(agree(&bytes(&[a.clone(), a.clone()]), 0, None).is_ok());
         let b = Header::new(OpKind::AllGather, 0, &[4], Some((6, 16)));
         let e = agree(&bytes(&[a.clone(), b]), 1, None).unwrap_err();
-        assert_eq!(e, "ranks disagree: rank 0 calls all_gather of F32 [3], rank 1 calls all_gather of F32 [4]");
+        let call = |op: &str, dims: Vec<usize>| Box::new(Call { op: op.into(), dtype: "f32".into(), dims });
+        assert_eq!(
+            e,
+            CollectiveProblem::Disagree {
+                first_rank: 0,
+                first: call("all_gather", vec![3]),
+                rank: 1,
+                call: call("all_gather", vec![4])
+            }
+        );
+        // The one wording check: both calls, in words.
+        assert_eq!(
+            e.to_string(),
+            "ranks disagree: rank 0 calls all_gather of f32 [3], rank 1 calls all_gather of f32 [4]"
+        );
         let c = Header::new(OpKind::Broadcast, 1, &[3], Some((6, 12)));
-        assert!(agree(&bytes(&[a.clone(), c]), 0, None).unwrap_err().contains("broadcast from rank 1"));
+        let e = agree(&bytes(&[a.clone(), c]), 0, None).unwrap_err();
+        assert!(
+            matches!(&e, CollectiveProblem::Disagree { rank: 1, call, .. } if call.op == "broadcast from rank 1"),
+            "{e}"
+        );
         let bad = Header::new(OpKind::AllGather, 0, &[3], None);
-        let mine = "no".to_string();
+        let mine = Unsendable::DType(candle_core::DType::BF16);
         assert_eq!(
             agree(&bytes(&[a.clone(), bad.clone()]), 1, Some(&mine)).unwrap_err(),
-            "this rank cannot send its tensor: no"
+            CollectiveProblem::CannotSend(mine)
         );
-        assert!(agree(&bytes(&[a, bad]), 0, None).unwrap_err().contains("rank 1 could not send"));
+        assert_eq!(agree(&bytes(&[a, bad]), 0, None).unwrap_err(), CollectiveProblem::PeerCannotSend { rank: 1 });
         // Garbage (a peer speaking another protocol) is a refusal, not a panic.
         assert!(agree(&[7u8; HEADER_BYTES * 2], 0, None).is_err());
     }

@@ -3,7 +3,9 @@
 //! Run without arguments (as `cargo test --features mpi --test mpi` does),
 //! this binary launches itself under `mpirun --allow-run-as-root
 //! --oversubscribe -np N` once per scenario and world size, and checks what
-//! every rank printed, the exit code and the wall time. Launched with
+//! every rank printed and the exit code; a job still running after
+//! `JOB_DEADLINE` is killed and fails (a hang guard, not a timing check;
+//! the durations printed are for people). Launched with
 //! `rank SCENARIO`, it is one rank of that scenario. Without `mpirun` on
 //! PATH it skips with a printed reason.
 
@@ -13,7 +15,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use candle_core::{DType, Device, Tensor};
-use pmstate_norm::{Collective, InProcessGroup, MpiCollective, NormConfig, RunningMeanStd};
+use pmstate_norm::{
+    Collective, CollectiveProblem, InProcessGroup, MpiCollective, NormConfig, NormError, RunningMeanStd,
+};
 
 /// Timeout the failure scenarios use (seconds).
 const SHORT: f64 = 2.0;
@@ -40,7 +44,7 @@ fn main() -> ExitCode {
         for np in [3usize, 4] {
             let out = mpirun(np, scenario);
             let secs = out.secs;
-            match check(np, &out, secs) {
+            match check(np, &out) {
                 Ok(()) => println!("mpi {scenario} -np {np}: ok ({secs:.1} s)"),
                 Err(e) => {
                     failed += 1;
@@ -169,7 +173,7 @@ fn children_of(pid: u32) -> (Vec<u32>, Vec<u32>) {
     (all, running)
 }
 
-type Check = fn(usize, &Run, f64) -> Result<(), String>;
+type Check = fn(usize, &Run) -> Result<(), String>;
 
 const SCENARIOS: [(&str, Check); 8] = [
     ("ok", check_all_pass),
@@ -183,7 +187,7 @@ const SCENARIOS: [(&str, Check); 8] = [
 ];
 
 /// Every rank printed `rank R PASS` and mpirun exited 0.
-fn check_all_pass(np: usize, out: &Run, _secs: f64) -> Result<(), String> {
+fn check_all_pass(np: usize, out: &Run) -> Result<(), String> {
     for r in 0..np {
         if !out.text.contains(&format!("rank {r} PASS")) {
             return Err(format!("rank {r} did not print PASS"));
@@ -203,7 +207,7 @@ fn check_all_pass(np: usize, out: &Run, _secs: f64) -> Result<(), String> {
 /// there, as long as every waiting rank reported and nothing hung. Its hang
 /// in the teardown after every rank exited (`Run::teardown_hang`) is
 /// accepted too.
-fn check_timed_out(np: usize, out: &Run, secs: f64) -> Result<(), String> {
+fn check_timed_out(np: usize, out: &Run) -> Result<(), String> {
     for r in 0..np - 1 {
         if !out.text.contains(&format!("rank {r} PASS")) {
             return Err(format!("rank {r} did not report the timeout"));
@@ -216,16 +220,13 @@ fn check_timed_out(np: usize, out: &Run, secs: f64) -> Result<(), String> {
         Some(c) if finalized_early && c != 0 => {}
         c => return Err(format!("mpirun exit code {c:?}, expected 3 (the waiting ranks' code)")),
     }
-    if secs > 30.0 {
-        return Err(format!("took {secs:.1} s"));
-    }
     Ok(())
 }
 
 /// A rank that exits without MPI_Finalize (code 5, or even 0): Open MPI's
 /// runtime kills the whole job at once, before the others' timeout; nothing
 /// hangs and mpirun's exit code is not 0.
-fn check_killed(_np: usize, out: &Run, secs: f64) -> Result<(), String> {
+fn check_killed(_np: usize, out: &Run) -> Result<(), String> {
     if out.code.is_none() && !out.teardown_hang {
         return Err("a rank hung (killed at the job deadline)".into());
     }
@@ -234,9 +235,6 @@ fn check_killed(_np: usize, out: &Run, secs: f64) -> Result<(), String> {
     }
     if out.text.contains("survived") {
         return Err("a rank survived its peer's exit".into());
-    }
-    if secs > LONG {
-        return Err(format!("took {secs:.1} s"));
     }
     Ok(())
 }
@@ -294,11 +292,13 @@ fn rank_main(scenario: &str) -> Result<(), String> {
             // gets the same error, and the communicator stays usable.
             let n = if r == w - 1 { 4 } else { 3 };
             let err = c.all_gather(&data(r, DType::F32, &[n])).err().ok_or("no error on a shape mismatch")?;
-            let msg = err.to_string();
-            if !msg.contains("ranks disagree") || !msg.contains(&format!("rank {}", w - 1)) {
-                return Err(format!("unexpected error: {msg}"));
+            let last = w - 1;
+            if !matches!(&err, NormError::Collective { problem: CollectiveProblem::Disagree { rank, call, .. }, .. }
+                if *rank == last && call.dims == [4])
+            {
+                return Err(format!("unexpected error: {err}"));
             }
-            println!("rank {r}: {msg}");
+            println!("rank {r}: {err}");
             let g = c.all_gather(&data(r, DType::F32, &[3])).map_err(e)?;
             same(&g[w - 1], &data(w - 1, DType::F32, &[3]))?;
             let err = c.all_gather(&data(r, if r == 1 { DType::F64 } else { DType::F32 }, &[3])).err();
@@ -307,11 +307,13 @@ fn rank_main(scenario: &str) -> Result<(), String> {
         "op" => {
             let t = data(r, DType::F64, &[2]);
             let res = if r == 1 { c.broadcast(&t, 0).map(|t| vec![t]) } else { c.all_gather(&t) };
-            let msg = res.err().ok_or("no error on an operation mismatch")?.to_string();
-            if !msg.contains("broadcast from rank 0") {
-                return Err(format!("unexpected error: {msg}"));
+            let err = res.err().ok_or("no error on an operation mismatch")?;
+            if !matches!(&err, NormError::Collective { problem: CollectiveProblem::Disagree { rank: 1, call, .. }, .. }
+                if call.op == "broadcast from rank 0")
+            {
+                return Err(format!("unexpected error: {err}"));
             }
-            println!("rank {r}: {msg}");
+            println!("rank {r}: {err}");
             let res = if r == 2 { c.broadcast(&t, 1) } else { c.broadcast(&t, 0) };
             res.err().ok_or("no error on a root mismatch")?;
         }
@@ -327,15 +329,21 @@ fn rank_main(scenario: &str) -> Result<(), String> {
                 drop(c);
                 return Ok(());
             }
-            let t0 = Instant::now();
-            let msg = c.all_gather(&data(r, DType::F32, &[3])).err().ok_or("no error from a missing peer")?.to_string();
-            let secs = t0.elapsed().as_secs_f64();
-            if !(SHORT * 0.9..SHORT + 3.0).contains(&secs) || !msg.contains("timed out") || c.broken().is_none() {
-                return Err(format!("after {secs:.2} s: {msg}"));
+            let err = c.all_gather(&data(r, DType::F32, &[3])).err().ok_or("no error from a missing peer")?;
+            let timed_out = CollectiveProblem::TimedOut { after: Duration::from_secs_f64(SHORT) };
+            if !matches!(&err, NormError::Collective { problem, .. } if *problem == timed_out)
+                || c.broken() != Some(timed_out.clone())
+            {
+                return Err(format!("unexpected error: {err}"));
             }
-            // Later calls fail at once.
-            c.broadcast(&data(r, DType::F32, &[3]), 0).err().ok_or("a broken communicator worked")?;
-            println!("rank {r} PASS: error after {secs:.2} s: {msg}");
+            // Later calls fail at once, naming the first failure.
+            let later = c.broadcast(&data(r, DType::F32, &[3]), 0).err().ok_or("a broken communicator worked")?;
+            if !matches!(&later, NormError::Collective { problem: CollectiveProblem::Broken(first), .. }
+                if **first == timed_out)
+            {
+                return Err(format!("unexpected error after the timeout: {later}"));
+            }
+            println!("rank {r} PASS: {err}");
             // Let the other waiting ranks print, then leave the way a broken
             // rank should: a nonzero exit without MPI_Finalize (dropping a
             // broken MpiCollective skips it); mpirun then ends the job.

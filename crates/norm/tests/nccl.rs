@@ -7,7 +7,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use candle_core::{DType, Device, Tensor};
-use pmstate_norm::{Collective, InProcessGroup, NcclCollective, NcclId, NormConfig, RunningMeanStd};
+use pmstate_norm::{
+    Collective, CollectiveProblem, InProcessGroup, NcclCollective, NcclId, NormConfig, NormError, RunningMeanStd,
+    Unsendable,
+};
 
 fn gpus(n: usize) -> Option<Vec<Device>> {
     let devs: Result<Vec<_>, _> = (0..n).map(Device::new_cuda).collect();
@@ -51,7 +54,8 @@ fn world_of_one_gathers_broadcasts_and_refuses_cpu_tensors() {
     let t = Tensor::arange(0f32, 6.0, &d[0]).unwrap().reshape((2, 3)).unwrap().t().unwrap();
     assert_eq!(bits(&c.all_gather(&t).unwrap()[0]), bits(&t));
     let e = c.all_gather(&Tensor::new(&[1f32], &Device::Cpu).unwrap()).unwrap_err();
-    assert!(e.to_string().contains("not on this rank's NCCL device"), "{e}");
+    let wrong_device = CollectiveProblem::CannotSend(Unsendable::WrongDevice { found: "cpu".into() });
+    assert!(matches!(&e, NormError::Collective { problem, .. } if *problem == wrong_device), "{e}");
     // The refusal was agreed by every rank (here: one): still usable.
     assert!(c.broken().is_none());
     assert!(c.broadcast(&Tensor::new(&[1f32], &d[0]).unwrap(), 1).is_err());

@@ -11,7 +11,7 @@ mod read;
 mod value;
 mod write;
 
-pub use error::{PickleError, Result};
+pub use error::{Operand, PickleError, ReadProblem, Result, WriteProblem};
 pub use limits::Limits;
 pub use read::{from_slice, from_slice_prefix};
 pub use value::Value;

@@ -8,7 +8,7 @@ mod keys;
 mod text;
 mod vm;
 
-use crate::{Limits, PickleError, Result, Value};
+use crate::{Limits, PickleError, ReadProblem, Result, Value};
 
 /// Decodes `bytes`, which must be exactly one pickle (ending with `STOP`, nothing after it).
 ///
@@ -34,7 +34,7 @@ pub fn from_slice(bytes: &[u8], limits: &Limits) -> Result<Value> {
         return Err(PickleError::Invalid {
             offset: consumed,
             opcode: "STOP",
-            reason: format!("{} trailing bytes after the pickle", bytes.len() - consumed),
+            problem: ReadProblem::TrailingBytes(bytes.len() - consumed),
         });
     }
     Ok(value)

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::io::Write;
 
 use crate::opcodes as op;
-use crate::{int, PickleError, Result, Value};
+use crate::{int, PickleError, Result, Value, WriteProblem};
 
 /// Options of [`write()`]. `WriteOptions::default()` gives what [`to_vec`] writes.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -57,8 +57,8 @@ pub fn write(value: &Value, out: &mut impl Write, opts: &WriteOptions) -> Result
     match w.emit(value) {
         Ok(()) => {}
         Err(Failure::Io(e)) => return Err(PickleError::Io(e)),
-        Err(Failure::Unwritable(at, reason)) => {
-            return Err(PickleError::Unwritable { path: path_to(value, at), reason });
+        Err(Failure::Unwritable(at, problem)) => {
+            return Err(PickleError::Unwritable { path: path_to(value, at), problem });
         }
     }
     w.buf.push(op::STOP);
@@ -75,7 +75,7 @@ const LATIN1_ARG: &[u8] = b"X\x06\x00\x00\x00latin1";
 /// Why emitting stopped: an I/O error, or the node that cannot be written.
 enum Failure {
     Io(std::io::Error),
-    Unwritable(*const Value, String),
+    Unwritable(*const Value, WriteProblem),
 }
 
 impl From<std::io::Error> for Failure {
@@ -235,8 +235,7 @@ impl<'v, W: Write> Writer<'_, '_, 'v, W> {
             }
             Value::NewObj { cls, args, kwargs, setitems: items, appends: extra } => {
                 if kwargs.is_some() {
-                    let reason = "NEWOBJ_EX (keyword arguments) needs protocol 4, which torch's weights_only refuses";
-                    return Err(Failure::Unwritable(v, reason.into()));
+                    return Err(Failure::Unwritable(v, WriteProblem::KeywordArguments));
                 }
                 seq.extend([Task::Value(cls), Task::Value(args), Task::Op(op::NEWOBJ)]);
                 seq.extend([Task::Appends(extra, true), Task::SetItems(items, true)]);
@@ -283,16 +282,10 @@ impl<'v, W: Write> Writer<'_, '_, 'v, W> {
         if let Ok(n) = u8::try_from(bytes.len()) {
             self.buf.extend_from_slice(&[op::LONG1, n]);
         } else if self.opts.protocol2_only {
-            let reason = format!(
-                "integer needs {} bytes: LONG1 holds at most 255 and torch's weights_only refuses LONG4 \
-                 (set WriteOptions::protocol2_only = false to use it)",
-                bytes.len()
-            );
-            return Err(Failure::Unwritable(at, reason));
+            return Err(Failure::Unwritable(at, WriteProblem::NeedsLong4(bytes.len())));
         } else {
-            let n = i32::try_from(bytes.len()).map_err(|_| {
-                Failure::Unwritable(at, format!("integer needs {} bytes (LONG4 max 2^31-1)", bytes.len()))
-            })?;
+            let n = i32::try_from(bytes.len())
+                .map_err(|_| Failure::Unwritable(at, WriteProblem::IntegerTooLarge(bytes.len())))?;
             self.buf.push(op::LONG4);
             self.buf.extend_from_slice(&n.to_le_bytes());
         }
@@ -301,8 +294,7 @@ impl<'v, W: Write> Writer<'_, '_, 'v, W> {
     }
 
     fn str(&mut self, s: &str, at: &Value) -> Result<(), Failure> {
-        let n = u32::try_from(s.len())
-            .map_err(|_| Failure::Unwritable(at, format!("string of {} bytes (BINUNICODE max 4 GiB)", s.len())))?;
+        let n = u32::try_from(s.len()).map_err(|_| Failure::Unwritable(at, WriteProblem::StringTooLong(s.len())))?;
         self.buf.push(op::BINUNICODE);
         self.buf.extend_from_slice(&n.to_le_bytes());
         self.payload(s.as_bytes())?;
@@ -322,9 +314,8 @@ impl<'v, W: Write> Writer<'_, '_, 'v, W> {
 
     fn latin1(&mut self, bytes: &[u8], at: &Value) -> Result<(), Failure> {
         let utf8_len = bytes.len() + bytes.iter().filter(|&&b| b >= 0x80).count();
-        let n = u32::try_from(utf8_len).map_err(|_| {
-            Failure::Unwritable(at, format!("bytes of {} bytes (too long for protocol 2)", bytes.len()))
-        })?;
+        let n =
+            u32::try_from(utf8_len).map_err(|_| Failure::Unwritable(at, WriteProblem::BytesTooLong(bytes.len())))?;
         self.buf.push(op::BINUNICODE);
         self.buf.extend_from_slice(&n.to_le_bytes());
         for chunk in bytes.chunks(FLUSH_AT) {
@@ -400,7 +391,7 @@ fn list_items<'v>(items: &'v [Value], seq: &mut Vec<Task<'v>>) {
 /// A global's names must not contain the newline that ends them in `GLOBAL`.
 fn check_global(module: &str, name: &str, at: &Value) -> Result<(), Failure> {
     if module.contains('\n') || name.contains('\n') {
-        return Err(Failure::Unwritable(at, "a global's module or name contains a newline".into()));
+        return Err(Failure::Unwritable(at, WriteProblem::NewlineInGlobal));
     }
     Ok(())
 }

@@ -4,7 +4,7 @@ mod common;
 
 use common::{int_value, same};
 use num_bigint::BigInt;
-use pmstate_pickle::{from_slice, to_vec, write, Limits, Value, WriteOptions};
+use pmstate_pickle::{from_slice, to_vec, write, Limits, PickleError, Value, WriteOptions, WriteProblem};
 use proptest::prelude::*;
 use serde_pickle::{HashableValue as HV, Value as SV};
 
@@ -118,6 +118,37 @@ proptest! {
         let back = from_slice(&plain, &Limits::default()).expect("readable");
         prop_assert!(same(&back, &v));
     }
+}
+
+/// The path and problem of a [`PickleError::Unwritable`].
+fn unwritable(v: &Value, opts: &WriteOptions) -> (String, WriteProblem) {
+    match write(v, &mut Vec::new(), opts) {
+        Err(PickleError::Unwritable { path, problem }) => (path, problem),
+        other => panic!("expected Unwritable, got {other:?}"),
+    }
+}
+
+#[test]
+fn unwritable_values_are_named_by_place_and_problem() {
+    let opts = WriteOptions::default();
+    let kwargs = Value::NewObj {
+        cls: Box::new(Value::global("m", "C")),
+        args: Box::new(Value::Tuple(vec![])),
+        kwargs: Some(Box::new(Value::Dict(vec![]))),
+        setitems: vec![],
+        appends: vec![],
+    };
+    let tree = Value::Dict(vec![(Value::Str("model".into()), Value::List(vec![Value::None, kwargs]))]);
+    assert_eq!(unwritable(&tree, &opts), ("root[\"model\"][1]".into(), WriteProblem::KeywordArguments));
+    let global = Value::global("os\nsystem", "x");
+    assert_eq!(unwritable(&global, &opts), ("root".into(), WriteProblem::NewlineInGlobal));
+    // 300 bytes: more than LONG1 holds; LONG4 only when weights_only compatibility is off.
+    let wide = Value::BigInt(vec![1; 300]);
+    assert_eq!(unwritable(&wide, &opts), ("root".into(), WriteProblem::NeedsLong4(300)));
+    let long4 = WriteOptions { protocol2_only: false, ..WriteOptions::default() };
+    let mut bytes = Vec::new();
+    write(&wide, &mut bytes, &long4).expect("LONG4 allowed");
+    assert!(same(&from_slice(&bytes, &Limits::default()).expect("readable"), &wide));
 }
 
 // ----- serde-pickle as the oracle -----

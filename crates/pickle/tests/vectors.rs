@@ -3,7 +3,7 @@
 mod common;
 
 use common::{from_tagged, same, vectors_dir};
-use pmstate_pickle::{from_slice, from_slice_prefix, Limits, Value};
+use pmstate_pickle::{from_slice, from_slice_prefix, Limits, PickleError, ReadProblem, Value};
 
 /// (case, protocol, bytes, expected) for every committed vector.
 fn vectors() -> Vec<(String, u32, Vec<u8>, Value)> {
@@ -46,7 +46,11 @@ fn prefix_reads_stop_at_stop_and_whole_reads_refuse_trailing_bytes() {
         assert_eq!(consumed, bytes.len(), "{case} p{proto}");
         assert!(same(&got, &want), "{case} p{proto}");
         let err = from_slice(&padded, &Limits::default()).expect_err("trailing bytes");
-        assert!(err.to_string().contains("trailing"), "{case} p{proto}: {err}");
+        let trailing = ReadProblem::TrailingBytes(padded.len() - bytes.len());
+        assert!(
+            matches!(&err, PickleError::Invalid { offset, problem, .. } if *offset == bytes.len() && *problem == trailing),
+            "{case} p{proto}: {err}"
+        );
     }
 }
 

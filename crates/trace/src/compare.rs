@@ -1,7 +1,19 @@
 //! Field-by-field comparison: max abs error, max ulp distance, first mismatch.
 
+use std::fmt;
+
 use candle_core::{DType, Tensor};
+use pmstate_norm::Dims;
 use serde::Serialize;
+
+/// Whether a field that is not a value comparison ([`FieldReport::note`]) passes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// It passes (both the reference and the replay raised).
+    Pass,
+    /// It fails.
+    Fail,
+}
 
 /// How one recorded field compared with the replay.
 #[derive(Debug, Clone, Serialize)]
@@ -31,7 +43,8 @@ pub struct FieldReport {
 
 impl FieldReport {
     /// A report that is not a value comparison (an error, a missing result).
-    pub fn note(step: usize, op: &'static str, field: &str, pass: bool, note: String) -> Self {
+    pub fn note(step: usize, op: &'static str, field: &str, verdict: Verdict, note: String) -> Self {
+        let pass = verdict == Verdict::Pass;
         FieldReport {
             step,
             op,
@@ -44,6 +57,26 @@ impl FieldReport {
             pass,
             note: Some(note),
         }
+    }
+}
+
+/// `step 3 normalize out max_ulps 2 max_abs 1.192e-7`, then the first
+/// mismatch and the note when there are any.
+impl fmt::Display for FieldReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "step {} {} {} max_ulps ", self.step, self.op, self.field)?;
+        match self.max_ulps {
+            u64::MAX => f.write_str("inf")?,
+            n => write!(f, "{n}")?,
+        }
+        write!(f, " max_abs {:.3e}", self.max_abs)?;
+        if let Some(i) = self.first_mismatch {
+            write!(f, " first mismatch at element {i}")?;
+        }
+        if let Some(n) = &self.note {
+            write!(f, " ({n})")?;
+        }
+        Ok(())
     }
 }
 
@@ -88,13 +121,19 @@ pub fn compare(
             step,
             op,
             field,
-            false,
-            format!("replayed {:?} {:?}, recorded {:?} {:?}", got.dtype(), got.dims(), want.dtype(), want.dims()),
+            Verdict::Fail,
+            format!(
+                "replayed {} {}, recorded {} {}",
+                got.dtype().as_str(),
+                Dims(got.dims()),
+                want.dtype().as_str(),
+                Dims(want.dims())
+            ),
         );
     }
     let (g, w) = match (values(got), values(want)) {
         (Ok(g), Ok(w)) => (g, w),
-        (Err(e), _) | (_, Err(e)) => return FieldReport::note(step, op, field, false, e.to_string()),
+        (Err(e), _) | (_, Err(e)) => return FieldReport::note(step, op, field, Verdict::Fail, e.to_string()),
     };
     let dtype = want.dtype();
     let mut rep = FieldReport {

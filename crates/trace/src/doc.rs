@@ -3,7 +3,11 @@
 //! The format is ours, so unknown fields are errors (`deny_unknown_fields`);
 //! a later version may add fields under a new `version`.
 
-use serde::{Deserialize, Deserializer, Serialize};
+use std::borrow::Cow;
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+use crate::model::{ModuleClass, OpKind};
 
 /// Just enough of a document to check what it claims to be before parsing
 /// the rest strictly (a version-2 document may have fields v1 does not know).
@@ -39,16 +43,11 @@ pub(crate) struct ReferenceDoc {
     pub dist_backend: Option<String>,
 }
 
-#[derive(Serialize, Deserialize, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum ClassDoc {
-    RunningMeanStd,
-    RewardRunningMeanStd,
-}
-
 #[derive(Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct ModuleDoc {
-    pub class: ClassDoc,
+    #[serde(with = "class_by_name")]
+    pub class: ModuleClass,
     #[serde(default)]
     pub shape: Option<Vec<u64>>,
     pub epsilon: f64,
@@ -60,16 +59,43 @@ pub(crate) struct ModuleDoc {
     pub gamma: Option<f64>,
 }
 
-/// The operations of pm-trace v1.
-#[derive(Serialize, Deserialize, Clone, Copy, PartialEq, Eq, Debug)]
-#[serde(rename_all = "snake_case")]
-pub(crate) enum OpName {
-    RecordMoments,
-    RecordReward,
-    Normalize,
-    LoadStateDict,
-    SetEmaDecay,
-    CombineMoments,
+/// An op by its name in [`OpKind`]'s table.
+impl Serialize for OpKind {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.name())
+    }
+}
+
+impl<'de> Deserialize<'de> for OpKind {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        by_name(d, OpKind::from_name, &OpKind::NAMES)
+    }
+}
+
+/// A module class by its name in [`ModuleClass`]'s table (`ModuleClass`
+/// is public: its serde form stays private to the format).
+mod class_by_name {
+    use serde::{Deserializer, Serializer};
+
+    use crate::model::ModuleClass;
+
+    pub(crate) fn serialize<S: Serializer>(c: &ModuleClass, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(c.name())
+    }
+
+    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<ModuleClass, D::Error> {
+        crate::doc::by_name(d, ModuleClass::from_name, &ModuleClass::NAMES)
+    }
+}
+
+/// One of the names of a table, or serde's "unknown variant" error listing them.
+fn by_name<'de, D: Deserializer<'de>, T>(
+    d: D,
+    from_name: fn(&str) -> Option<T>,
+    names: &'static [&'static str],
+) -> Result<T, D::Error> {
+    let name = Cow::<str>::deserialize(d)?;
+    from_name(&name).ok_or_else(|| serde::de::Error::unknown_variant(&name, names))
 }
 
 /// A tensor field: one name, or one name per rank.
@@ -94,7 +120,7 @@ pub(crate) struct StateDoc {
 #[derive(Serialize, Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct StepDoc {
-    pub op: Option<OpName>,
+    pub op: Option<OpKind>,
     // Inputs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub x: Option<Names>,

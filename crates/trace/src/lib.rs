@@ -14,8 +14,8 @@ mod replay;
 pub mod tolerance;
 mod write;
 
-pub use compare::{compare, FieldReport};
-pub use error::{FieldProblem, ReplayFailure, Result, TraceError};
+pub use compare::{compare, FieldReport, Verdict};
+pub use error::{FieldProblem, ReplayFailure, Result, TraceError, TraceLimit, WireProblem};
 pub use model::*;
 pub use read::{read_bytes, read_file, MAX_WORLD_SIZE};
 pub use record::Recorder;

@@ -27,14 +27,34 @@ pub enum ModuleClass {
     RewardRunningMeanStd,
 }
 
+/// The one table of class names (the trace JSON's `module.class`).
+const CLASSES: [(ModuleClass, &str); 2] =
+    [(ModuleClass::RunningMeanStd, "RunningMeanStd"), (ModuleClass::RewardRunningMeanStd, "RewardRunningMeanStd")];
+
 impl ModuleClass {
+    /// Every class's name, as the trace JSON spells it.
+    pub(crate) const NAMES: [&'static str; 2] = names(&CLASSES);
+
     /// The Python class name.
     pub fn name(self) -> &'static str {
-        match self {
-            ModuleClass::RunningMeanStd => "RunningMeanStd",
-            ModuleClass::RewardRunningMeanStd => "RewardRunningMeanStd",
-        }
+        CLASSES.iter().find(|(c, _)| *c == self).map_or("", |(_, n)| n)
     }
+
+    /// The class of a Python class name.
+    pub(crate) fn from_name(name: &str) -> Option<ModuleClass> {
+        CLASSES.iter().find(|(_, n)| *n == name).map(|(c, _)| *c)
+    }
+}
+
+/// The names column of a name table, for serde's "expected one of" messages.
+const fn names<T: Copy, const N: usize>(table: &[(T, &'static str); N]) -> [&'static str; N] {
+    let mut out = [""; N];
+    let mut i = 0;
+    while i < N {
+        out[i] = table[i].1;
+        i += 1;
+    }
+    out
 }
 
 /// The module's constructor arguments.
@@ -139,17 +159,58 @@ pub struct Step {
     pub error: Option<String>,
 }
 
+/// The operations of pm-trace v1, without their data (what a step's `op` names).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum OpKind {
+    RecordMoments,
+    RecordReward,
+    Normalize,
+    LoadStateDict,
+    SetEmaDecay,
+    CombineMoments,
+}
+
+/// The one table of op names (the trace JSON's `op`).
+const OPS: [(OpKind, &str); 6] = [
+    (OpKind::RecordMoments, "record_moments"),
+    (OpKind::RecordReward, "record_reward"),
+    (OpKind::Normalize, "normalize"),
+    (OpKind::LoadStateDict, "load_state_dict"),
+    (OpKind::SetEmaDecay, "set_ema_decay"),
+    (OpKind::CombineMoments, "combine_moments"),
+];
+
+impl OpKind {
+    /// Every op's name.
+    pub(crate) const NAMES: [&'static str; 6] = names(&OPS);
+
+    /// The op's name in the trace JSON.
+    pub(crate) fn name(self) -> &'static str {
+        OPS.iter().find(|(k, _)| *k == self).map_or("", |(_, n)| n)
+    }
+
+    /// The op of a name in the trace JSON.
+    pub(crate) fn from_name(name: &str) -> Option<OpKind> {
+        OPS.iter().find(|(_, n)| *n == name).map(|(k, _)| *k)
+    }
+}
+
 impl Op {
+    /// Which operation it is.
+    pub(crate) fn kind(&self) -> OpKind {
+        match self {
+            Op::RecordMoments { .. } => OpKind::RecordMoments,
+            Op::RecordReward { .. } => OpKind::RecordReward,
+            Op::Normalize { .. } => OpKind::Normalize,
+            Op::LoadStateDict { .. } => OpKind::LoadStateDict,
+            Op::SetEmaDecay { .. } => OpKind::SetEmaDecay,
+            Op::CombineMoments { .. } => OpKind::CombineMoments,
+        }
+    }
+
     /// The op's name in the trace JSON.
     pub fn name(&self) -> &'static str {
-        match self {
-            Op::RecordMoments { .. } => "record_moments",
-            Op::RecordReward { .. } => "record_reward",
-            Op::Normalize { .. } => "normalize",
-            Op::LoadStateDict { .. } => "load_state_dict",
-            Op::SetEmaDecay { .. } => "set_ema_decay",
-            Op::CombineMoments { .. } => "combine_moments",
-        }
+        self.kind().name()
     }
 }
 

@@ -9,8 +9,8 @@ use candle_core::{DType, Device, Tensor};
 use safetensors::{Dtype, SafeTensors};
 use serde_json::Value;
 
-use crate::doc::{ClassDoc, Document, Names, OpName, Probe, StateDoc, StepDoc};
-use crate::error::{Dims, FieldProblem, Result, TraceError};
+use crate::doc::{Document, Names, Probe, StateDoc, StepDoc};
+use crate::error::{Dims, FieldProblem, Result, TraceError, TraceLimit};
 use crate::model::*;
 
 /// The largest world size a trace may declare. Each rank needs its own
@@ -36,6 +36,10 @@ pub fn read_file(path: &Path) -> Result<Trace> {
 }
 
 /// What a non-regular file is, in words.
+///
+/// The same words as `pmstate-ckpt`'s `io::source::file_kind`: the two crates do not
+/// depend on each other, and `pmstate-norm`, the one crate below both,
+/// knows nothing of files, so each keeps its copy.
 pub(crate) fn file_kind(meta: &std::fs::Metadata) -> &'static str {
     #[cfg(unix)]
     {
@@ -73,7 +77,7 @@ pub fn read_bytes(bytes: &[u8]) -> Result<Trace> {
     let text = md.get("trace").ok_or(TraceError::NotATrace("__metadata__ has no \"trace\" document"))?;
     let probe: Probe = serde_json::from_str(text).map_err(TraceError::Json)?;
     if probe.format.as_deref() != Some("pm-trace") {
-        return Err(header("format", FieldProblem::Invalid("missing, or not \"pm-trace\"".into())));
+        return Err(header("format", FieldProblem::NotPmTrace));
     }
     match probe.version {
         Some(1) => {}
@@ -84,10 +88,8 @@ pub fn read_bytes(bytes: &[u8]) -> Result<Trace> {
     let module = module_spec(&doc, bytes.len())?;
     let world = usize::try_from(doc.world_size).unwrap_or(usize::MAX);
     if world == 0 || world > MAX_WORLD_SIZE {
-        return Err(header(
-            "world_size",
-            FieldProblem::Invalid(format!("{} is not in 1..={MAX_WORLD_SIZE}", doc.world_size)),
-        ));
+        let problem = FieldProblem::OutOfRange { value: doc.world_size, min: 1, max: MAX_WORLD_SIZE as u64 };
+        return Err(header("world_size", problem));
     }
     let tensors = Tensors { st: &st, loaded: RefCell::new(HashMap::new()) };
     let mut steps = Vec::with_capacity(doc.steps.len());
@@ -188,13 +190,13 @@ fn refuse_duplicate_keys(bytes: &[u8]) -> Result<()> {
         .and_then(|n| bytes.get(8..8 + n))
         .and_then(|h| std::str::from_utf8(h).ok());
     let Some(Ok(keys)) = text.map(serde_json::from_str::<HeaderKeys>) else { return Ok(()) };
-    let reason = match keys.0 {
+    let what = match keys.0 {
         None => return Ok(()),
-        Some(Duplicate::Tensor(k)) if k == "__metadata__" => "__metadata__ is listed twice".to_owned(),
-        Some(Duplicate::Tensor(k)) => format!("tensor '{k}' is listed twice"),
-        Some(Duplicate::Metadata(k)) => format!("__metadata__ key '{k}' is listed twice"),
+        Some(Duplicate::Tensor(k)) if k == "__metadata__" => k,
+        Some(Duplicate::Tensor(k)) => format!("tensor '{k}'"),
+        Some(Duplicate::Metadata(k)) => format!("__metadata__ key '{k}'"),
     };
-    Err(header("safetensors header", FieldProblem::Invalid(reason)))
+    Err(header("safetensors header", FieldProblem::DuplicateKey(what)))
 }
 
 fn header(field: &'static str, problem: FieldProblem) -> TraceError {
@@ -205,12 +207,9 @@ fn header(field: &'static str, problem: FieldProblem) -> TraceError {
 /// the file that records them (a lazy shape is bounded by the first input).
 fn module_spec(doc: &Document<Value>, file_len: usize) -> Result<ModuleSpec> {
     let m = &doc.module;
-    let class = match m.class {
-        ClassDoc::RunningMeanStd => ModuleClass::RunningMeanStd,
-        ClassDoc::RewardRunningMeanStd => ModuleClass::RewardRunningMeanStd,
-    };
+    let class = m.class;
     if class == ModuleClass::RewardRunningMeanStd && m.gamma.is_none() {
-        return Err(header("module.gamma", FieldProblem::Invalid("RewardRunningMeanStd needs a number".into())));
+        return Err(header("module.gamma", FieldProblem::RequiredFor("RewardRunningMeanStd")));
     }
     let shape = match &m.shape {
         None => None,
@@ -223,8 +222,7 @@ fn module_spec(doc: &Document<Value>, file_len: usize) -> Result<ModuleSpec> {
                 Some(n) if n <= max => {}
                 _ => {
                     return Err(TraceError::Limit {
-                        limit: "module shape: at most max(file bytes / 16, 65536) elements",
-                        what: format!("module.shape {}", Dims(&dims)),
+                        limit: TraceLimit::ModuleShape { shape: dims },
                         max: max as u64,
                         needed: elems.map_or(u64::MAX, |n| n as u64),
                     })
@@ -271,7 +269,7 @@ impl Tensors<'_, '_> {
             }
         };
         let t = Tensor::from_raw_buffer(v.data(), dtype, v.shape(), &Device::Cpu)
-            .map_err(|e| FieldProblem::Invalid(format!("tensor '{name}': {e}")))?;
+            .map_err(|e| FieldProblem::BadTensor { name: name.to_owned(), source: Box::new(e) })?;
         self.loaded.borrow_mut().insert(name.to_owned(), t.clone());
         Ok(t)
     }
@@ -337,9 +335,7 @@ impl Ctx<'_, '_, '_> {
     fn one(&self, field: &str, names: &Option<Names>, kind: Kind) -> Result<Tensor> {
         match names {
             Some(Names::One(n)) => self.load(field, n, kind),
-            Some(Names::Many(_)) => {
-                Err(self.err(field, FieldProblem::Invalid("a list; expected one tensor name".into())))
-            }
+            Some(Names::Many(_)) => Err(self.err(field, FieldProblem::ExpectedOneName)),
             None => Err(self.err(field, FieldProblem::Missing)),
         }
     }
@@ -349,9 +345,7 @@ impl Ctx<'_, '_, '_> {
             Some(Names::Many(ns)) => {
                 ns.iter().enumerate().map(|(i, n)| self.load(&format!("{field}[{i}]"), n, kind)).collect()
             }
-            Some(Names::One(_)) => {
-                Err(self.err(field, FieldProblem::Invalid("a single name; expected a list of tensor names".into())))
-            }
+            Some(Names::One(_)) => Err(self.err(field, FieldProblem::ExpectedNameList)),
             None => Err(self.err(field, FieldProblem::Missing)),
         }
     }
@@ -367,7 +361,7 @@ impl Ctx<'_, '_, '_> {
     }
 
     fn count(&self, field: &str, t: &Tensor) -> Result<i64> {
-        t.to_scalar::<i64>().map_err(|e| self.err(field, FieldProblem::Invalid(e.to_string())))
+        t.to_scalar::<i64>().map_err(|e| self.err(field, FieldProblem::Candle(Box::new(e))))
     }
 
     fn same_shape(&self, field: &str, t: &Tensor, other: &'static str, o: &Tensor) -> Result<()> {
@@ -408,36 +402,25 @@ impl Ctx<'_, '_, '_> {
     }
 }
 
-fn op_name(op: OpName) -> &'static str {
-    match op {
-        OpName::RecordMoments => "record_moments",
-        OpName::RecordReward => "record_reward",
-        OpName::Normalize => "normalize",
-        OpName::LoadStateDict => "load_state_dict",
-        OpName::SetEmaDecay => "set_ema_decay",
-        OpName::CombineMoments => "combine_moments",
-    }
-}
-
 fn parse_step(i: usize, raw: Value, t: &Tensors<'_, '_>, world: usize) -> Result<Step> {
     let shown_op = raw.get("op").and_then(Value::as_str).unwrap_or("?").to_owned();
     let field_err =
         |field: &str, problem| TraceError::Field { step: i, op: shown_op.clone(), field: field.into(), problem };
-    let op: OpName = match raw.get("op") {
+    let op: OpKind = match raw.get("op") {
         None | Some(Value::Null) => return Err(field_err("op", FieldProblem::Missing)),
-        Some(v) => serde_json::from_value(v.clone())
-            .map_err(|_| field_err("op", FieldProblem::Invalid(format!("unknown op {v}"))))?,
+        Some(v) => {
+            serde_json::from_value(v.clone()).map_err(|_| field_err("op", FieldProblem::UnknownOp(v.to_string())))?
+        }
     };
-    let d: StepDoc =
-        serde_json::from_value(raw).map_err(|e| field_err("<step>", FieldProblem::Invalid(e.to_string())))?;
-    let c = Ctx { step: i, op: op_name(op), t, world };
+    let d: StepDoc = serde_json::from_value(raw).map_err(|e| field_err("<step>", FieldProblem::Json(e)))?;
+    let c = Ctx { step: i, op: op.name(), t, world };
     let ok = d.error.is_none();
     let op = match op {
-        OpName::RecordMoments => {
+        OpKind::RecordMoments => {
             let x = c.per_rank("x", &d.x, Kind::Float)?;
             Op::RecordMoments { x, result: if ok { Some(c.update(&d)?) } else { None } }
         }
-        OpName::RecordReward => {
+        OpKind::RecordReward => {
             let reward = c.per_rank("reward", &d.reward, Kind::Float)?;
             let terminated = c.per_rank("terminated", &d.terminated, Kind::Mask)?;
             let result = if ok {
@@ -447,7 +430,7 @@ fn parse_step(i: usize, raw: Value, t: &Tensors<'_, '_>, world: usize) -> Result
             };
             Op::RecordReward { reward, terminated, result }
         }
-        OpName::Normalize => {
+        OpKind::Normalize => {
             let x = c.one("x", &d.x, Kind::Float)?;
             let direction = match d.un_norm {
                 Some(false) => Direction::Normalize,
@@ -465,18 +448,17 @@ fn parse_step(i: usize, raw: Value, t: &Tensors<'_, '_>, world: usize) -> Result
             };
             Op::Normalize { x, direction, result }
         }
-        OpName::LoadStateDict => Op::LoadStateDict { state: c.state(&d.state)? },
-        OpName::SetEmaDecay => {
+        OpKind::LoadStateDict => Op::LoadStateDict { state: c.state(&d.state)? },
+        OpKind::SetEmaDecay => {
             let ema_decay = d.ema_decay.ok_or_else(|| c.err("ema_decay", FieldProblem::Missing))?;
             let state = if d.state.is_some() { Some(c.state(&d.state)?) } else { None };
             Op::SetEmaDecay { ema_decay, state }
         }
-        OpName::CombineMoments => {
+        OpKind::CombineMoments => {
             let means = c.list("means", &d.means, Kind::Float)?;
             let vars = c.list("vars", &d.vars, Kind::Float)?;
             if means.len() != vars.len() || means.is_empty() {
-                let reason = format!("{} means and {} vars: need the same number, at least 1", means.len(), vars.len());
-                return Err(c.err("vars", FieldProblem::Invalid(reason)));
+                return Err(c.err("vars", FieldProblem::PartCounts { means: means.len(), vars: vars.len() }));
             }
             let Some(Names::One(counts_name)) = &d.counts else {
                 return Err(c.err("counts", FieldProblem::Missing));
@@ -486,7 +468,7 @@ fn parse_step(i: usize, raw: Value, t: &Tensors<'_, '_>, world: usize) -> Result
                 let found = format!("{} of shape {}", ct.dtype().as_str(), Dims(ct.dims()));
                 return Err(c.err("counts", FieldProblem::WrongTensor { found, expected: "an I64 tensor [k]" }));
             }
-            let counts = ct.to_vec1::<i64>().map_err(|e| c.err("counts", FieldProblem::Invalid(e.to_string())))?;
+            let counts = ct.to_vec1::<i64>().map_err(|e| c.err("counts", FieldProblem::Candle(Box::new(e))))?;
             let result = if ok {
                 let mean = c.one("mean", &d.mean, Kind::Float)?;
                 let var = c.one("var", &d.var, Kind::Float)?;

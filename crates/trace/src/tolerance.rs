@@ -21,6 +21,7 @@
 //! these; the README repeats the derivation.
 
 use candle_core::{DType, Tensor};
+use pmstate_norm::Direction;
 
 /// 2^-24.
 pub const U32: f64 = 5.960_464_477_539_063e-8;
@@ -195,31 +196,40 @@ pub fn normalize_terms(state: &MomentTol, mean: &[f64], var: &[f64], std: &[f64]
     out
 }
 
-/// Per-element bounds on the output for input values `x` (flattened, the
-/// state's shape repeating), output `y`, un_norm or not, offset or not.
-#[allow(clippy::too_many_arguments)] // each is one term of the bound
-pub fn normalize_output(
-    t: &NormalizeTol,
-    x: &[f64],
-    y: &[f64],
-    mean32: Option<&[f64]>,
-    std: &[f64],
-    clamp: Option<f64>,
-    un_norm: bool,
-    u_out: f64,
-) -> Vec<f64> {
-    x.iter()
-        .zip(y)
+/// What normalize's output bound depends on besides the state's bounds
+/// ([`NormalizeTol`]): the step's values, flattened (the state's shape repeating).
+pub struct NormalizeValues<'a> {
+    /// The input.
+    pub x: &'a [f64],
+    /// The recorded output.
+    pub y: &'a [f64],
+    /// The float32 mean the observation normalizer subtracts; `None` for
+    /// the reward normalizer, which only scales.
+    pub mean32: Option<&'a [f64]>,
+    /// Our float32 std.
+    pub std: &'a [f64],
+    /// The module's clamp, if any.
+    pub clamp: Option<f64>,
+    /// Unit roundoff of the output dtype.
+    pub u_out: f64,
+}
+
+/// Per-element bounds on the output of normalize (or of un_norm, by
+/// `direction`) for the step's values `v`.
+pub fn normalize_output(t: &NormalizeTol, v: &NormalizeValues<'_>, direction: Direction) -> Vec<f64> {
+    v.x.iter()
+        .zip(v.y)
         .enumerate()
         .map(|(i, (&xv, &yv))| {
-            let s = at(std, i).max(f64::MIN_POSITIVE);
-            let dm = if mean32.is_some() { at(&t.mean32, i) } else { 0.0 };
-            let m = mean32.map_or(0.0, |m| at(m, i));
-            if un_norm {
-                let cx = clamp.map_or(xv, |c| xv.clamp(-c, c));
-                cx.abs() * at(&t.std, i) + dm + 4.0 * u_out * (cx.abs() * s + m.abs())
-            } else {
-                dm / s + (xv - m).abs() * at(&t.std, i) / (s * s) + 4.0 * u_out * yv.abs()
+            let s = at(v.std, i).max(f64::MIN_POSITIVE);
+            let dm = if v.mean32.is_some() { at(&t.mean32, i) } else { 0.0 };
+            let m = v.mean32.map_or(0.0, |m| at(m, i));
+            match direction {
+                Direction::UnNormalize => {
+                    let cx = v.clamp.map_or(xv, |c| xv.clamp(-c, c));
+                    cx.abs() * at(&t.std, i) + dm + 4.0 * v.u_out * (cx.abs() * s + m.abs())
+                }
+                Direction::Normalize => dm / s + (xv - m).abs() * at(&t.std, i) / (s * s) + 4.0 * v.u_out * yv.abs(),
             }
         })
         .collect()

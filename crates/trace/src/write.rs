@@ -6,7 +6,7 @@ use std::path::Path;
 use candle_core::{DType, Tensor};
 use serde_json::{json, Map, Value};
 
-use crate::doc::{self, ClassDoc, Document, ModuleDoc, OpName, ReferenceDoc, StateDoc, StepDoc};
+use crate::doc::{self, Document, ModuleDoc, ReferenceDoc, StateDoc, StepDoc};
 use crate::error::{FieldProblem, Result, TraceError};
 use crate::model::*;
 
@@ -69,7 +69,7 @@ fn document(trace: &Trace) -> (Document<StepDoc>, Names) {
     let mut n = Names { tensors: vec![] };
     let mut steps = vec![];
     for (i, step) in trace.steps.iter().enumerate() {
-        let mut o = StepDoc { op: Some(op_doc(&step.op)), error: step.error.clone(), ..StepDoc::default() };
+        let mut o = StepDoc { op: Some(step.op.kind()), error: step.error.clone(), ..StepDoc::default() };
         match &step.op {
             Op::RecordMoments { x, result } => {
                 o.x = n.per_rank(i, "x", x);
@@ -132,10 +132,7 @@ fn document(trace: &Trace) -> (Document<StepDoc>, Names) {
             dist_backend: r.dist_backend.clone(),
         },
         module: ModuleDoc {
-            class: match m.class {
-                ModuleClass::RunningMeanStd => ClassDoc::RunningMeanStd,
-                ModuleClass::RewardRunningMeanStd => ClassDoc::RewardRunningMeanStd,
-            },
+            class: m.class,
             shape: m.shape.as_ref().map(|s| s.iter().map(|&d| d as u64).collect()),
             epsilon: m.epsilon,
             clamp_value: m.clamp_value,
@@ -148,21 +145,10 @@ fn document(trace: &Trace) -> (Document<StepDoc>, Names) {
     (doc, n)
 }
 
-fn op_doc(op: &Op) -> OpName {
-    match op {
-        Op::RecordMoments { .. } => OpName::RecordMoments,
-        Op::RecordReward { .. } => OpName::RecordReward,
-        Op::Normalize { .. } => OpName::Normalize,
-        Op::LoadStateDict { .. } => OpName::LoadStateDict,
-        Op::SetEmaDecay { .. } => OpName::SetEmaDecay,
-        Op::CombineMoments { .. } => OpName::CombineMoments,
-    }
-}
-
 fn raw(name: &str, t: &Tensor, mask: bool) -> Result<(&'static str, Vec<u8>)> {
     let err = |e: candle_core::Error| TraceError::Write {
         tensor: name.to_owned(),
-        problem: FieldProblem::Invalid(e.to_string()),
+        problem: FieldProblem::Candle(Box::new(e)),
     };
     let t = t.flatten_all().and_then(|t| t.to_device(&candle_core::Device::Cpu)).map_err(err)?;
     Ok(match t.dtype() {

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use pmstate_norm::{Collective, InProcessGroup, SingleProcess};
-use pmstate_trace::{read_file, replay, replay_rank, Mode, ReplayOptions, Report, Trace, TraceError};
+use pmstate_trace::{read_file, replay, replay_rank, Mode, ReplayFailure, ReplayOptions, Report, Trace, TraceError};
 
 fn trace(name: &str) -> Trace {
     let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/traces").join(name);
@@ -60,11 +60,13 @@ fn every_multi_rank_trace_passes_with_one_rank_per_caller_in_both_modes() {
 fn a_world_size_that_differs_from_the_trace_is_an_error_on_every_rank() {
     let t = trace("dist_w3_welford.pmtrace.safetensors");
     for r in per_rank(&t, 2, &ReplayOptions::default()) {
-        let e = r.unwrap_err().to_string();
-        assert!(e.contains("world size 3") && e.contains("2 ranks"), "{e}");
+        let e = r.unwrap_err();
+        assert!(matches!(e, TraceError::Replay(ReplayFailure::WorldSize { trace: 3, collective: 2 })), "{e}");
     }
     let e = replay_rank(&t, &ReplayOptions::default(), Arc::new(SingleProcess)).unwrap_err();
-    assert!(e.to_string().contains("1 ranks"), "{e}");
+    assert!(matches!(e, TraceError::Replay(ReplayFailure::WorldSize { trace: 3, collective: 1 })), "{e}");
+    // The one wording check of a replay failure: both world sizes, in words.
+    assert!(e.to_string().contains("recorded with world size 3, but this collective has 1 ranks"), "{e}");
 }
 
 #[test]

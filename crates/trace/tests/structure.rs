@@ -1,7 +1,7 @@
 //! Structural errors name the step and field; nothing panics.
 
 use candle_core::{Device, Tensor};
-use pmstate_trace::{read_bytes, to_bytes, Direction, ModuleClass, ModuleSpec, Recorder, TraceError};
+use pmstate_trace::{read_bytes, to_bytes, Direction, FieldProblem, ModuleClass, ModuleSpec, Recorder, TraceError};
 use serde_json::Value;
 
 /// A small valid trace's bytes.
@@ -35,9 +35,9 @@ fn with_doc(bytes: &[u8], edit: impl FnOnce(&mut Value)) -> Vec<u8> {
     out
 }
 
-fn field_err(bytes: &[u8]) -> (usize, String, String) {
+fn field_err(bytes: &[u8]) -> (usize, String, FieldProblem) {
     match read_bytes(bytes) {
-        Err(TraceError::Field { step, field, problem, .. }) => (step, field, problem.to_string()),
+        Err(TraceError::Field { step, field, problem, .. }) => (step, field, problem),
         other => panic!("expected a field error, got {other:?}"),
     }
 }
@@ -50,9 +50,9 @@ fn the_valid_trace_reads() {
 #[test]
 fn a_missing_tensor_names_step_and_field() {
     let b = with_doc(&valid(), |d| d["steps"][1]["out"] = Value::String("nope".into()));
-    let (step, field, reason) = field_err(&b);
+    let (step, field, problem) = field_err(&b);
     assert_eq!((step, field.as_str()), (1, "out"));
-    assert!(reason.contains("nope"), "{reason}");
+    assert!(matches!(&problem, FieldProblem::NoSuchTensor(name) if name == "nope"), "{problem}");
 }
 
 #[test]
@@ -62,9 +62,9 @@ fn a_wrong_dtype_names_the_field() {
         let x = d["steps"][0]["batch_mean"][0].clone();
         d["steps"][0]["state"]["mean"] = x;
     });
-    let (step, field, reason) = field_err(&b);
+    let (step, field, problem) = field_err(&b);
     assert_eq!((step, field.as_str()), (0, "state.mean"));
-    assert!(reason.contains("F64"), "{reason}");
+    assert!(matches!(problem, FieldProblem::WrongTensor { expected: "an F64 tensor", .. }), "{problem}");
 }
 
 #[test]
@@ -73,44 +73,48 @@ fn a_wrong_shape_names_the_field() {
         let x = d["steps"][1]["out"].clone(); // [1, 2], not the module's [2]
         d["steps"][1]["std"] = x;
     });
-    let (step, field, _) = field_err(&b);
+    let (step, field, problem) = field_err(&b);
     assert_eq!((step, field.as_str()), (1, "std"));
+    assert!(matches!(&problem, FieldProblem::ShapeMismatch { found, .. } if found == &[1, 2]), "{problem}");
 }
 
 #[test]
 fn per_rank_lists_must_match_the_world_size() {
     let b = with_doc(&valid(), |d| d["world_size"] = Value::from(2));
-    let (step, field, reason) = field_err(&b);
+    let (step, field, problem) = field_err(&b);
     assert_eq!((step, field.as_str()), (0, "x"));
-    assert!(reason.contains("world size 2"), "{reason}");
+    assert!(matches!(problem, FieldProblem::RankCount { found: 1, world_size: 2 }), "{problem}");
 }
 
 #[test]
 fn unknown_ops_versions_and_missing_results_are_errors() {
-    let (step, field, _) = field_err(&with_doc(&valid(), |d| d["steps"][0]["op"] = Value::from("explode")));
+    let (step, field, problem) = field_err(&with_doc(&valid(), |d| d["steps"][0]["op"] = Value::from("explode")));
     assert_eq!((step, field.as_str()), (0, "op"));
+    assert!(matches!(&problem, FieldProblem::UnknownOp(op) if op == "\"explode\""), "{problem}");
     assert!(matches!(read_bytes(&with_doc(&valid(), |d| d["version"] = Value::from(2))), Err(TraceError::Version(2))));
     let b = with_doc(&valid(), |d| {
         d["steps"][0].as_object_mut().unwrap().remove("state");
     });
-    let (step, field, _) = field_err(&b);
+    let (step, field, problem) = field_err(&b);
     assert_eq!((step, field.as_str()), (0, "state"));
+    assert!(matches!(problem, FieldProblem::Missing), "{problem}");
     let b = with_doc(&valid(), |d| d["module"]["class"] = Value::from("Other"));
     let err = read_bytes(&b).unwrap_err();
     assert!(matches!(err, TraceError::Json(_)), "{err}");
-    assert!(err.to_string().contains("unknown variant `Other`"), "{err}");
+    // The class name table answers as serde does: the one wording check of a JSON error.
+    assert!(err.to_string().contains("unknown variant `Other`, expected `RunningMeanStd`"), "{err}");
     // The format is ours: a field it does not define is an error, not ignored.
     let b = with_doc(&valid(), |d| d["steps"][0]["surprise"] = Value::from(1));
-    let (step, field, reason) = field_err(&b);
+    let (step, field, problem) = field_err(&b);
     assert_eq!((step, field.as_str()), (0, "<step>"));
-    assert!(reason.contains("unknown field `surprise`"), "{reason}");
+    assert!(matches!(problem, FieldProblem::Json(_)), "{problem}");
 }
 
 #[test]
 fn not_a_trace_is_an_error() {
     assert!(matches!(read_bytes(b"hello"), Err(TraceError::Container(_))));
     let b = with_doc(&valid(), |d| d["format"] = Value::from("x"));
-    assert!(matches!(read_bytes(&b), Err(TraceError::Header { .. })));
+    assert!(matches!(read_bytes(&b), Err(TraceError::Header { field: "format", problem: FieldProblem::NotPmTrace })));
 }
 
 /// The bytes of a safetensors file whose header is `header` (JSON text, as
@@ -143,7 +147,10 @@ fn names_given_twice_in_the_header_are_refused() {
     for (prefix, message) in cases {
         let doubled = raw_file(&header.replacen('{', &prefix, 1), data);
         let err = read_bytes(&doubled).unwrap_err();
-        assert!(matches!(err, TraceError::Header { field: "safetensors header", .. }), "{err}");
+        assert!(
+            matches!(&err, TraceError::Header { field: "safetensors header", problem: FieldProblem::DuplicateKey(_) }),
+            "{err}"
+        );
         assert!(err.to_string().contains(&message), "{err}");
     }
     let meta = header.replacen("\"__metadata__\":{", &format!("\"__metadata__\":{{\"trace\":{trace},"), 1);
@@ -160,5 +167,5 @@ fn a_module_shape_whose_size_overflows_is_over_the_replay_budget() {
     let mut trace = read_bytes(&valid()).unwrap();
     trace.module.shape = Some(vec![1 << 32, 1 << 32]);
     let err = pmstate_trace::replay(&trace, &pmstate_trace::ReplayOptions::default()).unwrap_err();
-    assert!(matches!(err, TraceError::Limit { limit: "ReplayOptions::max_observation_bytes", .. }), "{err}");
+    assert!(matches!(err, TraceError::Limit { limit: pmstate_trace::TraceLimit::Observations { .. }, .. }), "{err}");
 }

@@ -16,7 +16,7 @@ use std::fs::File;
 use std::io;
 use std::path::Path;
 
-use crate::error::{CkptError, Result};
+use crate::error::{CkptError, Result, Truncation};
 
 /// Where a checkpoint's bytes come from: a file, or a buffer in memory.
 pub(crate) enum Source {
@@ -54,6 +54,10 @@ impl Identity {
 }
 
 /// What a non-regular file is, in words.
+///
+/// The same words as `pmstate-trace`'s `read::file_kind`: the two crates do not
+/// depend on each other, and `pmstate-norm`, the one crate below both,
+/// knows nothing of files, so each keeps its copy.
 pub(crate) fn file_kind(meta: &std::fs::Metadata) -> &'static str {
     #[cfg(unix)]
     {
@@ -119,7 +123,7 @@ impl Source {
         if end.is_none() {
             return Err(CkptError::Truncated {
                 path: self.shown().to_owned(),
-                what: format!("a read of {} bytes at {offset}", buf.len()),
+                what: Truncation::Read { offset, len: buf.len() },
             });
         }
         match self {

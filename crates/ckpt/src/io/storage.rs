@@ -5,7 +5,7 @@ use std::fs::File;
 use std::sync::Arc;
 
 use crate::dtype::DType;
-use crate::error::Result;
+use crate::error::{CkptError, Result};
 use crate::io::source::Source;
 
 /// The bytes of one storage, cheap to clone. Ranges of the input are read
@@ -61,10 +61,14 @@ impl Bytes {
         self.read_range(0, self.len())
     }
 
-    /// `len` bytes from `offset` (relative to these bytes; the caller keeps
-    /// the range inside them).
+    /// `len` bytes from `offset` (relative to these bytes). A range that
+    /// does not lie inside them (a [`TensorRef`](crate::TensorRef) of
+    /// another checkpoint, whose view leaves this storage) is
+    /// [`CkptError::StorageRange`], never a panic.
     pub fn read_range(&self, offset: usize, len: usize) -> Result<Cow<'_, [u8]>> {
-        debug_assert!(offset.checked_add(len).is_some_and(|end| end <= self.len()));
+        if offset.checked_add(len).is_none_or(|end| end > self.len()) {
+            return Err(CkptError::StorageRange { offset, len, size: self.len() });
+        }
         match &self.0 {
             Repr::Owned(v) => Ok(Cow::Borrowed(&v[offset..offset + len])),
             Repr::Range { src, start, .. } => match src.as_mem() {
@@ -112,4 +116,25 @@ pub struct Storage {
     pub location: String,
     /// The bytes, little-endian.
     pub data: Bytes,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranges_outside_the_bytes_are_errors_not_panics() {
+        let mem = Arc::new(Source::Mem((0u8..32).collect()));
+        for (b, first) in [(Bytes::owned((0u8..16).collect()), 0u8), (Bytes::range(&mem, 8, 16), 8)] {
+            assert_eq!(&*b.read_range(4, 12).unwrap(), &(first + 4..first + 16).collect::<Vec<u8>>()[..]);
+            assert!(b.read_range(16, 0).unwrap().is_empty());
+            for (offset, len) in [(0, 17), (16, 1), (17, 0), (usize::MAX, 2)] {
+                let e = b.read_range(offset, len).unwrap_err();
+                assert!(
+                    matches!(e, CkptError::StorageRange { offset: o, len: l, size: 16 } if o == offset && l == len),
+                    "{e}"
+                );
+            }
+        }
+    }
 }

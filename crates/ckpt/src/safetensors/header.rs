@@ -16,6 +16,13 @@ use serde_json::value::RawValue;
 
 use crate::error::HeaderProblem;
 
+/// The `__metadata__` key of the whole tree, as exact JSON.
+pub(crate) const TREE_KEY: &str = "pmstate.tree";
+/// The `__metadata__` key of the storage table.
+pub(crate) const STORAGES_KEY: &str = "pmstate.storages";
+/// The `__metadata__` key of pmstate's layout version.
+pub(crate) const VERSION_KEY: &str = "pmstate.version";
+
 /// The most header bytes the safetensors crate (and Python's reader) accept.
 pub(crate) const MAX_HEADER_SIZE: usize = 100_000_000;
 

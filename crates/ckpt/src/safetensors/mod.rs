@@ -17,10 +17,6 @@ mod write;
 pub(crate) use read::{looks_like_safetensors, read};
 pub use write::{save_safetensors, ExportReport, SafetensorsOptions};
 
-const TREE_KEY: &str = "pmstate.tree";
-const STORAGES_KEY: &str = "pmstate.storages";
-const VERSION_KEY: &str = "pmstate.version";
-
 #[cfg(test)]
 mod tests {
     use std::collections::HashMap;
@@ -28,7 +24,7 @@ mod tests {
 
     use super::*;
     use crate::io::bulk_copy::CHUNK;
-    use crate::{Bytes, Checkpoint, DType, Dict, Node, Storage, TensorRef, WriteOptions};
+    use crate::{Bytes, Checkpoint, DType, Dict, DictKind, Node, Storage, TensorClass, TensorRef, WriteOptions};
 
     fn tensor(storage: &str, offset: usize, shape: &[usize]) -> Node {
         Node::Tensor(Box::new(TensorRef {
@@ -38,7 +34,7 @@ mod tests {
             shape: shape.to_vec(),
             stride: TensorRef::contiguous_stride(shape),
             requires_grad: false,
-            parameter: None,
+            class: TensorClass::Tensor,
             object: None,
         }))
     }
@@ -49,9 +45,9 @@ mod tests {
         Storage { typed: true, dtype: DType::F32, location: "cpu".into(), data: Bytes::owned(data) }
     }
 
-    fn dict(ordered: bool, entries: Vec<(&str, Node)>) -> Node {
+    fn dict(kind: DictKind, entries: Vec<(&str, Node)>) -> Node {
         let entries = entries.into_iter().map(|(k, v)| (Node::Str(k.into()), v)).collect();
-        Node::Dict(Dict::from_entries(ordered, entries).unwrap())
+        Node::Dict(Dict::from_entries(kind, entries).unwrap())
     }
 
     /// Storages larger than a copy chunk are copied from the input file a
@@ -67,14 +63,14 @@ mod tests {
         ]
         .into();
         let model = dict(
-            true,
+            DictKind::Ordered,
             vec![
                 ("w", tensor("a", 0, &[words / 4, 4])),
                 ("view", tensor("b", 1001, &[words / 2 - 3000])),
                 ("small", tensor("c", 0, &[7])),
             ],
         );
-        let root = dict(false, vec![("model", model), ("b_again", tensor("b", 0, &[2]))]);
+        let root = dict(DictKind::Plain, vec![("model", model), ("b_again", tensor("b", 0, &[2]))]);
         let dir = tempfile::tempdir().unwrap();
         let src = dir.path().join("src.pt");
         Checkpoint::from_parts(root, storages).unwrap().save(&src).unwrap();

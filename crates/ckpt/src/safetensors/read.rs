@@ -6,15 +6,14 @@ use std::sync::Arc;
 
 use safetensors::SafeTensorError;
 
-use super::header::{self, StorageEntry, UniqueMap, MAX_HEADER_SIZE};
-use super::{STORAGES_KEY, TREE_KEY};
+use super::header::{self, StorageEntry, UniqueMap, MAX_HEADER_SIZE, STORAGES_KEY, TREE_KEY};
 use crate::dtype::DType;
-use crate::error::{CkptError, Result};
+use crate::error::{CkptError, ReadLimit, Result};
 use crate::io::source::Source;
 use crate::io::storage::{Bytes, Storage};
 use crate::parsed::{Format, Parsed, ReadOptions};
 use crate::tree::json::{check_size, json_depth_of_tree_depth, node_from_str};
-use crate::tree::{Dict, Node, TensorRef};
+use crate::tree::{Dict, DictKind, Node, TensorRef};
 
 /// Whether a file's first bytes start like safetensors (a plausible header
 /// length, then `{`).
@@ -101,7 +100,7 @@ fn foreign(tensors: Vec<(String, DType, Vec<usize>, Bytes)>) -> Parsed {
         entries.push((Node::Str(name), Node::Tensor(Box::new(t))));
     }
     // Header names are unique (checked when the header was parsed).
-    let root = Dict::from_entries(false, entries).map(Node::Dict).unwrap_or(Node::None);
+    let root = Dict::from_entries(DictKind::Plain, entries).map(Node::Dict).unwrap_or(Node::None);
     Parsed { root, storages, format: Format::Safetensors { with_tree: false } }
 }
 
@@ -113,8 +112,7 @@ fn read_tree(path: &str, text: &str, opts: &ReadOptions) -> Result<Node> {
     if size.values > opts.max_tree_values {
         return Err(CkptError::Limit {
             path: path.to_owned(),
-            limit: "ReadOptions::max_tree_values",
-            what: format!("__metadata__ {TREE_KEY}"),
+            limit: ReadLimit::TreeValues,
             max: opts.max_tree_values,
             needed: size.values,
         });
@@ -123,8 +121,7 @@ fn read_tree(path: &str, text: &str, opts: &ReadOptions) -> Result<Node> {
     if size.depth > max_depth {
         return Err(CkptError::Limit {
             path: path.to_owned(),
-            limit: "pickle Limits::max_depth (x3 for JSON nesting)",
-            what: format!("__metadata__ {TREE_KEY} nesting"),
+            limit: ReadLimit::TreeDepth,
             max: max_depth as u64,
             needed: size.depth as u64,
         });

@@ -8,8 +8,7 @@ use std::path::Path;
 use serde::ser::{SerializeMap, Serializer};
 use serde::Serialize;
 
-use super::header::{StorageEntry, MAX_HEADER_SIZE};
-use super::{STORAGES_KEY, TREE_KEY, VERSION_KEY};
+use super::header::{StorageEntry, MAX_HEADER_SIZE, STORAGES_KEY, TREE_KEY, VERSION_KEY};
 use crate::checkpoint::Checkpoint;
 use crate::error::{CkptError, Result, ValueProblem};
 use crate::io::atomic::write_atomically;

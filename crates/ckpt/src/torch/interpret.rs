@@ -7,8 +7,8 @@ use std::collections::HashMap;
 use pmstate_pickle::Value;
 
 use crate::dtype::DType;
-use crate::error::ValueProblem;
-use crate::tree::{Construct, Dict, Node, Object, TensorRef};
+use crate::error::{Found, ValueProblem};
+use crate::tree::{Construct, Dict, DictKind, Node, Object, TensorClass, TensorRef};
 
 /// How a storage was declared in the pickle.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -81,10 +81,10 @@ fn usize_tuple(v: &Value, what: &'static str) -> Res<Vec<usize>> {
         Value::Reduce { callable, args, .. } if is_global(callable, "torch", "Size") => {
             return match args.as_tuple() {
                 Some([inner]) => usize_tuple(inner, what),
-                _ => Err(ValueProblem::Malformed { what, found: format!("torch.Size of {args}") }),
+                _ => Err(ValueProblem::Malformed { what, found: Found::TorchSizeOf(args.to_string()) }),
             };
         }
-        _ => return Err(ValueProblem::Malformed { what, found: format!("{v}, not a tuple") }),
+        _ => return Err(ValueProblem::Malformed { what, found: Found::NotATuple(v.to_string()) }),
     };
     items.iter().map(|x| usize_of(x, what)).collect()
 }
@@ -112,7 +112,7 @@ impl Interpreter<'_> {
             Value::List(xs) => Node::List(self.nodes(xs)?),
             Value::Tuple(xs) => Node::Tuple(self.nodes(xs)?),
             Value::Set(xs) => Node::Set(self.nodes(xs)?),
-            Value::Dict(kv) => Node::Dict(self.dict(false, kv)?),
+            Value::Dict(kv) => Node::Dict(self.dict(DictKind::Plain, kv)?),
             Value::Global { module, name } if module == "torch" && DType::from_torch_name(&name).is_some() => {
                 Node::TorchDtype(name)
             }
@@ -187,9 +187,9 @@ impl Interpreter<'_> {
     }
 
     /// A dict of these pairs; equal keys are an error (a reader could keep either).
-    fn dict(&mut self, ordered: bool, kv: Vec<(Value, Value)>) -> Res<Dict> {
+    fn dict(&mut self, kind: DictKind, kv: Vec<(Value, Value)>) -> Res<Dict> {
         let entries = self.pairs(kv)?;
-        Dict::from_entries(ordered, entries).map_err(|d| ValueProblem::DuplicateKey(d.0))
+        Dict::from_entries(kind, entries).map_err(|d| ValueProblem::DuplicateKey(d.0))
     }
 
     /// An opaque BUILD may wrap something we interpreted: turn it back.
@@ -208,7 +208,7 @@ impl Interpreter<'_> {
         let no_items = setitems.is_empty() && appends.is_empty();
         match (callable.as_global(), rebuild(&callable).as_deref()) {
             (Some(("collections", "OrderedDict")), _) if appends.is_empty() && args.as_tuple() == Some(&[]) => {
-                Ok(Node::Dict(self.dict(true, setitems)?))
+                Ok(Node::Dict(self.dict(DictKind::Ordered, setitems)?))
             }
             (_, Some(name @ ("_rebuild_tensor_v2" | "_rebuild_tensor_v3"))) if no_items => {
                 self.tensor(name == "_rebuild_tensor_v3", &args)
@@ -218,13 +218,13 @@ impl Interpreter<'_> {
                     let requires_grad = matches!(a[1], Value::Bool(true));
                     let inner = a.swap_remove(0);
                     match self.node(inner)? {
-                        Node::Tensor(mut t) if t.parameter.is_none() => {
-                            t.parameter = Some(requires_grad);
+                        Node::Tensor(mut t) if t.class == TensorClass::Tensor => {
+                            t.class = TensorClass::Parameter { requires_grad };
                             Ok(Node::Tensor(t))
                         }
                         other => Err(ValueProblem::Malformed {
                             what: "_rebuild_parameter",
-                            found: format!("a parameter of a {}", other.kind()),
+                            found: Found::ParameterOf(other.kind()),
                         }),
                     }
                 }
@@ -291,15 +291,16 @@ impl Interpreter<'_> {
     }
 
     fn tensor(&mut self, v3: bool, args: &Value) -> Res<Node> {
-        let a = args
-            .as_tuple()
-            .ok_or_else(|| ValueProblem::Malformed { what: "tensor rebuild args", found: args.to_string() })?;
+        let a = args.as_tuple().ok_or_else(|| ValueProblem::Malformed {
+            what: "tensor rebuild args",
+            found: Found::Value(args.to_string()),
+        })?;
         let want = if v3 { 7 } else { 6 };
         if a.len() != want {
             // A 7th (v2) / 8th (v3) element is tensor metadata (e.g. conj bits); not carried.
             return Err(ValueProblem::Malformed {
                 what: "tensor rebuild args",
-                found: format!("{} arguments (this reader handles {want}; extra ones are tensor metadata)", a.len()),
+                found: Found::Arguments { len: a.len(), expected: want },
             });
         }
         if !empty_ordered_dict(&a[5]) {
@@ -308,7 +309,7 @@ impl Interpreter<'_> {
         let Value::PersistentId(pid) = &a[0] else {
             return Err(ValueProblem::Malformed {
                 what: "tensor storage",
-                found: format!("{}, not a persistent id", a[0]),
+                found: Found::NotAPersistentId(a[0].to_string()),
             });
         };
         let (key, decl) = self.storage_decl(pid)?;
@@ -316,7 +317,7 @@ impl Interpreter<'_> {
             match a[6].as_global() {
                 Some(("torch", name)) => DType::from_torch_name(name)
                     .ok_or(ValueProblem::Unsupported("a dtype this reader does not carry"))?,
-                _ => return Err(ValueProblem::Malformed { what: "v3 dtype", found: a[6].to_string() }),
+                _ => return Err(ValueProblem::Malformed { what: "v3 dtype", found: Found::Value(a[6].to_string()) }),
             }
         } else {
             decl.dtype
@@ -333,7 +334,7 @@ impl Interpreter<'_> {
             shape,
             stride,
             requires_grad: matches!(a[4], Value::Bool(true)),
-            parameter: None,
+            class: TensorClass::Tensor,
             object: None,
         };
         // Record (or check) the storage now that the dtype is known.
@@ -371,9 +372,10 @@ impl Interpreter<'_> {
     }
 
     fn storage_decl(&self, pid: &Value) -> Res<(String, StorageDecl)> {
-        let p = pid
-            .as_tuple()
-            .ok_or_else(|| ValueProblem::Malformed { what: "persistent id", found: format!("{pid}, not a tuple") })?;
+        let p = pid.as_tuple().ok_or_else(|| ValueProblem::Malformed {
+            what: "persistent id",
+            found: Found::NotATuple(pid.to_string()),
+        })?;
         let n = match self.form {
             PidForm::Zip => 5,
             PidForm::Legacy => 6,
@@ -381,7 +383,7 @@ impl Interpreter<'_> {
         if p.len() != n || p[0].as_str() != Some("storage") {
             return Err(ValueProblem::Malformed {
                 what: "persistent id",
-                found: format!("{pid}, not a storage {n}-tuple"),
+                found: Found::NotAStorageTuple { pid: pid.to_string(), len: n },
             });
         }
         if self.form == PidForm::Legacy && p[5] != Value::None {
@@ -390,11 +392,13 @@ impl Interpreter<'_> {
         let key = match &p[2] {
             Value::Str(s) => s.clone(),
             Value::Int(i) => i.to_string(),
-            other => return Err(ValueProblem::Malformed { what: "storage key", found: other.to_string() }),
+            other => {
+                return Err(ValueProblem::Malformed { what: "storage key", found: Found::Value(other.to_string()) })
+            }
         };
         let location = p[3]
             .as_str()
-            .ok_or_else(|| ValueProblem::Malformed { what: "storage location", found: p[3].to_string() })?
+            .ok_or_else(|| ValueProblem::Malformed { what: "storage location", found: Found::Value(p[3].to_string()) })?
             .to_owned();
         let numel = usize_of(&p[4], "storage numel")?;
         let (typed, dtype) = match p[1].as_global() {
@@ -529,12 +533,12 @@ fn tensor_value(t: &TensorRef, resolve: &mut StorageResolver<'_>) -> Res<Value> 
     }
     let rebuild = if v3 { "_rebuild_tensor_v3" } else { "_rebuild_tensor_v2" };
     let tensor = Value::reduce(Value::global("torch._utils", rebuild), Value::Tuple(args));
-    let tensor = match t.parameter {
-        Some(rg) => Value::reduce(
+    let tensor = match t.class {
+        TensorClass::Parameter { requires_grad } => Value::reduce(
             Value::global("torch._utils", "_rebuild_parameter"),
-            Value::Tuple(vec![tensor, Value::Bool(rg), empty_od()]),
+            Value::Tuple(vec![tensor, Value::Bool(requires_grad), empty_od()]),
         ),
-        None => tensor,
+        TensorClass::Tensor => tensor,
     };
     Ok(match t.object {
         Some(id) => Value::Shared { id, value: Box::new(tensor) },

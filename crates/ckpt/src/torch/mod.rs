@@ -10,5 +10,4 @@ mod write;
 pub use allowlist::is_safe_global;
 pub(crate) use allowlist::unsafe_globals;
 pub(crate) use read::{is_legacy, read_legacy, read_zip};
-pub(crate) use write::archive_prefix;
 pub use write::save_torch;

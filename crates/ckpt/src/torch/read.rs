@@ -8,7 +8,7 @@ use pmstate_pickle::{from_slice, from_slice_prefix, PickleError, Value};
 use zip::CompressionMethod;
 
 use super::interpret::{Declared, Interpreter, PidForm};
-use crate::error::{CkptError, EntryProblem, LegacyProblem, Result};
+use crate::error::{CkptError, EntryProblem, LegacyProblem, ReadLimit, Result, Truncation};
 use crate::io::source::{Cursor, Source};
 use crate::io::storage::{Bytes, Storage};
 use crate::parsed::{Format, Parsed, ReadOptions};
@@ -71,7 +71,7 @@ pub(crate) fn read_zip(path: &str, src: &Arc<Source>, opts: &ReadOptions) -> Res
         }
         let data_start = f
             .data_start()
-            .ok_or_else(|| CkptError::Truncated { path: path.to_owned(), what: format!("entry {name}") })?;
+            .ok_or_else(|| CkptError::Truncated { path: path.to_owned(), what: Truncation::Entry(name.clone()) })?;
         let rec = Record {
             index: i,
             compression: f.compression(),
@@ -257,7 +257,7 @@ fn stored(path: &str, src: &Arc<Source>, name: &str, rec: &Record) -> Result<Byt
         {
             Ok(Bytes::range(src, rec.data_start, l))
         }
-        _ => Err(CkptError::Truncated { path: path.to_owned(), what: format!("record {name}") }),
+        _ => Err(CkptError::Truncated { path: path.to_owned(), what: Truncation::Record(name.to_owned()) }),
     }
 }
 
@@ -275,8 +275,7 @@ fn read_record(
     if rec.size > limit {
         return Err(CkptError::Limit {
             path: path.to_owned(),
-            limit: "pickle Limits::max_input_bytes (or the record's declared size)",
-            what: format!("record {name}"),
+            limit: ReadLimit::RecordBytes { record: name.to_owned() },
             max: limit,
             needed: rec.size,
         });
@@ -365,7 +364,7 @@ pub(crate) fn read_legacy(path: &str, src: &Arc<Source>, opts: &ReadOptions) -> 
     let value = p.next(path, "data", opts)?;
     let keys = match p.next(path, "storage keys", opts)? {
         Value::List(ks) => ks,
-        other => return Err(legacy(LegacyProblem::KeyList(format!("not a list but {other}")))),
+        other => return Err(legacy(LegacyProblem::NotAKeyList(other.to_string()))),
     };
     let mut pos = p.pos as u64;
     drop(p);
@@ -376,13 +375,13 @@ pub(crate) fn read_legacy(path: &str, src: &Arc<Source>, opts: &ReadOptions) -> 
         let key = match k {
             Value::Str(s) => s,
             Value::Int(i) => i.to_string(),
-            other => return Err(legacy(LegacyProblem::KeyList(format!("key {other} is not a string")))),
+            other => return Err(legacy(LegacyProblem::KeyNotAString(other.to_string()))),
         };
         let decl = declared.by_key.get(&key).ok_or_else(|| legacy(LegacyProblem::UnusedStorage(key.clone())))?;
         if storages.contains_key(&key) {
             return Err(legacy(LegacyProblem::DuplicateStorage(key)));
         }
-        let truncated = || CkptError::Truncated { path: path.to_owned(), what: format!("legacy storage {key}") };
+        let truncated = || CkptError::Truncated { path: path.to_owned(), what: Truncation::LegacyStorage(key.clone()) };
         if pos.checked_add(8).is_none_or(|e| e > src.len()) {
             return Err(truncated());
         }

@@ -17,6 +17,7 @@ use crate::dtype::DType;
 use crate::error::{CkptError, Result, ValueProblem};
 use crate::io::atomic::{write_atomically, Counting};
 use crate::io::bulk_copy::{copy_bytes, CopyError};
+use crate::parsed::archive_prefix;
 use crate::tree::{dotted, Node};
 use crate::write_options::WriteOptions;
 
@@ -148,14 +149,6 @@ fn check_emitted_globals(value: &Value, allowed: &[(String, String)]) -> Result<
         }
     }
     Ok(())
-}
-
-/// The archive folder torch.save uses for a file: its name without the last extension.
-pub(crate) fn archive_prefix(path: &Path) -> String {
-    match path.file_stem().and_then(|s| s.to_str()) {
-        Some(s) if !s.is_empty() && !s.contains('/') => s.to_owned(),
-        _ => "archive".to_owned(),
-    }
 }
 
 /// Writes `ckpt` as a torch.save zip archive at `path` (atomically):

@@ -1,37 +1,21 @@
-//! [`Dict`]: an ordered dict with O(1) lookups by string or int key.
+//! [`Dict`]'s behaviour: construction with Python's key identity, O(1)
+//! lookups by string or int key, insertion. The type itself is in `node`
+//! (it holds nodes, and nodes hold dicts).
 
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::OnceLock;
 
-use super::Node;
+use super::json::NodeJson;
+use super::node::{Dict, DictKind, Index, Node};
 
 /// Dicts with fewer entries are searched linearly (faster than building an index).
 const INDEX_FROM: usize = 16;
 
-/// A dict: `dict` or `collections.OrderedDict`, entries in order, keys unique.
-///
-/// Lookups by a string or int key are O(1) (an index built on first use
-/// for dicts of 16 entries or more): a state dict of 50,000 keys costs no
-/// more per lookup than one of 5.
-#[derive(Clone)]
-pub struct Dict {
-    ordered: bool,
-    entries: Vec<(Node, Node)>,
-    state: Option<Box<Node>>,
-    index: OnceLock<Box<Index>>,
-}
-
-#[derive(Default)]
-struct Index {
-    strs: HashMap<String, usize>,
-    ints: HashMap<i64, usize>,
-}
-
-impl Clone for Index {
-    fn clone(&self) -> Self {
-        Index { strs: self.strs.clone(), ints: self.ints.clone() }
-    }
+/// A node's exact JSON text: equal text iff equal nodes (the identity of a
+/// dict key that is neither a string nor an int).
+pub(crate) fn fingerprint(n: &Node) -> String {
+    serde_json::to_string(&NodeJson(n)).unwrap_or_default()
 }
 
 /// Two entries with equal keys.
@@ -39,16 +23,16 @@ impl Clone for Index {
 pub struct DuplicateKey(pub String);
 
 impl Dict {
-    /// An empty dict (`ordered`: an `OrderedDict`).
-    pub fn new(ordered: bool) -> Dict {
-        Dict { ordered, entries: Vec::new(), state: None, index: OnceLock::new() }
+    /// An empty dict of class `kind`.
+    pub fn new(kind: DictKind) -> Dict {
+        Dict { kind, entries: Vec::new(), state: None, index: OnceLock::new() }
     }
 
     /// A dict of `entries`, in order; two equal keys are an error naming
     /// the key (Python dicts cannot hold them, and a reader could keep
     /// either one). Keys compare as Python compares them: strings and ints
     /// by value, other keys structurally.
-    pub fn from_entries(ordered: bool, entries: Vec<(Node, Node)>) -> Result<Dict, DuplicateKey> {
+    pub fn from_entries(kind: DictKind, entries: Vec<(Node, Node)>) -> Result<Dict, DuplicateKey> {
         let mut strs: HashMap<&str, ()> = HashMap::with_capacity(entries.len());
         let mut ints: HashMap<i64, ()> = HashMap::new();
         let mut others: HashMap<String, ()> = HashMap::new();
@@ -58,13 +42,13 @@ impl Dict {
                 Node::Int(i) => ints.insert(*i, ()).is_none(),
                 // Python: True == 1, False == 0 as keys.
                 Node::Bool(b) => ints.insert(i64::from(*b), ()).is_none(),
-                other => others.insert(super::json::fingerprint(other), ()).is_none(),
+                other => others.insert(fingerprint(other), ()).is_none(),
             };
             if !fresh {
                 return Err(DuplicateKey(k.to_string()));
             }
         }
-        Ok(Dict { ordered, entries, state: None, index: OnceLock::new() })
+        Ok(Dict { kind, entries, state: None, index: OnceLock::new() })
     }
 
     /// This dict with a `BUILD` state (a state dict's `{'_metadata': ...}`).
@@ -78,9 +62,9 @@ impl Dict {
         &self.entries
     }
 
-    /// The entries, taken apart (key, value) in order, and the state.
-    pub fn into_parts(self) -> (bool, Vec<(Node, Node)>, Option<Node>) {
-        (self.ordered, self.entries, self.state.map(|b| *b))
+    /// The dict taken apart: its class, its entries (key, value) in order, and the state.
+    pub fn into_parts(self) -> (DictKind, Vec<(Node, Node)>, Option<Node>) {
+        (self.kind, self.entries, self.state.map(|b| *b))
     }
 
     /// How many entries.
@@ -93,9 +77,14 @@ impl Dict {
         self.entries.is_empty()
     }
 
+    /// Its class: a plain `dict` or a `collections.OrderedDict`.
+    pub fn kind(&self) -> DictKind {
+        self.kind
+    }
+
     /// Whether it is a `collections.OrderedDict` (else a plain `dict`).
     pub fn is_ordered(&self) -> bool {
-        self.ordered
+        self.kind == DictKind::Ordered
     }
 
     /// The object state torch restores with `BUILD` (`{'_metadata': ...}` on a state dict).
@@ -185,16 +174,23 @@ impl Dict {
     }
 }
 
+impl Node {
+    /// The value under string key `key` of a dict.
+    pub fn get(&self, key: &str) -> Option<&Node> {
+        self.as_dict()?.get(key)
+    }
+}
+
 impl PartialEq for Dict {
     fn eq(&self, other: &Self) -> bool {
-        self.ordered == other.ordered && self.entries == other.entries && self.state == other.state
+        self.kind == other.kind && self.entries == other.entries && self.state == other.state
     }
 }
 
 impl fmt::Debug for Dict {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Dict")
-            .field("ordered", &self.ordered)
+            .field("kind", &self.kind)
             .field("entries", &self.entries)
             .field("state", &self.state)
             .finish()
@@ -207,7 +203,7 @@ mod tests {
 
     fn big(n: usize) -> Dict {
         let entries = (0..n).map(|i| (Node::Str(format!("k{i}")), Node::Int(i as i64))).collect();
-        Dict::from_entries(true, entries).unwrap()
+        Dict::from_entries(DictKind::Ordered, entries).unwrap()
     }
 
     #[test]
@@ -222,7 +218,8 @@ mod tests {
             assert_eq!(d.get("k0"), Some(&Node::Bool(true)));
             assert_eq!(d.entries().last().map(|(k, _)| k.as_str()), Some(Some("new")));
         }
-        let ints = Dict::from_entries(false, (0..40).map(|i| (Node::Int(i), Node::Int(-i))).collect()).unwrap();
+        let ints =
+            Dict::from_entries(DictKind::Plain, (0..40).map(|i| (Node::Int(i), Node::Int(-i))).collect()).unwrap();
         assert_eq!(ints.position_of_label("39"), Some(39));
         assert_eq!(ints.position_of_label("x"), None);
     }
@@ -230,10 +227,10 @@ mod tests {
     #[test]
     fn equal_keys_are_refused() {
         let dup = vec![(Node::Str("a".into()), Node::None), (Node::Str("a".into()), Node::Int(1))];
-        assert_eq!(Dict::from_entries(false, dup).unwrap_err(), DuplicateKey("'a'".into()));
+        assert_eq!(Dict::from_entries(DictKind::Plain, dup).unwrap_err(), DuplicateKey("'a'".into()));
         let tuples = vec![(Node::Tuple(vec![Node::Int(1)]), Node::None), (Node::Tuple(vec![Node::Int(1)]), Node::None)];
-        assert!(Dict::from_entries(false, tuples).is_err());
+        assert!(Dict::from_entries(DictKind::Plain, tuples).is_err());
         let bool_int = vec![(Node::Int(1), Node::None), (Node::Bool(true), Node::None)];
-        assert!(Dict::from_entries(false, bool_int).is_err(), "True == 1 as a Python key");
+        assert!(Dict::from_entries(DictKind::Plain, bool_int).is_err(), "True == 1 as a Python key");
     }
 }

@@ -14,8 +14,26 @@ use serde::ser::{SerializeMap, SerializeSeq, Serializer};
 use serde::Serialize;
 use serde_json::{Map, Value as J};
 
+use super::json_problem::JsonProblem;
 use crate::dtype::DType;
-use crate::tree::{Construct, Dict, Node, Object, TensorRef};
+use crate::tree::{Construct, Dict, DictKind, Node, Object, TensorClass, TensorRef};
+
+/// The JSON tag of a dict of class `kind`.
+fn dict_tag(kind: DictKind) -> &'static str {
+    match kind {
+        DictKind::Plain => "dict",
+        DictKind::Ordered => "odict",
+    }
+}
+
+/// The class of a dict with JSON tag `tag` (`dict` or `odict`).
+fn dict_kind(tag: &str) -> DictKind {
+    if tag == "odict" {
+        DictKind::Ordered
+    } else {
+        DictKind::Plain
+    }
+}
 
 fn hex(bytes: &[u8]) -> String {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
@@ -27,13 +45,17 @@ fn hex(bytes: &[u8]) -> String {
     out
 }
 
-fn unhex(s: &str) -> Result<Vec<u8>, String> {
+fn unhex(s: &str) -> Result<Vec<u8>, JsonProblem> {
     if s.len() % 2 != 0 {
-        return Err(format!("odd-length hex {s:?}"));
+        return Err(JsonProblem::OddHex(s.len()));
     }
     (0..s.len())
         .step_by(2)
-        .map(|i| u8::from_str_radix(s.get(i..i + 2).unwrap_or("zz"), 16).map_err(|_| format!("bad hex {s:?}")))
+        .map(|i| {
+            // Both digits checked: `from_str_radix` alone would take "+f".
+            let digits = s.get(i..i + 2).filter(|d| d.bytes().all(|b| b.is_ascii_hexdigit()));
+            digits.and_then(|d| u8::from_str_radix(d, 16).ok()).ok_or(JsonProblem::HexDigit(i))
+        })
         .collect()
 }
 
@@ -41,184 +63,218 @@ fn bits(f: f64) -> String {
     format!("{:016x}", f.to_bits())
 }
 
-fn unfloat(j: &J) -> Result<f64, String> {
-    let s = j.as_str().ok_or("float bits are not a string")?;
-    u64::from_str_radix(s, 16).map(f64::from_bits).map_err(|_| format!("bad float bits {s:?}"))
+fn unfloat(j: &J) -> Result<f64, JsonProblem> {
+    let s = j.as_str().ok_or_else(|| wrong("float", "f", "a string"))?;
+    u64::from_str_radix(s, 16).map(f64::from_bits).map_err(|_| JsonProblem::FloatBits(start_of(s)))
+}
+
+/// The first 40 characters of `s` (a hostile field may be long), for errors.
+fn start_of(s: &str) -> String {
+    s.chars().take(40).collect()
+}
+
+/// [`JsonProblem::WrongType`].
+fn wrong(tag: &str, field: &'static str, expected: &'static str) -> JsonProblem {
+    JsonProblem::WrongType { tag: tag.to_owned(), field, expected }
+}
+
+/// The fields of one tagged object, looked up with the errors that name
+/// the tag and the field.
+struct Fields<'a> {
+    tag: &'a str,
+    m: &'a Map<String, J>,
+}
+
+impl<'a> Fields<'a> {
+    fn get(&self, field: &'static str) -> Result<&'a J, JsonProblem> {
+        self.m.get(field).ok_or_else(|| JsonProblem::Missing { tag: self.tag.to_owned(), field })
+    }
+    fn str(&self, field: &'static str) -> Result<&'a str, JsonProblem> {
+        self.get(field)?.as_str().ok_or_else(|| wrong(self.tag, field, "a string"))
+    }
+    fn array(&self, field: &'static str) -> Result<&'a [J], JsonProblem> {
+        self.get(field)?.as_array().map(Vec::as_slice).ok_or_else(|| wrong(self.tag, field, "an array"))
+    }
+    /// An optional array (absent: empty).
+    fn array_or_empty(&self, field: &'static str) -> Result<&'a [J], JsonProblem> {
+        match self.m.get(field) {
+            None => Ok(&[]),
+            Some(_) => self.array(field),
+        }
+    }
+    /// The `[key, value]` pairs of an array field.
+    fn pairs(items: &'a [J]) -> Result<Vec<(&'a J, &'a J)>, JsonProblem> {
+        items
+            .iter()
+            .map(|item| match item.as_array().map(Vec::as_slice) {
+                Some([k, v]) => Ok((k, v)),
+                _ => Err(JsonProblem::NotAPair),
+            })
+            .collect()
+    }
+}
+
+fn int_of(n: &serde_json::Number) -> Result<i64, JsonProblem> {
+    match (n.as_i64(), n.as_u64()) {
+        (Some(i), _) => Ok(i),
+        (None, Some(u)) => Err(JsonProblem::IntTooLarge(u)),
+        (None, None) => Err(JsonProblem::NotAnInteger(n.to_string())),
+    }
 }
 
 /// Decodes a node.
-pub fn node_from_json(j: &J) -> Result<Node, String> {
-    let list = |j: &J| -> Result<Vec<Node>, String> {
-        j.as_array().ok_or("expected an array")?.iter().map(node_from_json).collect()
+pub fn node_from_json(j: &J) -> Result<Node, JsonProblem> {
+    let list = |items: &[J]| items.iter().map(node_from_json).collect::<Result<Vec<_>, _>>();
+    let pairs = |f: &Fields<'_>, field| -> Result<Vec<(Node, Node)>, JsonProblem> {
+        let items = f.array_or_empty(field)?;
+        Fields::pairs(items)?.into_iter().map(|(k, v)| Ok((node_from_json(k)?, node_from_json(v)?))).collect()
     };
     Ok(match j {
         J::Null => Node::None,
         J::Bool(b) => Node::Bool(*b),
-        J::Number(n) => Node::Int(n.as_i64().ok_or_else(|| format!("non-integer number {n}"))?),
+        J::Number(n) => Node::Int(int_of(n)?),
         J::String(s) => Node::Str(s.clone()),
-        J::Array(_) => return Err("unexpected bare array".into()),
+        J::Array(_) => return Err(JsonProblem::BareArray),
         J::Object(m) => {
             if let Some(bits) = m.get("f") {
                 return Ok(Node::Float(unfloat(bits)?));
             }
-            let field = |k: &str| m.get(k).ok_or_else(|| format!("missing field {k:?}"));
-            match m.get("t").and_then(J::as_str).ok_or("object without a type tag")? {
-                "bigint" => Node::BigInt(unhex(field("le")?.as_str().ok_or("bigint")?)?),
-                "complex" => Node::Complex(unfloat(field("re")?)?, unfloat(field("im")?)?),
-                "bytes" => Node::Bytes(unhex(field("hex")?.as_str().ok_or("bytes")?)?),
-                "list" => Node::List(list(field("v")?)?),
-                "tuple" => Node::Tuple(list(field("v")?)?),
-                "set" => Node::Set(list(field("v")?)?),
-                tag @ ("dict" | "odict") => {
-                    let mut entries = Vec::new();
-                    for item in field("items")?.as_array().ok_or("dict items")? {
-                        match item.as_array().map(Vec::as_slice) {
-                            Some([k, v]) => entries.push((node_from_json(k)?, node_from_json(v)?)),
-                            _ => return Err("dict item is not a pair".into()),
-                        }
-                    }
+            let tag = m.get("t").and_then(J::as_str).ok_or(JsonProblem::NoTag)?;
+            let f = Fields { tag, m };
+            match tag {
+                "bigint" => Node::BigInt(unhex(f.str("le")?)?),
+                "complex" => Node::Complex(unfloat(f.get("re")?)?, unfloat(f.get("im")?)?),
+                "bytes" => Node::Bytes(unhex(f.str("hex")?)?),
+                "list" => Node::List(list(f.array("v")?)?),
+                "tuple" => Node::Tuple(list(f.array("v")?)?),
+                "set" => Node::Set(list(f.array("v")?)?),
+                "dict" | "odict" => {
+                    f.get("items")?;
+                    let entries = pairs(&f, "items")?;
                     let state = m.get("state").map(node_from_json).transpose()?;
-                    let dict = Dict::from_entries(tag == "odict", entries)
-                        .map_err(|d| format!("dict key {} appears twice", d.0))?;
+                    let dict =
+                        Dict::from_entries(dict_kind(tag), entries).map_err(|d| JsonProblem::DuplicateKey(d.0))?;
                     Node::Dict(dict.with_state(state))
                 }
-                "tensor" => Node::Tensor(Box::new(tensor_from_json(m)?)),
-                "device" => Node::Device {
-                    kind: field("type")?.as_str().ok_or("device type")?.to_owned(),
-                    index: m.get("index").and_then(J::as_i64),
-                },
+                "tensor" => Node::Tensor(Box::new(tensor_from_json(&f)?)),
+                "device" => Node::Device { kind: f.str("type")?.to_owned(), index: m.get("index").and_then(J::as_i64) },
                 "dtype" => {
-                    let name = field("name")?.as_str().ok_or("dtype name")?;
+                    let name = f.str("name")?;
                     if DType::from_torch_name(name).is_none() {
-                        return Err(format!("dtype node names torch.{name}, which is not a torch dtype"));
+                        return Err(JsonProblem::UnknownDtype(start_of(name)));
                     }
                     Node::TorchDtype(name.to_owned())
                 }
-                "global" => Node::Global {
-                    module: field("module")?.as_str().ok_or("global module")?.to_owned(),
-                    name: field("name")?.as_str().ok_or("global name")?.to_owned(),
-                },
+                "global" => Node::Global { module: f.str("module")?.to_owned(), name: f.str("name")?.to_owned() },
                 "object" => {
-                    let construct = match field("construct")?.as_str() {
+                    let construct = match f.get("construct")?.as_str() {
                         Some("reduce") => Construct::Reduce,
                         Some("newobj") => Construct::NewObj,
-                        _ => return Err("object construct is not \"reduce\" or \"newobj\"".into()),
-                    };
-                    let mut setitems = Vec::new();
-                    for item in m.get("setitems").and_then(J::as_array).map(Vec::as_slice).unwrap_or_default() {
-                        match item.as_array().map(Vec::as_slice) {
-                            Some([k, v]) => setitems.push((node_from_json(k)?, node_from_json(v)?)),
-                            _ => return Err("object setitem is not a pair".into()),
-                        }
-                    }
-                    let appends = match m.get("appends") {
-                        Some(a) => list(a)?,
-                        None => Vec::new(),
+                        _ => return Err(JsonProblem::Construct),
                     };
                     Node::Object(Box::new(Object {
                         construct,
-                        callable: node_from_json(field("callable")?)?,
-                        args: node_from_json(field("args")?)?,
+                        callable: node_from_json(f.get("callable")?)?,
+                        args: node_from_json(f.get("args")?)?,
                         kwargs: m.get("kwargs").map(node_from_json).transpose()?,
                         state: m.get("state").map(node_from_json).transpose()?,
-                        setitems,
-                        appends,
+                        setitems: pairs(&f, "setitems")?,
+                        appends: list(f.array_or_empty("appends")?)?,
                     }))
                 }
-                "pickle" => Node::Opaque(Box::new(value_from_json(field("v")?)?)),
-                other => return Err(format!("unknown node type {other:?}")),
+                "pickle" => Node::Opaque(Box::new(value_from_json(f.get("v")?)?)),
+                other => return Err(JsonProblem::UnknownTag { kind: "node", tag: start_of(other) }),
             }
         }
     })
 }
 
-fn usizes(j: Option<&J>, what: &str) -> Result<Vec<usize>, String> {
-    j.and_then(J::as_array)
-        .ok_or_else(|| format!("tensor {what} missing"))?
+fn usizes(f: &Fields<'_>, field: &'static str) -> Result<Vec<usize>, JsonProblem> {
+    f.array(field)?
         .iter()
-        .map(|x| x.as_u64().and_then(|x| usize::try_from(x).ok()).ok_or_else(|| format!("tensor {what}: bad entry")))
-        .collect()
+        .map(|x| x.as_u64().and_then(|x| usize::try_from(x).ok()))
+        .collect::<Option<Vec<usize>>>()
+        .ok_or_else(|| wrong(f.tag, field, "an array of non-negative integers"))
 }
 
-fn tensor_from_json(m: &Map<String, J>) -> Result<TensorRef, String> {
-    let dtype_name = m.get("dtype").and_then(J::as_str).ok_or("tensor dtype missing")?;
+fn tensor_from_json(f: &Fields<'_>) -> Result<TensorRef, JsonProblem> {
+    let dtype_name = f.str("dtype")?;
+    let m = f.m;
     Ok(TensorRef {
-        storage: m.get("storage").and_then(J::as_str).ok_or("tensor storage missing")?.to_owned(),
-        dtype: DType::from_torch_name(dtype_name).ok_or_else(|| format!("unsupported dtype {dtype_name}"))?,
-        offset: m
-            .get("offset")
-            .and_then(J::as_u64)
+        storage: f.str("storage")?.to_owned(),
+        dtype: DType::from_torch_name(dtype_name).ok_or_else(|| JsonProblem::UnknownDtype(start_of(dtype_name)))?,
+        offset: f
+            .get("offset")?
+            .as_u64()
             .and_then(|x| usize::try_from(x).ok())
-            .ok_or("tensor offset missing")?,
-        shape: usizes(m.get("shape"), "shape")?,
-        stride: usizes(m.get("stride"), "stride")?,
+            .ok_or_else(|| wrong(f.tag, "offset", "a non-negative integer"))?,
+        shape: usizes(f, "shape")?,
+        stride: usizes(f, "stride")?,
         requires_grad: m.get("requires_grad").and_then(J::as_bool).unwrap_or(false),
-        parameter: m.get("parameter").and_then(J::as_bool),
+        class: match m.get("parameter").and_then(J::as_bool) {
+            Some(requires_grad) => TensorClass::Parameter { requires_grad },
+            None => TensorClass::Tensor,
+        },
         object: m.get("object").and_then(J::as_u64),
     })
 }
 
 /// Decodes a raw pickle value.
-pub fn value_from_json(j: &J) -> Result<Value, String> {
-    let list = |j: Option<&J>| -> Result<Vec<Value>, String> {
-        j.and_then(J::as_array).ok_or("expected an array")?.iter().map(value_from_json).collect()
+pub fn value_from_json(j: &J) -> Result<Value, JsonProblem> {
+    let list = |f: &Fields<'_>, field| -> Result<Vec<Value>, JsonProblem> {
+        f.array(field)?.iter().map(value_from_json).collect()
     };
-    let pairs = |j: Option<&J>| -> Result<Vec<(Value, Value)>, String> {
-        j.and_then(J::as_array)
-            .ok_or("expected an array of pairs")?
-            .iter()
-            .map(|p| match p.as_array().map(Vec::as_slice) {
-                Some([k, v]) => Ok((value_from_json(k)?, value_from_json(v)?)),
-                _ => Err("not a pair".to_owned()),
-            })
-            .collect()
+    let pairs = |f: &Fields<'_>, field| -> Result<Vec<(Value, Value)>, JsonProblem> {
+        let items = f.array(field)?;
+        Fields::pairs(items)?.into_iter().map(|(k, v)| Ok((value_from_json(k)?, value_from_json(v)?))).collect()
     };
     let boxed =
-        |j: Option<&J>| -> Result<Box<Value>, String> { Ok(Box::new(value_from_json(j.ok_or("missing field")?)?)) };
+        |f: &Fields<'_>, field| -> Result<Box<Value>, JsonProblem> { Ok(Box::new(value_from_json(f.get(field)?)?)) };
     Ok(match j {
         J::Null => Value::None,
         J::Bool(b) => Value::Bool(*b),
-        J::Number(n) => Value::Int(n.as_i64().ok_or_else(|| format!("non-integer number {n}"))?),
+        J::Number(n) => Value::Int(int_of(n)?),
         J::String(s) => Value::Str(s.clone()),
-        J::Array(_) => return Err("unexpected bare array".into()),
+        J::Array(_) => return Err(JsonProblem::BareArray),
         J::Object(m) => {
             if let Some(bits) = m.get("f") {
                 return Ok(Value::Float(unfloat(bits)?));
             }
-            let s = |k: &str| m.get(k).and_then(J::as_str).ok_or_else(|| format!("missing string {k:?}"));
-            match s("t")? {
-                "bigint" => Value::BigInt(unhex(s("le")?)?),
-                "bytes" => Value::Bytes(unhex(s("hex")?)?),
-                "bytearray" => Value::ByteArray(unhex(s("hex")?)?),
-                "list" => Value::List(list(m.get("v"))?),
-                "tuple" => Value::Tuple(list(m.get("v"))?),
-                "set" => Value::Set(list(m.get("v"))?),
-                "frozenset" => Value::FrozenSet(list(m.get("v"))?),
-                "dict" => Value::Dict(pairs(m.get("items"))?),
-                "global" => Value::Global { module: s("module")?.to_owned(), name: s("name")?.to_owned() },
+            let tag = m.get("t").and_then(J::as_str).ok_or(JsonProblem::NoTag)?;
+            let f = &Fields { tag, m };
+            match tag {
+                "bigint" => Value::BigInt(unhex(f.str("le")?)?),
+                "bytes" => Value::Bytes(unhex(f.str("hex")?)?),
+                "bytearray" => Value::ByteArray(unhex(f.str("hex")?)?),
+                "list" => Value::List(list(f, "v")?),
+                "tuple" => Value::Tuple(list(f, "v")?),
+                "set" => Value::Set(list(f, "v")?),
+                "frozenset" => Value::FrozenSet(list(f, "v")?),
+                "dict" => Value::Dict(pairs(f, "items")?),
+                "global" => Value::Global { module: f.str("module")?.to_owned(), name: f.str("name")?.to_owned() },
                 "reduce" => Value::Reduce {
-                    callable: boxed(m.get("callable"))?,
-                    args: boxed(m.get("args"))?,
-                    setitems: pairs(m.get("setitems"))?,
-                    appends: list(m.get("appends"))?,
+                    callable: boxed(f, "callable")?,
+                    args: boxed(f, "args")?,
+                    setitems: pairs(f, "setitems")?,
+                    appends: list(f, "appends")?,
                 },
                 "newobj" => Value::NewObj {
-                    cls: boxed(m.get("cls"))?,
-                    args: boxed(m.get("args"))?,
+                    cls: boxed(f, "cls")?,
+                    args: boxed(f, "args")?,
                     kwargs: match m.get("kwargs") {
                         None | Some(J::Null) => None,
                         Some(k) => Some(Box::new(value_from_json(k)?)),
                     },
-                    setitems: pairs(m.get("setitems"))?,
-                    appends: list(m.get("appends"))?,
+                    setitems: pairs(f, "setitems")?,
+                    appends: list(f, "appends")?,
                 },
-                "build" => Value::Build { object: boxed(m.get("object"))?, state: boxed(m.get("state"))? },
-                "persid" => Value::PersistentId(boxed(m.get("v"))?),
+                "build" => Value::Build { object: boxed(f, "object")?, state: boxed(f, "state")? },
+                "persid" => Value::PersistentId(boxed(f, "v")?),
                 "shared" => Value::Shared {
-                    id: m.get("id").and_then(J::as_u64).ok_or("shared value without an id")?,
-                    value: boxed(m.get("v"))?,
+                    id: f.get("id")?.as_u64().ok_or_else(|| wrong(tag, "id", "a non-negative integer"))?,
+                    value: boxed(f, "v")?,
                 },
-                other => return Err(format!("unknown value type {other:?}")),
+                other => return Err(JsonProblem::UnknownTag { kind: "value", tag: start_of(other) }),
             }
         }
     })
@@ -306,7 +362,7 @@ impl Serialize for NodeJson<'_> {
                 m.end()
             }
             Node::Dict(d) => {
-                let mut m = tagged(s, if d.is_ordered() { "odict" } else { "dict" }, 2)?;
+                let mut m = tagged(s, dict_tag(d.kind()), 2)?;
                 m.serialize_entry("items", &NodePairs(d.entries()))?;
                 if let Some(st) = d.state() {
                     m.serialize_entry("state", &NodeJson(st))?;
@@ -321,7 +377,7 @@ impl Serialize for NodeJson<'_> {
                 m.serialize_entry("shape", &t.shape)?;
                 m.serialize_entry("stride", &t.stride)?;
                 m.serialize_entry("requires_grad", &t.requires_grad)?;
-                m.serialize_entry("parameter", &t.parameter)?;
+                m.serialize_entry("parameter", &t.class.parameter_requires_grad())?;
                 m.serialize_entry("object", &t.object)?;
                 m.end()
             }
@@ -472,11 +528,6 @@ impl Serialize for ValueJson<'_> {
     }
 }
 
-/// A node's exact JSON text: equal text iff equal nodes (a dict key's identity).
-pub(crate) fn fingerprint(n: &Node) -> String {
-    serde_json::to_string(&NodeJson(n)).unwrap_or_default()
-}
-
 /// Size and depth of a JSON text, found without allocating: values (an
 /// upper bound on the tree nodes it decodes into) and nesting of arrays and
 /// objects.
@@ -582,7 +633,7 @@ impl<'de> serde::de::DeserializeSeed<'de> for PairsSeed {
                         f.write_str("a [key, value] pair")
                     }
                     fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
-                        let err = || serde::de::Error::custom("dict item is not a pair");
+                        let err = || serde::de::Error::custom(JsonProblem::NotAPair);
                         let k = seq.next_element_seed(NodeSeed)?.ok_or_else(err)?;
                         let v = seq.next_element_seed(NodeSeed)?.ok_or_else(err)?;
                         if seq.next_element::<serde::de::IgnoredAny>()?.is_some() {
@@ -648,12 +699,10 @@ impl<'de> serde::de::Visitor<'de> for NodeVisitor {
         Ok(Node::Int(i))
     }
     fn visit_u64<E: serde::de::Error>(self, u: u64) -> Result<Node, E> {
-        i64::try_from(u)
-            .map(Node::Int)
-            .map_err(|_| E::custom(format!("integer {u} does not fit i64 (big ints are tagged)")))
+        i64::try_from(u).map(Node::Int).map_err(|_| E::custom(JsonProblem::IntTooLarge(u)))
     }
     fn visit_f64<E: serde::de::Error>(self, x: f64) -> Result<Node, E> {
-        Err(E::custom(format!("non-integer number {x} (floats are written by their bits)")))
+        Err(E::custom(JsonProblem::NotAnInteger(x.to_string())))
     }
     fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<Node, E> {
         Ok(Node::Str(s.to_owned()))
@@ -662,7 +711,7 @@ impl<'de> serde::de::Visitor<'de> for NodeVisitor {
         Ok(Node::Str(s))
     }
     fn visit_seq<A: serde::de::SeqAccess<'de>>(self, _seq: A) -> Result<Node, A::Error> {
-        Err(serde::de::Error::custom("unexpected bare array"))
+        Err(serde::de::Error::custom(JsonProblem::BareArray))
     }
     fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Node, A::Error> {
         let mut p = Parts::default();
@@ -690,30 +739,30 @@ impl<'de> serde::de::Visitor<'de> for NodeVisitor {
 }
 
 /// Builds the node an object's parts describe.
-fn assemble(p: Parts) -> Result<Node, String> {
+fn assemble(p: Parts) -> Result<Node, JsonProblem> {
     if let Some(bits) = &p.float {
         if p.tag.is_some() || !p.rest.is_empty() {
-            return Err("a float object has one field, \"f\"".into());
+            return Err(JsonProblem::FloatFields);
         }
         return unfloat(&J::String(bits.clone())).map(Node::Float);
     }
-    let tag = p.tag.ok_or("object without a type tag")?;
-    let missing = |what: &str| format!("{tag} without {what}");
+    let tag = p.tag.ok_or(JsonProblem::NoTag)?;
+    let missing = |field| JsonProblem::Missing { tag: tag.clone(), field };
     Ok(match tag.as_str() {
         "list" => Node::List(p.v_nodes.ok_or_else(|| missing("v"))?),
         "tuple" => Node::Tuple(p.v_nodes.ok_or_else(|| missing("v"))?),
         "set" => Node::Set(p.v_nodes.ok_or_else(|| missing("v"))?),
         "dict" | "odict" => {
             let items = p.items.ok_or_else(|| missing("items"))?;
-            let dict =
-                Dict::from_entries(tag == "odict", items).map_err(|d| format!("dict key {} appears twice", d.0))?;
+            let dict = Dict::from_entries(dict_kind(&tag), items).map_err(|d| JsonProblem::DuplicateKey(d.0))?;
             Node::Dict(dict.with_state(p.state))
         }
         "object" => {
-            let construct = match p.rest.get("construct").and_then(J::as_str) {
-                Some("reduce") => Construct::Reduce,
-                Some("newobj") => Construct::NewObj,
-                _ => return Err("object construct is not \"reduce\" or \"newobj\"".into()),
+            let construct = match p.rest.get("construct").map(J::as_str) {
+                Some(Some("reduce")) => Construct::Reduce,
+                Some(Some("newobj")) => Construct::NewObj,
+                Some(_) => return Err(JsonProblem::Construct),
+                None => return Err(missing("construct")),
             };
             Node::Object(Box::new(Object {
                 construct,
@@ -733,4 +782,81 @@ fn assemble(p: Parts) -> Result<Node, String> {
             node_from_json(&J::Object(m))?
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn problem(j: J) -> JsonProblem {
+        node_from_json(&j).expect_err("must be refused")
+    }
+
+    fn missing(tag: &str, field: &'static str) -> JsonProblem {
+        JsonProblem::Missing { tag: tag.into(), field }
+    }
+
+    #[test]
+    fn malformed_nodes_are_named_by_tag_and_field() {
+        assert_eq!(problem(json!([1])), JsonProblem::BareArray);
+        assert_eq!(problem(json!(1.5)), JsonProblem::NotAnInteger("1.5".into()));
+        assert_eq!(problem(json!(u64::MAX)), JsonProblem::IntTooLarge(u64::MAX));
+        assert_eq!(problem(json!({"v": []})), JsonProblem::NoTag);
+        assert_eq!(problem(json!({"t": "list"})), missing("list", "v"));
+        let wrong = JsonProblem::WrongType { tag: "list".into(), field: "v", expected: "an array" };
+        assert_eq!(problem(json!({"t": "list", "v": 3})), wrong);
+        assert_eq!(problem(json!({"t": "dict", "items": [[1]]})), JsonProblem::NotAPair);
+        assert_eq!(problem(json!({"t": "dict", "items": [[1, 2], [1, 3]]})), JsonProblem::DuplicateKey("1".into()));
+        assert_eq!(problem(json!({"t": "bytes", "hex": "abc"})), JsonProblem::OddHex(3));
+        assert_eq!(problem(json!({"t": "bytes", "hex": "00zz"})), JsonProblem::HexDigit(2));
+        assert_eq!(problem(json!({"t": "bytes", "hex": "+f"})), JsonProblem::HexDigit(0));
+        assert_eq!(problem(json!({"f": "nope"})), JsonProblem::FloatBits("nope".into()));
+        assert_eq!(problem(json!({"t": "dtype", "name": "float7"})), JsonProblem::UnknownDtype("float7".into()));
+        let object = json!({"t": "object", "construct": "call", "callable": null, "args": {"t": "tuple", "v": []}});
+        assert_eq!(problem(object), JsonProblem::Construct);
+        let long_tag = "x".repeat(100);
+        let unknown = JsonProblem::UnknownTag { kind: "node", tag: "x".repeat(40) };
+        assert_eq!(problem(json!({ "t": long_tag })), unknown, "a hostile tag is cut to 40 characters");
+        let tensor =
+            json!({"t": "tensor", "storage": "0", "dtype": "float32", "offset": 0, "shape": [-1], "stride": [1]});
+        let shape = JsonProblem::WrongType {
+            tag: "tensor".into(),
+            field: "shape",
+            expected: "an array of non-negative integers",
+        };
+        assert_eq!(problem(tensor), shape);
+    }
+
+    #[test]
+    fn malformed_values_are_named_by_tag_and_field() {
+        let v = |j: J| value_from_json(&j).expect_err("must be refused");
+        assert_eq!(v(json!({"t": "reduce", "args": []})), missing("reduce", "callable"));
+        assert_eq!(v(json!({"t": "dict", "items": [[1, 2, 3]]})), JsonProblem::NotAPair);
+        assert_eq!(v(json!({"t": "frob"})), JsonProblem::UnknownTag { kind: "value", tag: "frob".into() });
+        let id = JsonProblem::WrongType { tag: "shared".into(), field: "id", expected: "a non-negative integer" };
+        assert_eq!(v(json!({"t": "shared", "id": "7", "v": null})), id);
+    }
+
+    #[test]
+    fn the_streaming_reader_refuses_what_the_value_reader_refuses() {
+        // node_from_str reports through serde_json (which adds the position);
+        // its message is the problem's.
+        for (text, want) in [
+            (r#"{"t": "list"}"#, missing("list", "v")),
+            (
+                r#"{"t": "object", "construct": 1, "callable": null, "args": {"t": "tuple", "v": []}}"#,
+                JsonProblem::Construct,
+            ),
+            (r#"{"t": "dict", "items": [[1, 2], [1, 3]]}"#, JsonProblem::DuplicateKey("1".into())),
+            (r#"{"t": "dict", "items": [[1]]}"#, JsonProblem::NotAPair),
+            (r#"{"f": "0000000000000000", "t": "float"}"#, JsonProblem::FloatFields),
+            ("[]", JsonProblem::BareArray),
+            ("2.5", JsonProblem::NotAnInteger("2.5".into())),
+        ] {
+            let e = node_from_str(text).expect_err(text);
+            assert!(e.to_string().starts_with(&want.to_string()), "{text}: {e}");
+        }
+    }
 }

@@ -2,13 +2,15 @@
 
 mod dict;
 pub(crate) mod json;
+pub(crate) mod json_problem;
 mod node;
 mod tensor;
 mod walk;
 
-pub use dict::{Dict, DuplicateKey};
-pub use node::{Construct, Node, Object};
-pub use tensor::TensorRef;
+pub(crate) use dict::fingerprint;
+pub use dict::DuplicateKey;
+pub use node::{Construct, Dict, DictKind, Node, Object};
+pub use tensor::{TensorClass, TensorRef};
 pub use walk::{dotted, Key};
 
 /// A shape as torch prints one: `[2, 3]`.

@@ -2,6 +2,31 @@
 
 use crate::dtype::DType;
 
+/// Whether a tensor was pickled as a plain tensor or as an `nn.Parameter`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum TensorClass {
+    /// A plain tensor (`_rebuild_tensor_v2` alone).
+    #[default]
+    Tensor,
+    /// An `nn.Parameter` (`_rebuild_parameter`), which carries its own
+    /// `requires_grad` besides the tensor's.
+    Parameter {
+        /// The parameter's `requires_grad`.
+        requires_grad: bool,
+    },
+}
+
+impl TensorClass {
+    /// The parameter's `requires_grad`, or `None` for a plain tensor (the
+    /// `parameter` field of pmstate's tree JSON).
+    pub fn parameter_requires_grad(self) -> Option<bool> {
+        match self {
+            TensorClass::Tensor => None,
+            TensorClass::Parameter { requires_grad } => Some(requires_grad),
+        }
+    }
+}
+
 /// A tensor: a view (offset, shape, strides in elements) of a storage.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TensorRef {
@@ -17,8 +42,9 @@ pub struct TensorRef {
     pub stride: Vec<usize>,
     /// `requires_grad` of the tensor.
     pub requires_grad: bool,
-    /// `Some(requires_grad)` when it was an `nn.Parameter` (`_rebuild_parameter`).
-    pub parameter: Option<bool>,
+    /// A plain tensor, or an `nn.Parameter` (`_rebuild_parameter`) with the
+    /// parameter's own `requires_grad`.
+    pub class: TensorClass,
     /// Python object identity: tensors with the same `Some(id)` are one
     /// object under several keys (torch pickles it once, then by memo).
     /// Distinct views of one storage (a state dict's tied weights) share
@@ -48,13 +74,27 @@ impl TensorRef {
     /// (what a freshly written buffer is).
     pub fn contiguous(storage: String, dtype: DType, shape: Vec<usize>) -> TensorRef {
         let stride = Self::contiguous_stride(&shape);
-        TensorRef { storage, dtype, offset: 0, shape, stride, requires_grad: false, parameter: None, object: None }
+        TensorRef {
+            storage,
+            dtype,
+            offset: 0,
+            shape,
+            stride,
+            requires_grad: false,
+            class: TensorClass::Tensor,
+            object: None,
+        }
     }
 
     /// What torch reports as `requires_grad`: the parameter's flag for an
     /// `nn.Parameter`, the tensor's otherwise.
     pub fn effective_requires_grad(&self) -> bool {
-        self.parameter.unwrap_or(self.requires_grad)
+        self.class.parameter_requires_grad().unwrap_or(self.requires_grad)
+    }
+
+    /// Whether it was pickled as an `nn.Parameter`.
+    pub fn is_parameter(&self) -> bool {
+        matches!(self.class, TensorClass::Parameter { .. })
     }
 
     /// Bytes of its elements (contiguous; saturating, as [`TensorRef::numel`]).

@@ -112,7 +112,7 @@ pub fn run(a: Args, g: Global) -> Result<ExitCode, CliError> {
                     stride: &t.stride,
                     offset: t.offset,
                     storage: &t.storage,
-                    parameter: t.parameter.is_some(),
+                    parameter: t.is_parameter(),
                     requires_grad: t.requires_grad,
                 })
                 .collect(),

@@ -146,26 +146,8 @@ impl Tally {
         } else {
             match outcome {
                 Ok(r) => {
-                    let worst = r.worst().map_or("no fields".to_string(), |w| {
-                        format!(
-                            "worst: step {} {} {} max_ulps {} max_abs {:.3e}{}{}",
-                            w.step,
-                            w.op,
-                            w.field,
-                            if w.max_ulps == u64::MAX { "inf".into() } else { w.max_ulps.to_string() },
-                            w.max_abs,
-                            w.first_mismatch.map_or(String::new(), |i| format!(" first mismatch at element {i}")),
-                            w.note.as_ref().map_or(String::new(), |n| format!(" ({n})")),
-                        )
-                    });
-                    crate::output::line(format!(
-                        "{} {} ({} steps, world size {}, {} fields): {worst}",
-                        if r.pass { "PASS" } else { "FAIL" },
-                        name(f),
-                        r.steps,
-                        r.world_size,
-                        r.fields.len()
-                    ));
+                    let verdict = if r.pass { "PASS" } else { "FAIL" };
+                    crate::output::line(format!("{verdict} {} ({r})", name(f)));
                 }
                 // An error, not a result: stderr (the summary line still counts it).
                 Err(e) => crate::output::err_line(format!("ERROR {}: {e}", name(f))),
@@ -183,8 +165,7 @@ impl Tally {
                 "passed": passed, "failed": failed, "unreadable": broken});
             crate::output::json_line(&summary).expect("a JSON value always serializes");
         } else {
-            let m = if mode == Mode::Pinned { "pinned" } else { "free" };
-            crate::output::line(format!("replay ({m}, {collective}): {passed} passed, {} failed", failed + broken));
+            crate::output::line(format!("replay ({mode}, {collective}): {passed} passed, {} failed", failed + broken));
         }
         if broken > 0 {
             2
@@ -265,7 +246,7 @@ fn run_mpi(paths: &[PathBuf], mode: Mode, json: bool, timeout: Duration) -> Resu
                 crate::output::err_line(format!(
                     "pmstate: the MPI communicator is broken ({}); leaving without MPI_Finalize so that mpirun ends \
                      the job",
-                    b.unwrap_or_else(|| "the final broadcast failed".into())
+                    b.map_or_else(|| "the final broadcast failed".to_owned(), |p| p.to_string())
                 ));
             }
             Ok(2)

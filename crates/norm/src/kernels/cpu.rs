@@ -180,6 +180,13 @@ fn group_sums<T: Elem, const W: usize>(group: &[T], cols: usize, shift: &[f64], 
     if cols < W {
         return narrow_group_sums(group, cols, shift, s1, s2);
     }
+    tiled_sums::<T, W>(group, cols, shift, s1, s2);
+}
+
+/// The tiles of [`group_sums`] for `cols >= W`: whole tiles from the left,
+/// then one that ends at the last column and stores only the new columns.
+#[inline(always)]
+fn tiled_sums<T: Elem, const W: usize>(group: &[T], cols: usize, shift: &[f64], s1: &mut [f64], s2: &mut [f64]) {
     let mut j = 0;
     while j + W <= cols {
         tile_sums::<T, W>(group, cols, j, 0, shift, s1, s2);
@@ -195,15 +202,7 @@ fn group_sums<T: Elem, const W: usize>(group: &[T], cols: usize, shift: &[f64], 
 fn narrow_group_sums<T: Elem>(group: &[T], cols: usize, shift: &[f64], s1: &mut [f64], s2: &mut [f64]) {
     const N: usize = 4;
     if cols >= N {
-        let mut j = 0;
-        while j + N <= cols {
-            tile_sums::<T, N>(group, cols, j, 0, shift, s1, s2);
-            j += N;
-        }
-        if j < cols {
-            tile_sums::<T, N>(group, cols, cols - N, j - (cols - N), shift, s1, s2);
-        }
-        return;
+        return tiled_sums::<T, N>(group, cols, shift, s1, s2);
     }
     for row in group.chunks_exact(cols) {
         for (((a, q), &k), &v) in s1.iter_mut().zip(s2.iter_mut()).zip(shift).zip(row) {

@@ -26,17 +26,46 @@ pub enum Isa {
     Avx512,
 }
 
-/// An instruction set that cannot be used: unknown, or missing on this CPU.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct IsaError(String);
-
-impl fmt::Display for IsaError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
+/// An instruction set that cannot be used: unknown, missing on this CPU,
+/// or asked for after the kernels started with another.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum IsaError {
+    /// A name that is none of `avx512`, `avx2`, `scalar`.
+    #[error("unknown CPU instruction set '{name}': expected avx512, avx2, scalar or auto")]
+    Unknown {
+        /// The name given.
+        name: String,
+    },
+    /// An instruction set this CPU lacks.
+    #[error("this CPU does not support the {isa} instruction set (best available: {best})")]
+    Unsupported {
+        /// The one asked for.
+        isa: Isa,
+        /// The best this CPU has.
+        best: Isa,
+    },
+    /// [`select`] after the kernels fixed their instruction set.
+    #[error("the CPU kernels already run with {running}: select the instruction set before the first kernel call")]
+    AlreadySelected {
+        /// The one in use.
+        running: Isa,
+    },
+    /// `PMSTATE_CPU_ISA` asks for an instruction set that cannot be used.
+    #[error("{ENV}={value}: {problem}")]
+    Env {
+        /// The variable's value.
+        value: String,
+        /// Why it cannot be used ([`IsaError::Unknown`] or [`IsaError::Unsupported`]).
+        problem: Box<IsaError>,
+    },
+    /// `PMSTATE_CPU_ISA` is not valid UTF-8.
+    #[error("{ENV}={value}: not valid UTF-8")]
+    EnvNotUnicode {
+        /// The value, its invalid bytes replaced.
+        value: String,
+    },
 }
-
-impl std::error::Error for IsaError {}
 
 impl fmt::Display for Isa {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -60,9 +89,7 @@ impl Isa {
     /// The instruction set of a name (`scalar`, `avx2`, `avx512`).
     pub fn parse(name: &str) -> Result<Isa, IsaError> {
         let lower = name.trim().to_ascii_lowercase();
-        Isa::ALL.into_iter().find(|i| i.name() == lower).ok_or_else(|| {
-            IsaError(format!("unknown CPU instruction set {name:?}: expected avx512, avx2, scalar or auto"))
-        })
+        Isa::ALL.into_iter().find(|i| i.name() == lower).ok_or_else(|| IsaError::Unknown { name: name.to_owned() })
     }
 
     /// Whether this CPU has every feature the kernels of this instruction
@@ -87,7 +114,7 @@ impl Isa {
         if self.is_supported() {
             Ok(self)
         } else {
-            Err(IsaError(format!("this CPU does not support the {self} instruction set (best available: {})", best())))
+            Err(IsaError::Unsupported { isa: self, best: best() })
         }
     }
 }
@@ -103,7 +130,9 @@ pub fn resolve(env: Option<&str>) -> Result<Isa, IsaError> {
     match env.map(str::trim) {
         None | Some("") => Ok(best()),
         Some(s) if s.eq_ignore_ascii_case("auto") => Ok(best()),
-        Some(s) => Isa::parse(s).and_then(Isa::require).map_err(|e| IsaError(format!("{ENV}={s}: {e}"))),
+        Some(s) => Isa::parse(s)
+            .and_then(Isa::require)
+            .map_err(|problem| IsaError::Env { value: s.to_owned(), problem: Box::new(problem) }),
     }
 }
 
@@ -111,7 +140,9 @@ fn from_env() -> Result<Isa, IsaError> {
     match std::env::var(ENV) {
         Ok(v) => resolve(Some(&v)),
         Err(std::env::VarError::NotPresent) => resolve(None),
-        Err(std::env::VarError::NotUnicode(v)) => Err(IsaError(format!("{ENV}={v:?}: not valid UTF-8"))),
+        Err(std::env::VarError::NotUnicode(v)) => {
+            Err(IsaError::EnvNotUnicode { value: v.to_string_lossy().into_owned() })
+        }
     }
 }
 
@@ -138,9 +169,7 @@ pub fn select(choice: Option<Isa>) -> Result<Isa, IsaError> {
     };
     let got = *SELECTED.get_or_init(|| want);
     if got != want {
-        return Err(IsaError(format!(
-            "the CPU kernels already run with {got}: select the instruction set before the first kernel call"
-        )));
+        return Err(IsaError::AlreadySelected { running: got });
     }
     Ok(got)
 }
@@ -155,8 +184,15 @@ mod tests {
             assert_eq!(Isa::parse(isa.name()), Ok(isa));
             assert_eq!(Isa::parse(&isa.name().to_uppercase()), Ok(isa));
         }
-        assert!(Isa::parse("sse9").is_err());
-        assert!(resolve(Some("sse9")).unwrap_err().to_string().contains("PMSTATE_CPU_ISA=sse9"));
+        assert_eq!(Isa::parse("sse9"), Err(IsaError::Unknown { name: "sse9".into() }));
+        let e = resolve(Some(" sse9 ")).unwrap_err();
+        let unknown = Box::new(IsaError::Unknown { name: "sse9".into() });
+        assert_eq!(e, IsaError::Env { value: "sse9".into(), problem: unknown });
+        // The one wording check: the variable, its value and what it may be.
+        assert_eq!(
+            e.to_string(),
+            "PMSTATE_CPU_ISA=sse9: unknown CPU instruction set 'sse9': expected avx512, avx2, scalar or auto"
+        );
     }
 
     #[test]
@@ -169,6 +205,9 @@ mod tests {
         for isa in Isa::ALL {
             assert_eq!(resolve(Some(isa.name())).is_ok(), isa.is_supported(), "{isa}");
             assert_eq!(isa.require().is_ok(), isa.is_supported(), "{isa}");
+            if !isa.is_supported() {
+                assert_eq!(isa.require(), Err(IsaError::Unsupported { isa, best: best() }));
+            }
         }
     }
 

@@ -7,7 +7,7 @@
 //! before that, so memory stays proportional to the result.
 
 use super::arena::{Arena, Id, Node};
-use crate::{Limits, PickleError, Result, Value};
+use crate::{Limits, PickleError, ReadProblem, Result, Value};
 
 /// Converts the graph under `root` into a tree; errors carry `stop_offset`.
 pub(super) fn to_value(mut arena: Arena, root: Id, limits: &Limits, stop_offset: usize) -> Result<Value> {
@@ -57,7 +57,7 @@ fn check(arena: &mut Arena, root: Id, limits: &Limits, stop_offset: usize) -> Re
                     return Err(PickleError::Invalid {
                         offset: stop_offset,
                         opcode: "STOP",
-                        reason: format!("recursive structure (a {} contains itself)", node.kind()),
+                        problem: ReadProblem::Recursive(node.kind()),
                     });
                 }
                 _ => {}

@@ -12,6 +12,7 @@ use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
 
 use super::arena::{Arena, Id, Node};
+use crate::ReadProblem;
 
 /// The canonical-id table of one pickle.
 #[derive(Default)]
@@ -40,8 +41,9 @@ enum Content<'a> {
 }
 
 impl Keys {
-    /// The canonical id of the key `id`, or the Python type name of an unhashable part of it.
-    pub(super) fn canon(&mut self, arena: &Arena, id: Id) -> Result<u32, &'static str> {
+    /// The canonical id of the key `id`, or why it cannot be a key (an
+    /// unhashable part, named by its Python type; a key that contains itself).
+    pub(super) fn canon(&mut self, arena: &Arena, id: Id) -> Result<u32, ReadProblem> {
         // Explicit stack of (node, next child to canonicalize) so nested tuples never recurse.
         let mut work: Vec<(Id, usize)> = vec![(id, 0)];
         let mut child_canons: Vec<u32> = Vec::new();
@@ -53,7 +55,7 @@ impl Keys {
             let node = arena.node(top);
             let content = match node {
                 Node::List(_) | Node::Dict(_) | Node::Set(_) | Node::ByteArray(_) | Node::Taken => {
-                    return Err(node.kind());
+                    return Err(ReadProblem::Unhashable(node.kind()));
                 }
                 Node::Reduce(_) | Node::NewObj(_) | Node::Build { .. } | Node::PersistentId(_) => {
                     let c = self.fresh();
@@ -66,7 +68,7 @@ impl Keys {
                         *next_child += 1;
                         if !self.cache.contains_key(&child) {
                             if work.len() > arena.nodes.len() {
-                                return Err("recursive structure");
+                                return Err(ReadProblem::RecursiveKey);
                             }
                             work.push((child, 0));
                         }
@@ -106,7 +108,7 @@ impl Keys {
             self.cache.insert(top, c);
             work.pop();
         }
-        self.cache.get(&id).copied().ok_or("unhashable")
+        self.cache.get(&id).copied().ok_or_else(|| ReadProblem::Unhashable(arena.node(id).kind()))
     }
 
     fn fresh(&mut self) -> u32 {

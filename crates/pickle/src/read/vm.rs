@@ -9,7 +9,7 @@ use super::input::Input;
 use super::keys::Keys;
 use super::text;
 use crate::opcodes::{self as op, name};
-use crate::{int, Limits, PickleError, Result};
+use crate::{int, Limits, Operand, PickleError, ReadProblem, Result};
 
 /// The highest protocol this reader knows.
 const HIGHEST_PROTOCOL: u8 = 5;
@@ -75,8 +75,8 @@ struct Machine<'a, 'l> {
 }
 
 impl<'a> Machine<'a, '_> {
-    fn invalid(&self, reason: impl Into<String>) -> PickleError {
-        PickleError::Invalid { offset: self.at, opcode: name(self.op), reason: reason.into() }
+    fn invalid(&self, problem: ReadProblem) -> PickleError {
+        PickleError::Invalid { offset: self.at, opcode: name(self.op), problem }
     }
 
     fn limit(&self, limit: &'static str, max: u64, needed: u64) -> PickleError {
@@ -90,7 +90,7 @@ impl<'a> Machine<'a, '_> {
             op::PROTO => {
                 let proto = self.input.u8("protocol number")?;
                 if proto > HIGHEST_PROTOCOL {
-                    return Err(self.invalid(format!("unsupported pickle protocol {proto}")));
+                    return Err(self.invalid(ReadProblem::Protocol(proto)));
                 }
             }
             op::FRAME => {
@@ -144,7 +144,7 @@ impl<'a> Machine<'a, '_> {
             }
             op::LONG4 => {
                 let n = self.input.i32_le("LONG4 length")?;
-                let n = u64::try_from(n).map_err(|_| self.invalid("negative byte count"))?;
+                let n = u64::try_from(n).map_err(|_| self.invalid(ReadProblem::NegativeLength))?;
                 let bytes = self.literal(n, "LONG4 bytes")?;
                 self.push_value_int(int::from_le(bytes))?;
             }
@@ -198,7 +198,7 @@ impl<'a> Machine<'a, '_> {
             }
             op::BINSTRING => {
                 let n = self.input.i32_le("BINSTRING length")?;
-                let n = u64::try_from(n).map_err(|_| self.invalid("negative byte count"))?;
+                let n = u64::try_from(n).map_err(|_| self.invalid(ReadProblem::NegativeLength))?;
                 let bytes = self.literal(n, "BINSTRING bytes")?.to_vec();
                 self.push(py2_str(bytes))?;
             }
@@ -224,7 +224,7 @@ impl<'a> Machine<'a, '_> {
             op::TUPLE1 | op::TUPLE2 | op::TUPLE3 => {
                 let n = usize::from(self.op - op::TUPLE1) + 1;
                 if self.stack.len() < self.frame_base() + n {
-                    return Err(self.invalid(format!("needs {n} items on the stack")));
+                    return Err(self.invalid(ReadProblem::TooFewItems(n)));
                 }
                 let items = self.stack.split_off(self.stack.len() - n);
                 self.push(Node::Tuple(items))?;
@@ -310,7 +310,7 @@ impl<'a> Machine<'a, '_> {
                 let name = self.pop()?;
                 let module = self.pop()?;
                 let (Node::Str(module), Node::Str(name)) = (self.arena.node(module), self.arena.node(name)) else {
-                    return Err(self.invalid("module and name must be strings"));
+                    return Err(self.invalid(ReadProblem::GlobalNotStrings));
                 };
                 let global = Node::Global(Box::new((module.clone(), name.clone())));
                 self.push(global)?;
@@ -353,7 +353,7 @@ impl<'a> Machine<'a, '_> {
             op::OBJ => {
                 let mut items = self.pop_mark()?;
                 if items.is_empty() {
-                    return Err(self.invalid("no class after the MARK"));
+                    return Err(self.invalid(ReadProblem::NoClass));
                 }
                 let cls = items.remove(0);
                 let args = self.new_node(Node::Tuple(items))?;
@@ -369,7 +369,7 @@ impl<'a> Machine<'a, '_> {
                 let pid = std::str::from_utf8(line)
                     .ok()
                     .filter(|s| s.is_ascii())
-                    .ok_or_else(|| self.invalid("persistent id is not ASCII"))?;
+                    .ok_or_else(|| self.invalid(ReadProblem::NotAscii(Operand::PersistentId)))?;
                 let pid = self.new_node(Node::Str(pid.to_owned()))?;
                 self.push(Node::PersistentId(pid))?;
             }
@@ -378,10 +378,10 @@ impl<'a> Machine<'a, '_> {
                 self.push(Node::PersistentId(pid))?;
             }
             op::EXT1 | op::EXT2 | op::EXT4 => {
-                return Err(self.invalid("the extension registry (copyreg.add_extension) is not supported"));
+                return Err(self.invalid(ReadProblem::Extension));
             }
             op::NEXT_BUFFER | op::READONLY_BUFFER => {
-                return Err(self.invalid("out-of-band buffers not supported"));
+                return Err(self.invalid(ReadProblem::OutOfBand));
             }
             other => return Err(PickleError::UnknownOpcode { opcode: other, offset: self.at }),
         }
@@ -397,22 +397,22 @@ impl<'a> Machine<'a, '_> {
 
     fn pop(&mut self) -> Result<Id> {
         if self.stack.len() <= self.frame_base() {
-            let why = if self.marks.is_empty() { "empty stack" } else { "no item after the MARK" };
+            let why = if self.marks.is_empty() { ReadProblem::EmptyStack } else { ReadProblem::EmptyFrame };
             return Err(self.invalid(why));
         }
-        self.stack.pop().ok_or_else(|| self.invalid("empty stack"))
+        self.stack.pop().ok_or_else(|| self.invalid(ReadProblem::EmptyStack))
     }
 
     fn top(&self) -> Result<Id> {
         if self.stack.len() <= self.frame_base() {
-            let why = if self.marks.is_empty() { "empty stack" } else { "no item after the MARK" };
+            let why = if self.marks.is_empty() { ReadProblem::EmptyStack } else { ReadProblem::EmptyFrame };
             return Err(self.invalid(why));
         }
-        self.stack.last().copied().ok_or_else(|| self.invalid("empty stack"))
+        self.stack.last().copied().ok_or_else(|| self.invalid(ReadProblem::EmptyStack))
     }
 
     fn pop_mark(&mut self) -> Result<Vec<Id>> {
-        let mark = self.marks.pop().ok_or_else(|| self.invalid("no MARK on the stack"))?;
+        let mark = self.marks.pop().ok_or_else(|| self.invalid(ReadProblem::NoMark))?;
         Ok(self.stack.split_off(mark))
     }
 
@@ -444,13 +444,19 @@ impl<'a> Machine<'a, '_> {
             crate::Value::Int(i) => Node::Int(i),
             crate::Value::BigInt(b) => Node::BigInt(b),
             crate::Value::Bool(b) => Node::Bool(b),
-            _ => return Err(self.invalid("not an integer")),
+            // The integer decoders make nothing else; should one, the
+            // operand was no integer.
+            _ => {
+                return Err(
+                    self.invalid(ReadProblem::MalformedLiteral { what: Operand::IntegerLiteral, text: "".into() })
+                )
+            }
         })
     }
 
     /// Stores `node` (without pushing it), checking the limits on its size and depth.
     fn new_node(&mut self, node: Node) -> Result<Id> {
-        let id = self.arena.push(node).ok_or_else(|| self.invalid("more than 2^32 - 1 objects"))?;
+        let id = self.arena.push(node).ok_or_else(|| self.invalid(ReadProblem::TooManyObjects))?;
         self.check(self.arena.meta(id))?;
         Ok(id)
     }
@@ -490,7 +496,8 @@ impl<'a> Machine<'a, '_> {
 
     fn push_utf8(&mut self, n: u64) -> Result<()> {
         let bytes = self.literal(n, "string bytes")?;
-        let s = std::str::from_utf8(bytes).map_err(|e| self.invalid(format!("string is not valid UTF-8 ({e})")))?;
+        let s = std::str::from_utf8(bytes)
+            .map_err(|error| self.invalid(ReadProblem::NotUtf8 { what: Operand::String, error }))?;
         let s = s.to_owned();
         self.push(Node::Str(s))
     }
@@ -498,15 +505,19 @@ impl<'a> Machine<'a, '_> {
     /// The `module\nname\n` operands of `GLOBAL` / `INST`.
     fn global_operands(&mut self) -> Result<(String, String)> {
         let module = self.line("global module")?;
-        let module = std::str::from_utf8(module).map_err(|_| self.invalid("module name is not UTF-8"))?.to_owned();
+        let module = std::str::from_utf8(module)
+            .map_err(|error| self.invalid(ReadProblem::NotUtf8 { what: Operand::ModuleName, error }))?
+            .to_owned();
         let name = self.line("global name")?;
-        let name = std::str::from_utf8(name).map_err(|_| self.invalid("global name is not UTF-8"))?.to_owned();
+        let name = std::str::from_utf8(name)
+            .map_err(|error| self.invalid(ReadProblem::NotUtf8 { what: Operand::GlobalName, error }))?
+            .to_owned();
         Ok((module, name))
     }
 
     fn pairs(&self, items: Vec<Id>) -> Result<Vec<(Id, Id)>> {
         if items.len() % 2 != 0 {
-            return Err(self.invalid(format!("odd number of items ({}) for key/value pairs", items.len())));
+            return Err(self.invalid(ReadProblem::OddItems(items.len())));
         }
         Ok(items.chunks_exact(2).map(|kv| (kv[0], kv[1])).collect())
     }
@@ -524,7 +535,7 @@ impl<'a> Machine<'a, '_> {
     }
 
     fn memo_get(&mut self, key: u64) -> Result<()> {
-        let id = *self.memo.get(&key).ok_or_else(|| self.invalid(format!("memo key {key} missing")))?;
+        let id = *self.memo.get(&key).ok_or_else(|| self.invalid(ReadProblem::MissingMemo(key)))?;
         self.stack.push(id);
         Ok(())
     }
@@ -532,10 +543,7 @@ impl<'a> Machine<'a, '_> {
     // ----- mutation -----
 
     fn canon(&mut self, key: Id) -> Result<u32> {
-        self.keys.canon(&self.arena, key).map_err(|kind| match kind {
-            "recursive structure" => self.invalid("recursive structure in a key"),
-            kind => self.invalid(format!("unhashable key or set item (contains a {kind})")),
-        })
+        self.keys.canon(&self.arena, key).map_err(|problem| self.invalid(problem))
     }
 
     /// `APPEND` / `APPENDS`: extends a list, or records appends on an object.
@@ -546,7 +554,7 @@ impl<'a> Machine<'a, '_> {
             Node::Reduce(call) | Node::NewObj(call) => call.appends.extend(items),
             other => {
                 let kind = other.kind();
-                return Err(self.invalid(format!("cannot append to a {kind}")));
+                return Err(self.invalid(ReadProblem::CannotAppend(kind)));
             }
         }
         self.check(meta)
@@ -560,7 +568,8 @@ impl<'a> Machine<'a, '_> {
                 for (key, value) in pairs {
                     let canon = self.canon(key)?;
                     let Node::Dict(dict) = self.arena.node_mut(target) else {
-                        return Err(self.invalid("dict changed kind"));
+                        let kind = self.arena.node(target).kind();
+                        return Err(self.invalid(ReadProblem::CannotSetItems(kind)));
                     };
                     match dict.find(canon) {
                         Some(pos) => dict.items[pos].1 = value,
@@ -580,14 +589,14 @@ impl<'a> Machine<'a, '_> {
                 }
                 self.check(meta)
             }
-            other => Err(self.invalid(format!("cannot set items on a {}", other.kind()))),
+            other => Err(self.invalid(ReadProblem::CannotSetItems(other.kind()))),
         }
     }
 
     /// `ADDITEMS` (and `set(...)`): adds the items not already in the set.
     fn add_items(&mut self, target: Id, items: Vec<Id>) -> Result<()> {
         if !matches!(self.arena.node(target), Node::Set(_)) {
-            return Err(self.invalid(format!("cannot add items to a {}", self.arena.node(target).kind())));
+            return Err(self.invalid(ReadProblem::CannotAddItems(self.arena.node(target).kind())));
         }
         for item in items {
             let canon = self.canon(item)?;
@@ -637,7 +646,7 @@ impl<'a> Machine<'a, '_> {
         }
         let content = std::mem::replace(self.arena.node_mut(object), Node::None);
         let meta = self.arena.meta(object);
-        let moved = self.arena.push(content).ok_or_else(|| self.invalid("more than 2^32 - 1 objects"))?;
+        let moved = self.arena.push(content).ok_or_else(|| self.invalid(ReadProblem::TooManyObjects))?;
         self.arena.meta[moved as usize] = meta;
         *self.arena.node_mut(object) = Node::Build { object: moved, state };
         self.arena.meta[object as usize] = Meta { size: 1, depth: 1 };

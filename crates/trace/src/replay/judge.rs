@@ -3,14 +3,19 @@
 use candle_core::{DType, Device, Tensor};
 use pmstate_norm::NormState;
 
+use super::report::{Mode, Report};
 use super::run::Obs;
-use super::{Mode, Report};
-use crate::compare::{compare, FieldReport};
+use crate::compare::{compare, FieldReport, Verdict};
 use crate::model::*;
 use crate::tolerance::{self, MomentTol};
 
 fn f64s(t: &Tensor) -> Vec<f64> {
     t.flatten_all().and_then(|t| t.to_dtype(DType::F64)).and_then(|t| t.to_vec1::<f64>()).unwrap_or_default()
+}
+
+/// Moments for a message, or `none`.
+fn or_none(m: Option<&Moments>) -> String {
+    m.map_or_else(|| "none".to_owned(), Moments::to_string)
 }
 
 fn count_tensor(c: i64) -> Tensor {
@@ -48,17 +53,19 @@ pub(crate) fn judge(trace: &Trace, mode: Mode, obs: &[Vec<Obs>]) -> Report {
         let op = step.op.name();
         let o0 = &obs[0][i];
         if let Some(reference_err) = &step.error {
-            let (pass, note) = match o0 {
-                Obs::Failed(ours) => (true, format!("both raised: reference '{reference_err}'; replay '{ours}'")),
-                _ => (false, format!("the reference raised '{reference_err}', the replay did not")),
+            let (verdict, note) = match o0 {
+                Obs::Failed(ours) => {
+                    (Verdict::Pass, format!("both raised: reference '{reference_err}'; replay '{ours}'"))
+                }
+                _ => (Verdict::Fail, format!("the reference raised '{reference_err}', the replay did not")),
             };
-            j.fields.push(FieldReport::note(i, op, "error", pass, note));
+            j.fields.push(FieldReport::note(i, op, "error", verdict, note));
             continue;
         }
         if let Some((r, Obs::Failed(e))) =
             obs.iter().enumerate().map(|(r, o)| (r, &o[i])).find(|(_, o)| matches!(o, Obs::Failed(_)))
         {
-            j.fields.push(FieldReport::note(i, op, "error", false, format!("rank {r} raised: {e}")));
+            j.fields.push(FieldReport::note(i, op, "error", Verdict::Fail, format!("rank {r} raised: {e}")));
             break;
         }
         match (&step.op, o0) {
@@ -80,16 +87,15 @@ pub(crate) fn judge(trace: &Trace, mode: Mode, obs: &[Vec<Obs>]) -> Report {
                 let nt = tolerance::normalize_terms(&carried.tol, &mean, &var, &s);
                 let reward = j.trace.module.class == ModuleClass::RewardRunningMeanStd;
                 let mean32: Vec<f64> = mean.iter().map(|&m| m as f32 as f64).collect();
-                let y = tolerance::normalize_output(
-                    &nt,
-                    &f64s(x),
-                    &f64s(&r.out),
-                    (!reward).then_some(mean32.as_slice()),
-                    &s,
-                    j.trace.module.clamp_value,
-                    *direction == Direction::UnNormalize,
-                    tolerance::unit_roundoff(r.out.dtype()),
-                );
+                let values = tolerance::NormalizeValues {
+                    x: &f64s(x),
+                    y: &f64s(&r.out),
+                    mean32: (!reward).then_some(mean32.as_slice()),
+                    std: &s,
+                    clamp: j.trace.module.clamp_value,
+                    u_out: tolerance::unit_roundoff(r.out.dtype()),
+                };
+                let y = tolerance::normalize_output(&nt, &values, *direction);
                 j.cmp(i, op, "out", out, &r.out, Some(&y));
                 if mode == Mode::Free {
                     j.cmp(i, op, "std", std, &r.std, Some(&nt.std));
@@ -119,7 +125,7 @@ pub(crate) fn judge(trace: &Trace, mode: Mode, obs: &[Vec<Obs>]) -> Report {
                     i,
                     op,
                     "result",
-                    false,
+                    Verdict::Fail,
                     format!("the trace has no result for this step, or the replay observed {}", o.describe()),
                 ));
             }
@@ -193,8 +199,8 @@ fn judge_update(j: &mut Judge<'_>, step: &UpdateStep<'_>, obs: &[Vec<Obs>], carr
                 i,
                 op,
                 "combined",
-                false,
-                format!("recorded combined moments: {}, replayed: {}", want.is_some(), got.is_some()),
+                Verdict::Fail,
+                format!("recorded combined moments: {}; replayed: {}", or_none(want.as_ref()), or_none(got.as_ref())),
             ));
             return;
         }

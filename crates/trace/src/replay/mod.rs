@@ -2,9 +2,11 @@
 //! participants of a collective, and compares every recorded result.
 //!
 //! [`run`] drives one rank, [`judge`] compares the ranks' observations with
-//! the trace, and `wire` carries observations between processes.
+//! the trace into a [`report`], and `wire` carries observations between
+//! processes.
 
 mod judge;
+mod report;
 mod run;
 mod wire;
 
@@ -12,26 +14,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use pmstate_norm::{Collective, InProcessGroup};
-use serde::Serialize;
 
 use self::judge::judge;
+pub use self::report::{Mode, Report};
 use self::run::{run_rank, Obs};
-use crate::compare::FieldReport;
-use crate::error::{ReplayFailure, Result, TraceError};
+use crate::error::{ReplayFailure, Result, TraceError, TraceLimit};
 use crate::model::*;
-
-/// How batch moments and std are obtained.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Mode {
-    /// Recorded batch moments (per rank) feed every update and the recorded
-    /// std every normalize: everything else is elementwise IEEE arithmetic,
-    /// so every result must match bit for bit.
-    Pinned,
-    /// We compute batch moments and std; results must lie within the bounds
-    /// of [`tolerance`](crate::tolerance).
-    Free,
-}
 
 /// Replay settings.
 #[derive(Debug, Clone)]
@@ -58,28 +46,6 @@ impl Default for ReplayOptions {
 /// MPI (`pmstate replay --collective mpi` under `mpirun -np W`).
 pub const MAX_INPROC_WORLD_SIZE: usize = 64;
 
-/// The outcome of replaying one trace.
-#[derive(Debug, Clone, Serialize)]
-pub struct Report {
-    /// Pinned or free.
-    pub mode: Mode,
-    /// Number of ranks (W).
-    pub world_size: usize,
-    /// The steps, in order.
-    pub steps: usize,
-    /// Whether every compared field matched.
-    pub pass: bool,
-    /// One report per compared field.
-    pub fields: Vec<FieldReport>,
-}
-
-impl Report {
-    /// The first failing field, else the one with the largest ulp distance.
-    pub fn worst(&self) -> Option<&FieldReport> {
-        self.fields.iter().find(|f| !f.pass).or_else(|| self.fields.iter().max_by_key(|f| f.max_ulps))
-    }
-}
-
 /// Replays `trace` and compares every recorded result.
 ///
 /// ```no_run
@@ -93,8 +59,7 @@ pub fn replay(trace: &Trace, opts: &ReplayOptions) -> Result<Report> {
     let w = trace.world_size;
     if w > MAX_INPROC_WORLD_SIZE {
         return Err(TraceError::Limit {
-            limit: "MAX_INPROC_WORLD_SIZE (in-process replay; use --collective mpi for larger worlds)",
-            what: "the trace's world size".into(),
+            limit: TraceLimit::InprocWorldSize,
             max: MAX_INPROC_WORLD_SIZE as u64,
             needed: w as u64,
         });
@@ -145,8 +110,7 @@ fn check_observation_budget(trace: &Trace, ranks: usize, opts: &ReplayOptions) -
         (ranks as u64).saturating_mul(trace.steps.len() as u64).saturating_mul(elems as u64).saturating_mul(4 * 8);
     if needed > opts.max_observation_bytes {
         return Err(TraceError::Limit {
-            limit: "ReplayOptions::max_observation_bytes",
-            what: format!("{ranks} rank(s) x {} steps x {elems} features", trace.steps.len()),
+            limit: TraceLimit::Observations { ranks, steps: trace.steps.len(), features: elems },
             max: opts.max_observation_bytes,
             needed,
         });
@@ -181,12 +145,19 @@ fn first_input_features(trace: &Trace) -> Option<usize> {
 ///
 /// ```
 /// use std::sync::Arc;
+/// use candle_core::{Device, Tensor};
 /// use pmstate_norm::SingleProcess;
-/// use pmstate_trace::{read_file, replay_rank, ReplayOptions};
-/// let trace = read_file("../../testdata/traces/lazy_welford.pmtrace.safetensors".as_ref())?;
+/// use pmstate_trace::{replay_rank, Direction, ModuleClass, ModuleSpec, Recorder, ReplayOptions};
+/// // A one-rank trace of a lazy Welford normalizer, recorded here.
+/// let spec = ModuleSpec { class: ModuleClass::RunningMeanStd, shape: None, epsilon: 1e-5,
+///                         clamp_value: None, ema_decay: None, gamma: None };
+/// let mut rec = Recorder::new(spec, "replay_rank example")?;
+/// rec.record_moments(&Tensor::new(&[[1f32, 2.], [3., 5.]], &Device::Cpu)?)?;
+/// rec.normalize(&Tensor::new(&[[0f32, 1.]], &Device::Cpu)?, Direction::Normalize)?;
+/// let trace = rec.finish();
 /// let report = replay_rank(&trace, &ReplayOptions::default(), Arc::new(SingleProcess))?;
 /// assert!(report.expect("rank 0 gets the report").pass);
-/// # Ok::<(), pmstate_trace::TraceError>(())
+/// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub fn replay_rank(trace: &Trace, opts: &ReplayOptions, coll: Arc<dyn Collective>) -> Result<Option<Report>> {
     let (rank, w) = (coll.rank(), coll.world_size());
@@ -211,7 +182,7 @@ pub fn replay_rank(trace: &Trace, opts: &ReplayOptions, coll: Arc<dyn Collective
     let mut observed = vec![mine];
     for (r, bytes) in gathered.iter().enumerate().skip(1) {
         let decoded = wire::decode(bytes, trace.steps.len())
-            .map_err(|reason| TraceError::Replay(ReplayFailure::PeerObservations { rank: r, reason }))?;
+            .map_err(|problem| TraceError::Replay(ReplayFailure::PeerObservations { rank: r, problem }))?;
         observed.push(decoded);
     }
     Ok(Some(judge(trace, opts.mode, &observed)))

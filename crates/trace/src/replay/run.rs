@@ -5,7 +5,7 @@ use std::sync::Arc;
 use candle_core::Tensor;
 use pmstate_norm::{combine_moments, Arithmetic, Collective, InProcessGroup, Moments, NormError, NormState};
 
-use super::Mode;
+use super::report::Mode;
 use crate::live::Live;
 use crate::model::*;
 

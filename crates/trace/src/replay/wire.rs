@@ -11,7 +11,7 @@ use pmstate_norm::{Collective, Moments, NormState};
 use serde::{Deserialize, Serialize};
 
 use super::run::Obs;
-use crate::error::{FieldProblem, Result, TraceError};
+use crate::error::{FieldProblem, Result, TraceError, WireProblem};
 
 /// A step's observation without its tensors (they are named `{step}.{field}`).
 #[derive(Serialize, Deserialize)]
@@ -70,33 +70,38 @@ pub(crate) fn encode(obs: &[Obs]) -> Result<Vec<u8>> {
         };
         steps.push(step);
     }
-    let write_err =
-        |tensor: &str, e: String| TraceError::Write { tensor: tensor.to_owned(), problem: FieldProblem::Invalid(e) };
+    let write_err = |tensor: &str, problem| TraceError::Write { tensor: tensor.to_owned(), problem };
     for (name, t) in &mut tensors {
         // safetensors wants contiguous CPU data; View::data panics on failure.
-        *t = t.to_device(&Device::Cpu).and_then(|t| t.contiguous()).map_err(|e| write_err(name, e.to_string()))?;
+        *t = t
+            .to_device(&Device::Cpu)
+            .and_then(|t| t.contiguous())
+            .map_err(|e| write_err(name, FieldProblem::Candle(Box::new(e))))?;
     }
     let steps = serde_json::to_string(&steps).map_err(TraceError::Json)?;
     let meta = HashMap::from([("steps".to_string(), steps)]);
     safetensors::serialize(tensors.iter().map(|(n, t)| (n.as_str(), t)), Some(meta))
-        .map_err(|e| write_err("<observations>", e.to_string()))
+        .map_err(|e| write_err("<observations>", FieldProblem::Safetensors(e)))
 }
 
 /// Decodes what [`encode`] wrote, for a trace of `steps` steps; the error
 /// says what is wrong with the peer's bytes.
-pub(crate) fn decode(bytes: &[u8], steps: usize) -> std::result::Result<Vec<Obs>, String> {
-    let st = safetensors::SafeTensors::deserialize(bytes).map_err(|e| e.to_string())?;
-    let (_, meta) = safetensors::SafeTensors::read_metadata(bytes).map_err(|e| e.to_string())?;
-    let doc = meta.metadata().as_ref().and_then(|m| m.get("steps")).ok_or("no steps")?;
-    let doc: Vec<WireStep> = serde_json::from_str(doc).map_err(|e| e.to_string())?;
+pub(crate) fn decode(bytes: &[u8], steps: usize) -> std::result::Result<Vec<Obs>, WireProblem> {
+    let st = safetensors::SafeTensors::deserialize(bytes).map_err(WireProblem::Container)?;
+    let (_, meta) = safetensors::SafeTensors::read_metadata(bytes).map_err(WireProblem::Container)?;
+    let doc = meta.metadata().as_ref().and_then(|m| m.get("steps")).ok_or(WireProblem::NoSteps)?;
+    let doc: Vec<WireStep> = serde_json::from_str(doc).map_err(WireProblem::Steps)?;
     if doc.len() != steps {
-        return Err(format!("{} steps, the trace has {steps}", doc.len()));
+        return Err(WireProblem::StepCount { found: doc.len(), expected: steps });
     }
-    let tensor = |name: String| -> std::result::Result<Tensor, String> {
-        let view = st.tensor(&name).map_err(|e| format!("{name}: {e}"))?;
-        view.load(&Device::Cpu).map_err(|e| format!("{name}: {e}"))
+    let tensor = |name: String| -> std::result::Result<Tensor, WireProblem> {
+        let view = match st.tensor(&name) {
+            Ok(v) => v,
+            Err(source) => return Err(WireProblem::Tensor { name, source }),
+        };
+        view.load(&Device::Cpu).map_err(|e| WireProblem::Load { name, source: Box::new(e) })
     };
-    let state = |i: usize, count: i64| -> std::result::Result<NormState, String> {
+    let state = |i: usize, count: i64| -> std::result::Result<NormState, WireProblem> {
         Ok(NormState { mean: tensor(format!("{i}.state.mean"))?, var: tensor(format!("{i}.state.var"))?, count })
     };
     doc.into_iter()
