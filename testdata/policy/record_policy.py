@@ -69,10 +69,13 @@ import json
 import math
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 from types import SimpleNamespace
+
+# testdata/pm_reference.py: the helpers the recording scripts share
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from pm_reference import reference_commit  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REFERENCE_COMMIT = "607ca7a0bb92e261120bcab8d9f97f28b3130ffc"
@@ -144,16 +147,6 @@ def import_reference(root):
     PM.AMPModelConfig = AMPModelConfig
     PM.DiscriminatorConfig = DiscriminatorConfig
     PM.OptimizerConfig = OptimizerConfig
-
-
-def reference_commit(root, given=None):
-    if given:
-        return given
-    try:
-        return subprocess.check_output(["git", "-C", root, "rev-parse", "HEAD"], text=True,
-                                       stderr=subprocess.DEVNULL).strip()
-    except Exception:
-        raise SystemExit(f"{root} is not a git work tree: pass --reference-commit")
 
 
 # ---------------------------------------------------------------- configs

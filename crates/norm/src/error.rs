@@ -445,10 +445,11 @@ impl fmt::Display for CollectiveProblem {
 
 /// A shape as torch prints one: `[2, 3]`. Shared by every crate of the
 /// workspace that names a shape in a message.
+/// Any integer type serves (`u64` for shapes a client sent).
 #[derive(Debug, Clone, Copy)]
-pub struct Dims<'a>(pub &'a [usize]);
+pub struct Dims<'a, T = usize>(pub &'a [T]);
 
-impl fmt::Display for Dims<'_> {
+impl<T: fmt::Display> fmt::Display for Dims<'_, T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("[")?;
         for (i, d) in self.0.iter().enumerate() {

@@ -117,8 +117,9 @@ pub struct Params {
     pub sample: bool,
     /// `seed` of the action noise (default 0).
     pub seed: u64,
-    /// Refuse non-finite inputs (the request's `reject_non_finite` or the server's policy).
-    pub reject: bool,
+    /// What to do with non-finite inputs (the server's policy, or the
+    /// request's `reject_non_finite`).
+    pub non_finite: NonFinite,
     /// `binary_data_output`: outputs in binary unless an output says otherwise.
     pub binary_default: bool,
 }
@@ -138,9 +139,10 @@ impl Params {
             })?,
         };
         // a request may ask for the refusal, not waive the server's
-        let reject = bool_param(p, "reject_non_finite", &request)?.unwrap_or(false) || non_finite == NonFinite::Reject;
+        let asked = bool_param(p, "reject_non_finite", &request)?.unwrap_or(false);
+        let non_finite = if asked { NonFinite::Reject } else { non_finite };
         let binary_default = bool_param(p, "binary_data_output", &request)?.unwrap_or(false);
-        Ok(Params { sample, seed, reject, binary_default })
+        Ok(Params { sample, seed, non_finite, binary_default })
     }
 }
 
@@ -220,7 +222,7 @@ fn values_of(
 pub fn decode_input(
     inp: RequestInput,
     expect: &Expect,
-    reject: bool,
+    non_finite: NonFinite,
     binary: &mut &[u8],
 ) -> Result<(Input, usize), RequestError> {
     let iface = expect.iface;
@@ -235,7 +237,7 @@ pub fn decode_input(
     }
     let (r, d) = shape_of(&name, &inp.shape, spec.and_then(|s| s.width), expect.max_rows)?;
     let values = values_of(&name, (r, d), inp.parameters.get("binary_data_size"), inp.data, binary)?;
-    if reject {
+    if non_finite == NonFinite::Reject {
         if let Some(i) = values.iter().position(|v| !v.is_finite()) {
             return Err(RequestError::NonFinite { input: name, row: i / d, column: i % d, value: values[i] });
         }
@@ -248,7 +250,7 @@ pub fn decode_input(
 fn read_inputs(
     list: Vec<RequestInput>,
     expect: &Expect,
-    reject: bool,
+    non_finite: NonFinite,
     mut binary: &[u8],
 ) -> Result<(Vec<Input>, usize), RequestError> {
     let mut inputs: Vec<Input> = Vec::with_capacity(list.len());
@@ -257,7 +259,7 @@ fn read_inputs(
         if inputs.iter().any(|(k, _, _)| *k == inp.name) {
             return Err(InputError::DuplicateInput { input: inp.name }.into());
         }
-        let (input, r) = decode_input(inp, expect, reject, &mut binary)?;
+        let (input, r) = decode_input(inp, expect, non_finite, &mut binary)?;
         match &rows {
             None => rows = Some((r, input.0.clone())),
             Some((r0, first)) if *r0 != r => {
@@ -371,7 +373,7 @@ pub fn decode(body: &[u8], header_len: Option<usize>, expect: &Expect) -> Result
     let (json, binary) = split(body, header_len)?;
     let req = parse(json)?;
     let params = Params::read(&req.parameters, expect.non_finite)?;
-    let (inputs, rows) = read_inputs(req.inputs, expect, params.reject, binary)?;
+    let (inputs, rows) = read_inputs(req.inputs, expect, params.non_finite, binary)?;
     let has = |k: &str| inputs.iter().any(|(n, _, _)| n == k);
     let outputs = select_outputs(req.outputs, expect.iface, &params, &has)?;
     let ordered = order_inputs(expect.iface, inputs, &outputs)?;

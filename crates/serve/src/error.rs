@@ -149,14 +149,7 @@ pub struct Dims(pub Vec<u64>);
 
 impl fmt::Display for Dims {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("[")?;
-        for (i, d) in self.0.iter().enumerate() {
-            if i > 0 {
-                f.write_str(", ")?;
-            }
-            write!(f, "{d}")?;
-        }
-        f.write_str("]")
+        pmstate_norm::Dims(&self.0).fmt(f)
     }
 }
 
