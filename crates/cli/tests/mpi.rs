@@ -241,11 +241,13 @@ fn a_world_size_other_than_the_traces_is_a_clear_error_exit_2() {
     }
     let o = mpirun(&[(2, replay_args(&[], &traces("dist_w3_welford")))]);
     assert_eq!(o.code, Some(2), "{}\n{}", o.stdout, o.stderr);
+    // The summary on stdout counts it; the error itself is on stderr, from rank 0 alone.
+    assert!(o.stdout.contains("0 passed, 1 failed"), "{}", o.stdout);
     assert_eq!(
-        o.stdout.matches("recorded with world size 3, but this collective has 2 ranks").count(),
+        o.stderr.matches("recorded with world size 3, but this collective has 2 ranks").count(),
         1,
         "{}",
-        o.stdout
+        o.stderr
     );
 }
 
@@ -261,7 +263,7 @@ fn ranks_replaying_different_traces_all_fail_without_hanging() {
     let o = mpirun(&[(2, replay_args(&["--timeout", "5"], &a)), (1, replay_args(&["--timeout", "5"], &b))]);
     assert!(o.failed(), "{}\n{}", o.ending(), o.stdout);
     assert!(!o.hung(), "{}\n{}", o.ending(), o.stdout);
-    assert!(o.stdout.contains("ranks disagree") && o.stdout.contains("f32 [2, 3]"), "{}", o.stdout);
+    assert!(o.stderr.contains("ranks disagree") && o.stderr.contains("f32 [2, 3]"), "{}", o.stderr);
 }
 
 /// Set (to any value) only in the environment of the stalled rank that
@@ -302,7 +304,7 @@ fn a_stalled_rank_is_a_timeout_error_on_the_others_then_mpirun_ends_the_job() {
     // 2 from the ranks; see `failed` for mpirun's own teardown crash.
     assert!(o.failed(), "{}\n{}\n{}", o.ending(), o.stdout, o.stderr);
     assert!(!o.hung(), "{}\n{}", o.ending(), o.stdout);
-    assert!(o.stdout.contains("timed out after 2 s waiting for peers"), "{}", o.stdout);
+    assert!(o.stderr.contains("timed out after 2 s waiting for peers"), "{}", o.stderr);
     assert!(o.stderr.contains("the MPI communicator is broken"), "{}", o.stderr);
 }
 
@@ -320,5 +322,5 @@ fn a_rank_that_exits_early_is_a_timeout_error_on_the_others() {
     ]);
     assert!(o.failed(), "{}\n{}\n{}", o.ending(), o.stdout, o.stderr);
     assert!(!o.hung(), "{}\n{}", o.ending(), o.stdout);
-    assert!(o.stdout.contains("timed out after 2 s"), "{}", o.stdout);
+    assert!(o.stderr.contains("timed out after 2 s"), "{}", o.stderr);
 }
