@@ -16,6 +16,14 @@ pub enum CliError {
     /// Writing output failed.
     #[error("writing output: {0}")]
     Io(#[from] std::io::Error),
+    /// `clean-tmp --delete` could not remove a stale temporary file.
+    #[error("removing {}: {source}", path.display())]
+    Remove {
+        /// The file.
+        path: std::path::PathBuf,
+        /// Why not.
+        source: std::io::Error,
+    },
     /// Encoding JSON output failed.
     #[error("encoding JSON: {0}")]
     Json(#[from] serde_json::Error),

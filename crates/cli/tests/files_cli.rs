@@ -349,3 +349,37 @@ fn stale_temporary_files_are_named_and_cleaned() {
     assert!(!stale.exists());
     assert!(out.exists(), "only pmstate's stale temporary files are removed");
 }
+
+/// A folder named like a temporary file is not pmstate's: never listed,
+/// never removed. A file that cannot be removed is an error naming it.
+#[test]
+fn clean_tmp_leaves_folders_alone_and_names_a_file_it_cannot_remove() {
+    let dir = tempfile::tempdir().unwrap();
+    let folder = dir.path().join(format!(".pmstate-{}-cafe.tmp", u32::MAX - 7));
+    std::fs::create_dir(&folder).unwrap();
+    let d = dir.path().to_str().unwrap();
+    let o = pmstate(&["clean-tmp", "--delete", d]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("no stale pmstate temporary files"), "{}", text(&o));
+    assert!(folder.is_dir());
+
+    // A stale file in a folder this process may not write to (skipped as
+    // root, who may remove anything).
+    use std::os::unix::fs::PermissionsExt;
+    let locked = dir.path().join("locked");
+    std::fs::create_dir(&locked).unwrap();
+    let stale = locked.join(format!(".pmstate-{}-beef.tmp", u32::MAX - 7));
+    std::fs::write(&stale, b"half a checkpoint").unwrap();
+    std::fs::set_permissions(&locked, std::fs::Permissions::from_mode(0o555)).unwrap();
+    if std::fs::File::create(locked.join("probe")).is_ok() {
+        println!("SKIPPED (removal failure): this user may write to a 0555 folder (root)");
+        std::fs::set_permissions(&locked, std::fs::Permissions::from_mode(0o755)).unwrap();
+        return;
+    }
+    let o = pmstate(&["clean-tmp", "--delete", locked.to_str().unwrap()]);
+    std::fs::set_permissions(&locked, std::fs::Permissions::from_mode(0o755)).unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("removing ") && err.contains(".pmstate-") && !err.contains("writing output"), "{err}");
+    assert!(stale.exists());
+}

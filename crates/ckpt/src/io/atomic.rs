@@ -74,6 +74,11 @@ pub fn stale_temporary_files(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
         let name = entry.file_name();
         let Some(name) = name.to_str() else { continue };
         let Some(middle) = name.strip_prefix(PREFIX).and_then(|n| n.strip_suffix(SUFFIX)) else { continue };
+        // pmstate only ever leaves regular files; a folder or link with such
+        // a name is someone else's (and `clean-tmp --delete` must not touch it).
+        if !entry.file_type()?.is_file() {
+            continue;
+        }
         let pid = middle.split('-').next().and_then(|p| p.parse::<u32>().ok());
         let alive = match pid {
             Some(pid) if Path::new("/proc/self").exists() => {
@@ -266,6 +271,7 @@ mod tests {
         let mine = dir.path().join(format!("{PREFIX}{}-01{SUFFIX}", std::process::id()));
         std::fs::write(&mine, b"being written").unwrap();
         std::fs::write(dir.path().join("unrelated.tmp"), b"").unwrap();
+        std::fs::create_dir(dir.path().join(format!("{PREFIX}{}-02{SUFFIX}", u32::MAX - 1))).unwrap();
         let stale = stale_temporary_files(dir.path()).unwrap();
         if Path::new("/proc/self").exists() {
             assert_eq!(stale, [dead]);

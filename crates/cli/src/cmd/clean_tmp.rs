@@ -30,7 +30,7 @@ pub fn run(a: Args, g: Global) -> Result<ExitCode, CliError> {
     let stale = stale_temporary_files(&a.dir).map_err(|e| CliError::Usage(format!("{}: {e}", a.dir.display())))?;
     if a.delete {
         for f in &stale {
-            std::fs::remove_file(f)?;
+            std::fs::remove_file(f).map_err(|source| CliError::Remove { path: f.clone(), source })?;
         }
     }
     if g.json {
