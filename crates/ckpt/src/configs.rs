@@ -17,7 +17,7 @@
 //! | ints | JSON integers (`5` stays `5`), larger ones `{"__bigint__": "decimal"}` |
 //! | floats | JSON numbers that keep their value and their float-ness (`5.0`); NaN and infinities `{"__float__": "nan"}` |
 //! | lists, tuples, sets | arrays |
-//! | dicts | objects (non-string keys by their short form) |
+//! | dicts | objects (non-string keys by their short form); `{"__dict__": [[key, value], ...]}` when two keys would print the same (`1` and `'1'`) |
 //! | tensors | `{"__tensor__": {"dtype", "shape", "values"?}}`, values when at most [`SMALL_TENSOR`] elements |
 //! | `torch.device`, `torch.float32` | `{"__device__": "cuda:0"}`, `{"__dtype__": "float32"}` |
 //!
@@ -70,7 +70,15 @@ pub fn config_node_to_json(ckpt: &Checkpoint, node: &Node) -> J {
         Node::Dict(d) => {
             let mut m = Map::new();
             for (k, v) in d.entries() {
-                m.insert(key_text(k), config_node_to_json(ckpt, v));
+                if m.insert(key_text(k), config_node_to_json(ckpt, v)).is_some() {
+                    // Two keys print the same (`1` and `'1'`): an object
+                    // would keep only the last, so list the pairs instead.
+                    let pairs = d
+                        .entries()
+                        .iter()
+                        .map(|(k, v)| J::Array(vec![config_node_to_json(ckpt, k), config_node_to_json(ckpt, v)]));
+                    return json!({ "__dict__": J::Array(pairs.collect()) });
+                }
             }
             J::Object(m)
         }
@@ -247,5 +255,17 @@ mod tests {
         assert_eq!(J::from(5i64).to_string(), "5");
         assert_eq!(float(f64::NAN), json!({"__float__": "nan"}));
         assert_eq!(float(f64::NEG_INFINITY), json!({"__float__": "-inf"}));
+    }
+
+    #[test]
+    fn keys_that_print_the_same_keep_both_entries() {
+        use crate::tree::{Dict, DictKind};
+        let dict = |entries| Node::Dict(Dict::from_entries(DictKind::Plain, entries).unwrap());
+        let ckpt = Checkpoint::from_parts(Node::None, Default::default()).unwrap();
+        let distinct = dict(vec![(Node::Int(1), Node::Str("int".into())), (Node::Str("b".into()), Node::Bool(true))]);
+        assert_eq!(config_node_to_json(&ckpt, &distinct), json!({"1": "int", "b": true}));
+        let clash =
+            dict(vec![(Node::Int(1), Node::Str("int".into())), (Node::Str("1".into()), Node::Str("str".into()))]);
+        assert_eq!(config_node_to_json(&ckpt, &clash), json!({"__dict__": [[1, "int"], ["1", "str"]]}));
     }
 }
