@@ -42,6 +42,7 @@ use crate::mlp::{Linear, Mlp, LAYER_NORM_EPS};
 use crate::model::Policy;
 use crate::module_ops::ModuleOp;
 use crate::network::{Leaf, Network, ObsNormalizer, TensorMap};
+use crate::problem::{GraphProblem, OpProblem};
 
 pub use crate::activation::U;
 
@@ -97,7 +98,7 @@ impl Bounded {
     }
 
     /// Applies a pure shape operation to values and bounds alike.
-    fn reshape_like(&self, op: &ModuleOp, batch: usize) -> std::result::Result<Bounded, String> {
+    fn reshape_like(&self, op: &ModuleOp, batch: usize) -> std::result::Result<Bounded, OpProblem> {
         let out_shape = op.out_shape(&self.shape, batch)?;
         match op {
             ModuleOp::Permute(order) => {
@@ -242,12 +243,14 @@ fn sphere(x: &Bounded) -> Bounded {
     })
 }
 
+fn no_statistics(n: &ObsNormalizer) -> PolicyError {
+    PolicyError::Graph { path: n.name.clone(), problem: GraphProblem::NoStatistics { name: n.name.clone() } }
+}
+
 fn normalize(x: &Bounded, n: &ObsNormalizer) -> Result<Bounded> {
-    let st =
-        n.rms.state().ok_or_else(|| PolicyError::Graph { path: n.name.clone(), reason: "no statistics".into() })?;
+    let st = n.rms.state().ok_or_else(|| no_statistics(n))?;
     let mean: Vec<f64> = vec_f64(&st.mean.to_dtype(candle_core::DType::F32)?)?;
-    let std: Vec<f64> =
-        vec_f64(n.rms.std_f32().ok_or_else(|| PolicyError::Graph { path: n.name.clone(), reason: "no std".into() })?)?;
+    let std: Vec<f64> = vec_f64(n.rms.std_f32().ok_or_else(|| no_statistics(n))?)?;
     let clamp = n.rms.config().clamp_value.map(|c| c as f32 as f64);
     let w = x.last();
     // u (x - m) + u (division) + 2u (a std one ulp off)
@@ -493,9 +496,7 @@ pub struct Reference {
 fn leaf(l: &Leaf, r: &mut Reference) -> Result<()> {
     let mut parts = Vec::new();
     for k in &l.in_keys {
-        parts.push(
-            r.values.get(k).ok_or_else(|| PolicyError::Graph { path: l.path.clone(), reason: format!("no {k}") })?,
-        );
+        parts.push(r.values.get(k).ok_or_else(|| PolicyError::UnprovidedKey { path: l.path.clone(), key: k.clone() })?);
     }
     // concatenate on the last dim
     let rows = parts.first().map_or(0, |p| p.rows());
@@ -532,11 +533,11 @@ fn leaf(l: &Leaf, r: &mut Reference) -> Result<()> {
                 }
             }
             ModuleOp::SphereProjection => sphere(&x),
-            other => x.reshape_like(other, batch).map_err(|reason| PolicyError::ModuleOp {
+            other => x.reshape_like(other, batch).map_err(|problem| PolicyError::ModuleOp {
                 path: l.path.clone(),
                 index: i,
-                op: other.name().into(),
-                reason,
+                op: other.name(),
+                problem,
             })?,
         };
     }

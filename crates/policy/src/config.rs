@@ -17,6 +17,7 @@ use crate::activation::Activation;
 use crate::config_object::Obj;
 use crate::error::{PolicyError, Result};
 use crate::module_ops::ModuleOp;
+use crate::problem::FieldProblem;
 
 /// `_target_` of a PPO model.
 pub const PPO_MODEL: &str = "protomotions.agents.ppo.model.PPOModel";
@@ -404,7 +405,7 @@ impl ContainerConfig {
             .map(|(i, n)| ModuleConfig::from_node(n, &format!("{}.models.{i}", o.path)))
             .collect::<Result<Vec<_>>>()?;
         if models.is_empty() {
-            return Err(o.bad("models", "empty: the container computes nothing"));
+            return Err(o.bad("models", FieldProblem::Empty { needs: "the container computes nothing without one" }));
         }
         Ok(ContainerConfig { in_keys: o.strings("in_keys")?, out_keys: o.strings("out_keys")?, models })
     }

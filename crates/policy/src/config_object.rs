@@ -8,6 +8,7 @@ use std::collections::BTreeSet;
 use pmstate_ckpt::{Dict, Node};
 
 use crate::error::{PolicyError, Result};
+use crate::problem::FieldProblem;
 
 /// Fields each class has beyond those parsed, which never change the eval
 /// forward (optimizers): skipped whatever they hold.
@@ -70,8 +71,8 @@ impl<'a> Obj<'a> {
         format!("{}.{field}", self.path)
     }
 
-    pub(crate) fn bad(&self, field: &str, reason: impl Into<String>) -> PolicyError {
-        PolicyError::BadField { path: self.path.clone(), field: field.to_owned(), reason: reason.into() }
+    pub(crate) fn bad(&self, field: &str, problem: FieldProblem) -> PolicyError {
+        PolicyError::BadField { path: self.path.clone(), field: field.to_owned(), problem }
     }
 
     pub(crate) fn get(&self, field: &str) -> Option<&'a Node> {
@@ -117,7 +118,9 @@ impl<'a> Obj<'a> {
 
     pub(crate) fn count(&self, field: &str) -> Result<usize> {
         match self.req(field)? {
-            Node::Int(i) if *i > 0 => usize::try_from(*i).map_err(|_| self.bad(field, format!("{i} is too large"))),
+            Node::Int(i) if *i > 0 => {
+                usize::try_from(*i).map_err(|_| self.bad(field, FieldProblem::TooLarge { value: *i }))
+            }
             other => Err(self.wrong_type(field, "a positive int", other)),
         }
     }
@@ -142,7 +145,9 @@ impl<'a> Obj<'a> {
 
     pub(crate) fn first_out_key(&self) -> Result<String> {
         let keys = self.strings("out_keys")?;
-        keys.into_iter().next().ok_or_else(|| self.bad("out_keys", "empty: the module writes out_keys[0]"))
+        keys.into_iter()
+            .next()
+            .ok_or_else(|| self.bad("out_keys", FieldProblem::Empty { needs: "the module writes out_keys[0]" }))
     }
 
     /// Every field not read must be training-only or neutral.

@@ -4,6 +4,8 @@
 
 use pmstate_norm::Dims;
 
+use crate::problem::{FieldProblem, GraphProblem, OpProblem};
+
 /// What can stop a policy from loading or running.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -70,14 +72,14 @@ pub enum PolicyError {
         found: String,
     },
     /// A config field has the right type but a value that cannot work.
-    #[error("{path}.{field}: {reason}")]
+    #[error("{path}.{field}: {problem}")]
     BadField {
         /// Config path of the object.
         path: String,
         /// The field.
         field: String,
         /// What is wrong.
-        reason: String,
+        problem: FieldProblem,
     },
     /// An activation name `get_activation_func` would reject.
     #[error("{path}: activation \"{name}\" is not one ProtoMotions accepts (tanh, relu, elu, gelu, identity, silu, mish, any case)")]
@@ -118,12 +120,12 @@ pub enum PolicyError {
         key: String,
     },
     /// Two modules disagree about widths, or a module computes nothing usable.
-    #[error("{path}: {reason}")]
+    #[error("{path}: {problem}")]
     Graph {
         /// Config path of the module.
         path: String,
         /// What is wrong.
-        reason: String,
+        problem: GraphProblem,
     },
     /// An observation is missing.
     #[error("missing observation {key} (width {})", width_text(*width))]
@@ -200,16 +202,16 @@ pub enum PolicyError {
         total: usize,
     },
     /// A module operation cannot apply to the tensor it gets.
-    #[error("{path}: module operation {index} ({op}): {reason}")]
+    #[error("{path}: module operation {index} ({op}): {problem}")]
     ModuleOp {
         /// Config path of the module.
         path: String,
         /// Index in `module_operations`.
         index: usize,
-        /// The operation.
-        op: String,
+        /// The operation's config class (`ModuleOperationReshapeConfig`).
+        op: &'static str,
         /// What is wrong.
-        reason: String,
+        problem: OpProblem,
     },
     /// A normalizer could not be built or applied.
     #[error("{path}: {source}")]

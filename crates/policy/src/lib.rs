@@ -16,6 +16,7 @@ pub mod mlp;
 mod model;
 pub mod module_ops;
 pub mod network;
+pub mod problem;
 pub mod sample;
 pub mod shapes;
 
@@ -27,3 +28,4 @@ pub use load::{find_config, read_model_config, CONFIG_NAMES};
 pub use mlp::CpuKernels;
 pub use model::{AmpNetworks, DiscOutputs, Outputs, Part, Policy, Sampled};
 pub use network::TensorMap;
+pub use problem::{ExprProblem, FieldProblem, GraphProblem, OpProblem};

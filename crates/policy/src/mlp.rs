@@ -14,6 +14,7 @@ use crate::activation::Activation;
 use crate::config::MlpConfig;
 use crate::error::{PolicyError, Result};
 use crate::kernels::{Epilogue, PackedLinear};
+use crate::problem::GraphProblem;
 
 /// LayerNorm's epsilon (`nn.LayerNorm` default).
 pub const LAYER_NORM_EPS: f64 = 1e-5;
@@ -178,7 +179,9 @@ impl Mlp {
     }
 
     fn packed(l: &Linear) -> Result<&PackedLinear> {
-        l.packed.as_ref().ok_or_else(|| PolicyError::Graph { path: l.key.clone(), reason: "weights not packed".into() })
+        l.packed
+            .as_ref()
+            .ok_or_else(|| PolicyError::Graph { path: l.key.clone(), problem: GraphProblem::WeightsNotPacked })
     }
 
     fn forward_packed_in(&self, x: &Tensor, h: &mut Vec<f32>, y: &mut Vec<f32>) -> Result<Tensor> {

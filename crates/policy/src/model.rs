@@ -9,6 +9,7 @@ use crate::actor::Actor;
 use crate::config::{Family, ModelConfig};
 use crate::error::{PolicyError, Result};
 use crate::network::{Network, TensorMap, Trace};
+use crate::problem::GraphProblem;
 use crate::shapes::Widths;
 
 /// A ProtoMotions policy: actor and critic (and for AMP the discriminator
@@ -128,12 +129,12 @@ impl Policy {
             if *w != actor.action_size() {
                 return Err(PolicyError::Graph {
                     path: format!("{base}.actor"),
-                    reason: format!("mu_model writes {w} values per row, logstd has {}", actor.action_size()),
+                    problem: GraphProblem::ActionSize { mu_width: *w, logstd: actor.action_size() },
                 });
             }
         }
         if critic.out_key().is_empty() {
-            return Err(PolicyError::Graph { path: format!("{base}.critic"), reason: "writes no key".into() });
+            return Err(PolicyError::Graph { path: format!("{base}.critic"), problem: GraphProblem::NoOutKey });
         }
         Ok(Policy {
             config,
@@ -326,15 +327,15 @@ impl Policy {
         let mut actor_trace = Trace::default();
         self.actor.mu.forward(&mut td, &mut actor_trace)?;
         let mean_action = td.get(&self.actor.mu_key).cloned().ok_or_else(|| PolicyError::Graph {
-            path: "agent.model.actor".into(),
-            reason: format!("mu_model does not write mu_key {}", self.actor.mu_key),
+            path: "agent.model.actor.mu_model".into(),
+            problem: GraphProblem::Unwritten { key: self.actor.mu_key.clone() },
         })?;
         let mut critic_trace = Trace::default();
         self.critic.forward(&mut td, &mut critic_trace)?;
-        let value = td
-            .get(self.critic.out_key())
-            .cloned()
-            .ok_or_else(|| PolicyError::Graph { path: "agent.model.critic".into(), reason: "writes nothing".into() })?;
+        let value = td.get(self.critic.out_key()).cloned().ok_or_else(|| PolicyError::Graph {
+            path: "agent.model.critic".into(),
+            problem: GraphProblem::Unwritten { key: self.critic.out_key().to_owned() },
+        })?;
         let norm_obs = actor_trace.norm_outputs.first().map(|(_, t)| t.clone());
         let mut normalized = actor_trace.norm_outputs;
         normalized.extend(critic_trace.norm_outputs);
@@ -367,7 +368,10 @@ impl Policy {
         a.discriminator.forward(&mut td, &mut trace)?;
         a.disc_critic.forward(&mut td, &mut trace)?;
         let get = |k: &str, path: &str| {
-            td.get(k).cloned().ok_or_else(|| PolicyError::Graph { path: path.into(), reason: format!("writes no {k}") })
+            td.get(k).cloned().ok_or_else(|| PolicyError::Graph {
+                path: path.into(),
+                problem: GraphProblem::Unwritten { key: k.into() },
+            })
         };
         let disc_logits = get(a.discriminator.out_key(), "agent.model.discriminator")?;
         let disc_value = get(a.disc_critic.out_key(), "agent.model.disc_critic")?;

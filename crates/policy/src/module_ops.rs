@@ -12,6 +12,7 @@ use serde::Serialize;
 
 use crate::config_object::op_fields;
 use crate::error::{PolicyError, Result};
+use crate::problem::{ExprProblem, FieldProblem, OpProblem};
 use pmstate_ckpt::Node;
 
 /// One module operation.
@@ -62,8 +63,11 @@ impl ModuleOp {
     pub fn from_node(node: &Node, path: &str) -> Result<Self> {
         let (class, fields) = op_fields(node, path)?;
         let short = class.strip_prefix(OPS_MODULE).unwrap_or(&class);
-        let bad =
-            |field: &str, reason: String| PolicyError::BadField { path: path.to_owned(), field: field.into(), reason };
+        let bad = |field: &str, problem: FieldProblem| PolicyError::BadField {
+            path: path.to_owned(),
+            field: field.into(),
+            problem,
+        };
         let wrong = |field: &str, expected: &'static str, found: &Node| PolicyError::FieldType {
             path: path.to_owned(),
             field: field.into(),
@@ -113,15 +117,15 @@ impl ModuleOp {
                     dims.push(match x {
                         Node::Int(v) => ReshapeDim::Size(*v),
                         Node::Str(s) if i == 0 && s.contains("batch_size") => {
-                            eval_batch_expr(s, 1).map_err(|e| bad("new_shape", format!("\"{s}\": {e}")))?;
+                            eval_batch_expr(s, 1).map_err(|problem| {
+                                bad("new_shape", FieldProblem::BatchExpr { expr: s.clone(), problem })
+                            })?;
                             ReshapeDim::Batch(s.clone())
                         }
                         other => {
                             return Err(bad(
                                 "new_shape",
-                                format!(
-                                    "element {i} is {other}: only element 0 may be a string, one naming batch_size"
-                                ),
+                                FieldProblem::ReshapeElement { index: i, found: other.to_string() },
                             ))
                         }
                     });
@@ -159,19 +163,19 @@ impl ModuleOp {
 
     /// The shape after this operation (not for `Forward`, which the caller
     /// handles), or why it cannot apply.
-    pub fn out_shape(&self, shape: &[usize], batch: usize) -> std::result::Result<Vec<usize>, String> {
+    pub fn out_shape(&self, shape: &[usize], batch: usize) -> std::result::Result<Vec<usize>, OpProblem> {
         let rank = shape.len();
         match self {
             ModuleOp::Forward | ModuleOp::SphereProjection => Ok(shape.to_vec()),
             ModuleOp::Permute(order) => {
                 if order.len() != rank {
-                    return Err(format!("{} dims in new_order for a rank-{rank} tensor", order.len()));
+                    return Err(OpProblem::PermuteRank { given: order.len(), rank });
                 }
                 let dims = order.iter().map(|&d| norm_dim(d, rank)).collect::<std::result::Result<Vec<_>, _>>()?;
                 let mut seen = vec![false; rank];
                 for &d in &dims {
                     if std::mem::replace(&mut seen[d], true) {
-                        return Err(format!("dim {d} repeats in new_order"));
+                        return Err(OpProblem::PermuteRepeat { dim: d });
                     }
                 }
                 Ok(dims.iter().map(|&d| shape[d]).collect())
@@ -192,7 +196,7 @@ impl ModuleOp {
             }
             ModuleOp::Expand(target) => {
                 if target.len() < rank {
-                    return Err(format!("expand to {} dims from {rank}", target.len()));
+                    return Err(OpProblem::ExpandRank { target: target.len(), rank });
                 }
                 let lead = target.len() - rank;
                 let mut out = Vec::with_capacity(target.len());
@@ -200,10 +204,10 @@ impl ModuleOp {
                     let have = if i >= lead { Some(shape[i - lead]) } else { None };
                     out.push(match (t, have) {
                         (-1, Some(h)) => h,
-                        (-1, None) => return Err("-1 for a new leading dim".into()),
-                        (t, _) if t < 0 => return Err(format!("size {t}")),
+                        (-1, None) => return Err(OpProblem::ExpandInferredNewDim),
+                        (t, _) if t < 0 => return Err(OpProblem::ExpandNegative { size: t }),
                         (t, Some(h)) if h != 1 && h as i64 != t => {
-                            return Err(format!("dim {i} of size {h} cannot expand to {t}"))
+                            return Err(OpProblem::ExpandSize { dim: i, have: h, to: t })
                         }
                         (t, _) => t as usize,
                     });
@@ -216,7 +220,8 @@ impl ModuleOp {
                 for d in dims {
                     sizes.push(match d {
                         ReshapeDim::Size(v) => *v,
-                        ReshapeDim::Batch(expr) => eval_batch_expr(expr, batch as i64)?,
+                        ReshapeDim::Batch(expr) => eval_batch_expr(expr, batch as i64)
+                            .map_err(|problem| OpProblem::BatchExpr { expr: expr.clone(), problem })?,
                     });
                 }
                 infer_reshape(&sizes, numel)
@@ -225,8 +230,8 @@ impl ModuleOp {
     }
 
     /// Applies a shape operation or the sphere projection to `x` (not `Forward`).
-    pub(crate) fn apply(&self, x: &Tensor, batch: usize) -> std::result::Result<Tensor, String> {
-        let shape = self.out_shape(x.dims(), batch)?;
+    pub(crate) fn apply(&self, x: &Tensor, batch: usize) -> std::result::Result<Tensor, ApplyError> {
+        let shape = self.out_shape(x.dims(), batch).map_err(ApplyError::Op)?;
         let r = match self {
             ModuleOp::Forward => return Ok(x.clone()),
             ModuleOp::SphereProjection => {
@@ -245,46 +250,52 @@ impl ModuleOp {
             ModuleOp::Expand(_) => x.broadcast_as(shape),
             ModuleOp::Reshape(_) | ModuleOp::Squeeze(_) | ModuleOp::Unsqueeze(_) => x.reshape(shape),
         };
-        r.map_err(|e| e.to_string())
+        r.map_err(ApplyError::Candle)
     }
 }
 
-fn norm_dim(d: i64, rank: usize) -> std::result::Result<usize, String> {
+/// Why [`ModuleOp::apply`] failed: the operation does not fit its input, or
+/// candle failed on a shape already checked.
+#[derive(Debug)]
+pub(crate) enum ApplyError {
+    Op(OpProblem),
+    Candle(candle_core::Error),
+}
+
+fn norm_dim(d: i64, rank: usize) -> std::result::Result<usize, OpProblem> {
     let r = rank as i64;
     let v = if d < 0 { d + r } else { d };
     if (0..r).contains(&v) {
         Ok(v as usize)
     } else {
-        Err(format!("dim {d} out of range for rank {rank}"))
+        Err(OpProblem::DimOutOfRange { dim: d, rank })
     }
 }
 
 /// torch's reshape: at most one -1, inferred; the element count must match.
-pub(crate) fn infer_reshape(sizes: &[i64], numel: usize) -> std::result::Result<Vec<usize>, String> {
+pub(crate) fn infer_reshape(sizes: &[i64], numel: usize) -> std::result::Result<Vec<usize>, OpProblem> {
     let mut infer = None;
     let mut known: usize = 1;
     for (i, &s) in sizes.iter().enumerate() {
         if s == -1 {
             if infer.replace(i).is_some() {
-                return Err("more than one -1 in new_shape".into());
+                return Err(OpProblem::ReshapeTwoInferred);
             }
         } else if s < 0 {
-            return Err(format!("invalid size {s} in new_shape"));
+            return Err(OpProblem::ReshapeNegative { size: s });
         } else {
-            known = known.checked_mul(s as usize).ok_or("new_shape overflows")?;
+            known = known.checked_mul(s as usize).ok_or(OpProblem::ReshapeOverflow)?;
         }
     }
     let mut out: Vec<usize> = sizes.iter().map(|&s| s.max(0) as usize).collect();
     match infer {
         Some(i) => {
             if known == 0 || numel % known != 0 {
-                return Err(format!("shape {} is invalid for input of size {numel}", int_list(sizes)));
+                return Err(OpProblem::ReshapeNumel { sizes: sizes.to_vec(), numel });
             }
             out[i] = numel / known;
         }
-        None if known != numel => {
-            return Err(format!("shape {} is invalid for input of size {numel}", int_list(sizes)))
-        }
+        None if known != numel => return Err(OpProblem::ReshapeNumel { sizes: sizes.to_vec(), numel }),
         None => {}
     }
     Ok(out)
@@ -293,12 +304,12 @@ pub(crate) fn infer_reshape(sizes: &[i64], numel: usize) -> std::result::Result<
 /// Evaluates an integer expression in `batch_size`: ints, `batch_size`,
 /// `+ - * // %`, unary minus and parentheses (Python semantics: `//` and
 /// `%` floor). `/` gives a float in Python, which reshape rejects.
-pub(crate) fn eval_batch_expr(expr: &str, batch: i64) -> std::result::Result<i64, String> {
+pub(crate) fn eval_batch_expr(expr: &str, batch: i64) -> std::result::Result<i64, ExprProblem> {
     let toks = tokenize(expr)?;
     let mut p = Parser { toks: &toks, pos: 0, batch };
     let v = p.sum()?;
     if p.pos != toks.len() {
-        return Err(format!("unexpected {}", toks[p.pos]));
+        return Err(ExprProblem::Unexpected { token: toks[p.pos].to_string() });
     }
     Ok(v)
 }
@@ -324,12 +335,7 @@ impl std::fmt::Display for Tok {
     }
 }
 
-/// `[-1, 4]`, as Python prints a list of ints.
-fn int_list(xs: &[i64]) -> String {
-    format!("[{}]", xs.iter().map(i64::to_string).collect::<Vec<_>>().join(", "))
-}
-
-fn tokenize(s: &str) -> std::result::Result<Vec<Tok>, String> {
+fn tokenize(s: &str) -> std::result::Result<Vec<Tok>, ExprProblem> {
     let mut out = Vec::new();
     let b = s.as_bytes();
     let mut i = 0;
@@ -342,7 +348,7 @@ fn tokenize(s: &str) -> std::result::Result<Vec<Tok>, String> {
                 while i < b.len() && b[i].is_ascii_digit() {
                     i += 1;
                 }
-                out.push(Tok::Num(s[start..i].parse().map_err(|_| "integer too large".to_string())?));
+                out.push(Tok::Num(s[start..i].parse().map_err(|_| ExprProblem::IntegerTooLarge)?));
             }
             b'(' => {
                 out.push(Tok::Open);
@@ -365,17 +371,12 @@ fn tokenize(s: &str) -> std::result::Result<Vec<Tok>, String> {
                 out.push(Tok::Op("//"));
                 i += 2;
             }
-            b'/' => return Err("'/' makes a float, which reshape rejects (use //)".into()),
+            b'/' => return Err(ExprProblem::FloatDivision),
             _ if s[i..].starts_with("batch_size") => {
                 out.push(Tok::Batch);
                 i += "batch_size".len();
             }
-            _ => {
-                return Err(format!(
-                    "cannot evaluate \"{}\" (only ints, batch_size, + - * // % and parentheses)",
-                    &s[i..]
-                ))
-            }
+            _ => return Err(ExprProblem::Unsupported { rest: s[i..].to_owned() }),
         }
     }
     Ok(out)
@@ -392,36 +393,36 @@ impl Parser<'_> {
         self.toks.get(self.pos)
     }
 
-    fn sum(&mut self) -> std::result::Result<i64, String> {
+    fn sum(&mut self) -> std::result::Result<i64, ExprProblem> {
         let mut v = self.product()?;
         while let Some(Tok::Op(op @ ("+" | "-"))) = self.peek().cloned() {
             self.pos += 1;
             let r = self.product()?;
-            v = if op == "+" { v.checked_add(r) } else { v.checked_sub(r) }.ok_or("overflow")?;
+            v = if op == "+" { v.checked_add(r) } else { v.checked_sub(r) }.ok_or(ExprProblem::Overflow)?;
         }
         Ok(v)
     }
 
-    fn product(&mut self) -> std::result::Result<i64, String> {
+    fn product(&mut self) -> std::result::Result<i64, ExprProblem> {
         let mut v = self.unary()?;
         while let Some(Tok::Op(op @ ("*" | "//" | "%"))) = self.peek().cloned() {
             self.pos += 1;
             let r = self.unary()?;
             v = match op {
-                "*" => v.checked_mul(r).ok_or("overflow")?,
-                _ if r == 0 => return Err("division by zero".into()),
-                "//" => v.div_euclid(r) - if r < 0 && v.rem_euclid(r) != 0 { 1 } else { 0 },
-                _ => v - r * (v.div_euclid(r) - if r < 0 && v.rem_euclid(r) != 0 { 1 } else { 0 }),
+                "*" => v.checked_mul(r).ok_or(ExprProblem::Overflow)?,
+                _ if r == 0 => return Err(ExprProblem::DivisionByZero),
+                "//" => floor_div(v, r)?,
+                _ => floor_mod(v, r),
             };
         }
         Ok(v)
     }
 
-    fn unary(&mut self) -> std::result::Result<i64, String> {
+    fn unary(&mut self) -> std::result::Result<i64, ExprProblem> {
         match self.peek() {
             Some(Tok::Op("-")) => {
                 self.pos += 1;
-                Ok(-self.unary()?)
+                self.unary()?.checked_neg().ok_or(ExprProblem::Overflow)
             }
             Some(Tok::Op("+")) => {
                 self.pos += 1;
@@ -431,8 +432,8 @@ impl Parser<'_> {
         }
     }
 
-    fn atom(&mut self) -> std::result::Result<i64, String> {
-        let t = self.peek().cloned().ok_or("unexpected end")?;
+    fn atom(&mut self) -> std::result::Result<i64, ExprProblem> {
+        let t = self.peek().cloned().ok_or(ExprProblem::UnexpectedEnd)?;
         self.pos += 1;
         match t {
             Tok::Num(n) => Ok(n),
@@ -444,11 +445,28 @@ impl Parser<'_> {
                         self.pos += 1;
                         Ok(v)
                     }
-                    _ => Err("missing ')'".into()),
+                    _ => Err(ExprProblem::MissingClose),
                 }
             }
-            other => Err(format!("unexpected {other}")),
+            other => Err(ExprProblem::Unexpected { token: other.to_string() }),
         }
+    }
+}
+
+/// Python's `v // r` (rounds toward minus infinity); `r` is not zero.
+fn floor_div(v: i64, r: i64) -> std::result::Result<i64, ExprProblem> {
+    let q = v.checked_div(r).ok_or(ExprProblem::Overflow)?;
+    // the remainder exists: `checked_div` refused the one overflowing pair
+    Ok(if v % r != 0 && ((v < 0) != (r < 0)) { q - 1 } else { q })
+}
+
+/// Python's `v % r` (the sign of `r`); `r` is not zero.
+fn floor_mod(v: i64, r: i64) -> i64 {
+    let m = v.wrapping_rem(r); // i64::MIN % -1 is 0, as in Python
+    if m != 0 && ((m < 0) != (r < 0)) {
+        m + r
+    } else {
+        m
     }
 }
 
@@ -464,8 +482,22 @@ mod tests {
         assert_eq!(eval_batch_expr("(batch_size - 1) // 2", 8), Ok(3));
         assert_eq!(eval_batch_expr("-7 // 2", 0), Ok(-4));
         assert_eq!(eval_batch_expr("-7 % 2", 0), Ok(1));
-        assert!(eval_batch_expr("batch_size / 2", 4).is_err());
-        assert!(eval_batch_expr("batch_size * foo", 4).is_err());
+        assert_eq!(eval_batch_expr("7 // -2", 0), Ok(-4));
+        assert_eq!(eval_batch_expr("7 % -2", 0), Ok(-1));
+        assert_eq!(eval_batch_expr("-7 % -2", 0), Ok(-1));
+        assert_eq!(eval_batch_expr("6 % -3", 0), Ok(0));
+        assert_eq!(eval_batch_expr("batch_size / 2", 4), Err(ExprProblem::FloatDivision));
+        assert_eq!(eval_batch_expr("batch_size * foo", 4), Err(ExprProblem::Unsupported { rest: "foo".into() }));
+        assert_eq!(eval_batch_expr("batch_size // 0", 4), Err(ExprProblem::DivisionByZero));
+        assert_eq!(eval_batch_expr("(batch_size", 4), Err(ExprProblem::MissingClose));
+        assert_eq!(eval_batch_expr("batch_size *", 4), Err(ExprProblem::UnexpectedEnd));
+        assert_eq!(eval_batch_expr("batch_size 2", 4), Err(ExprProblem::Unexpected { token: "2".into() }));
+        assert_eq!(eval_batch_expr("99999999999999999999", 4), Err(ExprProblem::IntegerTooLarge));
+        // overflow is an error, never a panic or a wrapped size
+        assert_eq!(eval_batch_expr("batch_size * 9223372036854775807", 2), Err(ExprProblem::Overflow));
+        assert_eq!(eval_batch_expr("-(-9223372036854775807 - 1)", 0), Err(ExprProblem::Overflow));
+        assert_eq!(eval_batch_expr("(-9223372036854775807 - 1) // -1", 0), Err(ExprProblem::Overflow));
+        assert_eq!(eval_batch_expr("(-9223372036854775807 - 1) % -1", 0), Ok(0));
     }
 
     #[test]
@@ -473,12 +505,44 @@ mod tests {
         let r =
             ModuleOp::Reshape(vec![ReshapeDim::Batch("batch_size".into()), ReshapeDim::Size(3), ReshapeDim::Size(-1)]);
         assert_eq!(r.out_shape(&[5, 12], 5), Ok(vec![5, 3, 4]));
-        assert!(r.out_shape(&[5, 13], 5).is_err());
+        assert_eq!(r.out_shape(&[5, 13], 5), Err(OpProblem::ReshapeNumel { sizes: vec![5, 3, -1], numel: 65 }));
+        assert_eq!(
+            r.out_shape(&[5, 13], 5).unwrap_err().to_string(),
+            "shape [5, 3, -1] is invalid for input of size 65" // torch's wording
+        );
         assert_eq!(ModuleOp::Permute(vec![0, 2, 1]).out_shape(&[5, 3, 4], 5), Ok(vec![5, 4, 3]));
         assert_eq!(ModuleOp::Squeeze(1).out_shape(&[5, 1, 4], 5), Ok(vec![5, 4]));
         assert_eq!(ModuleOp::Squeeze(1).out_shape(&[5, 2, 4], 5), Ok(vec![5, 2, 4]));
         assert_eq!(ModuleOp::Unsqueeze(-1).out_shape(&[5, 4], 5), Ok(vec![5, 4, 1]));
         assert_eq!(ModuleOp::Expand(vec![-1, 2, -1]).out_shape(&[5, 1, 4], 5), Ok(vec![5, 2, 4]));
-        assert!(ModuleOp::Expand(vec![-1, 2, -1]).out_shape(&[5, 3, 4], 5).is_err());
+        assert_eq!(
+            ModuleOp::Expand(vec![-1, 2, -1]).out_shape(&[5, 3, 4], 5),
+            Err(OpProblem::ExpandSize { dim: 1, have: 3, to: 2 })
+        );
+        assert_eq!(
+            ModuleOp::Expand(vec![-1, 4]).out_shape(&[5, 3, 4], 5),
+            Err(OpProblem::ExpandRank { target: 2, rank: 3 })
+        );
+        assert_eq!(ModuleOp::Expand(vec![-1, -1, 4]).out_shape(&[5, 4], 5), Err(OpProblem::ExpandInferredNewDim));
+        assert_eq!(
+            ModuleOp::Permute(vec![0, 1]).out_shape(&[5, 3, 4], 5),
+            Err(OpProblem::PermuteRank { given: 2, rank: 3 })
+        );
+        assert_eq!(
+            ModuleOp::Permute(vec![0, 2, -1]).out_shape(&[5, 3, 4], 5),
+            Err(OpProblem::PermuteRepeat { dim: 2 })
+        );
+        assert_eq!(ModuleOp::Squeeze(-3).out_shape(&[5, 4], 5), Err(OpProblem::DimOutOfRange { dim: -3, rank: 2 }));
+        let two = ModuleOp::Reshape(vec![ReshapeDim::Size(-1), ReshapeDim::Size(-1)]);
+        assert_eq!(two.out_shape(&[5, 4], 5), Err(OpProblem::ReshapeTwoInferred));
+        let batch =
+            ModuleOp::Reshape(vec![ReshapeDim::Batch("batch_size // (batch_size - 5)".into()), ReshapeDim::Size(-1)]);
+        assert_eq!(
+            batch.out_shape(&[5, 4], 5),
+            Err(OpProblem::BatchExpr {
+                expr: "batch_size // (batch_size - 5)".into(),
+                problem: ExprProblem::DivisionByZero
+            })
+        );
     }
 }

@@ -12,7 +12,9 @@ use crate::activation::Activation;
 use crate::config::{ModuleConfig, NormSettings};
 use crate::error::{PolicyError, Result};
 use crate::mlp::Mlp;
+use crate::module_ops::ApplyError;
 use crate::module_ops::ModuleOp;
+use crate::problem::{FieldProblem, GraphProblem};
 
 /// The reference's `RunningMeanStd` epsilon (`NormObsBase` never passes one).
 pub const NORM_EPSILON: f64 = 1e-5;
@@ -114,7 +116,7 @@ impl Network {
                 if m.norm.normalize_obs && !has_forward {
                     return Err(PolicyError::Graph {
                         path: path.to_owned(),
-                        reason: "normalize_obs with no Forward in module_operations (the reference raises KeyError 'norm_obs')".into(),
+                        problem: GraphProblem::NormalizeWithoutForward,
                     });
                 }
                 let norm = if m.norm.normalize_obs {
@@ -128,10 +130,7 @@ impl Network {
                     if w != mlp.in_features() {
                         return Err(PolicyError::Graph {
                             path: path.to_owned(),
-                            reason: format!(
-                                "normalizer width {w} differs from the first Linear's input {}",
-                                mlp.in_features()
-                            ),
+                            problem: GraphProblem::NormalizerWidth { normalizer: w, linear: mlp.in_features() },
                         });
                     }
                 }
@@ -246,11 +245,11 @@ impl Leaf {
         for (i, op) in self.ops.iter().enumerate() {
             x = match op {
                 ModuleOp::Forward => self.forward_op(&x, trace)?,
-                other => other.apply(&x, batch).map_err(|reason| PolicyError::ModuleOp {
-                    path: self.path.clone(),
-                    index: i,
-                    op: other.name().into(),
-                    reason,
+                other => other.apply(&x, batch).map_err(|e| match e {
+                    ApplyError::Op(problem) => {
+                        PolicyError::ModuleOp { path: self.path.clone(), index: i, op: other.name(), problem }
+                    }
+                    ApplyError::Candle(e) => PolicyError::Candle(e),
                 })?,
             };
         }
@@ -299,7 +298,7 @@ fn load_norm(
             return Err(PolicyError::BadField {
                 path: path.to_owned(),
                 field: "norm_clamp_value".into(),
-                reason: format!("{c}: a clamp must be > 0 (the reference would clamp to an empty range)"),
+                problem: FieldProblem::ClampNotPositive { value: c.to_string() },
             })
         }
         c => c.map(|c| c.as_f64()),
@@ -310,9 +309,9 @@ fn load_norm(
     if rms.shape().is_none_or(|s| s.len() != 1) {
         return Err(PolicyError::Graph {
             path: path.to_owned(),
-            reason: match rms.shape() {
-                Some(s) => format!("normalizer {name} has shape {}; a 1-D one is expected", pmstate_norm::Dims(s)),
-                None => format!("normalizer {name} has no statistics"),
+            problem: match rms.shape() {
+                Some(s) => GraphProblem::NormalizerShape { name: name.to_owned(), shape: s.to_vec() },
+                None => GraphProblem::NoStatistics { name: name.to_owned() },
             },
         });
     }

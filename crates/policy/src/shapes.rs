@@ -71,7 +71,7 @@ impl Widths {
                     let o = match out {
                         Some(OutWidth::Fixed(o)) => Some(*o),
                         Some(OutWidth::SameAsInput) => total,
-                        None => total.and_then(|c| simulate(l, c).ok()),
+                        None => total.and_then(|c| simulate(l, c)),
                     };
                     if let Some(o) = o {
                         w.known.insert(l.out_key.clone(), o);
@@ -118,7 +118,7 @@ fn leaf_io(l: &Leaf) -> (Option<usize>, Option<OutWidth>) {
     // search the concatenated width that makes every Forward see its width
     let mut found = None;
     for c in 1..=SEARCH_LIMIT {
-        if simulate(l, c).is_ok() {
+        if simulate(l, c).is_some() {
             if found.is_some() {
                 return (None, None); // ambiguous
             }
@@ -126,39 +126,39 @@ fn leaf_io(l: &Leaf) -> (Option<usize>, Option<OutWidth>) {
         }
     }
     match found {
-        Some(c) => (Some(c), simulate(l, c).ok().map(OutWidth::Fixed)),
+        Some(c) => (Some(c), simulate(l, c).map(OutWidth::Fixed)),
         None => (None, None),
     }
 }
 
-/// Runs the leaf's operations on shapes `[B, c]`; its output width
-/// (last dim of a 2-D result) or why it fails.
-pub(crate) fn simulate(l: &Leaf, c: usize) -> Result<usize, String> {
+/// Runs the leaf's operations on shapes `[B, c]`; its output width (last
+/// dim of a 2-D result), or `None` where they fail: a Forward seeing another
+/// width than its normalizer or first Linear, an operation that does not
+/// apply, a result that is not `[batch, width]` or whose width depends on
+/// the batch size. Callers search widths with it, so why does not matter.
+pub(crate) fn simulate(l: &Leaf, c: usize) -> Option<usize> {
     let fw = forward_width(l);
     let mut out = None;
     for b in PROBE_BATCHES {
         let mut shape = vec![b, c];
         for op in &l.ops {
             if *op == ModuleOp::Forward {
-                let last = *shape.last().ok_or("empty shape")?;
+                let last = *shape.last()?;
                 if fw.is_some_and(|w| w != last) {
-                    return Err(format!("width {last} at Forward, expected {}", fw.map_or(0, |w| w)));
+                    return None;
                 }
                 if let Some(m) = &l.mlp {
                     let n = shape.len();
                     shape[n - 1] = m.out.out_features();
                 }
             } else {
-                shape = op.out_shape(&shape, b)?;
+                shape = op.out_shape(&shape, b).ok()?;
             }
         }
-        if shape.len() != 2 || shape[0] != b {
-            return Err(format!("output shape {} is not [batch, width]", pmstate_norm::Dims(&shape)));
-        }
-        if out.is_some_and(|o| o != shape[1]) {
-            return Err("output width depends on the batch size".into());
+        if shape.len() != 2 || shape[0] != b || out.is_some_and(|o| o != shape[1]) {
+            return None;
         }
         out = Some(shape[1]);
     }
-    out.ok_or_else(|| "no probe".into())
+    out
 }

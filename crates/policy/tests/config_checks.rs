@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use candle_core::Device;
 use pmstate_ckpt::{Checkpoint, Node};
 use pmstate_policy::actor::LogstdSource;
-use pmstate_policy::{ModelConfig, Policy, PolicyError};
+use pmstate_policy::{ExprProblem, FieldProblem, GraphProblem, ModelConfig, Policy, PolicyError};
 
 fn data(rel: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata/policy").join(rel)
@@ -213,9 +213,9 @@ fn activations_and_ops_are_checked() {
         .insert("new_shape", Node::List(vec![Node::Str("batch_size / 2".into()), Node::Int(-1)]));
     let e = ModelConfig::from_node(&m, "agent.model").unwrap_err();
     assert!(
-        matches!(&e, PolicyError::BadField { path, field, reason }
+        matches!(&e, PolicyError::BadField { path, field, problem: FieldProblem::BatchExpr { expr, problem: ExprProblem::FloatDivision } }
             if path == "agent.model.actor.mu_model.module_operations.0" && field == "new_shape"
-                && reason.contains("'/' makes a float")),
+                && expr == "batch_size / 2"),
         "{e}"
     );
 }
@@ -237,6 +237,36 @@ fn a_checkpoint_that_does_not_fit_the_config_is_refused() {
         e.to_string().ends_with(
             "model._actor.mu.mlp.4.weight has shape [5, 16], expected [16, 16] (from the config's layer widths)"
         ),
+        "{e}"
+    );
+}
+
+#[test]
+fn modules_that_cannot_work_are_refused_with_the_problem() {
+    // normalize_obs on a module whose operations never run Forward: the
+    // reference raises KeyError 'norm_obs' at the first step
+    let mut m = model("module_ops_ppo");
+    let ops = fields_mut(&mut m, "actor.mu_model").get_mut("module_operations").unwrap();
+    let Node::List(list) = ops else { panic!("module_operations is a list") };
+    list.remove(1);
+    let cfg = ModelConfig::from_node(&m, "agent.model").unwrap();
+    let ckpt = Checkpoint::open(data("module_ops_ppo/last.ckpt")).unwrap();
+    let e = Policy::from_parts(cfg, &ckpt, &Device::Cpu).unwrap_err();
+    assert!(
+        matches!(&e, PolicyError::Graph { path, problem: GraphProblem::NormalizeWithoutForward }
+            if path == "agent.model.actor.mu_model"),
+        "{e}"
+    );
+    assert!(e.to_string().contains("KeyError 'norm_obs'"), "{e}");
+
+    // a clamp of 0 would clamp every normalized value to 0
+    let mut m = model("module_ops_ppo");
+    fields_mut(&mut m, "actor.mu_model").insert("norm_clamp_value", Node::Int(0));
+    let cfg = ModelConfig::from_node(&m, "agent.model").unwrap();
+    let e = Policy::from_parts(cfg, &ckpt, &Device::Cpu).unwrap_err();
+    assert!(
+        matches!(&e, PolicyError::BadField { path, field, problem: FieldProblem::ClampNotPositive { value } }
+            if path == "agent.model.actor.mu_model" && field == "norm_clamp_value" && value == "0"),
         "{e}"
     );
 }
