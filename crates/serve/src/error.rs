@@ -7,6 +7,66 @@ use std::sync::Arc;
 
 use axum::http::StatusCode;
 
+/// Why a `--widths` pin cannot hold for the checkpoint (in [`LoadError::Pin`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum PinProblem {
+    /// The key is not an input of the model.
+    #[error("not an input of this model (its inputs: {})", inputs.join(", "))]
+    NotAnInput {
+        /// The model's inputs.
+        inputs: Vec<String>,
+    },
+    /// The checkpoint fixes another width for the key.
+    #[error("{pinned}, but the checkpoint fixes {fixed}")]
+    Contradicts {
+        /// The width pinned.
+        pinned: usize,
+        /// The width the checkpoint fixes.
+        fixed: usize,
+    },
+    /// Every key of a width sum is known and they do not add up.
+    #[error(
+        "{module} reads {} = {sum} columns, but its checkpoint weights take {total}",
+        parts.iter().map(usize::to_string).collect::<Vec<_>>().join(" + ")
+    )]
+    SumMismatch {
+        /// Config path of the module reading the keys.
+        module: String,
+        /// Each key's width, in the module's order.
+        parts: Vec<usize>,
+        /// Their sum.
+        sum: usize,
+        /// The width its weights take.
+        total: usize,
+    },
+    /// The pins take so many columns that an open key gets none.
+    #[error("{module} reads {total} columns in all; the pins already take {fixed} ({})", parts_text(parts))]
+    NoColumnLeft {
+        /// Config path of the module reading the keys.
+        module: String,
+        /// The width its weights take.
+        total: usize,
+        /// Columns the known widths take.
+        fixed: usize,
+        /// Each key's width where known, in the module's order.
+        parts: Vec<Option<usize>>,
+    },
+    /// The columns left over do not divide among the open key's copies.
+    #[error("{module} needs {total} columns in all; the pins leave no width for it")]
+    NoWidth {
+        /// Config path of the module reading the keys.
+        module: String,
+        /// The width its weights take.
+        total: usize,
+    },
+}
+
+/// `358 + ? + 69`: known widths and `?` for open ones.
+fn parts_text(parts: &[Option<usize>]) -> String {
+    parts.iter().map(|p| p.map_or_else(|| "?".to_owned(), |w| w.to_string())).collect::<Vec<_>>().join(" + ")
+}
+
 /// Why a checkpoint could not become the served model.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -29,12 +89,12 @@ pub enum LoadError {
         path: String,
     },
     /// A `--widths` pin the checkpoint contradicts.
-    #[error("--widths {key}: {reason}")]
+    #[error("--widths {key}: {problem}")]
     Pin {
         /// The observation key.
         key: String,
-        /// What the checkpoint says.
-        reason: String,
+        /// What the checkpoint says against it.
+        problem: PinProblem,
     },
     /// A new checkpoint that would change what clients send or get.
     #[error("{path}: not compatible with the model being served: {what} was {old}, is {new}")]

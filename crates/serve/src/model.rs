@@ -13,7 +13,7 @@ use pmstate_policy::{Description, Part, Policy};
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
-use crate::error::{Difference, LoadError};
+use crate::error::{Difference, LoadError, PinProblem};
 
 /// Which networks an output comes from (and so which inputs it needs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -184,14 +184,14 @@ fn resolve_widths(policy: &Policy, pins: &[(String, usize)]) -> Result<BTreeMap<
         policy.widths().known.iter().filter(|(k, _)| keys.contains(k)).map(|(k, &v)| (k.clone(), v)).collect();
     for (k, v) in pins {
         if !keys.contains(k) {
-            return Err(LoadError::Pin {
-                key: k.clone(),
-                reason: format!("not an input of this model (its inputs: {})", keys.join(", ")),
-            });
+            return Err(LoadError::Pin { key: k.clone(), problem: PinProblem::NotAnInput { inputs: keys.clone() } });
         }
         match w.get(k) {
             Some(&known) if known != *v => {
-                return Err(LoadError::Pin { key: k.clone(), reason: format!("{v}, but the checkpoint fixes {known}") })
+                return Err(LoadError::Pin {
+                    key: k.clone(),
+                    problem: PinProblem::Contradicts { pinned: *v, fixed: known },
+                })
             }
             _ => {
                 w.insert(k.clone(), *v);
@@ -203,8 +203,7 @@ fn resolve_widths(policy: &Policy, pins: &[(String, usize)]) -> Result<BTreeMap<
         for g in &policy.widths().groups {
             let open: Vec<&String> = g.keys.iter().filter(|k| !w.contains_key(*k)).collect();
             let fixed: usize = g.keys.iter().filter_map(|k| w.get(k)).sum();
-            let parts =
-                || g.keys.iter().map(|k| w.get(k).map_or("?".to_string(), |v| v.to_string())).collect::<Vec<_>>();
+            let parts = || g.keys.iter().map(|k| w.get(k).copied()).collect::<Vec<_>>();
             if open.is_empty() {
                 if fixed != g.total {
                     return Err(LoadError::Pin {
@@ -214,31 +213,26 @@ fn resolve_widths(policy: &Policy, pins: &[(String, usize)]) -> Result<BTreeMap<
                             .find(|k| pins.iter().any(|(p, _)| p == *k))
                             .or(g.keys.first())
                             .map_or_else(|| g.path.clone(), String::clone),
-                        reason: format!(
-                            "{} reads {} = {fixed} columns, but its checkpoint weights take {}",
-                            g.path,
-                            parts().join(" + "),
-                            g.total
-                        ),
+                        problem: PinProblem::SumMismatch {
+                            module: g.path.clone(),
+                            parts: parts().into_iter().flatten().collect(),
+                            sum: fixed,
+                            total: g.total,
+                        },
                     });
                 }
             } else if fixed.saturating_add(open.len()) > g.total {
                 // every open key needs at least one column
                 return Err(LoadError::Pin {
                     key: g.keys.iter().find(|k| pins.iter().any(|(p, _)| p == *k)).unwrap_or(open[0]).clone(),
-                    reason: format!(
-                        "{} reads {} columns in all; the pins already take {fixed} ({})",
-                        g.path,
-                        g.total,
-                        parts().join(" + ")
-                    ),
+                    problem: PinProblem::NoColumnLeft { module: g.path.clone(), total: g.total, fixed, parts: parts() },
                 });
             } else if open.iter().all(|k| *k == open[0]) {
                 let n = open.len();
                 if fixed >= g.total || (g.total - fixed) % n != 0 {
                     return Err(LoadError::Pin {
                         key: open[0].clone(),
-                        reason: format!("{} needs {} columns in all; the pins leave no width for it", g.path, g.total),
+                        problem: PinProblem::NoWidth { module: g.path.clone(), total: g.total },
                     });
                 }
                 w.insert(open[0].clone(), (g.total - fixed) / n);
@@ -398,5 +392,62 @@ impl LoadedModel {
     /// The model's family.
     pub fn family(&self) -> Family {
         self.policy.family()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy(variant: &str) -> Policy {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata/policy").join(variant);
+        Policy::load(dir.join("last.ckpt"), None, &Device::Cpu).unwrap()
+    }
+
+    fn pins(p: &[(&str, usize)]) -> Vec<(String, usize)> {
+        p.iter().map(|&(k, w)| (k.to_owned(), w)).collect()
+    }
+
+    fn pin_problem(policy: &Policy, p: &[(&str, usize)]) -> (String, PinProblem) {
+        match resolve_widths(policy, &pins(p)) {
+            Err(LoadError::Pin { key, problem }) => (key, problem),
+            other => panic!("{p:?}: expected a pin error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn pins_fill_the_open_widths_or_say_what_contradicts_them() {
+        // smpl tracker: the three widths are open, their sum (1003) fixed by the actor's first Linear
+        let smpl = policy("smpl_tracker");
+        let w = resolve_widths(&smpl, &pins(&[("max_coords_obs", 358), ("mimic_target_poses", 576)])).unwrap();
+        assert_eq!(w.get("previous_actions"), Some(&69));
+
+        let (key, problem) = pin_problem(&smpl, &[("nope", 3)]);
+        assert_eq!(key, "nope");
+        assert!(matches!(&problem, PinProblem::NotAnInput { inputs } if inputs.len() == 3), "{problem}");
+
+        let (key, problem) = pin_problem(&smpl, &[("max_coords_obs", 1002), ("mimic_target_poses", 1)]);
+        assert_eq!(key, "max_coords_obs");
+        assert!(
+            matches!(&problem, PinProblem::NoColumnLeft { total: 1003, fixed: 1003, parts, .. }
+                if parts == &[Some(1002), Some(1), None]),
+            "{problem}"
+        );
+        assert!(problem.to_string().ends_with("the pins already take 1003 (1002 + 1 + ?)"), "{problem}");
+
+        let (_, problem) =
+            pin_problem(&smpl, &[("max_coords_obs", 358), ("mimic_target_poses", 576), ("previous_actions", 70)]);
+        assert!(
+            matches!(&problem, PinProblem::SumMismatch { parts, sum: 1004, total: 1003, .. } if parts == &[358, 576, 70]),
+            "{problem}"
+        );
+        assert!(problem.to_string().contains("reads 358 + 576 + 70 = 1004 columns"), "{problem}");
+
+        // container: obs_a's width is fixed by its own normalizer
+        let container = policy("container_obsprocessor");
+        let (key, problem) = pin_problem(&container, &[("obs_a", 7)]);
+        assert_eq!(key, "obs_a");
+        assert_eq!(problem, PinProblem::Contradicts { pinned: 7, fixed: 6 });
+        assert_eq!(LoadError::Pin { key, problem }.to_string(), "--widths obs_a: 7, but the checkpoint fixes 6");
     }
 }
