@@ -12,8 +12,7 @@ use crate::activation::Activation;
 use crate::config::{ModuleConfig, NormSettings};
 use crate::error::{PolicyError, Result};
 use crate::mlp::Mlp;
-use crate::module_ops::ApplyError;
-use crate::module_ops::ModuleOp;
+use crate::module_ops::{ApplyError, ModuleOp};
 use crate::problem::{FieldProblem, GraphProblem};
 
 /// The reference's `RunningMeanStd` epsilon (`NormObsBase` never passes one).
