@@ -26,13 +26,16 @@ mod wire_header;
 #[doc(hidden)]
 pub mod bench_support {
     pub use crate::kernels::cpu::copy;
-    pub use crate::kernels::isa::{current as isa, select as select_isa, Isa, IsaError, ENV as ISA_ENV};
+    pub use crate::kernels::isa::{
+        current as isa, select as select_isa, try_current as try_isa, Isa, IsaError, ENV as ISA_ENV,
+    };
 }
 
 pub use collective::{Collective, InProcessGroup, SingleProcess};
 pub use combine::{combine_moments, Moments};
 pub use config::{Arithmetic, NormConfig};
 pub use direction::Direction;
+pub use kernels::isa::{Isa, IsaError};
 pub use error::{
     Call, CollectiveProblem, CountProblem, Dims, NormError, PartsProblem, Result, StateProblem, Unsendable,
 };

@@ -35,7 +35,7 @@ fn benches(c: &mut Criterion) {
         let weight = values(n * k, 0x9e37_79b9, 1.0 / (k as f32).sqrt());
         let bias = values(n, 0x85eb_ca6b, 0.1);
         let x = values(m * k, 0xc2b2_ae35, 1.0);
-        let layer = PackedLinear::new(&weight, &bias, n, k);
+        let layer = PackedLinear::new(&weight, &bias, n, k).expect("the CPU kernels' instruction set");
         let mut y = Vec::new();
         g.throughput(Throughput::Elements(2 * (m * n * k) as u64));
         g.bench_function(BenchmarkId::new("relu", format!("{m}x{n}x{k}")), |b| {

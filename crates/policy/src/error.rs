@@ -230,6 +230,10 @@ pub enum PolicyError {
     /// candle failed.
     #[error("candle: {0}")]
     Candle(#[from] candle_core::Error),
+    /// The CPU kernels cannot run with the instruction set asked for
+    /// (`PMSTATE_CPU_ISA` names an unknown one or one this CPU lacks).
+    #[error("CPU kernels: {0}")]
+    Isa(#[from] pmstate_norm::IsaError),
 }
 
 fn width_text(w: Option<usize>) -> String {

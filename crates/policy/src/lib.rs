@@ -1,6 +1,7 @@
 #![doc = include_str!("../README.md")]
 #![warn(missing_docs)]
-#![forbid(unsafe_code)]
+// unsafe only in kernels::dispatch (calls of #[target_feature] functions)
+#![deny(unsafe_code)]
 
 pub mod activation;
 pub mod actor;

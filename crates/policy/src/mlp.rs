@@ -242,7 +242,7 @@ fn pack(weight: &Tensor, bias: &Tensor) -> Result<PackedLinear> {
     let (n, k) = weight.dims2()?;
     let w = weight.flatten_all()?.to_vec1::<f32>()?;
     let b = bias.to_vec1::<f32>()?;
-    Ok(PackedLinear::new(&w, &b, n, k))
+    Ok(PackedLinear::new(&w, &b, n, k)?)
 }
 
 fn full_key(dict: &str, key: &str) -> String {

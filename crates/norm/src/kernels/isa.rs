@@ -158,6 +158,18 @@ pub fn current() -> Isa {
     *SELECTED.get_or_init(|| from_env().unwrap_or_else(|e| panic!("{e}")))
 }
 
+/// [`current`] without its panic: the instruction set the kernels run
+/// with, fixed now (from `PMSTATE_CPU_ISA`, default the best) if nothing
+/// fixed it yet; an error if that variable names an unknown instruction
+/// set or one this CPU lacks.
+pub fn try_current() -> Result<Isa, IsaError> {
+    if let Some(isa) = SELECTED.get() {
+        return Ok(*isa);
+    }
+    let want = from_env()?;
+    Ok(*SELECTED.get_or_init(|| want))
+}
+
 /// Fixes the instruction set before the first kernel call: `Some(isa)` (an
 /// error if this CPU lacks it), or `None` for what `PMSTATE_CPU_ISA` asks
 /// (default: the best). Returns the one in use; an error if the kernels

@@ -1,0 +1,254 @@
+//! The micro-kernel compiled once per instruction set, and the block
+//! shapes each one runs.
+//!
+//! Each instruction set has one function per block shape (`MR` rows by
+//! `G` panels) carrying `#[target_feature]`, whose whole body is the
+//! inlined [`block`]: the loop, its loads and its fused multiply-adds are
+//! compiled for that instruction set. A function compiled with features the
+//! CPU lacks must not run, which is what makes calling it `unsafe`: the
+//! only way to get a [`Kernel`] is through a [`Supported`] token, made only
+//! after `is_supported` said yes, so every call is sound. This module is
+//! the policy crate's only `unsafe` (the calls through those pointers).
+#![allow(unsafe_code)]
+
+use pmstate_norm::{Isa, IsaError};
+
+use super::micro::{block, Start};
+use super::{Cols, Epilogue, NR, NR_NARROW};
+
+/// An instruction set this CPU was checked to support.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Supported(Isa);
+
+impl Supported {
+    /// `isa` if this CPU supports it, else the error naming it.
+    pub(super) fn check(isa: Isa) -> Result<Supported, IsaError> {
+        isa.require().map(Supported)
+    }
+
+    /// The instruction set.
+    pub(super) fn isa(self) -> Isa {
+        self.0
+    }
+}
+
+/// A block function: [`block`] for one shape and instruction set.
+type BlockFn<const W: usize> = unsafe fn(&[f32], &[Cols<W>], usize, &[Cols<W>], &mut [Cols<W>], Start, Epilogue);
+
+/// A block function of one shape, callable safely.
+#[derive(Clone, Copy)]
+pub(super) struct Kernel<const W: usize> {
+    f: BlockFn<W>,
+}
+
+impl<const W: usize> Kernel<W> {
+    /// [`block`] with this kernel's shape (see there for the arguments).
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn run(
+        &self,
+        a: &[f32],
+        b: &[Cols<W>],
+        stride: usize,
+        bias: &[Cols<W>],
+        out: &mut [Cols<W>],
+        start: Start,
+        epilogue: Epilogue,
+    ) {
+        // SAFETY: a `Kernel` is only made by `wide` and `narrow` below, from
+        // a `Supported` token, so the CPU has every feature `f` was
+        // compiled with. The arguments are plain slices: `block` indexes
+        // them with bounds checks, so a wrong length panics, it does not
+        // read out of bounds.
+        unsafe { (self.f)(a, b, stride, bias, out, start, epilogue) }
+    }
+}
+
+/// Panels per block for `mr` rows with 32-column panels (AVX-512): at most
+/// 24 zmm accumulators (two per row and panel), and at least 8 for the
+/// fused multiply-add latency of two pipes where the rows allow.
+pub(super) fn wide_groups(mr: usize) -> usize {
+    match mr {
+        0..=3 => 4,
+        4..=6 => 2,
+        _ => 1,
+    }
+}
+
+/// Panels per block for `mr` rows with 16-column panels (AVX2 and the
+/// portable path): at most 12 ymm accumulators, at least 8 where the rows
+/// allow.
+pub(super) fn narrow_groups(mr: usize) -> usize {
+    match mr {
+        0..=1 => 4,
+        2..=3 => 2,
+        _ => 1,
+    }
+}
+
+/// One arm per block shape: `(MR, G) => Some(f::<MR, G>)`.
+macro_rules! shapes {
+    ($f:ident, $mr:expr, $g:expr; $(($m:literal, $gg:literal)),* $(,)?) => {
+        match ($mr, $g) {
+            $( ($m, $gg) => Some($f::<$m, $gg> as BlockFn<_>), )*
+            _ => None,
+        }
+    };
+}
+
+/// The AVX-512 block of `mr` rows by `g` 32-column panels (`g` is
+/// [`wide_groups`]`(mr)` or 1; `mr` at most 12).
+pub(super) fn wide(isa: Supported, mr: usize, g: usize) -> Option<Kernel<NR>> {
+    #[cfg(target_arch = "x86_64")]
+    let f = match isa.isa() {
+        Isa::Avx512 => shapes!(avx512, mr, g;
+            (1, 4), (2, 4), (3, 4), (4, 2), (5, 2), (6, 2),
+            (1, 1), (2, 1), (3, 1), (4, 1), (5, 1), (6, 1),
+            (7, 1), (8, 1), (9, 1), (10, 1), (11, 1), (12, 1)),
+        _ => None,
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let f: Option<BlockFn<NR>> = {
+        let _ = (isa, mr, g);
+        None
+    };
+    f.map(|f| Kernel { f })
+}
+
+/// The 16-column block of `mr` rows by `g` panels for AVX2 or the portable
+/// path (`g` is [`narrow_groups`]`(mr)` or 1; `mr` at most 6).
+pub(super) fn narrow(isa: Supported, mr: usize, g: usize) -> Option<Kernel<NR_NARROW>> {
+    let f = match isa.isa() {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => shapes!(avx2, mr, g;
+            (1, 4), (2, 2), (3, 2),
+            (1, 1), (2, 1), (3, 1), (4, 1), (5, 1), (6, 1)),
+        Isa::Scalar => shapes!(portable, mr, g;
+            (1, 4), (2, 2), (3, 2),
+            (1, 1), (2, 1), (3, 1), (4, 1), (5, 1), (6, 1)),
+        _ => None,
+    };
+    f.map(|f| Kernel { f })
+}
+
+/// The micro-kernel of [`block`] written with one instruction set's
+/// vector intrinsics: `MR` rows by `G` panels of `W = 2 * LANES` columns,
+/// `2 MR G` vector accumulators. The same chain per output as [`block`]
+/// (start, one fused multiply-add per k in k order, epilogue), so the bits
+/// are the portable path's; written out because LLVM's vectorizer left some
+/// shapes of the generic code scalar (`vfmaddss` on one float at a time).
+macro_rules! simd_block {
+    (
+        $(#[$doc:meta])*
+        $name:ident, $features:literal, $w:expr,
+        load: $load:ident, store: $store:ident, set1: $set1:ident, fmadd: $fmadd:ident,
+        max: $max:ident, zero: $zero:ident
+    ) => {
+        $(#[$doc])*
+        ///
+        /// # Safety
+        /// The CPU must support every feature in
+        #[doc = concat!("`", $features, "`.")]
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = $features)]
+        #[allow(clippy::needless_range_loop)]
+        unsafe fn $name<const MR: usize, const G: usize>(
+            a: &[f32],
+            b: &[Cols<{ $w }>],
+            stride: usize,
+            bias: &[Cols<{ $w }>],
+            out: &mut [Cols<{ $w }>],
+            start: Start,
+            epilogue: Epilogue,
+        ) {
+            use std::arch::x86_64::*;
+            const LANES: usize = $w / 2;
+            let kc = a.len() / MR;
+            // every read below is inside these bounds
+            assert!(G >= 1 && bias.len() >= G && out.len() >= MR * G);
+            assert!(b.len() >= (G - 1) * stride + kc && (G == 1 || stride >= kc));
+            let mut acc = [[[$zero(); 2]; G]; MR];
+            for r in 0..MR {
+                for g in 0..G {
+                    let src = match start {
+                        Start::Bias => &bias[g].0,
+                        Start::Partial => &out[r * G + g].0,
+                    };
+                    for h in 0..2 {
+                        // SAFETY: `src` is a whole 64-byte-aligned `Cols`,
+                        // `h * LANES + LANES <= W` floats.
+                        acc[r][g][h] = unsafe { $load(src.as_ptr().add(h * LANES)) };
+                    }
+                }
+            }
+            let ap = a.as_ptr();
+            let bp = b.as_ptr().cast::<f32>();
+            for kk in 0..kc {
+                let mut w = [[$zero(); 2]; G];
+                for g in 0..G {
+                    for h in 0..2 {
+                        // SAFETY: row `g * stride + kk` of `b` exists (the
+                        // asserts above: kk < kc); a `Cols` row is
+                        // 64-byte-aligned and `W` floats long.
+                        w[g][h] = unsafe { $load(bp.add((g * stride + kk) * $w + h * LANES)) };
+                    }
+                }
+                for r in 0..MR {
+                    // SAFETY: kk * MR + r < kc * MR <= a.len().
+                    let x = $set1(unsafe { *ap.add(kk * MR + r) });
+                    for g in 0..G {
+                        for h in 0..2 {
+                            acc[r][g][h] = $fmadd(x, w[g][h], acc[r][g][h]);
+                        }
+                    }
+                }
+            }
+            for r in 0..MR {
+                for g in 0..G {
+                    let dst = &mut out[r * G + g].0;
+                    for h in 0..2 {
+                        // max(0, v): 0 for negatives, NaN and -0.0 kept
+                        // (the second operand is returned for NaN and for
+                        // two zeros), which is `relu`
+                        let v = match epilogue {
+                            Epilogue::Identity => acc[r][g][h],
+                            Epilogue::Relu => $max($zero(), acc[r][g][h]),
+                        };
+                        // SAFETY: as for the loads of `src` above.
+                        unsafe { $store(dst.as_mut_ptr().add(h * LANES), v) };
+                    }
+                }
+            }
+        }
+    };
+}
+
+simd_block! {
+    /// [`block`] for AVX-512 F + VL (with AVX2 and FMA): zmm registers.
+    avx512, "avx512f,avx512vl,avx2,fma", NR,
+    load: _mm512_load_ps, store: _mm512_store_ps, set1: _mm512_set1_ps, fmadd: _mm512_fmadd_ps,
+    max: _mm512_max_ps, zero: _mm512_setzero_ps
+}
+
+simd_block! {
+    /// [`block`] for AVX2 and FMA: ymm registers.
+    avx2, "avx2,fma", NR_NARROW,
+    load: _mm256_load_ps, store: _mm256_store_ps, set1: _mm256_set1_ps, fmadd: _mm256_fmadd_ps,
+    max: _mm256_max_ps, zero: _mm256_setzero_ps
+}
+
+/// [`block`] for the target's baseline: on x86_64 without FMA,
+/// `f32::mul_add` is libm's (correctly rounded, slow); on aarch64 it is
+/// the baseline `fmla`. Safe to run anywhere; `unsafe` only to share the
+/// pointer type.
+unsafe fn portable<const MR: usize, const G: usize>(
+    a: &[f32],
+    b: &[Cols<NR_NARROW>],
+    stride: usize,
+    bias: &[Cols<NR_NARROW>],
+    out: &mut [Cols<NR_NARROW>],
+    start: Start,
+    epilogue: Epilogue,
+) {
+    block::<MR, NR_NARROW, G>(a, b, stride, bias, out, start, epilogue)
+}

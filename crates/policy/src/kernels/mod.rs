@@ -1,0 +1,588 @@
+//! The CPU forward's matrix product: `y = act(x W^T + b)` for float32,
+//! with the weights packed once at load.
+//!
+//! Why not candle's matmul (the gemm crate): measured on the full-size
+//! smpl tracker (docs/policy-speed.md) it reached about half of torch's
+//! MKL throughput at batch >= 1024, and 4x torch's latency at batch 1.
+//! candle's `mkl` feature needs Intel's library downloaded at build time
+//! (not available offline, and not in CI). So this module is a small
+//! GotoBLAS-style kernel:
+//!
+//! - the weights are packed at load into panels of `W` output columns,
+//!   each `K x W` contiguous (zero-padded past the last column), every k
+//!   row on whole 64-byte cache lines: `W` = [`NR`] = 32 with AVX-512
+//!   (a step reads two zmm), 16 elsewhere (two ymm);
+//! - the input is packed per call into micro-panels of `MR` rows
+//!   interleaved by k;
+//! - the micro-kernel ([`micro`]) keeps an `MR x G W` block of outputs
+//!   (`G` panels side by side) in registers and does one fused
+//!   multiply-add per weight and row. [`dispatch`] compiles it per
+//!   instruction set inside `#[target_feature]` functions and picks the
+//!   one this CPU supports, or the one `PMSTATE_CPU_ISA` forces (the
+//!   normalizer kernels' selection, `pmstate_norm`). AVX-512: 12 x 32
+//!   blocks, 24 of the 32 zmm accumulate. AVX2: 6 x 16, 12 of the 16 ymm
+//!   accumulate, 2 hold weights, 1 a broadcast row value (BLIS's Haswell
+//!   block);
+//! - fewer rows than a full block (batch 1 to 11 with AVX-512, 1 to 5
+//!   elsewhere) take the narrow path: one block of exactly those rows,
+//!   `G` panels wide so that at least 8 accumulators hide the FMA latency,
+//!   every weight read once for all rows, panel groups in parallel. At
+//!   batch 1 this is a matrix-vector product that streams each weight
+//!   once: memory-bound, as it should be;
+//! - the blocked path: tasks are blocks of rows on the current rayon
+//!   pool; each packs its rows, then goes panel by panel (K in blocks) and
+//!   sweeps its micro-panels over the panel, which stays in cache;
+//! - bias is the accumulators' start value, ReLU is applied when storing.
+//!
+//! # Row independence
+//!
+//! Every output element, on either path, with any block shape and with
+//! any instruction set, is computed as `acc = bias; for k in 0..K { acc =
+//! fma(x[k], w[k], acc) }`, then the epilogue: one sequential chain whose
+//! order depends neither on the number of rows, nor on a row's position
+//! (its block, its slot in a micro-panel, zero-padded neighbours), nor on
+//! the thread count, nor on the instruction set (a fused multiply-add
+//! rounds once wherever it runs, libm's `fmaf` included); K blocking
+//! stores and reloads the float32 accumulator exactly. So a row gives the
+//! same bits alone or in any batch, which `pmstate-serve`'s dynamic
+//! batching relies on (`tests/row_independence.rs` checks it on every
+//! recorded policy, the tests below on every instruction set this CPU has).
+
+mod dispatch;
+mod micro;
+
+use pmstate_norm::{Isa, IsaError};
+use rayon::prelude::*;
+
+use dispatch::{Kernel, Supported};
+use micro::Start;
+
+/// Output columns per packed panel with AVX-512 (the widest panel).
+pub const NR: usize = 32;
+/// Output columns per packed panel elsewhere (AVX2, the portable path).
+const NR_NARROW: usize = 16;
+/// Rows per full block with AVX-512.
+const MR_WIDE: usize = 12;
+/// Rows per full block elsewhere.
+const MR_NARROW: usize = 6;
+
+/// `W` consecutive floats on whole 64-byte cache lines (`W` = 16 or 32):
+/// a k row of a packed panel, a panel's bias, or a row of a block of
+/// outputs. A `Vec<f32>` is only 4-byte aligned (glibc's large blocks
+/// start 16 bytes past a page), so rows of `f32` would make a quarter to
+/// a half of the weight loads straddle two lines.
+#[derive(Debug, Clone, Copy, PartialEq)]
+#[repr(C, align(64))]
+struct Cols<const W: usize>([f32; W]);
+
+impl<const W: usize> Cols<W> {
+    const ZERO: Self = Cols([0.0; W]);
+}
+
+/// An elementwise function fused into the store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Epilogue {
+    /// Store as is.
+    Identity,
+    /// `torch.relu(y)`: 0 for negatives; NaN and -0.0 kept.
+    Relu,
+}
+
+/// `torch.relu` exactly: negatives become 0; NaN and -0.0 pass through
+/// (`f32::max` would turn a NaN into 0, hiding a NaN input).
+#[inline(always)]
+fn relu(v: f32) -> f32 {
+    if v < 0.0 {
+        0.0
+    } else {
+        v
+    }
+}
+
+/// A Linear's weights packed for [`PackedLinear::forward`].
+#[derive(Debug, Clone)]
+pub struct PackedLinear {
+    k: usize,
+    n: usize,
+    isa: Supported,
+    packing: Packing,
+}
+
+/// The weights in the panels of the instruction set chosen at packing.
+#[derive(Debug, Clone)]
+enum Packing {
+    /// AVX-512.
+    Wide(Panels<NR>),
+    /// AVX2 and the portable path.
+    Narrow(Panels<NR_NARROW>),
+}
+
+/// `ceil(n / W)` panels of `k` rows, and the bias padded likewise.
+#[derive(Debug, Clone)]
+struct Panels<const W: usize> {
+    k: usize,
+    n: usize,
+    rows: Vec<Cols<W>>,
+    bias: Vec<Cols<W>>,
+}
+
+impl PackedLinear {
+    /// Packs `weight` (`[n, k]` row-major, as `nn.Linear` stores it) and
+    /// `bias` (`[n]`) for the instruction set the CPU kernels run with:
+    /// the best this CPU has, or the one `PMSTATE_CPU_ISA` (or
+    /// `pmstate_norm`'s `select_isa`) fixed; an error if that variable
+    /// names one this CPU lacks.
+    pub fn new(weight: &[f32], bias: &[f32], n: usize, k: usize) -> Result<Self, IsaError> {
+        Self::with_isa(weight, bias, n, k, pmstate_norm::bench_support::try_isa()?)
+    }
+
+    /// [`PackedLinear::new`] for the kernels of `isa` (benchmarks and tests
+    /// run every instruction set the CPU has); an error if it lacks `isa`.
+    pub fn with_isa(weight: &[f32], bias: &[f32], n: usize, k: usize, isa: Isa) -> Result<Self, IsaError> {
+        debug_assert_eq!(weight.len(), n * k);
+        let isa = Supported::check(isa)?;
+        let packing = match isa.isa() {
+            Isa::Avx512 => Packing::Wide(Panels::new(weight, bias, n, k)),
+            Isa::Avx2 | Isa::Scalar => Packing::Narrow(Panels::new(weight, bias, n, k)),
+        };
+        Ok(PackedLinear { k, n, isa, packing })
+    }
+
+    /// Input width.
+    pub fn k(&self) -> usize {
+        self.k
+    }
+
+    /// Output width.
+    pub fn n(&self) -> usize {
+        self.n
+    }
+
+    /// The bias, `[n]`.
+    fn bias(&self) -> Vec<f32> {
+        fn flat<const W: usize>(p: &Panels<W>) -> Vec<f32> {
+            p.bias.iter().flat_map(|c| c.0).take(p.n).collect()
+        }
+        match &self.packing {
+            Packing::Wide(p) => flat(p),
+            Packing::Narrow(p) => flat(p),
+        }
+    }
+
+    /// The instruction set the kernels run with.
+    pub fn isa(&self) -> Isa {
+        self.isa.isa()
+    }
+
+    /// `epilogue(x W^T + b)` for `m` rows of `x` (`[m, k]` row-major); `[m, n]` row-major.
+    pub fn forward(&self, x: &[f32], m: usize, epilogue: Epilogue) -> Vec<f32> {
+        let mut y = Vec::new();
+        self.forward_into(x, m, epilogue, &mut y);
+        y
+    }
+
+    /// [`PackedLinear::forward`] into `y` (resized; its capacity is reused,
+    /// so a caller that keeps `y` across calls pays no page faults for it).
+    pub fn forward_into(&self, x: &[f32], m: usize, epilogue: Epilogue, y: &mut Vec<f32>) {
+        assert_eq!(x.len(), m * self.k, "{m} rows of {} inputs", self.k);
+        // every element is written below: no need to zero what is kept
+        y.resize(m * self.n, 0.0);
+        if m == 0 {
+            return;
+        }
+        if self.k == 0 {
+            // no inputs: every row is the bias, through the epilogue
+            let bias = self.bias();
+            for row in y.chunks_mut(self.n) {
+                for (d, &b) in row.iter_mut().zip(&bias) {
+                    *d = if epilogue == Epilogue::Relu { relu(b) } else { b };
+                }
+            }
+            return;
+        }
+        let isa = self.isa;
+        match &self.packing {
+            Packing::Wide(p) => {
+                let pick = |mr, g| dispatch::wide(isa, mr, g);
+                if m < MR_WIDE {
+                    p.narrow(x, m, epilogue, dispatch::wide_groups(m), pick, y)
+                } else {
+                    p.blocked::<MR_WIDE>(x, m, epilogue, Blocking::WIDE, pick, y)
+                }
+            }
+            Packing::Narrow(p) => {
+                let pick = |mr, g| dispatch::narrow(isa, mr, g);
+                if m < MR_NARROW {
+                    p.narrow(x, m, epilogue, dispatch::narrow_groups(m), pick, y)
+                } else {
+                    p.blocked::<MR_NARROW>(x, m, epilogue, Blocking::NARROW, pick, y)
+                }
+            }
+        }
+    }
+}
+
+/// The block function of a shape, `None` if none is compiled for it.
+trait Pick<const W: usize>: Fn(usize, usize) -> Option<Kernel<W>> + Sync {}
+impl<const W: usize, F: Fn(usize, usize) -> Option<Kernel<W>> + Sync> Pick<W> for F {}
+
+/// The block function of `mr` rows by `g` panels: every shape a path asks
+/// for is compiled ([`dispatch`] lists them), so a miss is this module's bug.
+fn kernel<const W: usize>(pick: &impl Pick<W>, mr: usize, g: usize) -> Kernel<W> {
+    pick(mr, g).unwrap_or_else(|| unreachable!("no {mr} x {g} block compiled for {W}-column panels"))
+}
+
+/// How the blocked path splits rows and k.
+#[derive(Clone, Copy, Debug)]
+struct Blocking {
+    /// At most this many rows per task.
+    max_rows: usize,
+    /// Tasks are a multiple of the thread count (equal tasks) rather than
+    /// one per thread at most `max_rows` long.
+    equal_tasks: bool,
+    /// Depth of one pass over a panel.
+    kc: usize,
+}
+
+impl Blocking {
+    /// AVX-512: one task per thread where the batch is small (each task
+    /// streams every weight once), at most 168 rows each: their packed
+    /// rows (672 KiB for K = 1024) stay in a 2 MiB L2 while every panel
+    /// goes by; 256 x 32 weights (32 KiB) stay in L1 while every
+    /// micro-panel of the task's rows goes by.
+    const WIDE: Blocking = Blocking { max_rows: 168, equal_tasks: false, kc: 256 };
+    /// AVX2: equal tasks of at most about 504 rows: each task streams
+    /// every weight once (from L3 or memory), and fewer, longer sweeps over
+    /// a panel (64 KiB for K = 1024, in L2) amortize that better than
+    /// packed rows fitting L2 would (measured on Zen 3, 512 KiB of L2:
+    /// 168-row tasks were 10 % slower, 84-row ones 20 %); a whole panel at
+    /// K = 1024 per pass: blocking it to fit L1 measured no faster, and
+    /// every pass costs a store and reload of the outputs.
+    const NARROW: Blocking = Blocking { max_rows: 504, equal_tasks: true, kc: 1024 };
+
+    /// Rows per task (a multiple of `mr`).
+    fn rows_per_task(self, m: usize, threads: usize, mr: usize) -> usize {
+        if self.equal_tasks {
+            let tasks = m.div_ceil(self.max_rows).div_ceil(threads) * threads;
+            m.div_ceil(tasks.min(m.div_ceil(mr))).div_ceil(mr) * mr
+        } else {
+            (m.div_ceil(threads).div_ceil(mr) * mr).clamp(mr, self.max_rows)
+        }
+    }
+}
+
+impl<const W: usize> Panels<W> {
+    fn new(weight: &[f32], bias: &[f32], n: usize, k: usize) -> Self {
+        let p = n.div_ceil(W);
+        let mut rows = vec![Cols::ZERO; p * k];
+        for (pi, panel) in rows.chunks_exact_mut(k.max(1)).enumerate() {
+            for (kk, row) in panel.iter_mut().enumerate() {
+                for (j, v) in row.0.iter_mut().enumerate() {
+                    let col = pi * W + j;
+                    if col < n {
+                        *v = weight[col * k + kk];
+                    }
+                }
+            }
+        }
+        let mut b = vec![Cols::ZERO; p];
+        for (i, v) in bias[..n].iter().enumerate() {
+            b[i / W].0[i % W] = *v;
+        }
+        Panels { k, n, rows, bias: b }
+    }
+
+    /// The rows of panels `p0..` (a block reads `g` of them, `k` apart).
+    fn from_panel(&self, p0: usize) -> &[Cols<W>] {
+        &self.rows[p0 * self.k..]
+    }
+
+    /// Fewer rows than a full block: one block of exactly `m` rows, `g`
+    /// panels at a time, groups of panels in parallel; every weight is
+    /// read once for all rows.
+    fn narrow(&self, x: &[f32], m: usize, epilogue: Epilogue, g: usize, pick: impl Pick<W>, y: &mut [f32]) {
+        let (k, n) = (self.k, self.n);
+        let p = n.div_ceil(W);
+        let full = kernel(&pick, m, g);
+        let single = kernel(&pick, m, 1);
+        // the rows interleaved by k (a copy of x itself for one row)
+        let a = interleave_rows(x, m, k);
+        // each group's tile: [m][g]
+        let mut tiles = vec![Cols::ZERO; p.div_ceil(g) * g * m];
+        tiles.par_chunks_mut(m * g).enumerate().for_each(|(gi, tile)| {
+            let p0 = gi * g;
+            if p0 + g <= p {
+                full.run(&a, self.from_panel(p0), k, &self.bias[p0..p0 + g], tile, Start::Bias, epilogue);
+            } else {
+                // the last, partial group: its panels one at a time
+                let mut one = vec![Cols::ZERO; m];
+                for (j, pi) in (p0..p).enumerate() {
+                    single.run(&a, self.from_panel(pi), k, &self.bias[pi..pi + 1], &mut one, Start::Bias, epilogue);
+                    for (r, c) in one.iter().enumerate() {
+                        tile[r * g + j] = *c;
+                    }
+                }
+            }
+        });
+        for (r, dst) in y.chunks_mut(n).enumerate() {
+            for (pi, cols) in dst.chunks_mut(W).enumerate() {
+                let t = &tiles[(pi / g) * g * m + r * g + pi % g];
+                cols.copy_from_slice(&t.0[..cols.len()]);
+            }
+        }
+    }
+
+    /// Row blocks in parallel; each task packs its rows, then goes panel by
+    /// panel (K in blocks) and writes its rows of `y` directly.
+    fn blocked<const MR: usize>(
+        &self,
+        x: &[f32],
+        m: usize,
+        epilogue: Epilogue,
+        blocking: Blocking,
+        pick: impl Pick<W>,
+        y: &mut [f32],
+    ) {
+        let (k, n) = (self.k, self.n);
+        let p = n.div_ceil(W);
+        let mc = blocking.rows_per_task(m, rayon::current_num_threads().max(1), MR);
+        let full = kernel(&pick, MR, 1);
+        y.par_chunks_mut(mc * n).enumerate().for_each(|(blk, ys)| {
+            let rows = ys.len() / n;
+            let a = pack_rows::<MR>(x, k, blk * mc, rows);
+            // the last micro-panel may hold fewer rows: its own block shape
+            // (no zero rows computed)
+            let tail = rows % MR;
+            let tail_kernel = (tail > 0).then(|| kernel(&pick, tail, 1));
+            let mut tile = vec![Cols::ZERO; rows];
+            for pi in 0..p {
+                let b = self.from_panel(pi);
+                let bias = &self.bias[pi..pi + 1];
+                let (c0, w) = (pi * W, W.min(n - pi * W));
+                let mut k0 = 0;
+                while k0 < k {
+                    let k1 = (k0 + blocking.kc).min(k);
+                    let start = if k0 == 0 { Start::Bias } else { Start::Partial };
+                    let last = k1 == k;
+                    let ep = if last { epilogue } else { Epilogue::Identity };
+                    let bk = &b[k0..k1];
+                    for (i, o) in tile.chunks_mut(MR).enumerate() {
+                        let r = o.len();
+                        let kernel = if r == MR { &full } else { tail_kernel.as_ref().unwrap_or(&full) };
+                        let panel = &a[i * MR * k..][..r * k];
+                        kernel.run(&panel[k0 * r..k1 * r], bk, k, bias, o, start, ep);
+                        if last {
+                            // stored now, the stores drain while the next
+                            // micro-panel computes (one pass over the whole
+                            // tile after the sweep stalled on them: 3 % of a
+                            // forward)
+                            store(o, &mut ys[i * MR * n..][..r * n], n, c0, w);
+                        }
+                    }
+                    k0 = k1;
+                }
+            }
+        });
+    }
+}
+
+/// Columns `c0..c0 + w` of the rows of `y` (`n` wide) from a block's rows.
+#[inline(always)]
+fn store<const W: usize>(block: &[Cols<W>], y: &mut [f32], n: usize, c0: usize, w: usize) {
+    let rows = y.chunks_exact_mut(n).zip(block);
+    if w == W {
+        // a fixed-size copy: vector moves, no call to memmove
+        rows.for_each(|(yrow, t)| yrow[c0..c0 + W].copy_from_slice(&t.0));
+    } else {
+        rows.for_each(|(yrow, t)| yrow[c0..c0 + w].copy_from_slice(&t.0[..w]));
+    }
+}
+
+/// Rows `first..first + rows` of `x` (`[m, k]`) packed into micro-panels
+/// `[k][MR]`, the last one `[k][rows % MR]` if the rows do not divide.
+fn pack_rows<const MR: usize>(x: &[f32], k: usize, first: usize, rows: usize) -> Vec<f32> {
+    let mut a = vec![0f32; rows * k];
+    for (i, dst) in a.chunks_mut(MR * k).enumerate() {
+        let f = first + i * MR;
+        if dst.len() == MR * k {
+            // MR sequential streams in, one contiguous stream out; every
+            // index in range by construction (no bounds checks left)
+            let src: [&[f32]; MR] = std::array::from_fn(|r| &x[(f + r) * k..][..k]);
+            for (kk, d) in (0..k).zip(dst.chunks_exact_mut(MR)) {
+                for r in 0..MR {
+                    d[r] = src[r][kk];
+                }
+            }
+        } else {
+            let r = dst.len() / k.max(1);
+            dst.copy_from_slice(&interleave_rows(&x[f * k..(f + r) * k], r, k));
+        }
+    }
+    a
+}
+
+/// All `m` rows of `x` (`[m, k]`) interleaved by k: `[k][m]` (one row is
+/// copied as it is).
+fn interleave_rows(x: &[f32], m: usize, k: usize) -> Vec<f32> {
+    if m == 1 {
+        return x.to_vec();
+    }
+    let mut a = vec![0f32; m * k];
+    for (r, row) in x.chunks_exact(k).enumerate() {
+        for (d, &v) in a[r..].iter_mut().step_by(m).zip(row) {
+            *d = v;
+        }
+    }
+    a
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Uniform in [-1, 1): values that round in every sum, so any change
+    /// of order shows in the bits.
+    fn values(len: usize, seed: u32, scale: f32) -> Vec<f32> {
+        let mut s = seed | 1;
+        (0..len)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 17;
+                s ^= s << 5;
+                ((s as f32 / u32::MAX as f32) * 2.0 - 1.0) * scale
+            })
+            .collect()
+    }
+
+    fn bits(v: &[f32]) -> Vec<u32> {
+        v.iter().map(|v| v.to_bits()).collect()
+    }
+
+    /// Every instruction set this CPU has, the others named on stderr.
+    fn supported() -> Vec<Isa> {
+        Isa::ALL
+            .into_iter()
+            .filter(|isa| {
+                let ok = isa.is_supported();
+                if !ok {
+                    eprintln!("skipped: this CPU lacks {isa} (its kernels are checked on machines that have it)");
+                }
+                ok
+            })
+            .collect()
+    }
+
+    #[test]
+    fn every_instruction_set_gives_the_portable_paths_bits() {
+        // every row count of the narrow path (1 to 11 on AVX-512, 1 to 5
+        // elsewhere), full and partial panel groups, and the blocked path
+        // with a partial micro-panel and K blocked in several passes
+        for (m, n, k) in [(1, 300, 257), (2, 70, 1030), (3, 33, 5), (4, 129, 64), (5, 16, 300), (7, 200, 40)]
+            .into_iter()
+            .chain([(11, 65, 513), (12, 45, 300), (13, 70, 1030), (29, 33, 600), (200, 40, 100)])
+        {
+            let w = values(n * k, 0x9e37_79b9 ^ (m * n) as u32, 0.37);
+            let b = values(n, 0x85eb_ca6b, 1.0);
+            let x = values(m * k, 0xc2b2_ae35 ^ k as u32, 3.1);
+            let portable = PackedLinear::with_isa(&w, &b, n, k, Isa::Scalar).expect("the portable path runs anywhere");
+            for ep in [Epilogue::Identity, Epilogue::Relu] {
+                let want = bits(&portable.forward(&x, m, ep));
+                for isa in supported() {
+                    let p = PackedLinear::with_isa(&w, &b, n, k, isa).expect("a supported instruction set");
+                    assert_eq!(p.isa(), isa);
+                    assert_eq!(bits(&p.forward(&x, m, ep)), want, "{isa}: {m} x {n} x {k}, {ep:?}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn an_instruction_set_the_cpu_lacks_is_refused() {
+        for isa in Isa::ALL.into_iter().filter(|i| !i.is_supported()) {
+            let e = PackedLinear::with_isa(&[1.0], &[0.0], 1, 1, isa).expect_err("refused");
+            assert!(matches!(e, IsaError::Unsupported { isa: got, .. } if got == isa), "{e}");
+        }
+        // the portable path is always there
+        assert!(PackedLinear::with_isa(&[1.0], &[0.0], 1, 1, Isa::Scalar).is_ok());
+    }
+
+    #[test]
+    fn a_nan_input_gives_nan_through_the_relu_epilogue_as_in_torch() {
+        // One NaN feature poisons every output of its row (as torch's
+        // Linear + ReLU does); the other rows stay finite, on both paths
+        // (one and 5 rows: narrow; 13 rows: blocked) and every instruction set.
+        let (n, k) = (20, 33);
+        let w: Vec<f32> = (0..n * k).map(|i| ((i * 7 % 23) as f32 - 11.0) / 32.0).collect();
+        let b = vec![-0.25f32; n];
+        for isa in supported() {
+            let p = PackedLinear::with_isa(&w, &b, n, k, isa).expect("a supported instruction set");
+            for m in [1usize, 5, 13] {
+                let mut x: Vec<f32> = (0..m * k).map(|i| ((i * 5 % 17) as f32 - 8.0) / 8.0).collect();
+                x[3] = f32::NAN;
+                let y = p.forward(&x, m, Epilogue::Relu);
+                assert!(y[..n].iter().all(|v| v.is_nan()), "{isa} batch {m}: {:?}", &y[..n]);
+                assert!(y[n..].iter().all(|v| v.is_finite() && *v >= 0.0), "{isa} batch {m}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_row_is_bitwise_the_same_in_any_batch_on_every_path() {
+        let (n, k) = (70, 1030);
+        let w = values(n * k, 0x9e37_79b9, 0.37);
+        let b = values(n, 0x1234_5678, 1.0);
+        let rows: Vec<Vec<f32>> = (0..200).map(|i| values(k, 0xabcd + i, 3.1)).collect();
+        let portable = PackedLinear::with_isa(&w, &b, n, k, Isa::Scalar).expect("the portable path");
+        let alone: Vec<Vec<f32>> = rows.iter().map(|r| portable.forward(r, 1, Epilogue::Relu)).collect();
+        // three threads: three row blocks, or three tasks over panel groups
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(3).build().expect("a rayon pool");
+        for isa in supported() {
+            let p = PackedLinear::with_isa(&w, &b, n, k, isa).expect("a supported instruction set");
+            for m in [1usize, 2, 3, 4, 5, 6, 7, 11, 12, 13, 25, 169, 200] {
+                let idx: Vec<usize> = (0..m).map(|j| (j * 37 + m) % rows.len()).collect();
+                let x: Vec<f32> = idx.iter().flat_map(|&i| rows[i].iter().copied()).collect();
+                for threads in [None, Some(&pool)] {
+                    let y = match threads {
+                        None => p.forward(&x, m, Epilogue::Relu),
+                        Some(pool) => pool.install(|| p.forward(&x, m, Epilogue::Relu)),
+                    };
+                    for (j, &i) in idx.iter().enumerate() {
+                        assert_eq!(
+                            bits(&y[j * n..(j + 1) * n]),
+                            bits(&alone[i]),
+                            "{isa}: row {i} at position {j} of {m}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn matches_a_plain_product_for_ragged_sizes() {
+        for (m, n, k) in [(1, 1, 1), (4, 3, 0), (13, 5, 0), (1, 70, 9), (3, 33, 1030), (7, 33, 5), (97, 69, 130), (2, 64, 3), (100, 40, 600)] {
+            let w: Vec<f32> = (0..n * k).map(|i| ((i * 37 % 101) as f32 - 50.0) / 64.0).collect();
+            let b: Vec<f32> = (0..n).map(|i| i as f32 / 8.0 - 1.0).collect();
+            let x: Vec<f32> = (0..m * k).map(|i| ((i * 13 % 29) as f32 - 14.0) / 16.0).collect();
+            let p = PackedLinear::new(&w, &b, n, k).expect("the default instruction set");
+            for ep in [Epilogue::Identity, Epilogue::Relu] {
+                let y = p.forward(&x, m, ep);
+                for r in 0..m {
+                    for c in 0..n {
+                        let mut s = b[c] as f64;
+                        for j in 0..k {
+                            s += w[c * k + j] as f64 * x[r * k + j] as f64;
+                        }
+                        let s = if ep == Epilogue::Relu { s.max(0.0) } else { s };
+                        // exact in f64 here: small dyadic values
+                        assert!(
+                            (y[r * n + c] as f64 - s).abs() <= 1e-4,
+                            "{m}x{n}x{k} [{r},{c}] {} vs {s}",
+                            y[r * n + c]
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
