@@ -27,7 +27,7 @@ pub enum KernelsArg {
     Candle,
 }
 
-/// `pmstate bench-policy [--threads N] [--batch B]... [--kernels packed|candle] [--write-weights P] [--min-time S]`
+/// `pmstate bench-policy [--threads N] [--batch B]... [--kernels packed|candle] [--write-weights P] [--min-time S] [--check]`
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// Worker threads for the matrix products and the normalizer (default: all cores).
@@ -45,6 +45,12 @@ pub struct Args {
     /// packed: pmstate-policy's own CPU kernels; candle: candle's matmul (the gemm crate), for comparison.
     #[arg(long, value_enum, default_value = "packed")]
     kernels: KernelsArg,
+    /// A speed gate for CI, not a measurement: exit 1 if the batch-1 forward
+    /// takes more than 3x the time to read the weights once, or the packed
+    /// kernels more than 1.5x candle's matmul at batch 1, 2, 3, 4 or 8
+    /// (fastest calls, ratios within this run, on this CPU's instruction set).
+    #[arg(long, conflicts_with_all = ["batches", "kernels"])]
+    check: bool,
 }
 
 /// Runs the benchmark: a table, or (`--json`) one object per line with op,
@@ -66,7 +72,11 @@ pub fn run(a: Args, g: Global) -> Result<ExitCode, CliError> {
     };
     let opts = BenchOptions { threads, min_time: a.min_time, batches, write_weights: a.write_weights, kernels };
     let format = g.format();
-    pool.install(|| bench(&opts, format))
+    if a.check {
+        pool.install(|| check(&opts, format))
+    } else {
+        pool.install(|| bench(&opts, format))
+    }
 }
 
 /// The full-size smpl tracker: obs widths, actor and critic hidden layers.
@@ -225,78 +235,110 @@ fn median_seconds(
     Ok((samples[samples.len() / 2], samples[0], cpu))
 }
 
-/// `pmstate bench-policy`.
-pub fn bench(opts: &BenchOptions, format: OutputFormat) -> Result<ExitCode, CliError> {
-    let weights = bench_weights()?;
-    let path = match &opts.write_weights {
-        Some(p) => p.clone(),
-        None => std::env::temp_dir().join(format!("pmstate-bench-policy-{}.safetensors", std::process::id())),
-    };
-    candle_core::safetensors::save(&weights, &path)?;
-    let ckpt = pmstate_ckpt::Checkpoint::open(&path);
-    if opts.write_weights.is_none() {
-        let _ = std::fs::remove_file(&path);
+/// The benchmark policy and its weights, loaded through a safetensors file
+/// as a user's checkpoint would be (kept at `--write-weights`).
+struct Loaded {
+    weights: HashMap<String, Tensor>,
+    ckpt: pmstate_ckpt::Checkpoint,
+}
+
+impl Loaded {
+    fn new(opts: &BenchOptions) -> Result<Loaded, CliError> {
+        let weights = bench_weights()?;
+        let path = match &opts.write_weights {
+            Some(p) => p.clone(),
+            None => std::env::temp_dir().join(format!("pmstate-bench-policy-{}.safetensors", std::process::id())),
+        };
+        candle_core::safetensors::save(&weights, &path)?;
+        let ckpt = pmstate_ckpt::Checkpoint::open(&path);
+        if opts.write_weights.is_none() {
+            let _ = std::fs::remove_file(&path);
+        }
+        Ok(Loaded { weights, ckpt: ckpt? })
     }
-    let policy = Policy::from_parts(bench_config(), &ckpt?, &Device::Cpu)?.with_cpu_kernels(opts.kernels)?;
-    let weight_bytes: usize = weights
-        .iter()
-        .filter(|(k, _)| k.contains(".mlp."))
-        .map(|(_, t)| t.elem_count() * t.dtype().size_in_bytes())
-        .sum();
-    let mut records = vec![];
-    // The physical floor at batch 1: reading every weight once.
-    let flat: Vec<f32> = weights
-        .iter()
-        .filter(|(k, _)| k.contains(".mlp."))
-        .map(|(_, t)| t.flatten_all().and_then(|t| t.to_dtype(DType::F32)).and_then(|t| t.to_vec1::<f32>()))
-        .collect::<Result<Vec<_>, _>>()?
-        .concat();
-    let mut sink = 0f32;
-    let stream = median_seconds(opts.min_time, || {
-        use rayon::prelude::*;
-        // 16 independent sums per chunk: bound by memory, not by add latency
-        sink += flat
-            .par_chunks(1 << 16)
-            .map(|c| {
-                let mut acc = [0f32; 16];
-                for v in c.chunks_exact(16) {
-                    for (a, &x) in acc.iter_mut().zip(v) {
-                        *a += x;
+
+    fn policy(&self, kernels: pmstate_policy::CpuKernels) -> Result<Policy, CliError> {
+        Ok(Policy::from_parts(bench_config(), &self.ckpt, &Device::Cpu)?.with_cpu_kernels(kernels)?)
+    }
+
+    /// Bytes of the Linear weights and biases.
+    fn weight_bytes(&self) -> usize {
+        self.weights
+            .iter()
+            .filter(|(k, _)| k.contains(".mlp."))
+            .map(|(_, t)| t.elem_count() * t.dtype().size_in_bytes())
+            .sum()
+    }
+
+    /// The physical floor at batch 1: reading every weight once.
+    fn stream(&self, opts: &BenchOptions) -> Result<BenchRecord, CliError> {
+        let flat: Vec<f32> = self
+            .weights
+            .iter()
+            .filter(|(k, _)| k.contains(".mlp."))
+            .map(|(_, t)| t.flatten_all().and_then(|t| t.to_dtype(DType::F32)).and_then(|t| t.to_vec1::<f32>()))
+            .collect::<Result<Vec<_>, _>>()?
+            .concat();
+        let mut sink = 0f32;
+        let stream = median_seconds(opts.min_time, || {
+            use rayon::prelude::*;
+            // 16 independent sums per chunk: bound by memory, not by add latency
+            sink += flat
+                .par_chunks(1 << 16)
+                .map(|c| {
+                    let mut acc = [0f32; 16];
+                    for v in c.chunks_exact(16) {
+                        for (a, &x) in acc.iter_mut().zip(v) {
+                            *a += x;
+                        }
                     }
-                }
-                acc.iter().sum::<f32>()
-            })
-            .sum::<f32>();
-        Ok(())
-    })?;
-    std::hint::black_box(sink);
-    records.push(BenchRecord {
-        op: "stream",
-        batch: 0,
-        threads: opts.threads,
-        seconds: stream.0,
-        min_seconds: stream.1,
-        cpu_seconds: stream.2,
-        rows_per_s: 0.0,
-        weight_bytes,
-    });
-    for &b in &opts.batches {
-        let obs = bench_obs(b)?;
-        let s = median_seconds(opts.min_time, || {
-            let o = policy.forward(&obs)?;
-            std::hint::black_box(o);
+                    acc.iter().sum::<f32>()
+                })
+                .sum::<f32>();
             Ok(())
         })?;
-        records.push(BenchRecord {
-            op: "forward",
-            batch: b,
+        std::hint::black_box(sink);
+        Ok(BenchRecord {
+            op: "stream",
+            batch: 0,
             threads: opts.threads,
-            seconds: s.0,
-            min_seconds: s.1,
-            cpu_seconds: s.2,
-            rows_per_s: b as f64 / s.0,
-            weight_bytes,
-        });
+            seconds: stream.0,
+            min_seconds: stream.1,
+            cpu_seconds: stream.2,
+            rows_per_s: 0.0,
+            weight_bytes: self.weight_bytes(),
+        })
+    }
+}
+
+/// One forward timing of `policy` at batch `b`.
+fn time_forward(policy: &Policy, b: usize, opts: &BenchOptions, weight_bytes: usize) -> Result<BenchRecord, CliError> {
+    let obs = bench_obs(b)?;
+    let s = median_seconds(opts.min_time, || {
+        let o = policy.forward(&obs)?;
+        std::hint::black_box(o);
+        Ok(())
+    })?;
+    Ok(BenchRecord {
+        op: "forward",
+        batch: b,
+        threads: opts.threads,
+        seconds: s.0,
+        min_seconds: s.1,
+        cpu_seconds: s.2,
+        rows_per_s: b as f64 / s.0,
+        weight_bytes,
+    })
+}
+
+/// `pmstate bench-policy`.
+pub fn bench(opts: &BenchOptions, format: OutputFormat) -> Result<ExitCode, CliError> {
+    let loaded = Loaded::new(opts)?;
+    let policy = loaded.policy(opts.kernels)?;
+    let weight_bytes = loaded.weight_bytes();
+    let mut records = vec![loaded.stream(opts)?];
+    for &b in &opts.batches {
+        records.push(time_forward(&policy, b, opts, weight_bytes)?);
     }
     match format {
         OutputFormat::Json => {
@@ -329,4 +371,94 @@ pub fn bench(opts: &BenchOptions, format: OutputFormat) -> Result<ExitCode, CliE
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Batch sizes the gate compares the packed kernels with candle's matmul at.
+pub const CHECK_BATCHES: [usize; 5] = [1, 2, 3, 4, 8];
+/// The most the batch-1 forward may take, in times the weights' streaming time.
+pub const CHECK_STREAM_LIMIT: f64 = 3.0;
+/// The most the packed kernels may take, in times candle's matmul.
+pub const CHECK_CANDLE_LIMIT: f64 = 1.5;
+
+/// One ratio `bench-policy --check` judged.
+#[derive(Debug, Serialize)]
+pub struct CheckRecord {
+    /// `forward_vs_stream` (batch 1) or `packed_vs_candle`.
+    pub check: &'static str,
+    /// Batch size.
+    pub batch: usize,
+    /// Fastest packed forward over the fastest reference call.
+    pub ratio: f64,
+    /// The largest ratio that passes.
+    pub limit: f64,
+    /// `ratio <= limit`.
+    pub pass: bool,
+    /// The instruction set the packed kernels ran with.
+    pub isa: String,
+}
+
+/// `pmstate bench-policy --check`: the speed gate of `.ci/run`.
+///
+/// Fastest calls (the least disturbed by other processes) and ratios within
+/// one run, so the gate needs no reference machine; the margins are wide
+/// because it is there to catch a kernel running 10x slow (compiled
+/// without its instruction set, say), not to measure.
+pub fn check(opts: &BenchOptions, format: OutputFormat) -> Result<ExitCode, CliError> {
+    let loaded = Loaded::new(opts)?;
+    let packed = loaded.policy(pmstate_policy::CpuKernels::Packed)?;
+    let candle = loaded.policy(pmstate_policy::CpuKernels::Candle)?;
+    let weight_bytes = loaded.weight_bytes();
+    let isa = pmstate_norm::bench_support::try_isa().map_err(pmstate_policy::PolicyError::from)?.to_string();
+    let stream = loaded.stream(opts)?;
+    let mut records = vec![];
+    let mut checks = vec![];
+    for b in CHECK_BATCHES {
+        // side by side, so both see the same machine
+        let p = time_forward(&packed, b, opts, weight_bytes)?;
+        let c = time_forward(&candle, b, opts, weight_bytes)?;
+        if b == 1 {
+            let ratio = p.min_seconds / stream.min_seconds;
+            let pass = ratio <= CHECK_STREAM_LIMIT;
+            checks.push(CheckRecord { check: "forward_vs_stream", batch: 1, ratio, limit: CHECK_STREAM_LIMIT, pass, isa: isa.clone() });
+        }
+        let ratio = p.min_seconds / c.min_seconds;
+        let pass = ratio <= CHECK_CANDLE_LIMIT;
+        checks.push(CheckRecord { check: "packed_vs_candle", batch: b, ratio, limit: CHECK_CANDLE_LIMIT, pass, isa: isa.clone() });
+        records.push(("packed", p));
+        records.push(("candle", c));
+    }
+    let passed = checks.iter().all(|c| c.pass);
+    match format {
+        OutputFormat::Json => {
+            for c in &checks {
+                output::json_line(c)?;
+            }
+        }
+        OutputFormat::Text => {
+            output::line(format!(
+                "stream: {:.1} µs to read the {:.1} MB of weights once (fastest call); kernels: {isa}",
+                stream.min_seconds * 1e6,
+                weight_bytes as f64 / 1e6
+            ));
+            output::line(format!("{:<8} {:>6} {:>12}", "kernels", "batch", "fastest µs"));
+            for (k, r) in &records {
+                output::line(format!("{k:<8} {:>6} {:>12.1}", r.batch, r.min_seconds * 1e6));
+            }
+            for c in &checks {
+                let what = match c.check {
+                    "forward_vs_stream" => "packed forward / stream",
+                    _ => "packed / candle",
+                };
+                output::line(format!(
+                    "{} batch {:>2}: {what} = {:.2} (limit {:.1})",
+                    if c.pass { "PASS" } else { "FAIL" },
+                    c.batch,
+                    c.ratio,
+                    c.limit
+                ));
+            }
+            output::line(if passed { "speed gate: passed" } else { "speed gate: FAILED" });
+        }
+    }
+    Ok(if passed { ExitCode::SUCCESS } else { ExitCode::from(1) })
 }
