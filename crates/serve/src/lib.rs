@@ -4,6 +4,7 @@
 pub mod batcher;
 mod blocking;
 pub mod client;
+mod conns;
 pub mod decode;
 pub mod encode;
 mod error;

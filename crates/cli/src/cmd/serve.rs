@@ -62,6 +62,22 @@ pub struct Args {
     /// Largest request body in bytes (413 beyond it).
     #[arg(long, default_value_t = 64 << 20, value_parser = crate::args::positive)]
     max_body_bytes: usize,
+    /// Longest wait for a request's head, in seconds, counted from when the
+    /// connection starts waiting for one (so also how long an idle
+    /// kept-alive connection is kept): the connection is closed after it.
+    #[arg(long, default_value_t = 30.0, value_parser = crate::args::positive_seconds)]
+    header_timeout: f64,
+    /// Longest time to receive a request body, in seconds (408 after it).
+    #[arg(long, default_value_t = 30.0, value_parser = crate::args::positive_seconds)]
+    body_timeout: f64,
+    /// Longest pause between two pieces of a request body, in seconds: a
+    /// client that stalls mid-body gets 408 after it.
+    #[arg(long, default_value_t = 5.0, value_parser = crate::args::positive_seconds)]
+    body_stall_timeout: f64,
+    /// Most connections open at once; at the cap (or out of file
+    /// descriptors) the connection idle the longest is closed to make room.
+    #[arg(long, default_value_t = 1024, value_parser = crate::args::positive)]
+    max_connections: usize,
     /// Threads of the forward (default: all cores).
     #[arg(long, value_parser = crate::args::positive)]
     threads: Option<usize>,
@@ -98,6 +114,10 @@ pub fn run(a: Args, g: Global) -> Result<ExitCode, CliError> {
         max_body_bytes: a.max_body_bytes,
         max_inflight_body_bytes: defaults.max_inflight_body_bytes.max(a.max_body_bytes),
         drain_timeout: Duration::from_secs_f64(a.drain_timeout),
+        header_timeout: Duration::from_secs_f64(a.header_timeout),
+        body_timeout: Duration::from_secs_f64(a.body_timeout),
+        body_stall_timeout: Duration::from_secs_f64(a.body_stall_timeout),
+        max_connections: a.max_connections,
         ..defaults
     };
     opts.threads = a.threads;
