@@ -383,7 +383,10 @@ async fn idle_connections_past_the_descriptor_limit_do_not_keep_clients_out() {
     let c = Client::new(addr).with_timeout(WATCHDOG);
     let r = c.post("/v2/models/tracker/infer", infer_body(&obs, &[0]), &[]).await.unwrap();
     assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
-    assert!(metric_of(&c, "pmstate_connections_evicted_total").await >= 100.0);
+    let evicted = metric_of(&c, "pmstate_connections_evicted_total").await;
+    let open = metric_of(&c, "pmstate_connections ").await;
+    // 151 connections with at most 64 descriptors: at least 87 were closed to make room
+    assert!(evicted >= 87.0 && open <= 64.0, "evicted {evicted}, open {open}");
     drop(idle);
     signal(child.id(), "-TERM");
     assert_eq!(lines.next()["event"], "draining");

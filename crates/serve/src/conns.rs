@@ -203,8 +203,10 @@ pub async fn serve(
                 }
                 // answers are one write each: do not hold them back (Nagle)
                 let _ = tcp.set_nodelay(true);
+                // counted from now, not from when its task first runs
+                let (id, close) = reg.add();
                 let conn = Connection { reg: reg.clone(), app: app.clone(), state: state.clone(), stop: stop.clone() };
-                tasks.spawn(conn.run(tcp, http.clone()));
+                tasks.spawn(conn.run(tcp, http.clone(), id, close));
             }
             Err(e) if is_connection_error(&e) => {}
             Err(_) => {
@@ -240,9 +242,9 @@ struct Connection {
 impl Connection {
     /// Serves the connection until the client closes it, a timeout closes
     /// it, it is closed to make room (when idle), or the server stops.
-    async fn run(self, tcp: TcpStream, http: http1::Builder) {
+    /// `id` is its entry in the registry, `close` what asks it to close.
+    async fn run(self, tcp: TcpStream, http: http1::Builder, id: u64, close: Arc<Notify>) {
         let Connection { reg, app, state, mut stop } = self;
-        let (id, close) = reg.add();
         {
             let svc_reg = reg.clone();
             let svc = hyper::service::service_fn(move |req: hyper::Request<Incoming>| {

@@ -365,8 +365,8 @@ pub fn check_width_sums(iface: &Interface, inputs: &[Input]) -> Result<(), Input
 /// Memory: besides the body, at most a copy of the JSON header (only
 /// when it holds such literals, 5/3 of its size at most) and the float32
 /// values, which never outnumber what the checked shapes hold nor one per
-/// two bytes of JSON data or four bytes of binary data: in all at most
-/// 4 times the body's size.
+/// two bytes of JSON data or four bytes of binary data: in all under 5
+/// times the body's size.
 pub fn decode(body: &[u8], header_len: Option<usize>, expect: &Expect) -> Result<Decoded, RequestError> {
     let (json, binary) = split(body, header_len)?;
     match serde_json::from_slice::<InferRequest>(json) {

@@ -745,6 +745,21 @@ mod tests {
     }
 
     #[test]
+    fn quotes_of_client_input_are_clipped_keeping_start_end_and_length() {
+        assert_eq!(clip("max_coords_obs"), "max_coords_obs");
+        // a multi-byte character across the cut is not split
+        let long = format!("{}{}{}", "a".repeat(169), "é".repeat(100_000), "the end at line 1 column 9");
+        let c = clip(&long);
+        assert!(c.len() < QUOTE_BYTES + 64, "{} bytes", c.len());
+        assert!(c.starts_with(&"a".repeat(169)), "{c}");
+        assert!(c.contains(&format!("({} bytes in all)", long.len())), "{c}");
+        assert!(c.ends_with("the end at line 1 column 9"), "{c}");
+        assert_eq!(clip_json("a\"b"), r#""a\"b""#);
+        let e = RequestError::NoRoute { method: "GET".into(), path: "/".repeat(1 << 20) };
+        assert!(e.to_string().len() < 2 * QUOTE_BYTES);
+    }
+
+    #[test]
     fn every_kind_is_listed() {
         let samples = [
             RequestError::NoRoute { method: "GET".into(), path: "/".into() },

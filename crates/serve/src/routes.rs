@@ -247,7 +247,7 @@ pub(crate) fn unknown_coding(headers: &HeaderMap) -> Option<String> {
         .get_all(header::TRANSFER_ENCODING)
         .iter()
         .flat_map(|v| String::from_utf8_lossy(v.as_bytes()).split(',').map(|c| c.trim().to_owned()).collect::<Vec<_>>())
-        .find(|c| !c.eq_ignore_ascii_case("chunked"))
+        .find(|c| !c.is_empty() && !c.eq_ignore_ascii_case("chunked"))
 }
 
 /// The answer to a request with an unknown transfer coding (see [`unknown_coding`]).

@@ -15,7 +15,8 @@ use crate::args::DeviceArg;
 use crate::{output, CliError, Global};
 
 /// `pmstate serve CHECKPOINT [--config P] [--name policy] [--addr 127.0.0.1:8080] [--device cpu|cuda]
-/// [--max-batch N] [--max-wait-us N] [--queue N] [--watch] [--drain-timeout S]`
+/// [--max-batch N] [--max-wait-us N] [--queue N] [--watch] [--drain-timeout S] [--header-timeout S]
+/// [--body-timeout S] [--body-stall-timeout S] [--max-connections N]`
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// A ProtoMotions checkpoint (last.ckpt, inference_last.ckpt, or its safetensors conversion).
@@ -118,7 +119,6 @@ pub fn run(a: Args, g: Global) -> Result<ExitCode, CliError> {
         body_timeout: Duration::from_secs_f64(a.body_timeout),
         body_stall_timeout: Duration::from_secs_f64(a.body_stall_timeout),
         max_connections: a.max_connections,
-        ..defaults
     };
     opts.threads = a.threads;
     let json = g.json;
