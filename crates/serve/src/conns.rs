@@ -20,6 +20,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use axum::Router;
+use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -251,13 +252,23 @@ impl Connection {
                 let busy = Busy::enter(&svc_reg, id);
                 let (app, state) = (app.clone(), state.clone());
                 async move {
-                    let _busy = busy;
-                    if let Some(coding) = crate::routes::unknown_coding(req.headers()) {
-                        return Ok::<_, Infallible>(crate::routes::refuse_coding(&state, coding));
-                    }
-                    let mut app = app;
-                    // a Router is always ready (its poll_ready returns Ready)
-                    tower_service::Service::call(&mut app, req).await
+                    let answer = match crate::routes::unknown_coding(req.headers()) {
+                        Some(coding) => crate::routes::refuse_coding(&state, coding),
+                        None => {
+                            let mut app = app;
+                            // a Router is always ready (its poll_ready returns Ready)
+                            let Ok(answer) = tower_service::Service::call(&mut app, req).await;
+                            answer
+                        }
+                    };
+                    // busy until the answer is written (hyper drops its body then)
+                    let answer = answer.map(|body| {
+                        axum::body::Body::new(body.map_frame(move |frame| {
+                            let _busy = &busy;
+                            frame
+                        }))
+                    });
+                    Ok::<_, Infallible>(answer)
                 }
             });
             let conn = http.serve_connection(TokioIo::new(tcp), svc);

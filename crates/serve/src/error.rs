@@ -13,7 +13,7 @@ pub const QUOTE_BYTES: usize = 256;
 
 /// `text`, or when longer than [`QUOTE_BYTES`] its start and end with the
 /// length in between (the end of a JSON error holds the line and column).
-pub fn clip(text: &str) -> std::borrow::Cow<'_, str> {
+pub(crate) fn clip(text: &str) -> std::borrow::Cow<'_, str> {
     if text.len() <= QUOTE_BYTES {
         return text.into();
     }
@@ -29,7 +29,7 @@ pub fn clip(text: &str) -> std::borrow::Cow<'_, str> {
 }
 
 /// `text` as a JSON string, clipped by [`clip`].
-pub fn clip_json(text: &str) -> String {
+pub(crate) fn clip_json(text: &str) -> String {
     // serializing a &str cannot fail
     serde_json::to_string(&*clip(text)).unwrap_or_default()
 }
