@@ -262,7 +262,8 @@ async fn sigint_and_sigterm_answer_every_request_in_flight_then_exit_0() {
     let tmp = tempfile::tempdir().unwrap();
     let want_mean = policy_run_mean(&ckpt, &obs, tmp.path());
     for sig in ["-INT", "-TERM"] {
-        let (mut child, lines, addr) = serve(&ckpt, &[]);
+        // the held bodies are not cut off as stalled while the test waits on them
+        let (mut child, lines, addr) = serve(&ckpt, &["--body-stall-timeout", "120"]);
         let c = Client::new(addr).with_timeout(WATCHDOG);
         // three requests in flight (headers and half a body each), one row each
         let held: Vec<(usize, Held)> =
@@ -286,7 +287,7 @@ async fn sigint_and_sigterm_answer_every_request_in_flight_then_exit_0() {
 async fn a_request_that_outlasts_the_drain_timeout_is_dropped_and_serve_exits_0() {
     let ckpt = data("smpl_tracker/last.ckpt");
     let obs = data("smpl_tracker/obs.safetensors");
-    let (mut child, lines, addr) = serve(&ckpt, &["--drain-timeout", "0.5"]);
+    let (mut child, lines, addr) = serve(&ckpt, &["--drain-timeout", "0.5", "--body-stall-timeout", "120"]);
     let c = Client::new(addr).with_timeout(WATCHDOG);
     // a client that stalls mid-body (the body timeout, 30 s, is far off)
     let held = Held::start(addr, &infer_body(&obs, &[0]));

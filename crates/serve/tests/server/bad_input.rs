@@ -344,7 +344,13 @@ fn padded(mut body: Vec<u8>, len: usize) -> Vec<u8> {
 async fn bodies_in_flight_over_the_budget_get_503_until_the_budget_is_given_back() {
     // room for two largest bodies at once, all clients together
     let mut opts = options(testdata("smpl_tracker").join("last.ckpt"));
-    opts.limits = Limits { max_body_bytes: 64 << 10, max_inflight_body_bytes: 128 << 10, ..Limits::default() };
+    // (the slow bodies are not cut off as stalled while the test waits on them)
+    opts.limits = Limits {
+        max_body_bytes: 64 << 10,
+        max_inflight_body_bytes: 128 << 10,
+        body_stall_timeout: WATCHDOG,
+        ..Limits::default()
+    };
     let s = start(opts).await;
     let handle = s.server.handle();
     let o = obs("smpl_tracker");
