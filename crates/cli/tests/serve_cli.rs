@@ -262,7 +262,8 @@ async fn sigint_and_sigterm_answer_every_request_in_flight_then_exit_0() {
     let tmp = tempfile::tempdir().unwrap();
     let want_mean = policy_run_mean(&ckpt, &obs, tmp.path());
     for sig in ["-INT", "-TERM"] {
-        let (mut child, lines, addr) = serve(&ckpt, &[]);
+        // the held bodies are not cut off as stalled while the test waits on them
+        let (mut child, lines, addr) = serve(&ckpt, &["--body-stall-timeout", "120"]);
         let c = Client::new(addr).with_timeout(WATCHDOG);
         // three requests in flight (headers and half a body each), one row each
         let held: Vec<(usize, Held)> =
@@ -286,7 +287,7 @@ async fn sigint_and_sigterm_answer_every_request_in_flight_then_exit_0() {
 async fn a_request_that_outlasts_the_drain_timeout_is_dropped_and_serve_exits_0() {
     let ckpt = data("smpl_tracker/last.ckpt");
     let obs = data("smpl_tracker/obs.safetensors");
-    let (mut child, lines, addr) = serve(&ckpt, &["--drain-timeout", "0.5"]);
+    let (mut child, lines, addr) = serve(&ckpt, &["--drain-timeout", "0.5", "--body-stall-timeout", "120"]);
     let c = Client::new(addr).with_timeout(WATCHDOG);
     // a client that stalls mid-body (the body timeout, 30 s, is far off)
     let held = Held::start(addr, &infer_body(&obs, &[0]));
@@ -338,4 +339,128 @@ fn serve_refuses_what_it_cannot_serve() {
     let out = refused(Command::new(bin).args(["serve", "--addr", "127.0.0.1:0", "/nonexistent/last.ckpt"]));
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/last.ckpt"));
+}
+
+/// [`serve`] started by `bash -c "LIMITS; exec pmstate ..."`: under resource limits (`ulimit`).
+fn serve_limited(limits: &str, ckpt: &Path, args: &[&str]) -> (Child, Lines, SocketAddr) {
+    let mut child = Command::new("bash")
+        .arg("-c")
+        .arg(format!("{limits}; exec \"$0\" \"$@\""))
+        .arg(env!("CARGO_BIN_EXE_pmstate"))
+        .args(["--json", "serve", "--addr", "127.0.0.1:0", "--name", "tracker"])
+        .args(args)
+        .arg(ckpt)
+        // one malloc arena per thread would reserve 64 MiB of address space each: the
+        // limit below would measure the number of threads, not what requests cost
+        .env("MALLOC_ARENA_MAX", "2")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let lines = Lines::of(&mut child);
+    let first = lines.next();
+    assert_eq!(first["event"], "listening", "{first}");
+    let addr: SocketAddr = first["addr"].as_str().unwrap().parse().unwrap();
+    (child, lines, addr)
+}
+
+/// A metric's value from the server's /metrics text.
+async fn metric_of(c: &Client, name: &str) -> f64 {
+    let text = String::from_utf8(c.get("/metrics").await.unwrap().body.to_vec()).unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix(name).and_then(|v| v.trim().parse().ok()))
+        .unwrap_or_else(|| panic!("no metric {name} in\n{text}"))
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn idle_connections_past_the_descriptor_limit_do_not_keep_clients_out() {
+    let ckpt = data("smpl_tracker/last.ckpt");
+    let obs = data("smpl_tracker/obs.safetensors");
+    // 64 descriptors for the server; 150 idle clients, connected (the kernel
+    // queues what the server has not accepted) and sending nothing
+    let (mut child, lines, addr) = serve_limited("ulimit -n 64", &ckpt, &[]);
+    let idle: Vec<TcpStream> = (0..150).map(|_| TcpStream::connect(addr).unwrap()).collect();
+    // a new client is answered: idle connections were closed to make room for it
+    let c = Client::new(addr).with_timeout(WATCHDOG);
+    let r = c.post("/v2/models/tracker/infer", infer_body(&obs, &[0]), &[]).await.unwrap();
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let evicted = metric_of(&c, "pmstate_connections_evicted_total").await;
+    let open = metric_of(&c, "pmstate_connections ").await;
+    // 151 connections with at most 64 descriptors: at least 87 were closed to make room
+    assert!(evicted >= 87.0 && open <= 64.0, "evicted {evicted}, open {open}");
+    drop(idle);
+    signal(child.id(), "-TERM");
+    assert_eq!(lines.next()["event"], "draining");
+    assert!(exit_of(&mut child).success());
+}
+
+/// 2 GiB, in the KiB `ulimit -v` takes: the address space `pmstate serve`
+/// gets while clients send bodies built to amplify (512 MiB of them at once).
+const SERVE_ADDRESS_SPACE_KIB: u64 = 2 << 20;
+
+#[tokio::test(flavor = "current_thread")]
+async fn requests_built_to_amplify_stay_within_an_address_space_limit() {
+    let ckpt = data("smpl_tracker/last.ckpt");
+    let obs = data("smpl_tracker/obs.safetensors");
+    let limits = format!("ulimit -v {SERVE_ADDRESS_SPACE_KIB}");
+    let (mut child, lines, addr) = serve_limited(&limits, &ckpt, &["--threads", "1"]);
+    let c = Client::new(addr).with_timeout(WATCHDOG);
+    let infer = "/v2/models/tracker/infer";
+    // `prefix` + "0,0,...,0" + `suffix`, padded with spaces to `len` bytes (valid JSON)
+    let bomb = |prefix: &str, suffix: &str, len: usize| -> Vec<u8> {
+        let mut b = prefix.as_bytes().to_vec();
+        let n = (len - prefix.len() - suffix.len()) / 2;
+        b.extend(std::iter::repeat_n(*b"0,", n).flatten());
+        b.pop();
+        b.extend_from_slice(suffix.as_bytes());
+        b.resize(len, b' ');
+        b
+    };
+    let refused = |r: &pmstate_serve::client::Reply, what: &str| {
+        let text = String::from_utf8_lossy(&r.body[..r.body.len().min(2000)]).into_owned();
+        assert_eq!(r.status, 400, "{what}: {text}");
+        assert!(r.body.len() < 1024, "{what}: an answer of {} bytes", r.body.len());
+    };
+
+    // eight data bombs at once, the whole body budget: each 64 MiB of zeros for a [1, 69] input
+    let data = bomb(
+        r#"{"inputs": [{"name": "previous_actions", "shape": [1, 69], "datatype": "FP32", "data": ["#,
+        "]}]}",
+        (64 << 20) - 4096,
+    );
+    let sends: Vec<_> = (0..8)
+        .map(|_| {
+            let (c, data) = (c.clone(), data.clone());
+            tokio::spawn(async move { c.post(infer, data, &[]).await.unwrap() })
+        })
+        .collect();
+    for s in sends {
+        refused(&s.await.unwrap(), "data");
+    }
+    drop(data);
+    // a 60 MB parameter, two 60 MB outputs lists at once, a 60 MB shape
+    let params = bomb(r#"{"inputs": [], "parameters": {"p": ["#, "]}}", 60_000_000);
+    refused(&c.post(infer, params, &[]).await.unwrap(), "parameters");
+    let mut outputs = br#"{"inputs": [], "outputs": ["#.to_vec();
+    outputs.extend(std::iter::repeat_n(*br#"{"name": "value"},"#, 60_000_000 / 18).flatten());
+    outputs.pop();
+    outputs.extend_from_slice(b"]}");
+    let sends: Vec<_> = (0..2)
+        .map(|_| {
+            let (c, o) = (c.clone(), outputs.clone());
+            tokio::spawn(async move { c.post(infer, o, &[]).await.unwrap() })
+        })
+        .collect();
+    for s in sends {
+        refused(&s.await.unwrap(), "outputs");
+    }
+    let shape = bomb(r#"{"inputs": [{"name": "previous_actions", "datatype": "FP32", "shape": ["#, "]}]}", 60_000_000);
+    refused(&c.post(infer, shape, &[]).await.unwrap(), "shape");
+
+    // the server is still there and answers
+    let r = c.post(infer, infer_body(&obs, &[0]), &[]).await.unwrap();
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    signal(child.id(), "-TERM");
+    assert_eq!(lines.next()["event"], "draining");
+    assert!(exit_of(&mut child).success());
 }

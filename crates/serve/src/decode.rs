@@ -10,15 +10,15 @@
 //! read, in order, with the width sums the checkpoint fixes
 //! ([`order_inputs`], [`check_width_sums`]).
 
-use serde_json::{Map, Value};
-
 use std::sync::Arc;
 
+use serde_json::value::RawValue;
+
 use crate::error::{Dims, InputError, RequestError};
-use crate::json_floats::{quote_non_finite, FloatData};
+use crate::json_floats::{quote_non_finite, read_data, DataError};
 use crate::model::{InputSpec, Interface, Source};
 use crate::options::NonFinite;
-use crate::protocol::{InferRequest, RequestInput, RequestOutput};
+use crate::protocol::{InferRequest, ParamValue, Parameters, RequestInput, RequestOutput};
 
 /// An output to return.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -87,25 +87,10 @@ fn split(body: &[u8], header_len: Option<usize>) -> Result<(&[u8], &[u8]), Reque
     }
 }
 
-/// Parses the JSON header, accepting `NaN`/`Infinity` literals as Triton does.
-fn parse(json: &[u8]) -> Result<InferRequest, RequestError> {
-    match serde_json::from_slice::<InferRequest>(json) {
-        Ok(r) => Ok(r),
-        Err(e) => {
-            let retry = quote_non_finite(json).and_then(|q| serde_json::from_slice::<InferRequest>(&q).ok());
-            retry.ok_or_else(|| RequestError::BadJson(Arc::new(e)))
-        }
-    }
-}
-
-fn bool_param(
-    p: &Map<String, Value>,
-    name: &'static str,
-    scope: &dyn Fn() -> String,
-) -> Result<Option<bool>, InputError> {
+fn bool_param(p: &Parameters, name: &'static str, scope: &dyn Fn() -> String) -> Result<Option<bool>, InputError> {
     match p.get(name) {
         None => Ok(None),
-        Some(Value::Bool(b)) => Ok(Some(*b)),
+        Some(ParamValue::Bool(b)) => Ok(Some(*b)),
         Some(v) => Err(InputError::Parameter { scope: scope(), name, expected: "true or false", got: v.to_string() }),
     }
 }
@@ -126,7 +111,7 @@ pub struct Params {
 
 impl Params {
     /// Reads `p`; under [`NonFinite::Reject`] a request cannot waive the refusal.
-    pub fn read(p: &Map<String, Value>, non_finite: NonFinite) -> Result<Params, InputError> {
+    pub fn read(p: &Parameters, non_finite: NonFinite) -> Result<Params, InputError> {
         let request = || "request".to_string();
         let sample = bool_param(p, "sample", &request)?.unwrap_or(false);
         let seed = match p.get("seed") {
@@ -174,8 +159,8 @@ fn shape_of(name: &str, shape: &[u64], width: Option<usize>, max_rows: usize) ->
 fn values_of(
     name: &str,
     (r, d): (usize, usize),
-    binary_size: Option<&Value>,
-    data: Option<FloatData>,
+    binary_size: Option<&ParamValue>,
+    data: Option<&RawValue>,
     binary: &mut &[u8],
 ) -> Result<Vec<f32>, InputError> {
     let input = || name.to_owned();
@@ -185,17 +170,21 @@ fn values_of(
     match (binary_size, data) {
         (Some(_), Some(_)) => Err(InputError::DataTwice { input: input() }),
         (None, None) => Err(InputError::NoData { input: input() }),
-        (None, Some(data)) => {
-            if data.0.len() != count {
+        (None, Some(raw)) => {
+            let data = read_data(raw, count).map_err(|e| match e {
+                DataError::TooMany => InputError::DataOverflow { input: input(), rows: r, width: d, needed: count },
+                DataError::Json(e) => InputError::Data { input: input(), reason: e.to_string() },
+            })?;
+            if data.len() != count {
                 return Err(InputError::DataLength {
                     input: input(),
-                    values: data.0.len(),
+                    values: data.len(),
                     rows: r,
                     width: d,
                     needed: count,
                 });
             }
-            Ok(data.0)
+            Ok(data)
         }
         (Some(size), None) => {
             let size = size
@@ -220,22 +209,22 @@ fn values_of(
 /// model fixes, its data filling the shape, finite where refused otherwise.
 /// Returns the input and its rows.
 pub fn decode_input(
-    inp: RequestInput,
+    inp: RequestInput<'_>,
     expect: &Expect,
     non_finite: NonFinite,
     binary: &mut &[u8],
 ) -> Result<(Input, usize), RequestError> {
     let iface = expect.iface;
-    let name = inp.name;
+    let name = inp.name.0;
     let spec = iface.input(&name);
     if spec.is_none() && !iface.ignored.contains(&name) {
         let known = iface.inputs.iter().map(|i| i.name.clone()).collect();
         return Err(InputError::UnexpectedInput { input: name, known }.into());
     }
-    if inp.datatype != "FP32" {
-        return Err(InputError::Datatype { input: name, datatype: inp.datatype }.into());
+    if inp.datatype.0 != "FP32" {
+        return Err(InputError::Datatype { input: name, datatype: inp.datatype.0 }.into());
     }
-    let (r, d) = shape_of(&name, &inp.shape, spec.and_then(|s| s.width), expect.max_rows)?;
+    let (r, d) = shape_of(&name, &inp.shape.0, spec.and_then(|s| s.width), expect.max_rows)?;
     let values = values_of(&name, (r, d), inp.parameters.get("binary_data_size"), inp.data, binary)?;
     if non_finite == NonFinite::Reject {
         if let Some(i) = values.iter().position(|v| !v.is_finite()) {
@@ -248,7 +237,7 @@ pub fn decode_input(
 /// Every input of the request (each once, all with the same rows, the
 /// binary data used up exactly); returns them and the rows.
 fn read_inputs(
-    list: Vec<RequestInput>,
+    list: Vec<RequestInput<'_>>,
     expect: &Expect,
     non_finite: NonFinite,
     mut binary: &[u8],
@@ -256,8 +245,8 @@ fn read_inputs(
     let mut inputs: Vec<Input> = Vec::with_capacity(list.len());
     let mut rows: Option<(usize, String)> = None;
     for inp in list {
-        if inputs.iter().any(|(k, _, _)| *k == inp.name) {
-            return Err(InputError::DuplicateInput { input: inp.name }.into());
+        if inputs.iter().any(|(k, _, _)| *k == inp.name.0) {
+            return Err(InputError::DuplicateInput { input: inp.name.0 }.into());
         }
         let (input, r) = decode_input(inp, expect, non_finite, &mut binary)?;
         match &rows {
@@ -292,9 +281,9 @@ pub fn select_outputs(
     match asked {
         Some(list) => {
             for o in list {
-                let Some(spec) = iface.output(&o.name) else {
+                let Some(spec) = iface.output(&o.name.0) else {
                     let known = iface.outputs.iter().map(|o| o.name).collect();
-                    return Err(InputError::UnknownOutput { output: o.name, known });
+                    return Err(InputError::UnknownOutput { output: o.name.0, known });
                 };
                 if outputs.iter().any(|w| w.name == spec.name) {
                     return Err(InputError::DuplicateOutput { output: spec.name });
@@ -368,14 +357,38 @@ pub fn check_width_sums(iface: &Interface, inputs: &[Input]) -> Result<(), Input
     Ok(())
 }
 
-/// Reads a request (`header_len`: the binary extension's header length) against `expect`.
+/// Reads a request (`header_len`: the binary extension's header length)
+/// against `expect`. The JSON is parsed as the protocol's shadow structs
+/// (see [`crate::protocol`]); when that fails and the JSON holds `NaN` /
+/// `Infinity` literals in tensor data, once more with those quoted.
+///
+/// Memory: besides the body, at most a copy of the JSON header (only
+/// when it holds such literals, 5/3 of its size at most) and the float32
+/// values, which never outnumber what the checked shapes hold nor one per
+/// two bytes of JSON data or four bytes of binary data: in all under 5
+/// times the body's size.
 pub fn decode(body: &[u8], header_len: Option<usize>, expect: &Expect) -> Result<Decoded, RequestError> {
     let (json, binary) = split(body, header_len)?;
-    let req = parse(json)?;
+    match serde_json::from_slice::<InferRequest>(json) {
+        Ok(req) => decode_request(req, binary, expect),
+        Err(e) => {
+            let Some(quoted) = quote_non_finite(json) else {
+                return Err(RequestError::BadJson(Arc::new(e)));
+            };
+            match serde_json::from_slice::<InferRequest>(&quoted) {
+                Ok(req) => decode_request(req, binary, expect),
+                Err(_) => Err(RequestError::BadJson(Arc::new(e))),
+            }
+        }
+    }
+}
+
+/// [`decode`] once the JSON is parsed.
+fn decode_request(req: InferRequest<'_>, binary: &[u8], expect: &Expect) -> Result<Decoded, RequestError> {
     let params = Params::read(&req.parameters, expect.non_finite)?;
-    let (inputs, rows) = read_inputs(req.inputs, expect, params.non_finite, binary)?;
+    let (inputs, rows) = read_inputs(req.inputs.0, expect, params.non_finite, binary)?;
     let has = |k: &str| inputs.iter().any(|(n, _, _)| n == k);
-    let outputs = select_outputs(req.outputs, expect.iface, &params, &has)?;
+    let outputs = select_outputs(req.outputs.map(|o| o.0), expect.iface, &params, &has)?;
     let ordered = order_inputs(expect.iface, inputs, &outputs)?;
     check_width_sums(expect.iface, &ordered)?;
     Ok(Decoded { id: req.id, rows, inputs: ordered, outputs, seed: params.sample.then_some(params.seed) })
@@ -385,7 +398,7 @@ pub fn decode(body: &[u8], header_len: Option<usize>, expect: &Expect) -> Result
 mod tests {
     use super::*;
     use crate::model::LoadedModel;
-    use serde_json::json;
+    use serde_json::{json, Value};
 
     fn tracker(pins: &[(String, usize)]) -> LoadedModel {
         let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/policy/smpl_tracker");

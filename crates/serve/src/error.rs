@@ -7,6 +7,33 @@ use std::sync::Arc;
 
 use axum::http::StatusCode;
 
+/// Most bytes of a client's input quoted in one refusal: a 60 MB name or
+/// shape is not echoed back.
+pub const QUOTE_BYTES: usize = 256;
+
+/// `text`, or when longer than [`QUOTE_BYTES`] its start and end with the
+/// length in between (the end of a JSON error holds the line and column).
+pub(crate) fn clip(text: &str) -> std::borrow::Cow<'_, str> {
+    if text.len() <= QUOTE_BYTES {
+        return text.into();
+    }
+    let mut head = QUOTE_BYTES * 2 / 3;
+    while !text.is_char_boundary(head) {
+        head -= 1;
+    }
+    let mut tail = text.len() - QUOTE_BYTES / 3;
+    while !text.is_char_boundary(tail) {
+        tail += 1;
+    }
+    format!("{} ... ({} bytes in all) ... {}", &text[..head], text.len(), &text[tail..]).into()
+}
+
+/// `text` as a JSON string, clipped by [`clip`].
+pub(crate) fn clip_json(text: &str) -> String {
+    // serializing a &str cannot fail
+    serde_json::to_string(&*clip(text)).unwrap_or_default()
+}
+
 /// Why a `--widths` pin cannot hold for the checkpoint (in [`LoadError::Pin`]).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
@@ -178,6 +205,12 @@ pub enum StartError {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum OptionsError {
+    /// A limit that must be positive is 0.
+    #[error("{what} must be positive")]
+    ZeroLimit {
+        /// The limit (`max_connections`, `header_timeout`, ...).
+        what: &'static str,
+    },
     /// `max_batch` or `queue` is 0.
     #[error("max_batch and queue must be at least 1")]
     Zero,
@@ -228,7 +261,7 @@ fn sum_of(parts: &[(String, usize)]) -> String {
 #[non_exhaustive]
 pub enum InputError {
     /// A request or output parameter of the wrong type.
-    #[error("{scope} parameter {name}: expected {expected}, got {got}")]
+    #[error("{scope} parameter {name}: expected {expected}, got {}", clip(.got))]
     Parameter {
         /// `request`, or `output <name>`.
         scope: String,
@@ -436,6 +469,26 @@ pub enum InputError {
     /// Nothing to compute.
     #[error("no outputs asked for")]
     NoOutputs,
+    /// JSON data that is not an array of numbers.
+    #[error("input {input}: data: {}", clip(.reason))]
+    Data {
+        /// The input.
+        input: String,
+        /// What is wrong (serde_json's words, with the column).
+        reason: String,
+    },
+    /// JSON data with more values than the shape holds (refused when one more is read).
+    #[error("input {input}: more values than shape [{rows}, {width}] holds ({needed})")]
+    DataOverflow {
+        /// The input.
+        input: String,
+        /// Rows of its shape.
+        rows: usize,
+        /// Width of its shape.
+        width: usize,
+        /// Values the shape needs.
+        needed: usize,
+    },
 }
 
 /// Why a request was refused; `Display` is the `{"error": ...}` text.
@@ -443,7 +496,7 @@ pub enum InputError {
 #[non_exhaustive]
 pub enum RequestError {
     /// A model this server does not serve.
-    #[error("unknown model {name}: this server serves {served}")]
+    #[error("unknown model {}: this server serves {served}", clip(.name))]
     UnknownModel {
         /// The name asked for.
         name: String,
@@ -451,7 +504,7 @@ pub enum RequestError {
         served: String,
     },
     /// A version other than the one served.
-    #[error("model {name} has no version {version}: version {served} is served")]
+    #[error("model {} has no version {}: version {served} is served", clip(.name), clip(.version))]
     UnknownVersion {
         /// The model.
         name: String,
@@ -461,7 +514,7 @@ pub enum RequestError {
         served: u64,
     },
     /// No such route.
-    #[error("no route {method} {path}")]
+    #[error("no route {} {}", clip(.method), clip(.path))]
     NoRoute {
         /// The method.
         method: String,
@@ -469,7 +522,7 @@ pub enum RequestError {
         path: String,
     },
     /// The method is not one the route takes.
-    #[error("{method} is not allowed on {path}")]
+    #[error("{} is not allowed on {}", clip(.method), clip(.path))]
     Method {
         /// The method.
         method: String,
@@ -477,10 +530,10 @@ pub enum RequestError {
         path: String,
     },
     /// The body is not the JSON the protocol defines.
-    #[error("malformed request: {0}")]
+    #[error("malformed request: {}", clip(&.0.to_string()))]
     BadJson(Arc<serde_json::Error>),
     /// An `Inference-Header-Content-Length` that is not a number.
-    #[error("Inference-Header-Content-Length {value} is not a byte count")]
+    #[error("Inference-Header-Content-Length {} is not a byte count", clip(.value))]
     HeaderLength {
         /// The header's value (lossy text).
         value: String,
@@ -519,6 +572,18 @@ pub enum RequestError {
     BodyTimeout {
         /// The limit.
         seconds: u64,
+    },
+    /// No byte of the body arrived for too long (a client that stalls mid-body).
+    #[error("no byte of the request body arrived for {seconds} s")]
+    BodyStalled {
+        /// The limit.
+        seconds: f64,
+    },
+    /// A transfer coding other than `chunked`: the body cannot be read as sent.
+    #[error("transfer coding {} is not implemented (only chunked is)", clip(.coding))]
+    TransferCoding {
+        /// The coding (as sent).
+        coding: String,
     },
     /// The body could not be read (the client went away mid-body).
     #[error("reading the request body: {0}")]
@@ -575,7 +640,8 @@ impl RequestError {
             | RequestError::NonFinite { .. }
             | RequestError::BodyRead(_) => StatusCode::BAD_REQUEST,
             RequestError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-            RequestError::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
+            RequestError::BodyTimeout { .. } | RequestError::BodyStalled { .. } => StatusCode::REQUEST_TIMEOUT,
+            RequestError::TransferCoding { .. } => StatusCode::NOT_IMPLEMENTED,
             RequestError::QueueFull { .. } | RequestError::Busy { .. } | RequestError::ShuttingDown => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
@@ -607,7 +673,8 @@ impl RequestError {
             RequestError::BadInput(_) => "bad_input",
             RequestError::NonFinite { .. } => "non_finite",
             RequestError::TooLarge { .. } => "too_large",
-            RequestError::BodyTimeout { .. } => "body_timeout",
+            RequestError::BodyTimeout { .. } | RequestError::BodyStalled { .. } => "body_timeout",
+            RequestError::TransferCoding { .. } => "transfer_coding",
             RequestError::BodyRead(_) => "body_read",
             RequestError::QueueFull { .. } => "queue_full",
             RequestError::Busy { .. } => "busy",
@@ -620,7 +687,7 @@ impl RequestError {
     }
 
     /// Every kind, so that each series exists (at 0) from the start.
-    pub const KINDS: [&'static str; 12] = [
+    pub const KINDS: [&'static str; 13] = [
         "not_found",
         "method",
         "bad_json",
@@ -629,6 +696,7 @@ impl RequestError {
         "too_large",
         "body_timeout",
         "body_read",
+        "transfer_coding",
         "queue_full",
         "busy",
         "shutting_down",
@@ -677,6 +745,21 @@ mod tests {
     }
 
     #[test]
+    fn quotes_of_client_input_are_clipped_keeping_start_end_and_length() {
+        assert_eq!(clip("max_coords_obs"), "max_coords_obs");
+        // a multi-byte character across the cut is not split
+        let long = format!("{}{}{}", "a".repeat(169), "é".repeat(100_000), "the end at line 1 column 9");
+        let c = clip(&long);
+        assert!(c.len() < QUOTE_BYTES + 64, "{} bytes", c.len());
+        assert!(c.starts_with(&"a".repeat(169)), "{c}");
+        assert!(c.contains(&format!("({} bytes in all)", long.len())), "{c}");
+        assert!(c.ends_with("the end at line 1 column 9"), "{c}");
+        assert_eq!(clip_json("a\"b"), r#""a\"b""#);
+        let e = RequestError::NoRoute { method: "GET".into(), path: "/".repeat(1 << 20) };
+        assert!(e.to_string().len() < 2 * QUOTE_BYTES);
+    }
+
+    #[test]
     fn every_kind_is_listed() {
         let samples = [
             RequestError::NoRoute { method: "GET".into(), path: "/".into() },
@@ -685,6 +768,8 @@ mod tests {
             RequestError::BadInput(InputError::NoInputs),
             RequestError::TooLarge { limit: 1 },
             RequestError::BodyTimeout { seconds: 1 },
+            RequestError::BodyStalled { seconds: 0.5 },
+            RequestError::TransferCoding { coding: "gzip".into() },
             RequestError::QueueFull { queue: 1 },
             RequestError::Busy { budget: 1 },
             RequestError::ShuttingDown,

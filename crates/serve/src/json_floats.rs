@@ -11,7 +11,9 @@
 //! Rust parser accepts them without losing the value (json-forensics maps
 //! them to 0), so a request that fails to parse is retried once after
 //! [`quote_non_finite`] has turned those literals into strings, which
-//! [`FloatData`] reads back as the values they name.
+//! [`read_data`] reads back as the values they name. Only literals that are
+//! elements of an input's `data` are quoted: anywhere else (`{"id": NaN}`,
+//! a key `Infinity`) they stay what RFC 8259 says they are, an error.
 
 use serde::de::{DeserializeSeed, Deserializer, Error as _, SeqAccess, Visitor};
 
@@ -22,8 +24,33 @@ pub struct FloatData(pub Vec<f32>);
 impl<'de> serde::Deserialize<'de> for FloatData {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let mut out = Vec::new();
-        d.deserialize_any(Flatten { out: &mut out, depth: 0 })?;
+        d.deserialize_any(Flatten { out: &mut out, depth: 0, cap: usize::MAX })?;
         Ok(FloatData(out))
+    }
+}
+
+/// Why [`read_data`] refused a tensor's data.
+#[derive(Debug)]
+pub enum DataError {
+    /// More than `cap` values.
+    TooMany,
+    /// Not an array of numbers (serde_json's error, with the column).
+    Json(serde_json::Error),
+}
+
+/// Reads a tensor's JSON data (flat or nested), at most `cap` values: one
+/// more is refused as it is read, so the values never take more than
+/// `cap` floats, nor more than one float per two bytes of `raw`.
+pub fn read_data(raw: &serde_json::value::RawValue, cap: usize) -> Result<Vec<f32>, DataError> {
+    let text = raw.get();
+    // every value takes at least two bytes of JSON (a digit and a separator)
+    let mut out = Vec::with_capacity(cap.min(text.len() / 2 + 1));
+    let mut de = serde_json::Deserializer::from_str(text);
+    let r = Flatten { out: &mut out, depth: 0, cap }.deserialize(&mut de).and_then(|()| de.end());
+    match r {
+        Ok(()) => Ok(out),
+        Err(_) if out.len() == cap && cap < usize::MAX => Err(DataError::TooMany),
+        Err(e) => Err(DataError::Json(e)),
     }
 }
 
@@ -34,6 +61,18 @@ const MAX_DEPTH: usize = 32;
 struct Flatten<'a> {
     out: &'a mut Vec<f32>,
     depth: usize,
+    /// Most values.
+    cap: usize,
+}
+
+impl Flatten<'_> {
+    fn push<E: serde::de::Error>(self, v: f32) -> Result<(), E> {
+        if self.out.len() == self.cap {
+            return Err(E::custom(format_args!("more than {} values", self.cap)));
+        }
+        self.out.push(v);
+        Ok(())
+    }
 }
 
 impl<'de> DeserializeSeed<'de> for Flatten<'_> {
@@ -61,27 +100,21 @@ impl<'de> Visitor<'de> for Flatten<'_> {
     }
 
     fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<(), E> {
-        self.out.push(v as f32);
-        Ok(())
+        self.push(v as f32)
     }
 
     fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<(), E> {
-        self.out.push(v as f32);
-        Ok(())
+        self.push(v as f32)
     }
 
     fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<(), E> {
-        self.out.push(v as f32);
-        Ok(())
+        self.push(v as f32)
     }
 
     fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<(), E> {
         match non_finite_literal(v) {
-            Some(x) => {
-                self.out.push(x);
-                Ok(())
-            }
-            None => Err(E::custom(format!("the string {} is not a number", serde_json::Value::from(v)))),
+            Some(x) => self.push(x),
+            None => Err(E::custom(format_args!("the string {} is not a number", crate::error::clip_json(v)))),
         }
     }
 
@@ -93,57 +126,113 @@ impl<'de> Visitor<'de> for Flatten<'_> {
         if self.depth >= MAX_DEPTH {
             return Err(A::Error::custom(format!("data nested deeper than {MAX_DEPTH} levels")));
         }
-        if let Some(n) = seq.size_hint() {
-            self.out.reserve(n);
-        }
-        while seq.next_element_seed(Flatten { out: &mut *self.out, depth: self.depth + 1 })?.is_some() {}
+        while seq.next_element_seed(Flatten { out: &mut *self.out, depth: self.depth + 1, cap: self.cap })?.is_some() {}
         Ok(())
     }
 }
 
-/// `text` with every `NaN`, `Infinity`, `-Infinity`, `Inf`, `-Inf` outside
-/// strings quoted (`"NaN"`), or `None` when there is none. Outside strings
-/// no other JSON token starts with `N` or `I`, so the scan needs no grammar:
-/// it tracks string boundaries (and backslash escapes) only.
+/// Deepest nesting [`quote_non_finite`] follows; past it the request is
+/// left as it is (serde_json refuses nesting past 128 levels anyway).
+const MAX_SCAN_DEPTH: usize = 64;
+
+/// What encloses the byte being scanned.
+#[derive(Clone, Copy)]
+enum Frame {
+    /// An object; `key` is the range of the current key's text (between
+    /// its quotes), `at_key` whether a key comes next.
+    Object { key: (usize, usize), at_key: bool },
+    /// An array.
+    Array,
+}
+
+/// Whether the frames are those of an element of an input's `data`:
+/// the request object at key `inputs`, its array, an input object at key
+/// `data`, then arrays only (the innermost one holding the element).
+fn in_data(text: &[u8], stack: &[Frame]) -> bool {
+    let key_is = |f: &Frame, k: &[u8]| matches!(f, Frame::Object { key: (a, b), at_key: false } if &text[*a..*b] == k);
+    match stack {
+        [top, Frame::Array, input, rest @ ..] => {
+            key_is(top, b"inputs")
+                && key_is(input, b"data")
+                && !rest.is_empty()
+                && rest.iter().all(|f| matches!(f, Frame::Array))
+        }
+        _ => false,
+    }
+}
+
+/// `text` with every `NaN`, `Infinity`, `-Infinity`, `Inf`, `-Inf` that
+/// is an element of an input's `data` array (`inputs[i].data`, nested or
+/// flat) quoted (`"NaN"`), or `None` when there is none. A literal
+/// anywhere else is left alone, and so refused by the JSON parser. The
+/// scan follows strings (and their escapes), objects' keys and nesting,
+/// nothing more: on JSON it cannot follow it changes nothing, and the
+/// parser refuses the request.
 pub fn quote_non_finite(text: &[u8]) -> Option<Vec<u8>> {
     const WORDS: [&[u8]; 3] = [b"NaN", b"Infinity", b"Inf"];
-    let mut out = Vec::with_capacity(text.len() + 64);
-    let (mut i, mut in_string, mut changed) = (0, false, false);
+    let mut out: Option<Vec<u8>> = None;
+    let mut copied = 0; // text[..copied] is in `out` (once there is one)
+    let mut stack: Vec<Frame> = Vec::new();
+    let mut i = 0;
     while i < text.len() {
         let c = text[i];
-        if in_string {
-            out.push(c);
-            match c {
-                b'\\' if i + 1 < text.len() => {
-                    out.push(text[i + 1]);
-                    i += 1;
+        match c {
+            b'"' => {
+                let start = i + 1;
+                let mut j = start;
+                while j < text.len() && text[j] != b'"' {
+                    j += if text[j] == b'\\' { 2 } else { 1 };
                 }
-                b'"' => in_string = false,
-                _ => {}
+                let end = j.min(text.len());
+                if let Some(Frame::Object { key, at_key: true }) = stack.last_mut() {
+                    *key = (start, end);
+                }
+                i = end + 1;
+                continue;
             }
-            i += 1;
-            continue;
+            b'{' | b'[' => {
+                if stack.len() == MAX_SCAN_DEPTH {
+                    return None;
+                }
+                stack.push(if c == b'{' { Frame::Object { key: (0, 0), at_key: true } } else { Frame::Array });
+            }
+            b'}' | b']' => {
+                stack.pop();
+            }
+            b':' => {
+                if let Some(Frame::Object { at_key, .. }) = stack.last_mut() {
+                    *at_key = false;
+                }
+            }
+            b',' => {
+                if let Some(Frame::Object { at_key, .. }) = stack.last_mut() {
+                    *at_key = true;
+                }
+            }
+            b'N' | b'I' | b'-' => {
+                let start = if c == b'-' { i + 1 } else { i };
+                let word = WORDS.iter().find(|w| text.get(start..).is_some_and(|t| t.starts_with(w)));
+                if let Some(w) = word {
+                    let end = start + w.len();
+                    if in_data(text, &stack) {
+                        let o = out.get_or_insert_with(|| Vec::with_capacity(text.len() + 64));
+                        o.extend_from_slice(&text[copied..i]);
+                        o.push(b'"');
+                        o.extend_from_slice(&text[i..end]);
+                        o.push(b'"');
+                        copied = end;
+                    }
+                    i = end;
+                    continue;
+                }
+            }
+            _ => {}
         }
-        if c == b'"' {
-            in_string = true;
-            out.push(c);
-            i += 1;
-            continue;
-        }
-        let neg = c == b'-' && matches!(text.get(i + 1), Some(b'I'));
-        let start = if neg { i + 1 } else { i };
-        if let Some(w) = WORDS.iter().find(|w| text[start..].starts_with(w)) {
-            out.push(b'"');
-            out.extend_from_slice(&text[i..start + w.len()]);
-            out.push(b'"');
-            i = start + w.len();
-            changed = true;
-            continue;
-        }
-        out.push(c);
         i += 1;
     }
-    changed.then_some(out)
+    let mut o = out?;
+    o.extend_from_slice(&text[copied..]);
+    Some(o)
 }
 
 /// Appends `data` as a JSON array: shortest digits that read back to the
@@ -185,15 +274,40 @@ mod tests {
     }
 
     #[test]
-    fn non_finite_literals_are_quoted_outside_strings_only() {
-        let text = br#"{"id": "NaN Infinity \" NaN", "data": [NaN, -Infinity, Infinity, 1, -Inf, Inf]}"#;
+    fn non_finite_literals_are_quoted_in_input_data_only() {
+        let text = br#"{"id": "NaN Infinity \" NaN", "inputs": [{"name": "o", "data": [[NaN, -Infinity], [Infinity, 1, -Inf, Inf]]}]}"#;
         let q = quote_non_finite(text).unwrap();
         let v: serde_json::Value = serde_json::from_slice(&q).unwrap();
         assert_eq!(v["id"], "NaN Infinity \" NaN");
-        let d: FloatData = serde_json::from_value(v["data"].clone()).unwrap();
+        let d: FloatData = serde_json::from_value(v["inputs"][0]["data"].clone()).unwrap();
         assert!(d.0[0].is_nan());
         assert_eq!(&d.0[1..], [f32::NEG_INFINITY, f32::INFINITY, 1.0, f32::NEG_INFINITY, f32::INFINITY]);
         assert_eq!(quote_non_finite(br#"{"a": [1, 2], "b": "NaN"}"#), None);
+        // anywhere else the literals stay as they are: not JSON
+        for other in [
+            &br#"{"id": NaN, "inputs": []}"#[..],
+            br#"{"inputs": [{"name": "o", "shape": [NaN], "data": [1]}]}"#,
+            br#"{"inputs": [{"name": "o", "data": NaN}]}"#,
+            br#"{"inputs": [{"name": "o", "data": [{"x": NaN}]}]}"#,
+            br#"{"data": [NaN], "inputs": []}"#,
+            br#"{"inputs": [{"name": "o", "data": [1], Infinity: 2}]}"#,
+            br#"{"parameters": {"p": [NaN]}, "inputs": []}"#,
+        ] {
+            assert_eq!(quote_non_finite(other), None, "{}", String::from_utf8_lossy(other));
+        }
+    }
+
+    #[test]
+    fn data_is_read_up_to_its_cap() {
+        let raw: Box<serde_json::value::RawValue> = serde_json::from_str("[[1, 2], [3, \"NaN\"]]").unwrap();
+        let v = read_data(&raw, 4).unwrap();
+        assert_eq!(v[..3], [1.0, 2.0, 3.0]);
+        assert!(v[3].is_nan());
+        assert!(matches!(read_data(&raw, 3), Err(DataError::TooMany)));
+        let raw: Box<serde_json::value::RawValue> = serde_json::from_str("[1, true]").unwrap();
+        assert!(
+            matches!(read_data(&raw, 9), Err(DataError::Json(e)) if e.to_string().contains("true is not a number"))
+        );
     }
 
     #[test]

@@ -4,6 +4,7 @@
 pub mod batcher;
 mod blocking;
 pub mod client;
+mod conns;
 pub mod decode;
 pub mod encode;
 mod error;
@@ -22,7 +23,9 @@ pub mod slot;
 mod state;
 
 pub use blocking::{serve_until_signalled, Stopped};
-pub use error::{Difference, Dims, InputError, LoadError, OptionsError, PinProblem, RequestError, StartError};
+pub use error::{
+    Difference, Dims, InputError, LoadError, OptionsError, PinProblem, RequestError, StartError, QUOTE_BYTES,
+};
 pub use events::{ignore_events, Event, EventSink};
 pub use options::{Batching, Limits, ModelSource, NonFinite, ServeOptions, Watch};
 pub use routes::HEADER_LENGTH;

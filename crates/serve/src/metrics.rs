@@ -56,8 +56,13 @@ pub struct Metrics {
     /// one whose client went away leaves at once.
     pub in_flight: Gauge,
     /// Bytes of the in-flight body budget held by requests being received
-    /// or handled (a body without Content-Length holds the whole limit).
+    /// or handled (charged as the bytes arrive).
     pub body_bytes_reserved: Gauge,
+    /// Connections open.
+    pub connections: Gauge,
+    /// Idle connections closed to make room for a new one (at the
+    /// connection cap, or out of file descriptors).
+    pub connections_evicted: Counter,
     /// Checkpoint reloads, by result (`ok`, `failed`).
     pub reloads: Family<Labels, Counter>,
     /// The version being served.
@@ -98,6 +103,14 @@ impl Metrics {
             "Bytes of the in-flight request body budget held",
             body_bytes_reserved.clone(),
         );
+        let connections = Gauge::default();
+        r.register("connections", "Connections open", connections.clone());
+        let connections_evicted = Counter::default();
+        r.register(
+            "connections_evicted",
+            "Idle connections closed to make room for a new one (connection cap or no descriptor left)",
+            connections_evicted.clone(),
+        );
         let reloads = Family::<Labels, Counter>::default();
         r.register("model_reloads", "Checkpoint reloads, by result", reloads.clone());
         let model_version = Gauge::default();
@@ -121,6 +134,8 @@ impl Metrics {
             queue_depth,
             in_flight,
             body_bytes_reserved,
+            connections,
+            connections_evicted,
             reloads,
             model_version,
         }

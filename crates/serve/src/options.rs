@@ -89,9 +89,24 @@ pub struct Limits {
     /// body does not fit is refused with 503 and Retry-After (memory stays
     /// bounded whatever the number of connections).
     pub max_inflight_body_bytes: usize,
-    /// Longest time to receive a body: 408 after it (a client that stalls
-    /// mid-body holds nothing for long).
+    /// Longest time to receive a body: 408 after it.
     pub body_timeout: Duration,
+    /// Longest pause between two pieces of a body: a client that stalls
+    /// mid-body gets 408 after it (and holds only the bytes it has sent,
+    /// which are all it is charged for).
+    pub body_stall_timeout: Duration,
+    /// Longest wait for a request's head (request line and headers),
+    /// counted from when the connection starts waiting for one: on a
+    /// kept-alive connection that is when the previous answer was sent, so
+    /// this is also how long an idle connection is kept. The connection is
+    /// closed after it.
+    pub header_timeout: Duration,
+    /// Most connections open at once. At the cap (or when the process runs
+    /// out of file descriptors), the connection idle the longest (no request
+    /// being handled: kept alive, or still sending its head) is closed to
+    /// make room; when none is idle, new connections wait in the listen
+    /// backlog until one ends.
+    pub max_connections: usize,
     /// Longest graceful shutdown: requests still running after it are dropped.
     pub drain_timeout: Duration,
 }
@@ -102,6 +117,9 @@ impl Default for Limits {
             max_body_bytes: 64 << 20,
             max_inflight_body_bytes: 512 << 20,
             body_timeout: Duration::from_secs(30),
+            body_stall_timeout: Duration::from_secs(5),
+            header_timeout: Duration::from_secs(30),
+            max_connections: 1024,
             drain_timeout: Duration::from_secs(30),
         }
     }

@@ -2,54 +2,294 @@
 //! server reads and writes them: the inference request, and the server and
 //! model metadata, readiness and Triton-style model configuration answers.
 
+use serde::de::{DeserializeSeed, Deserializer, Error as _, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Serialize};
-use serde_json::{Map, Value};
+use serde_json::value::RawValue;
 
-use crate::json_floats::FloatData;
 use crate::model::LoadedModel;
 use crate::options::Batching;
 
+// The request is read into these shadow structs and nothing else: each
+// accepts only the protocol's fields (an unknown or repeated one is refused
+// by serde with its name), and every list and map is counted while it is
+// parsed, so a request cannot make the server build more than these limits
+// allow before it is refused. Tensor data is kept as the raw JSON text it
+// is (borrowed from the body) and only read once its shape has been
+// checked, into exactly as many values as that shape holds.
+
+/// Most inputs one request may hold (a model reads a handful of observation keys).
+pub const MAX_INPUTS: usize = 64;
+/// Most outputs one request may ask for.
+pub const MAX_OUTPUTS: usize = 64;
+/// Most entries of one `parameters` object.
+pub const MAX_PARAMETERS: usize = 64;
+/// Most dimensions of one shape.
+pub const MAX_DIMS: usize = 8;
+/// Longest name (of an input, output, datatype or parameter), in bytes.
+pub const MAX_NAME_BYTES: usize = 256;
+
 /// `$inference_request`.
 #[derive(Debug, Deserialize)]
-pub struct InferRequest {
+#[serde(deny_unknown_fields)]
+pub struct InferRequest<'a> {
     /// Echoed in the response.
     #[serde(default)]
     pub id: Option<String>,
     /// Request parameters (`sample`, `seed`, `reject_non_finite`, `binary_data_output`; others ignored).
     #[serde(default)]
-    pub parameters: Map<String, Value>,
+    pub parameters: Parameters,
     /// Input tensors.
-    pub inputs: Vec<RequestInput>,
+    #[serde(borrow)]
+    pub inputs: Bounded<RequestInput<'a>>,
     /// Outputs wanted (default: every output the request allows).
     #[serde(default)]
-    pub outputs: Option<Vec<RequestOutput>>,
+    pub outputs: Option<Bounded<RequestOutput>>,
 }
 
 /// `$request_input`.
 #[derive(Debug, Deserialize)]
-pub struct RequestInput {
+#[serde(deny_unknown_fields)]
+pub struct RequestInput<'a> {
     /// The observation key.
-    pub name: String,
-    /// `[rows, width]`.
-    pub shape: Vec<u64>,
+    pub name: Name,
+    /// `[rows, width]` (at most [`MAX_DIMS`] dimensions are read).
+    pub shape: Shape,
     /// Must be `FP32`.
-    pub datatype: String,
+    pub datatype: Name,
     /// `binary_data_size` for the binary extension.
     #[serde(default)]
-    pub parameters: Map<String, Value>,
-    /// Elements in JSON (absent when sent as binary).
-    #[serde(default)]
-    pub data: Option<FloatData>,
+    pub parameters: Parameters,
+    /// Elements in JSON (absent when sent as binary), unread: see
+    /// [`crate::json_floats::read_data`].
+    #[serde(default, borrow)]
+    pub data: Option<&'a RawValue>,
 }
 
 /// `$request_output`.
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct RequestOutput {
     /// The output's name.
-    pub name: String,
+    pub name: Name,
     /// `binary_data` for the binary extension.
     #[serde(default)]
-    pub parameters: Map<String, Value>,
+    pub parameters: Parameters,
+}
+
+/// A name of at most [`MAX_NAME_BYTES`] bytes; a longer one is refused
+/// while parsing, quoting only its first bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Name(pub String);
+
+impl<'de> Deserialize<'de> for Name {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl Visitor<'_> for V {
+            type Value = Name;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                write!(f, "a name (a string of at most {MAX_NAME_BYTES} bytes)")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Name, E> {
+                if v.len() > MAX_NAME_BYTES {
+                    return Err(E::custom(format_args!(
+                        "a name of {} bytes ({}), at most {MAX_NAME_BYTES} are allowed",
+                        v.len(),
+                        crate::error::clip_json(v)
+                    )));
+                }
+                Ok(Name(v.to_owned()))
+            }
+        }
+        d.deserialize_str(V)
+    }
+}
+
+/// What a bounded list holds: its limit and what to call its items.
+pub trait Listed {
+    /// Most items.
+    const MAX: usize;
+    /// The items, in a refusal (`inputs`).
+    const WHAT: &'static str;
+}
+
+impl Listed for RequestInput<'_> {
+    const MAX: usize = MAX_INPUTS;
+    const WHAT: &'static str = "inputs";
+}
+
+impl Listed for RequestOutput {
+    const MAX: usize = MAX_OUTPUTS;
+    const WHAT: &'static str = "outputs";
+}
+
+/// A JSON array of at most `T::MAX` items, refused as soon as one more is seen.
+#[derive(Debug)]
+pub struct Bounded<T>(pub Vec<T>);
+
+impl<'de, T: Deserialize<'de> + Listed> Deserialize<'de> for Bounded<T> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V<T>(std::marker::PhantomData<T>);
+        impl<'de, T: Deserialize<'de> + Listed> Visitor<'de> for V<T> {
+            type Value = Bounded<T>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                write!(f, "an array of at most {} {}", T::MAX, T::WHAT)
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Bounded<T>, A::Error> {
+                let mut out = Vec::new();
+                while let Some(item) = seq.next_element::<T>()? {
+                    if out.len() == T::MAX {
+                        return Err(A::Error::custom(format_args!("more than {} {}", T::MAX, T::WHAT)));
+                    }
+                    out.push(item);
+                }
+                Ok(Bounded(out))
+            }
+        }
+        d.deserialize_seq(V(std::marker::PhantomData))
+    }
+}
+
+/// A shape: at most [`MAX_DIMS`] non-negative dimensions.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Shape(pub Vec<u64>);
+
+impl<'de> Deserialize<'de> for Shape {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Shape;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                write!(f, "a shape (an array of at most {MAX_DIMS} non-negative integers)")
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Shape, A::Error> {
+                let mut dims = Vec::new();
+                while let Some(d) = seq.next_element::<u64>()? {
+                    if dims.len() == MAX_DIMS {
+                        return Err(A::Error::custom(format_args!("a shape of more than {MAX_DIMS} dimensions")));
+                    }
+                    dims.push(d);
+                }
+                Ok(Shape(dims))
+            }
+        }
+        d.deserialize_seq(V)
+    }
+}
+
+/// A parameter's value: the protocol allows a bool, a number or a string.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ParamValue {
+    /// `true` / `false`.
+    Bool(bool),
+    /// A non-negative integer.
+    UInt(u64),
+    /// A negative integer.
+    Int(i64),
+    /// Any other number.
+    Float(f64),
+    /// A string.
+    Str(String),
+}
+
+impl ParamValue {
+    /// The value as a non-negative integer, if it is one.
+    pub fn as_u64(&self) -> Option<u64> {
+        match self {
+            ParamValue::UInt(u) => Some(*u),
+            _ => None,
+        }
+    }
+}
+
+/// As JSON, strings clipped to a few hundred bytes.
+impl std::fmt::Display for ParamValue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ParamValue::Bool(b) => write!(f, "{b}"),
+            ParamValue::UInt(u) => write!(f, "{u}"),
+            ParamValue::Int(i) => write!(f, "{i}"),
+            ParamValue::Float(x) => f.write_str(ryu::Buffer::new().format(*x)),
+            ParamValue::Str(s) => f.write_str(&crate::error::clip_json(s)),
+        }
+    }
+}
+
+/// Reads one parameter's value, naming the parameter when it is not a scalar.
+struct ParamSeed<'k>(&'k str);
+
+impl<'de> DeserializeSeed<'de> for ParamSeed<'_> {
+    type Value = ParamValue;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<ParamValue, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for ParamSeed<'_> {
+    type Value = ParamValue;
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        write!(f, "a bool, number or string for parameter {}", crate::error::clip_json(self.0))
+    }
+    fn visit_bool<E>(self, v: bool) -> Result<ParamValue, E> {
+        Ok(ParamValue::Bool(v))
+    }
+    fn visit_u64<E>(self, v: u64) -> Result<ParamValue, E> {
+        Ok(ParamValue::UInt(v))
+    }
+    fn visit_i64<E>(self, v: i64) -> Result<ParamValue, E> {
+        Ok(match u64::try_from(v) {
+            Ok(u) => ParamValue::UInt(u),
+            Err(_) => ParamValue::Int(v),
+        })
+    }
+    fn visit_f64<E>(self, v: f64) -> Result<ParamValue, E> {
+        Ok(ParamValue::Float(v))
+    }
+    fn visit_str<E>(self, v: &str) -> Result<ParamValue, E> {
+        Ok(ParamValue::Str(v.to_owned()))
+    }
+}
+
+/// A `parameters` object: at most [`MAX_PARAMETERS`] entries, each key
+/// once (a repeated key is refused by name: readers disagree on which
+/// copy wins), each value a bool, number or string.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Parameters(pub Vec<(String, ParamValue)>);
+
+impl Parameters {
+    /// The value of `key`.
+    pub fn get(&self, key: &str) -> Option<&ParamValue> {
+        self.0.iter().find(|(k, _)| k == key).map(|(_, v)| v)
+    }
+}
+
+impl<'de> Deserialize<'de> for Parameters {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Parameters;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                write!(f, "a parameters object (at most {MAX_PARAMETERS} entries)")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Parameters, A::Error> {
+                let mut out: Vec<(String, ParamValue)> = Vec::new();
+                while let Some(Name(key)) = map.next_key::<Name>()? {
+                    if out.iter().any(|(k, _)| *k == key) {
+                        return Err(A::Error::custom(format_args!(
+                            "parameter {} is given twice",
+                            crate::error::clip_json(&key)
+                        )));
+                    }
+                    if out.len() == MAX_PARAMETERS {
+                        return Err(A::Error::custom(format_args!("more than {MAX_PARAMETERS} parameters")));
+                    }
+                    let value = map.next_value_seed(ParamSeed(&key))?;
+                    out.push((key, value));
+                }
+                Ok(Parameters(out))
+            }
+        }
+        d.deserialize_map(V)
+    }
 }
 
 /// `$metadata_server_response`.

@@ -4,7 +4,7 @@
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use axum::body::{Body, Bytes};
 use axum::extract::{Path, State};
@@ -50,7 +50,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .with_state(state)
 }
 
-fn error_response(e: &RequestError) -> Response {
+pub(crate) fn error_response(e: &RequestError) -> Response {
     let mut r = (e.status(), Json(serde_json::json!({ "error": e.to_string() }))).into_response();
     if let Some(s) = e.retry_after() {
         r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(s));
@@ -213,25 +213,61 @@ impl Drop for InFlight {
 /// Bytes of the in-flight body budget one request holds, counted in
 /// `pmstate_body_bytes_reserved`; given back when dropped.
 struct Reservation {
-    _permit: tokio::sync::OwnedSemaphorePermit,
-    bytes: i64,
+    permit: tokio::sync::OwnedSemaphorePermit,
     gauge: prometheus_client::metrics::gauge::Gauge,
+}
+
+impl Reservation {
+    /// Charges `n` more bytes, if the budget has them.
+    fn grow(&mut self, budget: &Arc<tokio::sync::Semaphore>, n: usize) -> bool {
+        let Ok(n32) = u32::try_from(n) else { return false };
+        match budget.clone().try_acquire_many_owned(n32) {
+            Ok(more) => {
+                self.permit.merge(more);
+                self.gauge.inc_by(i64::from(n32));
+                true
+            }
+            Err(_) => false,
+        }
+    }
 }
 
 impl Drop for Reservation {
     fn drop(&mut self) {
-        self.gauge.dec_by(self.bytes);
+        self.gauge.dec_by(self.permit.num_permits() as i64);
     }
 }
 
-/// Reads a refused request's body (at most `limit` bytes, within `timeout`)
-/// without keeping any of it. A server that answered and closed while the
-/// client is still sending would reset the connection, and the client
-/// would lose the answer (and its `Retry-After`) to the reset.
-async fn discard(mut body: Body, limit: usize, timeout: std::time::Duration) {
+/// The transfer coding of `headers` other than `chunked`, if any: hyper
+/// reads only chunked bodies and would ignore the rest (`gzip, chunked`
+/// would be read as if it were not gzipped), so such a request is
+/// answered 501 (RFC 9112, 6.1).
+pub(crate) fn unknown_coding(headers: &HeaderMap) -> Option<String> {
+    headers
+        .get_all(header::TRANSFER_ENCODING)
+        .iter()
+        .flat_map(|v| String::from_utf8_lossy(v.as_bytes()).split(',').map(|c| c.trim().to_owned()).collect::<Vec<_>>())
+        .find(|c| !c.is_empty() && !c.eq_ignore_ascii_case("chunked"))
+}
+
+/// The answer to a request with an unknown transfer coding (see [`unknown_coding`]).
+pub(crate) fn refuse_coding(st: &AppState, coding: String) -> Response {
+    let e = RequestError::TransferCoding { coding };
+    st.metrics.error(&e);
+    let mut r = error_response(&e);
+    r.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+    r
+}
+
+/// Reads a refused request's body (at most `limit` bytes, within `timeout`,
+/// each piece within `stall`) without keeping any of it. A server that
+/// answered and closed while the client is still sending would reset the
+/// connection, and the client would lose the answer (and its
+/// `Retry-After`) to the reset.
+async fn discard(mut body: Body, limit: usize, timeout: Duration, stall: Duration) {
     let drain = async {
         let mut seen = 0usize;
-        while let Some(Ok(frame)) = body.frame().await {
+        while let Ok(Some(Ok(frame))) = tokio::time::timeout(stall, body.frame()).await {
             seen = seen.saturating_add(frame.data_ref().map_or(0, |d| d.len()));
             if seen > limit {
                 break;
@@ -241,38 +277,51 @@ async fn discard(mut body: Body, limit: usize, timeout: std::time::Duration) {
     let _ = tokio::time::timeout(timeout, drain).await;
 }
 
-/// Reads the body within the size limit, the memory budget and the time limit.
-async fn read_body(st: &AppState, headers: &HeaderMap, body: Body) -> Result<(Bytes, Reservation), RequestError> {
+/// Reads the body within the size limit, the memory budget and the time
+/// limits. The budget is charged as bytes arrive (not by what
+/// Content-Length declares): a client that declares 64 MiB and sends one
+/// byte holds one byte. The bytes held are at most twice those charged
+/// (the buffer grows by doubling).
+async fn read_body(st: &AppState, headers: &HeaderMap, mut body: Body) -> Result<(Bytes, Reservation), RequestError> {
     let limit = st.limits.max_body_bytes;
     let declared =
         headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|n| n > limit as u64) {
         return Err(RequestError::TooLarge { limit });
     }
-    // reserve what the body may take (all of the limit when its length is not declared)
-    let want = declared.map_or(limit, |n| n as usize).clamp(1, limit.max(1));
-    let want = u32::try_from(want).unwrap_or(u32::MAX);
-    let Ok(permit) = st.body_budget.clone().try_acquire_many_owned(want) else {
-        discard(body, limit, st.limits.body_timeout).await;
-        return Err(RequestError::Busy { budget: st.limits.max_inflight_body_bytes });
+    let Ok(permit) = st.body_budget.clone().try_acquire_many_owned(0) else {
+        return Err(RequestError::ShuttingDown);
     };
-    let gauge = st.metrics.body_bytes_reserved.clone();
-    gauge.inc_by(i64::from(want));
-    let permit = Reservation { _permit: permit, bytes: i64::from(want), gauge };
-    let read = tokio::time::timeout(st.limits.body_timeout, axum::body::to_bytes(body, limit)).await;
-    match read {
-        Err(_) => Err(RequestError::BodyTimeout { seconds: st.limits.body_timeout.as_secs() }),
-        Ok(Ok(b)) => Ok((b, permit)),
-        Ok(Err(e)) => {
-            let over = std::iter::successors(Some(&e as &dyn std::error::Error), |e| e.source())
-                .any(|e| e.is::<http_body_util::LengthLimitError>());
-            if over {
-                Err(RequestError::TooLarge { limit })
-            } else {
-                Err(RequestError::BodyRead(Arc::new(e)))
-            }
+    let mut held = Reservation { permit, gauge: st.metrics.body_bytes_reserved.clone() };
+    let (total, stall) = (st.limits.body_timeout, st.limits.body_stall_timeout);
+    let deadline = tokio::time::Instant::now() + total;
+    let mut buf: Vec<u8> = Vec::new();
+    loop {
+        let now = tokio::time::Instant::now();
+        if now >= deadline {
+            return Err(RequestError::BodyTimeout { seconds: total.as_secs() });
         }
+        let frame = match tokio::time::timeout_at(deadline.min(now + stall), body.frame()).await {
+            Err(_) if tokio::time::Instant::now() >= deadline => {
+                return Err(RequestError::BodyTimeout { seconds: total.as_secs() })
+            }
+            Err(_) => return Err(RequestError::BodyStalled { seconds: stall.as_secs_f64() }),
+            Ok(None) => break,
+            Ok(Some(Err(e))) => return Err(RequestError::BodyRead(Arc::new(e))),
+            Ok(Some(Ok(frame))) => frame,
+        };
+        let Ok(data) = frame.into_data() else { continue };
+        if data.len() > limit - buf.len() {
+            return Err(RequestError::TooLarge { limit });
+        }
+        if !held.grow(&st.body_budget, data.len()) {
+            drop(held);
+            discard(body, limit, total, stall).await;
+            return Err(RequestError::Busy { budget: st.limits.max_inflight_body_bytes });
+        }
+        buf.extend_from_slice(&data);
     }
+    Ok((Bytes::from(buf), held))
 }
 
 async fn infer_inner(

@@ -6,9 +6,6 @@ use std::net::SocketAddr;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
-use std::future::IntoFuture;
-
-use axum::serve::ListenerExt;
 use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinHandle;
 
@@ -101,6 +98,16 @@ fn check(opts: &ServeOptions) -> Result<(), OptionsError> {
     if u32::try_from(budget).is_err() {
         return Err(OptionsError::BudgetTooLarge { budget });
     }
+    let l = &opts.limits;
+    let zero = [
+        ("max_connections", l.max_connections == 0),
+        ("header_timeout", l.header_timeout.is_zero()),
+        ("body_timeout", l.body_timeout.is_zero()),
+        ("body_stall_timeout", l.body_stall_timeout.is_zero()),
+    ];
+    if let Some((what, _)) = zero.into_iter().find(|(_, z)| *z) {
+        return Err(OptionsError::ZeroLimit { what });
+    }
     Ok(())
 }
 
@@ -161,23 +168,14 @@ impl Server {
         let reload_fn: Option<ReloadFn> = reloader.as_ref().map(|r| Arc::new(r.trigger_fn()) as ReloadFn);
         let listener = tokio::net::TcpListener::bind(addr).await.map_err(|source| StartError::Bind { addr, source })?;
         let addr = listener.local_addr().map_err(|source| StartError::Bind { addr, source })?;
-        let (stop_tx, mut stop_rx) = watch::channel(false);
+        let (stop_tx, stop_rx) = watch::channel(false);
         let app = crate::routes::router(state.clone());
         let st = state.clone();
         let ev = events.clone();
-        let listener = listener.tap_io(|tcp| {
-            // answers are one write each: do not hold them back (Nagle)
-            let _ = tcp.set_nodelay(true);
-        });
-        let serve = tokio::spawn(
-            axum::serve(listener, app)
-                .with_graceful_shutdown(async move {
-                    let _ = stop_rx.wait_for(|s| *s).await;
-                    st.draining.store(true, std::sync::atomic::Ordering::Relaxed);
-                    ev(&Event::Draining);
-                })
-                .into_future(),
-        );
+        let serve = tokio::spawn(crate::conns::serve(listener, app, state.clone(), stop_rx, move || {
+            st.draining.store(true, std::sync::atomic::Ordering::Relaxed);
+            ev(&Event::Draining);
+        }));
         let listening = match listening {
             Event::Listening { model, version, checkpoint, sha256, .. } => {
                 Event::Listening { addr, model, version, checkpoint, sha256 }

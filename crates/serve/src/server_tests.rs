@@ -71,3 +71,24 @@ async fn a_failed_or_panicking_forward_is_a_500_and_the_server_goes_on() {
     handle.shutdown();
     server.wait().await.expect("a clean stop");
 }
+
+#[test]
+fn limits_that_must_be_positive_are_refused_by_name() {
+    use crate::error::OptionsError;
+    let opts = |f: &dyn Fn(&mut crate::Limits)| {
+        let mut o = ServeOptions::new(ModelSource::Checkpoint { path: smpl_tracker().join("last.ckpt"), config: None });
+        f(&mut o.limits);
+        o
+    };
+    assert_eq!(super::check(&opts(&|_| {})), Ok(()));
+    type Change<'a> = &'a dyn Fn(&mut crate::Limits);
+    let cases: [(Change, &str); 4] = [
+        (&|l| l.max_connections = 0, "max_connections"),
+        (&|l| l.header_timeout = Duration::ZERO, "header_timeout"),
+        (&|l| l.body_timeout = Duration::ZERO, "body_timeout"),
+        (&|l| l.body_stall_timeout = Duration::ZERO, "body_stall_timeout"),
+    ];
+    for (f, what) in cases {
+        assert_eq!(super::check(&opts(f)), Err(OptionsError::ZeroLimit { what }));
+    }
+}

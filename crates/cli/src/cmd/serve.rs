@@ -15,7 +15,8 @@ use crate::args::DeviceArg;
 use crate::{output, CliError, Global};
 
 /// `pmstate serve CHECKPOINT [--config P] [--name policy] [--addr 127.0.0.1:8080] [--device cpu|cuda]
-/// [--max-batch N] [--max-wait-us N] [--queue N] [--watch] [--drain-timeout S]`
+/// [--max-batch N] [--max-wait-us N] [--queue N] [--watch] [--drain-timeout S] [--header-timeout S]
+/// [--body-timeout S] [--body-stall-timeout S] [--max-connections N]`
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// A ProtoMotions checkpoint (last.ckpt, inference_last.ckpt, or its safetensors conversion).
@@ -62,6 +63,22 @@ pub struct Args {
     /// Largest request body in bytes (413 beyond it).
     #[arg(long, default_value_t = 64 << 20, value_parser = crate::args::positive)]
     max_body_bytes: usize,
+    /// Longest wait for a request's head, in seconds, counted from when the
+    /// connection starts waiting for one (so also how long an idle
+    /// kept-alive connection is kept): the connection is closed after it.
+    #[arg(long, default_value_t = 30.0, value_parser = crate::args::positive_seconds)]
+    header_timeout: f64,
+    /// Longest time to receive a request body, in seconds (408 after it).
+    #[arg(long, default_value_t = 30.0, value_parser = crate::args::positive_seconds)]
+    body_timeout: f64,
+    /// Longest pause between two pieces of a request body, in seconds: a
+    /// client that stalls mid-body gets 408 after it.
+    #[arg(long, default_value_t = 5.0, value_parser = crate::args::positive_seconds)]
+    body_stall_timeout: f64,
+    /// Most connections open at once; at the cap (or out of file
+    /// descriptors) the connection idle the longest is closed to make room.
+    #[arg(long, default_value_t = 1024, value_parser = crate::args::positive)]
+    max_connections: usize,
     /// Threads of the forward (default: all cores).
     #[arg(long, value_parser = crate::args::positive)]
     threads: Option<usize>,
@@ -98,7 +115,10 @@ pub fn run(a: Args, g: Global) -> Result<ExitCode, CliError> {
         max_body_bytes: a.max_body_bytes,
         max_inflight_body_bytes: defaults.max_inflight_body_bytes.max(a.max_body_bytes),
         drain_timeout: Duration::from_secs_f64(a.drain_timeout),
-        ..defaults
+        header_timeout: Duration::from_secs_f64(a.header_timeout),
+        body_timeout: Duration::from_secs_f64(a.body_timeout),
+        body_stall_timeout: Duration::from_secs_f64(a.body_stall_timeout),
+        max_connections: a.max_connections,
     };
     opts.threads = a.threads;
     let json = g.json;
