@@ -279,6 +279,44 @@ fn bench_policy_json_records_have_their_fields() {
 }
 
 #[test]
+fn every_cpu_instruction_set_gives_the_same_outputs_bit_for_bit() {
+    // PMSTATE_CPU_ISA forces the kernels' instruction set (the normalizer
+    // kernels' selection): the portable path, AVX2 and AVX-512 give the
+    // same bits, where this CPU has them; an unknown name is an error.
+    let tmp = tempfile::tempdir().unwrap();
+    let ckpt = data("smpl_tracker/last.ckpt");
+    let obs = data("smpl_tracker/obs.safetensors");
+    let run = |isa: &str| {
+        let out_path = tmp.path().join(format!("{isa}.safetensors")).display().to_string();
+        let out = Command::new(env!("CARGO_BIN_EXE_pmstate"))
+            .args(["policy", "run", &ckpt, "--obs", &obs, "--out", &out_path])
+            .env("PMSTATE_CPU_ISA", isa)
+            .output()
+            .expect("run pmstate");
+        (out, out_path)
+    };
+    let (out, scalar) = run("scalar");
+    assert!(out.status.success(), "{}", text(&out));
+    let want = load(&scalar);
+    for isa in ["avx2", "avx512"] {
+        let (out, path) = run(isa);
+        if !out.status.success() {
+            assert!(text(&out).contains("does not support"), "{isa}: {}", text(&out));
+            eprintln!("skipped {isa}: this CPU lacks it");
+            continue;
+        }
+        let got = load(&path);
+        for key in ["mean_action", "value"] {
+            let bits = |t: &Tensor| flat(t).into_iter().map(f32::to_bits).collect::<Vec<_>>();
+            assert_eq!(bits(&got[key]), bits(&want[key]), "{isa}: {key}");
+        }
+    }
+    let (out, _) = run("sse9");
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(text(&out).contains("PMSTATE_CPU_ISA=sse9"), "{}", text(&out));
+}
+
+#[test]
 fn policy_run_samples_reproducibly() {
     let tmp = tempfile::tempdir().unwrap();
     let ckpt = data("layernorm_activations/last.ckpt");

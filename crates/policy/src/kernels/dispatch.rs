@@ -57,9 +57,10 @@ impl<const W: usize> Kernel<W> {
     ) {
         // SAFETY: a `Kernel` is only made by `wide` and `narrow` below, from
         // a `Supported` token, so the CPU has every feature `f` was
-        // compiled with. The arguments are plain slices: `block` indexes
-        // them with bounds checks, so a wrong length panics, it does not
-        // read out of bounds.
+        // compiled with. The arguments are plain slices: the portable
+        // `block` indexes them with bounds checks, and the SIMD blocks
+        // assert every length they read through pointers before the loop,
+        // so a wrong length panics, it does not read out of bounds.
         unsafe { (self.f)(a, b, stride, bias, out, start, epilogue) }
     }
 }

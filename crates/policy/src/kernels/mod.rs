@@ -496,6 +496,30 @@ mod tests {
         }
     }
 
+    /// An `mr`-row, 2-panel block given a weight slice one row short.
+    fn short_weights<const W: usize>(kernel: Kernel<W>, mr: usize) -> std::thread::Result<()> {
+        std::panic::catch_unwind(|| {
+            let kc = 8;
+            let a = vec![1f32; mr * kc];
+            let b = vec![Cols::<W>::ZERO; 2 * kc - 1];
+            let bias = vec![Cols::<W>::ZERO; 2];
+            let mut out = vec![Cols::<W>::ZERO; mr * 2];
+            kernel.run(&a, &b, kc, &bias, &mut out, Start::Bias, Epilogue::Identity);
+        })
+    }
+
+    #[test]
+    fn a_block_given_short_slices_panics_instead_of_reading_past_them() {
+        for isa in supported() {
+            let s = Supported::check(isa).expect("supported");
+            let result = match isa {
+                Isa::Avx512 => short_weights(dispatch::wide(s, 4, 2).expect("a 4 x 2 block"), 4),
+                _ => short_weights(dispatch::narrow(s, 3, 2).expect("a 3 x 2 block"), 3),
+            };
+            assert!(result.is_err(), "{isa}: a short weight slice must panic");
+        }
+    }
+
     #[test]
     fn an_instruction_set_the_cpu_lacks_is_refused() {
         for isa in Isa::ALL.into_iter().filter(|i| !i.is_supported()) {
