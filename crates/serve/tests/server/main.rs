@@ -6,6 +6,7 @@ mod common;
 
 mod bad_input;
 mod batching;
+mod files;
 mod protocol;
 mod reload;
 mod shutdown;
