@@ -28,7 +28,7 @@ fn failures(ev: &Events) -> Vec<String> {
 
 /// `what` made at a staging path beside `ckpt`, then renamed over it.
 fn rename_over(ckpt: &Path, make: impl FnOnce(&Path)) {
-    let staged = ckpt.with_file_name("staged");
+    let staged = ckpt.with_file_name("staged.ckpt");
     let _ = std::fs::remove_file(&staged);
     make(&staged);
     std::fs::rename(&staged, ckpt).unwrap();
@@ -104,11 +104,11 @@ async fn start_up_refuses_a_fifo_and_dev_zero_without_blocking() {
         assert!(matches!(e, StartError::Load(LoadError::Policy(_))), "{e}");
         assert!(e.to_string().contains(&format!("not a regular file ({kind})")), "{e}");
     }
-    // the configs file is checked the same way
-    let configs = ckpt.with_file_name("resolved_configs.pt");
-    std::fs::remove_file(&configs).unwrap();
+    // a configs file given is checked the same way (one looked for next to
+    // the checkpoint must be a regular file to be found at all)
+    let configs = ckpt.with_file_name("configs.pt");
     assert!(std::process::Command::new("mkfifo").arg(&configs).status().unwrap().success());
-    let e = LoadedModel::load(&ckpt, None, &Device::Cpu, &[], 1).err().expect("a FIFO configs file refused");
+    let e = LoadedModel::load(&ckpt, Some(&configs), &Device::Cpu, &[], 1).err().expect("a FIFO configs file refused");
     assert!(e.to_string().contains("not a regular file (a FIFO)"), "{e}");
 }
 
