@@ -26,6 +26,9 @@ fn failures(ev: &Events) -> Vec<String> {
         .collect()
 }
 
+/// Makes a file at the path given.
+type MakeFile = Box<dyn FnOnce(&Path)>;
+
 /// `what` made at a staging path beside `ckpt`, then renamed over it.
 fn rename_over(ckpt: &Path, make: impl FnOnce(&Path)) {
     let staged = ckpt.with_file_name("staged.ckpt");
@@ -52,7 +55,7 @@ async fn a_fifo_a_device_and_a_sparse_terabyte_over_the_checkpoint_are_refused_t
     let before = answer(&s).await;
     assert_eq!(before.1, "1");
 
-    let cases: [(&str, Box<dyn FnOnce(&Path)>); 3] = [
+    let cases: [(&str, MakeFile); 3] = [
         (
             "not a regular file (a FIFO)",
             Box::new(|p| assert!(std::process::Command::new("mkfifo").arg(p).status().unwrap().success())),
