@@ -279,6 +279,14 @@ impl Checkpoint {
         crate::torch::unsafe_globals(&self.root)
     }
 
+    /// Globals in the tree that have no place in ProtoMotions' resolved
+    /// configs ([`crate::is_config_global`]), with their dotted keys: the
+    /// configs' own dataclasses and enums are expected there (torch's safe
+    /// loader rejects those too), `posix.system` is not.
+    pub fn foreign_config_globals(&self) -> Vec<(String, String)> {
+        crate::torch::globals_outside(&self.root, crate::torch::is_config_global)
+    }
+
     /// Checks every tensor (wherever it sits in the tree) against its
     /// storage: the storage exists, typed storages match the tensor's dtype,
     /// the element count fits, the view stays inside; and tensors sharing an

@@ -29,11 +29,12 @@ pub use error::{
     CkptError, EntryProblem, Found, HeaderProblem, LegacyProblem, ReadLimit, Result, Truncation, ValueProblem, View,
 };
 pub use io::atomic::{abandon_temporary_files, remove_temporary_files, stale_temporary_files};
+pub use io::source::open_regular;
 pub use io::storage::{Bytes, Storage};
 pub use normalizers::{LoadWarning, NormalizerGroup, NormalizerSummary, SavedBuffers, Summary, Trained};
 pub use parsed::{Format, ReadOptions};
 pub use safetensors::{save_safetensors, ExportReport, SafetensorsOptions};
-pub use torch::{is_safe_global, save_torch};
+pub use torch::{is_config_global, is_safe_global, save_torch};
 pub use tree::json::{node_from_json, value_from_json, NodeJson, ValueJson};
 pub use tree::json_problem::JsonProblem;
 pub use tree::{dotted, Construct, Dict, DictKind, DuplicateKey, Key, Node, Object, Shape, TensorClass, TensorRef};

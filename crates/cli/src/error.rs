@@ -33,6 +33,14 @@ pub enum CliError {
     /// Loading or running a policy failed.
     #[error(transparent)]
     Policy(#[from] pmstate_policy::PolicyError),
+    /// An observations file (`policy run --obs`) that cannot be read as one.
+    #[error("{path}: {problem}")]
+    Obs {
+        /// The file.
+        path: String,
+        /// What is wrong.
+        problem: crate::cmd::policy::obs::ObsProblem,
+    },
     /// Reading or replaying a trace failed.
     #[error(transparent)]
     Trace(#[from] pmstate_trace::TraceError),

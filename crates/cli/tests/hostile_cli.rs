@@ -553,3 +553,237 @@ fn diff_streams_transposed_views_larger_than_the_address_space_limit() {
     assert_eq!(d["first_index"], 1, "the least flat (C-order) index, not the first read");
     expect(&limited(&["diff", a.to_str().unwrap(), a.to_str().unwrap()]), 0, "no differences", "diff a a");
 }
+
+// ---- files that are not what they claim, for `policy` and `serve` ----
+
+/// 1 GiB of address space, in KiB: what one refusal may cost at most.
+const REFUSAL_KIB: u64 = 1 << 20;
+
+/// `pmstate ARGS` under [`REFUSAL_KIB`] of address space (and the CPU limit and the watchdog).
+fn limited_tight(args: &[&str]) -> Output {
+    Command::new("bash")
+        .arg("-c")
+        .arg(format!("ulimit -v {REFUSAL_KIB}; ulimit -t {CPU_SECONDS}; exec timeout {WATCHDOG_SECONDS} \"$0\" \"$@\""))
+        .arg(env!("CARGO_BIN_EXE_pmstate"))
+        .args(args)
+        .output()
+        .expect("run pmstate under bash")
+}
+
+fn policy_data(rel: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/policy").join(rel)
+}
+
+/// A safetensors file of the smpl tracker's recorded observations (their
+/// header entries and data as recorded) followed by `extra` empty tensors.
+fn obs_with_extra_tensors(path: &Path, extra: usize) {
+    let bytes = std::fs::read(policy_data("smpl_tracker/obs.safetensors")).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    let mut text = String::from("{");
+    for (k, v) in header.as_object().unwrap() {
+        if k != "__metadata__" {
+            text.push_str(&format!("{}:{v},", serde_json::Value::from(k.as_str())));
+        }
+    }
+    for i in 0..extra {
+        text.push_str(&format!(r#""extra{i}":{{"dtype":"F32","shape":[0],"data_offsets":[0,0]}},"#));
+    }
+    text.pop();
+    text.push('}');
+    let mut h = text.into_bytes();
+    h.resize(h.len().next_multiple_of(8), b' ');
+    let mut f = std::fs::File::create(path).unwrap();
+    f.write_all(&(h.len() as u64).to_le_bytes()).unwrap();
+    f.write_all(&h).unwrap();
+    f.write_all(&bytes[8 + n..]).unwrap();
+}
+
+/// `policy run --obs` on 1.4 million empty extra tensors is refused from
+/// the header, at the first extra key, within 1 GiB of address space; the
+/// same file without them runs within the same limit. Nothing is written.
+#[test]
+fn observations_with_a_million_extra_tensors_are_refused_from_the_header() {
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = policy_data("smpl_tracker/last.ckpt");
+    let ckpt = ckpt.to_str().unwrap();
+    let out = dir.path().join("out.safetensors");
+    let run = |obs: &Path| {
+        limited_tight(&["policy", "run", ckpt, "--obs", obs.to_str().unwrap(), "--out", out.to_str().unwrap()])
+    };
+    let bomb = dir.path().join("bomb.safetensors");
+    obs_with_extra_tensors(&bomb, 1_400_000);
+    assert!(std::fs::metadata(&bomb).unwrap().len() > 50 << 20);
+    expect(&run(&bomb), 2, "unexpected observation extra0: the model's in_keys are", "1.4M extra tensors");
+    assert_eq!(files_in(dir.path()), ["bomb.safetensors"], "a refusal wrote something");
+
+    let fine = dir.path().join("fine.safetensors");
+    obs_with_extra_tensors(&fine, 0);
+    expect(&run(&fine), 0, "wrote", "the recorded observations");
+    assert!(out.is_file());
+}
+
+/// Observation headers that lie: a shape of a million dimensions, data
+/// offsets outside the file, a key given twice, a FIFO. Each is refused
+/// naming the tensor (or the file kind), and nothing is written.
+#[test]
+fn observation_headers_that_lie_are_refused_naming_the_tensor() {
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = policy_data("smpl_tracker/last.ckpt");
+    let ckpt = ckpt.to_str().unwrap();
+    let out = dir.path().join("out.safetensors");
+    let raw = |name: &str, header: &str, data_len: u64| {
+        let p = dir.path().join(name);
+        let mut h = header.as_bytes().to_vec();
+        h.resize(h.len().next_multiple_of(8), b' ');
+        let mut f = std::fs::File::create(&p).unwrap();
+        f.write_all(&(h.len() as u64).to_le_bytes()).unwrap();
+        f.write_all(&h).unwrap();
+        f.set_len(8 + h.len() as u64 + data_len).unwrap();
+        p
+    };
+    let dims = vec!["1"; 1_000_000].join(",");
+    let cases = [
+        (
+            raw(
+                "dims.safetensors",
+                &format!(r#"{{"max_coords_obs":{{"dtype":"F32","shape":[{dims}],"data_offsets":[0,4]}}}}"#),
+                4,
+            ),
+            "tensor max_coords_obs: a shape of more than 8 dimensions",
+        ),
+        (
+            raw(
+                "offsets.safetensors",
+                r#"{"max_coords_obs":{"dtype":"F32","shape":[1000000,358],"data_offsets":[0,1432000000]}}"#,
+                16,
+            ),
+            "tensor max_coords_obs: data offsets [0, 1432000000] do not hold its 1432000000 bytes inside the file's 16",
+        ),
+        (
+            raw(
+                "twice.safetensors",
+                r#"{"max_coords_obs":{"dtype":"F32","shape":[0,358],"data_offsets":[0,0]},"max_coords_obs":{"dtype":"F32","shape":[0,358],"data_offsets":[0,0]}}"#,
+                0,
+            ),
+            "tensor max_coords_obs is listed twice",
+        ),
+        (
+            raw(
+                "dtype.safetensors",
+                r#"{"max_coords_obs":{"dtype":"F64","shape":[1,358],"data_offsets":[0,2864]}}"#,
+                2864,
+            ),
+            "observation max_coords_obs: dtype f64, expected float32",
+        ),
+    ];
+    for (path, message) in &cases {
+        let o =
+            limited_tight(&["policy", "run", ckpt, "--obs", path.to_str().unwrap(), "--out", out.to_str().unwrap()]);
+        expect(&o, 2, message, &path.display().to_string());
+    }
+    let fifo = dir.path().join("fifo.safetensors");
+    assert!(Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+    let o = limited_tight(&["policy", "run", ckpt, "--obs", fifo.to_str().unwrap(), "--out", out.to_str().unwrap()]);
+    expect(&o, 2, "not a regular file (a FIFO)", "a FIFO as observations");
+    assert!(!out.exists() && files_in(dir.path()).iter().all(|f| !f.starts_with(".out")), "{:?}", files_in(dir.path()));
+}
+
+/// The smpl tracker's checkpoint and configs in a folder, with `global`
+/// added at the root key `evaluator` of the file `which` ("last.ckpt" or
+/// "resolved_configs.pt").
+fn tracker_with_global(which: &str, module: &str, name: &str) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    for f in ["last.ckpt", "resolved_configs.pt"] {
+        std::fs::copy(policy_data("smpl_tracker").join(f), dir.path().join(f)).unwrap();
+    }
+    let path = dir.path().join(which);
+    let (mut root, storages) = Checkpoint::open(&path).unwrap().into_parts();
+    root.as_dict_mut().unwrap().insert("evaluator", Node::Global { module: module.into(), name: name.into() });
+    let opts = pmstate_ckpt::WriteOptions { unsafe_globals: pmstate_ckpt::UnsafeGlobals::Allow, ..Default::default() };
+    Checkpoint::from_parts(root, storages).unwrap().save_with(&path, &opts).unwrap();
+    dir
+}
+
+/// A checkpoint carrying `posix.system` under an unrelated key, and
+/// configs carrying `builtins.eval` or `subprocess.Popen`: `policy
+/// describe|run` refuse them naming the global and its key (as `convert`
+/// refuses the checkpoint), and write nothing; `--allow-unsafe-globals`
+/// runs them, naming each global on stderr.
+#[test]
+fn policy_commands_refuse_foreign_globals_unless_allowed() {
+    let obs = policy_data("smpl_tracker/obs.safetensors");
+    let obs = obs.to_str().unwrap();
+    for (which, module, name, message) in [
+        ("last.ckpt", "posix", "system", "refusing 1 unsafe global(s) (posix.system at evaluator)"),
+        ("resolved_configs.pt", "builtins", "eval", "global(s) (builtins.eval at evaluator)"),
+        ("resolved_configs.pt", "subprocess", "Popen", "global(s) (subprocess.Popen at evaluator)"),
+    ] {
+        let dir = tracker_with_global(which, module, name);
+        let ckpt = dir.path().join("last.ckpt");
+        let ckpt = ckpt.to_str().unwrap();
+        let out = dir.path().join("out.safetensors");
+        let out = out.to_str().unwrap();
+        let what = format!("{module}.{name} in {which}");
+        expect(&limited(&["policy", "describe", ckpt]), 2, message, &what);
+        expect(&limited(&["policy", "run", ckpt, "--obs", obs, "--out", out]), 2, message, &what);
+        assert_eq!(files_in(dir.path()), ["last.ckpt", "resolved_configs.pt"], "{what}: a refusal wrote something");
+
+        let o = limited(&["policy", "run", "--allow-unsafe-globals", ckpt, "--obs", obs, "--out", out]);
+        expect(&o, 0, &format!("loading the global {module}.{name} at evaluator"), &what);
+        expect(&limited(&["policy", "describe", "--allow-unsafe-globals", ckpt]), 0, "in_keys", &what);
+    }
+    // ProtoMotions' own files hold only what the rules expect
+    for v in ["smpl_tracker", "g1_amp_deploy", "container_obsprocessor"] {
+        let ckpt = policy_data(v).join("last.ckpt");
+        let o = limited(&["policy", "describe", ckpt.to_str().unwrap()]);
+        expect(&o, 0, "in_keys", v);
+        assert!(!text(&o).contains("warning"), "{v}: {}", text(&o));
+    }
+}
+
+/// Waits for `child` with a generous deadline that only guards against a
+/// hang (the assertion is on how it exited, not on when).
+fn wait_guarded(child: &mut std::process::Child) -> std::process::ExitStatus {
+    let start = std::time::Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        if start.elapsed() > std::time::Duration::from_secs(WATCHDOG_SECONDS.into()) {
+            let _ = child.kill();
+            panic!("pmstate serve hung");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+/// `pmstate serve` on a FIFO (nobody ever writes it) or /dev/zero: refused
+/// at start-up naming the kind of file (a FIFO's open never blocks), and a
+/// SIGTERM sent the instant it starts stops it whatever it is doing.
+#[test]
+fn serve_on_a_fifo_or_dev_zero_is_refused_and_sigterm_stops_it_from_the_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("last.ckpt");
+    assert!(Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+    std::fs::copy(policy_data("smpl_tracker/resolved_configs.pt"), dir.path().join("resolved_configs.pt")).unwrap();
+    let zero = dir.path().join("zero.ckpt");
+    std::os::unix::fs::symlink("/dev/zero", &zero).unwrap();
+    for (path, kind) in [(&fifo, "a FIFO"), (&zero, "a device")] {
+        let args = ["serve", path.to_str().unwrap(), "--addr", "127.0.0.1:0"];
+        expect(&limited(&args), 2, &format!("not a regular file ({kind})"), kind);
+
+        let mut child = Command::new(env!("CARGO_BIN_EXE_pmstate"))
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        assert!(Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap().success());
+        let status = wait_guarded(&mut child);
+        // refused before the signal landed (2), or stopped by it: drained (0) or, in the
+        // instant before the handlers exist, by the default action (SIGTERM)
+        use std::os::unix::process::ExitStatusExt;
+        assert!(matches!(status.code(), Some(0) | Some(2)) || status.signal() == Some(15), "{kind}: {status:?}");
+    }
+}

@@ -13,6 +13,26 @@ pub enum PolicyError {
     /// Reading the checkpoint or the configs file failed.
     #[error(transparent)]
     Ckpt(#[from] pmstate_ckpt::CkptError),
+    /// A global the file should not hold: in the checkpoint, one torch's
+    /// safe loader (`weights_only=True`) rejects; in the resolved configs,
+    /// one outside ProtoMotions' and torch's namespaces and Python's inert
+    /// builtins. Nothing is run either way, but such a file is not what
+    /// ProtoMotions writes; `--allow-unsafe-globals` loads it anyway.
+    #[error(
+        "{file}: refusing {count} {which} global(s) ({first} at {key}); pass --allow-unsafe-globals to load it anyway"
+    )]
+    UnsafeGlobals {
+        /// The file holding them.
+        file: String,
+        /// Which rule they break.
+        which: GlobalRule,
+        /// How many.
+        count: usize,
+        /// The first one, `module.name`.
+        first: String,
+        /// Its dotted key.
+        key: String,
+    },
     /// No configs file given and none next to the checkpoint.
     #[error("{checkpoint}: no resolved_configs_inference.pt or resolved_configs.pt next to it; pass the configs file")]
     ConfigNotFound {
@@ -253,3 +273,21 @@ fn row_shape(w: Option<usize>) -> String {
 
 /// Result alias of this crate.
 pub type Result<T, E = PolicyError> = std::result::Result<T, E>;
+
+/// Which rule a refused global breaks ([`PolicyError::UnsafeGlobals`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GlobalRule {
+    /// A checkpoint global torch's safe loader rejects ([`pmstate_ckpt::is_safe_global`]).
+    Checkpoint,
+    /// A resolved-configs global outside what configs hold ([`pmstate_ckpt::is_config_global`]).
+    Config,
+}
+
+impl std::fmt::Display for GlobalRule {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            GlobalRule::Checkpoint => "unsafe",
+            GlobalRule::Config => "foreign (not ProtoMotions', torch's or an inert builtin)",
+        })
+    }
+}

@@ -6,7 +6,7 @@ use candle_core::Device;
 use pmstate_ckpt::{Checkpoint, Node};
 
 use crate::config::ModelConfig;
-use crate::error::{PolicyError, Result};
+use crate::error::{GlobalRule, PolicyError, Result};
 use crate::model::Policy;
 
 /// Config files looked for next to a checkpoint, in order (what
@@ -42,6 +42,71 @@ pub fn read_model_config(configs: &Checkpoint) -> Result<ModelConfig> {
     }
 }
 
+/// What to do with globals a checkpoint or its configs should not hold.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Globals {
+    /// Refuse the file ([`PolicyError::UnsafeGlobals`]). The default.
+    #[default]
+    Refuse,
+    /// Load it anyway; [`Policy::allowed_globals`] lists what was let through.
+    Allow,
+}
+
+/// How [`Policy::load_with`] reads its files.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct LoadOptions {
+    /// Globals outside [`pmstate_ckpt::is_safe_global`] in the checkpoint,
+    /// or outside [`pmstate_ckpt::is_config_global`] in the configs.
+    pub globals: Globals,
+}
+
+/// A global let through by [`Globals::Allow`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AllowedGlobal {
+    /// The file holding it.
+    pub file: String,
+    /// Which rule it breaks.
+    pub rule: GlobalRule,
+    /// Its dotted key.
+    pub key: String,
+    /// `module.name`.
+    pub global: String,
+}
+
+/// The globals of `ckpt` that `rule` does not accept: an error under
+/// [`Globals::Refuse`], else added to `allowed`.
+fn vet_globals(
+    ckpt: &Checkpoint,
+    rule: GlobalRule,
+    opts: &LoadOptions,
+    allowed: &mut Vec<AllowedGlobal>,
+) -> Result<()> {
+    let found = match rule {
+        GlobalRule::Checkpoint => ckpt.unsafe_globals(),
+        GlobalRule::Config => ckpt.foreign_config_globals(),
+    };
+    let file = ckpt.path_str().to_owned();
+    match (opts.globals, found.first()) {
+        (_, None) => Ok(()),
+        (Globals::Refuse, Some((key, first))) => Err(PolicyError::UnsafeGlobals {
+            file,
+            which: rule,
+            count: found.len(),
+            first: first.clone(),
+            key: key.clone(),
+        }),
+        (Globals::Allow, Some(_)) => {
+            allowed.extend(found.into_iter().map(|(key, global)| AllowedGlobal {
+                file: file.clone(),
+                rule,
+                key,
+                global,
+            }));
+            Ok(())
+        }
+    }
+}
+
 impl Policy {
     /// Loads the policy of a ProtoMotions checkpoint (`last.ckpt`,
     /// `inference_last.ckpt`, `score_based.ckpt`, or a safetensors copy):
@@ -49,14 +114,38 @@ impl Policy {
     /// `resolved_configs_inference.pt` (else `resolved_configs.pt`) next
     /// to it, read inertly; weights and normalizer statistics from the
     /// checkpoint.
+    ///
+    /// Refuses a checkpoint holding a global torch's safe loader rejects,
+    /// and configs holding one outside ProtoMotions', torch's and Python's
+    /// inert builtins ([`LoadOptions::default`]); see [`Policy::load_with`].
     pub fn load(checkpoint: impl AsRef<Path>, config: Option<&Path>, device: &Device) -> Result<Self> {
+        Self::load_with(checkpoint, config, device, &LoadOptions::default())
+    }
+
+    /// [`Policy::load`] with explicit options.
+    pub fn load_with(
+        checkpoint: impl AsRef<Path>,
+        config: Option<&Path>,
+        device: &Device,
+        opts: &LoadOptions,
+    ) -> Result<Self> {
         let checkpoint = checkpoint.as_ref();
         let config_path = find_config(checkpoint, config)?;
+        let mut allowed = Vec::new();
         let configs = Checkpoint::open(&config_path)?;
+        vet_globals(&configs, GlobalRule::Config, opts, &mut allowed)?;
         let model = read_model_config(&configs)?;
         let ckpt = Checkpoint::open(checkpoint)?;
+        vet_globals(&ckpt, GlobalRule::Checkpoint, opts, &mut allowed)?;
         let mut p = Policy::from_parts(model, &ckpt, device)?;
         p.config_file = Some(config_path.display().to_string());
+        p.allowed_globals = allowed;
         Ok(p)
+    }
+
+    /// The globals [`Globals::Allow`] let through when this policy was
+    /// loaded (empty otherwise), for the caller to report.
+    pub fn allowed_globals(&self) -> &[AllowedGlobal] {
+        &self.allowed_globals
     }
 }

@@ -25,6 +25,8 @@ pub struct Policy {
     pub(crate) device: Device,
     pub(crate) checkpoint: String,
     pub(crate) config_file: Option<String>,
+    /// Globals let through by `Globals::Allow` at load.
+    pub(crate) allowed_globals: Vec<crate::load::AllowedGlobal>,
 }
 
 /// The AMP-only networks.
@@ -145,6 +147,7 @@ impl Policy {
             device: device.clone(),
             checkpoint: checkpoint.path_str().to_owned(),
             config_file: None,
+            allowed_globals: Vec::new(),
         })
     }
 

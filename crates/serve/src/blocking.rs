@@ -32,9 +32,13 @@ pub fn serve_until_signalled(
         b.worker_threads(n.max(1));
     }
     let rt = b.build().map_err(StartError::Runtime)?;
-    rt.block_on(async move {
-        let signals = Signals::install().map_err(StartError::Runtime)?;
-        let server = Server::start(opts, events).await?;
+    let result = rt.block_on(async move {
+        let mut signals = Signals::install().map_err(StartError::Runtime)?;
+        // a signal during start-up stops at once: the load is left behind
+        let server = tokio::select! {
+            started = Server::start(opts, events) => started?,
+            signal = signals.stopping() => return Ok(Stopped { signal: Some(signal) }),
+        };
         let signals = tokio::spawn(signals.serve(server.handle()));
         server.wait().await.map_err(StartError::Runtime)?;
         // the server stopped: by a signal (the task has returned) or otherwise
@@ -45,5 +49,13 @@ pub fn serve_until_signalled(
             None
         };
         Ok(Stopped { signal })
-    })
+    });
+    // a load abandoned by a signal at start-up may still run on a blocking
+    // thread: dropping the runtime would wait for it, this does not
+    rt.shutdown_timeout(SHUTDOWN_WAIT);
+    result
 }
+
+/// How long the runtime's blocking threads get to finish once the server
+/// has stopped (only an abandoned start-up load can still be running).
+const SHUTDOWN_WAIT: std::time::Duration = std::time::Duration::from_millis(500);

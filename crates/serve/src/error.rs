@@ -135,12 +135,53 @@ pub enum LoadError {
         /// The new checkpoint's.
         new: String,
     },
+    /// A checkpoint or configs file larger than [`crate::FileLimits::max_file_bytes`]
+    /// (checked on the open descriptor, before any byte is read).
+    #[error("{path}: {bytes} bytes, over the limit of {max} (FileLimits::max_file_bytes)")]
+    TooLarge {
+        /// The file.
+        path: String,
+        /// Its size.
+        bytes: u64,
+        /// The limit.
+        max: u64,
+    },
+    /// A load given up before it finished; nothing was swapped in.
+    #[error("{path}: load abandoned: {why}")]
+    Abandoned {
+        /// The checkpoint.
+        path: String,
+        /// Why.
+        why: Abandon,
+    },
     /// Reloading was asked of a model built in process.
     #[error("model {name} was built in process, not loaded from a checkpoint: nothing to reload")]
     NotReloadable {
         /// The model name.
         name: String,
     },
+}
+
+/// Why a load was given up ([`LoadError::Abandoned`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+#[non_exhaustive]
+pub enum Abandon {
+    /// It ran past [`crate::FileLimits::reload_deadline`].
+    Deadline {
+        /// The deadline, seconds.
+        seconds: f64,
+    },
+    /// The server is shutting down.
+    ShuttingDown,
+}
+
+impl std::fmt::Display for Abandon {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Abandon::Deadline { seconds } => write!(f, "still running after the reload deadline of {seconds} s"),
+            Abandon::ShuttingDown => f.write_str("the server is shutting down"),
+        }
+    }
 }
 
 /// What part of the interface a refused checkpoint would change

@@ -44,6 +44,17 @@ pub enum Event {
         /// The version still served.
         serving: u64,
     },
+    /// A global that would have refused the file was let through
+    /// (`--allow-unsafe-globals`): one event per global, before the
+    /// model it came with is served.
+    GlobalAllowed {
+        /// The checkpoint or configs file holding it.
+        file: String,
+        /// Its dotted key.
+        key: String,
+        /// `module.name`.
+        global: String,
+    },
     /// Shutdown began: no new connections, requests in flight finish.
     Draining,
     /// Requests still running when the drain timeout passed were dropped.
@@ -75,6 +86,9 @@ impl std::fmt::Display for Event {
             Event::ReloadFailed { checkpoint, reason, serving } => {
                 write!(f, "reload of {checkpoint} refused, still serving version {serving}: {reason}")
             }
+            Event::GlobalAllowed { file, key, global } => {
+                write!(f, "warning: {file}: loading the global {global} at {key} (--allow-unsafe-globals)")
+            }
             Event::Draining => write!(f, "shutting down: finishing the requests in flight"),
             Event::DrainTimedOut { seconds } => write!(f, "drain timeout of {seconds} s passed: stopping anyway"),
             Event::Stopped => write!(f, "stopped"),
@@ -84,6 +98,13 @@ impl std::fmt::Display for Event {
 
 /// Receives events (from any thread).
 pub type EventSink = Arc<dyn Fn(&Event) + Send + Sync>;
+
+/// One [`Event::GlobalAllowed`] per global `model` was loaded with.
+pub(crate) fn report_allowed_globals(model: &crate::model::LoadedModel, events: &EventSink) {
+    for g in model.policy.allowed_globals() {
+        events(&Event::GlobalAllowed { file: g.file.clone(), key: g.key.clone(), global: g.global.clone() });
+    }
+}
 
 /// A sink that drops everything.
 pub fn ignore_events() -> EventSink {

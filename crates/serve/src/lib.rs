@@ -24,10 +24,10 @@ mod state;
 
 pub use blocking::{serve_until_signalled, Stopped};
 pub use error::{
-    Difference, Dims, InputError, LoadError, OptionsError, PinProblem, RequestError, StartError, QUOTE_BYTES,
+    Abandon, Difference, Dims, InputError, LoadError, OptionsError, PinProblem, RequestError, StartError, QUOTE_BYTES,
 };
 pub use events::{ignore_events, Event, EventSink};
-pub use options::{Batching, Limits, ModelSource, NonFinite, ServeOptions, Watch};
+pub use options::{Batching, FileLimits, Limits, ModelSource, NonFinite, ServeOptions, Watch};
 pub use routes::HEADER_LENGTH;
 pub use server::{Server, ServerHandle};
 pub use state::AppState;

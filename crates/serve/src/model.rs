@@ -5,7 +5,9 @@
 use std::collections::BTreeMap;
 use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::time::{Instant, SystemTime};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
 
 use candle_core::Device;
 use pmstate_policy::config::Family;
@@ -13,7 +15,8 @@ use pmstate_policy::{Description, Part, Policy};
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
-use crate::error::{Difference, LoadError, PinProblem};
+use crate::error::{Abandon, Difference, LoadError, PinProblem};
+use crate::options::FileLimits;
 
 /// Which networks an output comes from (and so which inputs it needs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -291,7 +294,11 @@ pub struct FileStamp {
 impl FileStamp {
     /// The stamp of `path` now.
     pub fn of(path: &Path) -> std::io::Result<FileStamp> {
-        let m = std::fs::metadata(path)?;
+        Ok(FileStamp::from_meta(&std::fs::metadata(path)?))
+    }
+
+    /// The stamp of a file's status (an open descriptor's, from `fstat`).
+    pub fn from_meta(m: &std::fs::Metadata) -> FileStamp {
         #[cfg(unix)]
         let (inode, changed_ns) = {
             use std::os::unix::fs::MetadataExt;
@@ -299,7 +306,7 @@ impl FileStamp {
         };
         #[cfg(not(unix))]
         let (inode, changed_ns) = (0, 0);
-        Ok(FileStamp { len: m.len(), modified: m.modified().ok(), inode, changed_ns })
+        FileStamp { len: m.len(), modified: m.modified().ok(), inode, changed_ns }
     }
 }
 
@@ -315,13 +322,56 @@ fn unix_now() -> f64 {
     SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64())
 }
 
-fn sha256_file(path: &Path) -> Result<(String, u64), LoadError> {
+/// When a load in progress must give up: past a deadline, or when the
+/// server stops. Checked between the phases of a load and between the
+/// chunks of its hash (parsing itself is bounded by the readers' limits).
+#[derive(Debug, Clone, Default)]
+pub struct Cancel {
+    /// Give up after this instant, and the deadline's length for the message.
+    pub deadline: Option<(Instant, Duration)>,
+    /// Give up once this is set.
+    pub stop: Option<Arc<AtomicBool>>,
+}
+
+impl Cancel {
+    /// Never gives up (start-up: a signal ends the whole process).
+    pub fn never() -> Cancel {
+        Cancel::default()
+    }
+
+    /// `Err` when the load must stop now.
+    fn check(&self, path: &Path) -> Result<(), LoadError> {
+        let abandoned = |why| Err(LoadError::Abandoned { path: path.display().to_string(), why });
+        if self.stop.as_ref().is_some_and(|s| s.load(Ordering::Relaxed)) {
+            return abandoned(Abandon::ShuttingDown);
+        }
+        match self.deadline {
+            Some((at, len)) if Instant::now() >= at => abandoned(Abandon::Deadline { seconds: len.as_secs_f64() }),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Opens `path` without blocking and checks the open descriptor: a regular
+/// file of at most `max` bytes. Nothing has been read when this returns.
+fn open_checked(path: &Path, max: u64) -> Result<(std::fs::File, std::fs::Metadata), LoadError> {
+    let (file, meta) = pmstate_ckpt::open_regular(path).map_err(|e| LoadError::Policy(e.into()))?;
+    if meta.len() > max {
+        return Err(LoadError::TooLarge { path: path.display().to_string(), bytes: meta.len(), max });
+    }
+    Ok((file, meta))
+}
+
+/// sha256 of the first `len` bytes of `file` (its size when it was checked:
+/// never more, whatever it grows to), giving up when `cancel` says so.
+fn sha256_of(file: std::fs::File, len: u64, path: &Path, cancel: &Cancel) -> Result<(String, u64), LoadError> {
     let io = |source| LoadError::Io { path: path.display().to_string(), source };
-    let mut f = std::fs::File::open(path).map_err(io)?;
+    let mut f = file.take(len);
     let mut h = Sha256::new();
     let mut buf = vec![0u8; 1 << 20];
     let mut total = 0u64;
     loop {
+        cancel.check(path)?;
         let n = f.read(&mut buf).map_err(io)?;
         if n == 0 {
             break;
@@ -334,8 +384,8 @@ fn sha256_file(path: &Path) -> Result<(String, u64), LoadError> {
 }
 
 impl LoadedModel {
-    /// Loads a checkpoint: its bytes hashed, the policy built, the file
-    /// checked unchanged across both (else [`LoadError::Changed`]).
+    /// Loads a checkpoint with [`FileLimits::default`] and no deadline; see
+    /// [`LoadedModel::load_with`].
     pub fn load(
         path: &Path,
         config: Option<&PathBuf>,
@@ -343,12 +393,35 @@ impl LoadedModel {
         pins: &[(String, usize)],
         version: u64,
     ) -> Result<LoadedModel, LoadError> {
+        Self::load_with(path, config, device, pins, version, &FileLimits::default(), &Cancel::never())
+    }
+
+    /// Loads a checkpoint: both files checked on their open descriptors
+    /// (regular, within [`FileLimits::max_file_bytes`]) before anything is
+    /// read, the policy built (globals vetted as `files.globals` says),
+    /// then the checkpoint's bytes hashed; the file checked unchanged
+    /// across all of it (else [`LoadError::Changed`]).
+    pub fn load_with(
+        path: &Path,
+        config: Option<&PathBuf>,
+        device: &Device,
+        pins: &[(String, usize)],
+        version: u64,
+        files: &FileLimits,
+        cancel: &Cancel,
+    ) -> Result<LoadedModel, LoadError> {
         let start = Instant::now();
         let changed = || LoadError::Changed { path: path.display().to_string() };
         let io = |source| LoadError::Io { path: path.display().to_string(), source };
-        let before = FileStamp::of(path).map_err(io)?;
-        let (sha256, bytes) = sha256_file(path)?;
-        let policy = Policy::load(path, config.map(|c| c.as_path()), device)?;
+        let (file, meta) = open_checked(path, files.max_file_bytes)?;
+        let before = FileStamp::from_meta(&meta);
+        let config_path = pmstate_policy::find_config(path, config.map(|c| c.as_path()))?;
+        drop(open_checked(&config_path, files.max_file_bytes)?);
+        cancel.check(path)?;
+        let opts = pmstate_policy::LoadOptions { globals: files.globals };
+        let policy = Policy::load_with(path, Some(config_path.as_path()), device, &opts)?;
+        cancel.check(path)?;
+        let (sha256, bytes) = sha256_of(file, before.len, path, cancel)?;
         if FileStamp::of(path).map_err(io)? != before || bytes != before.len {
             return Err(changed());
         }
@@ -413,6 +486,38 @@ mod tests {
             Err(LoadError::Pin { key, problem }) => (key, problem),
             other => panic!("{p:?}: expected a pin error, got {other:?}"),
         }
+    }
+
+    /// The smpl tracker's checkpoint, loaded with `files` and `cancel`.
+    fn load_tracker(files: &FileLimits, cancel: &Cancel) -> Result<LoadedModel, LoadError> {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata/policy/smpl_tracker");
+        LoadedModel::load_with(&dir.join("last.ckpt"), None, &Device::Cpu, &[], 1, files, cancel)
+    }
+
+    #[test]
+    fn a_load_stops_at_the_size_limit_the_deadline_or_a_shutdown() {
+        let ok = load_tracker(&FileLimits::default(), &Cancel::never()).unwrap();
+        let bytes = ok.provenance.bytes.unwrap();
+        assert_eq!(ok.provenance.sha256.as_ref().map(String::len), Some(64));
+
+        let small = FileLimits { max_file_bytes: bytes - 1, ..FileLimits::default() };
+        let e = load_tracker(&small, &Cancel::never()).err().unwrap();
+        assert!(matches!(&e, LoadError::TooLarge { bytes: b, max, .. } if *b == bytes && *max == bytes - 1), "{e}");
+        // exactly at the limit loads
+        let exact = FileLimits { max_file_bytes: bytes, ..FileLimits::default() };
+        assert_eq!(load_tracker(&exact, &Cancel::never()).unwrap().provenance.sha256, ok.provenance.sha256);
+
+        let past = Cancel { deadline: Some((Instant::now(), Duration::from_secs(3))), stop: None };
+        let e = load_tracker(&FileLimits::default(), &past).err().unwrap();
+        assert!(
+            matches!(&e, LoadError::Abandoned { why: Abandon::Deadline { seconds }, .. } if *seconds == 3.0),
+            "{e}"
+        );
+        assert!(e.to_string().ends_with("still running after the reload deadline of 3 s"), "{e}");
+
+        let stopping = Cancel { deadline: None, stop: Some(Arc::new(AtomicBool::new(true))) };
+        let e = load_tracker(&FileLimits::default(), &stopping).err().unwrap();
+        assert!(matches!(&e, LoadError::Abandoned { why: Abandon::ShuttingDown, .. }), "{e}");
     }
 
     #[test]

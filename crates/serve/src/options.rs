@@ -148,6 +148,36 @@ pub struct ServeOptions {
     pub limits: Limits,
     /// Threads of the forward (default: all cores).
     pub threads: Option<usize>,
+    /// How checkpoint files are read, at start-up and on reload.
+    pub files: FileLimits,
+}
+
+/// How the checkpoint and its configs are read, at start-up and on every
+/// reload. Each file is opened without blocking and checked on the open
+/// descriptor (a regular file, at most [`FileLimits::max_file_bytes`])
+/// before anything reads it; the checkpoint's sha256 is taken last, over
+/// at most that many bytes, and gives up at the deadline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FileLimits {
+    /// Largest checkpoint or configs file (a 1 TiB sparse file is refused
+    /// before a byte of it is read). Default 16 GiB.
+    pub max_file_bytes: u64,
+    /// Longest one reload may take, hashing included: a load still running
+    /// then is abandoned and reported, and the served model stays. Default 120 s.
+    pub reload_deadline: Duration,
+    /// Globals torch's safe loader rejects in the checkpoint, or foreign
+    /// ones in the configs: refused by default (`--allow-unsafe-globals`).
+    pub globals: pmstate_policy::Globals,
+}
+
+impl Default for FileLimits {
+    fn default() -> Self {
+        FileLimits {
+            max_file_bytes: 16 << 30,
+            reload_deadline: Duration::from_secs(120),
+            globals: pmstate_policy::Globals::Refuse,
+        }
+    }
 }
 
 impl ServeOptions {
@@ -164,6 +194,7 @@ impl ServeOptions {
             non_finite: NonFinite::default(),
             limits: Limits::default(),
             threads: None,
+            files: FileLimits::default(),
         }
     }
 }

@@ -15,7 +15,7 @@
 //! and the next change is tried again.
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{channel, RecvTimeoutError, Sender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -26,8 +26,8 @@ use candle_core::Device;
 use crate::error::LoadError;
 use crate::events::{Event, EventSink};
 use crate::metrics::{Metrics, ReloadOutcome};
-use crate::model::{FileStamp, LoadedModel};
-use crate::options::Watch;
+use crate::model::{Cancel, FileStamp, LoadedModel};
+use crate::options::{FileLimits, Watch};
 use crate::protocol::ReloadCounts;
 use crate::slot::ModelSlot;
 
@@ -62,13 +62,22 @@ pub struct ReloadConfig {
     pub pins: Vec<(String, usize)>,
     /// Polling, or reload on request only.
     pub watch: Watch,
+    /// Size limit, deadline and globals of each load.
+    pub files: FileLimits,
 }
 
 /// The reload thread.
 pub struct Reloader {
     tx: Sender<Msg>,
+    /// Set on stop: a load in progress gives up at its next check.
+    stopping: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
 }
+
+/// How long [`Reloader::stop`] waits for a load in progress to notice the
+/// stop. A load stuck past its checks (the parser on a huge valid file) is
+/// left to finish on its own: shutdown never waits on it longer.
+const STOP_WAIT: Duration = Duration::from_secs(5);
 
 impl Reloader {
     /// Starts following `cfg.path`; `loaded` is the stamp of the file the served model came from.
@@ -81,8 +90,10 @@ impl Reloader {
         events: EventSink,
     ) -> std::io::Result<Reloader> {
         let (tx, rx) = channel();
+        let stopping = Arc::new(AtomicBool::new(false));
+        let stop = stopping.clone();
         let thread = std::thread::Builder::new().name("pmstate-reload".into()).spawn(move || {
-            let mut w = Watcher { cfg, slot, metrics, stats, events, loaded, failed: None, pending: None };
+            let mut w = Watcher { cfg, slot, metrics, stats, events, loaded, failed: None, pending: None, stop };
             loop {
                 let msg = match w.cfg.watch {
                     Watch::Poll { interval } => match rx.recv_timeout(interval) {
@@ -102,7 +113,7 @@ impl Reloader {
                 }
             }
         })?;
-        Ok(Reloader { tx, thread: Some(thread) })
+        Ok(Reloader { tx, stopping, thread: Some(thread) })
     }
 
     /// A function that asks for a reload now, whatever the file's stamp.
@@ -115,11 +126,19 @@ impl Reloader {
         }
     }
 
-    /// Stops the thread (after a load in progress).
+    /// Stops the thread: a load in progress gives up at its next check;
+    /// waits for it at most [`STOP_WAIT`], then leaves it behind.
     pub fn stop(mut self) {
+        self.stopping.store(true, Ordering::Relaxed);
         let _ = self.tx.send(Msg::Stop);
         if let Some(t) = self.thread.take() {
-            let _ = t.join();
+            let start = Instant::now();
+            while !t.is_finished() && start.elapsed() < STOP_WAIT {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            if t.is_finished() {
+                let _ = t.join();
+            }
         }
     }
 }
@@ -136,6 +155,8 @@ struct Watcher {
     failed: Option<FileStamp>,
     /// A new stamp seen once, loaded if it is still there next time.
     pending: Option<FileStamp>,
+    /// Set when the server stops.
+    stop: Arc<AtomicBool>,
 }
 
 impl Watcher {
@@ -162,12 +183,16 @@ impl Watcher {
     fn try_load(&mut self, stamp: Option<FileStamp>) {
         let start = Instant::now();
         let current = self.slot.current();
-        let result = LoadedModel::load(
+        let deadline = self.cfg.files.reload_deadline;
+        let cancel = Cancel { deadline: Some((start + deadline, deadline)), stop: Some(self.stop.clone()) };
+        let result = LoadedModel::load_with(
             &self.cfg.path,
             self.cfg.config.as_ref(),
             &self.cfg.device,
             &self.cfg.pins,
             current.version + 1,
+            &self.cfg.files,
+            &cancel,
         )
         .and_then(|m| match current.interface.difference(&m.interface) {
             None => Ok(m),
@@ -178,6 +203,7 @@ impl Watcher {
         let checkpoint = self.cfg.path.display().to_string();
         match result {
             Ok(m) => {
+                crate::events::report_allowed_globals(&m, &self.events);
                 let (version, sha256) = (m.version, m.provenance.sha256.clone());
                 self.slot.swap(m);
                 self.loaded = stamp;

@@ -13,7 +13,7 @@ use crate::batcher::Batcher;
 use crate::error::{LoadError, OptionsError, StartError};
 use crate::events::{Event, EventSink};
 use crate::metrics::Metrics;
-use crate::model::{FileStamp, LoadedModel};
+use crate::model::{Cancel, FileStamp, LoadedModel};
 use crate::options::{Limits, ModelSource, ServeOptions};
 use crate::reload::{ReloadConfig, ReloadStats, Reloader};
 use crate::slot::ModelSlot;
@@ -116,16 +116,20 @@ impl Server {
     /// current tokio runtime). The server is ready when this returns.
     pub async fn start(opts: ServeOptions, events: EventSink) -> Result<Server, StartError> {
         check(&opts)?;
-        let ServeOptions { source, name, addr, device, batching, watch, widths, non_finite, limits, threads } = opts;
+        let ServeOptions { source, name, addr, device, batching, watch, widths, non_finite, limits, threads, files } =
+            opts;
         let pins = widths.clone();
         let (model, reload_cfg, stamp) = match source {
             ModelSource::Checkpoint { path, config } => {
                 let (p, c, d) = (path.clone(), config.clone(), device.clone());
-                let model = tokio::task::spawn_blocking(move || LoadedModel::load(&p, c.as_ref(), &d, &pins, 1))
-                    .await
-                    .map_err(|e| StartError::Runtime(std::io::Error::other(e.to_string())))??;
+                let model = tokio::task::spawn_blocking(move || {
+                    LoadedModel::load_with(&p, c.as_ref(), &d, &pins, 1, &files, &Cancel::never())
+                })
+                .await
+                .map_err(|e| StartError::Runtime(std::io::Error::other(e.to_string())))??;
+                crate::events::report_allowed_globals(&model, &events);
                 let stamp = FileStamp::of(&path).ok();
-                (model, Some(ReloadConfig { path, config, device, pins: widths, watch }), stamp)
+                (model, Some(ReloadConfig { path, config, device, pins: widths, watch, files }), stamp)
             }
             ModelSource::Policy { policy, label } => (LoadedModel::in_process(*policy, &label, &pins)?, None, None),
         };

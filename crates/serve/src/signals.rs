@@ -3,7 +3,9 @@
 //!
 //! The handlers are installed ([`Signals::install`]) before the server
 //! starts and says where it listens: a supervisor that sends SIGTERM as
-//! soon as it reads the address must get a drain, not the default action.
+//! soon as it reads the address must get a drain, not the default action;
+//! and one that sends it while the model is still loading gets a prompt
+//! exit ([`Signals::stopping`]), whatever the load is doing.
 
 use crate::server::ServerHandle;
 
@@ -33,6 +35,27 @@ impl Signals {
     #[cfg(not(unix))]
     pub fn install() -> std::io::Result<Signals> {
         Ok(Signals {})
+    }
+
+    /// Waits for SIGINT or SIGTERM (a SIGHUP meanwhile is ignored: there is
+    /// nothing to reload yet); returns its number. What start-up waits on,
+    /// so that a server still loading its model stops at once.
+    #[cfg(unix)]
+    pub async fn stopping(&mut self) -> i32 {
+        loop {
+            tokio::select! {
+                _ = self.int.recv() => return 2,
+                _ = self.term.recv() => return 15,
+                _ = self.hup.recv() => {}
+            }
+        }
+    }
+
+    /// Waits for Ctrl-C (off Unix).
+    #[cfg(not(unix))]
+    pub async fn stopping(&mut self) -> i32 {
+        let _ = tokio::signal::ctrl_c().await;
+        2
     }
 
     /// Acts on signals for `handle` until one stops the server; returns

@@ -194,6 +194,10 @@ pub enum TraceLimit {
         steps: usize,
         /// Features per observation.
         features: usize,
+        /// Elements of the outputs kept that have an input's size rather
+        /// than the module's (normalize outputs, discounted rewards), all
+        /// steps together: a tensor named by many steps costs this each time.
+        kept_outputs: u64,
     },
 }
 
@@ -216,8 +220,12 @@ impl fmt::Display for TraceLimit {
         match self {
             TraceLimit::ModuleShape { shape } => write!(f, "module.shape {}", Dims(shape)),
             TraceLimit::InprocWorldSize => f.write_str("the trace's world size"),
-            TraceLimit::Observations { ranks, steps, features } => {
-                write!(f, "{ranks} rank(s) x {steps} steps x {features} features")
+            TraceLimit::Observations { ranks, steps, features, kept_outputs } => {
+                write!(f, "{ranks} rank(s) x {steps} steps x {features} features")?;
+                if *kept_outputs > 0 {
+                    write!(f, " plus {kept_outputs} elements of outputs the size of their inputs")?;
+                }
+                Ok(())
             }
         }
     }

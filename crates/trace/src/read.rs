@@ -25,11 +25,22 @@ pub const MAX_WORLD_SIZE: usize = 4096;
 pub fn read_file(path: &Path) -> Result<Trace> {
     let shown = || path.display().to_string();
     let io = |source| TraceError::Io { path: shown(), source };
-    let meta = std::fs::metadata(path).map_err(io)?;
+    // Opened without blocking (a FIFO returns at once) and checked on the
+    // open descriptor, not the path: a FIFO renamed over the path between a
+    // check and the open is caught. pmstate-ckpt's `open_regular` does the
+    // same; the crates do not depend on each other.
+    let mut opts = std::fs::OpenOptions::new();
+    opts.read(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        opts.custom_flags(libc::O_NONBLOCK);
+    }
+    let file = opts.open(path).map_err(io)?;
+    let meta = file.metadata().map_err(io)?;
     if !meta.is_file() {
         return Err(TraceError::NotAFile { path: shown(), kind: file_kind(&meta) });
     }
-    let file = std::fs::File::open(path).map_err(io)?;
     let mut bytes = Vec::with_capacity(usize::try_from(meta.len()).unwrap_or(0));
     file.take(meta.len()).read_to_end(&mut bytes).map_err(io)?;
     read_bytes(&bytes)

@@ -169,3 +169,35 @@ fn a_module_shape_whose_size_overflows_is_over_the_replay_budget() {
     let err = pmstate_trace::replay(&trace, &pmstate_trace::ReplayOptions::default()).unwrap_err();
     assert!(matches!(err, TraceError::Limit { limit: pmstate_trace::TraceLimit::Observations { .. }, .. }), "{err}");
 }
+
+/// 8000 steps normalizing one shared input of 65,536 rows (256 KiB, one
+/// tensor in memory however many steps name it) over a one-feature module:
+/// the module is tiny, but each step's output has the input's size (2 GiB
+/// kept in all), so the replay is refused before it runs, naming the
+/// outputs, instead of keeping them.
+#[test]
+fn many_steps_normalizing_one_large_input_are_over_the_replay_budget() {
+    use pmstate_trace::{Op, ReplayOptions, Step, TraceLimit};
+    let spec = ModuleSpec {
+        class: ModuleClass::RunningMeanStd,
+        shape: Some(vec![1]),
+        epsilon: 1e-5,
+        clamp_value: None,
+        ema_decay: None,
+        gamma: None,
+    };
+    let mut trace = Recorder::new(spec, "one input, many steps").unwrap().finish();
+    let x = Tensor::zeros((65_536, 1), candle_core::DType::F32, &Device::Cpu).unwrap();
+    let step = Step { op: Op::Normalize { x, direction: Direction::Normalize, result: None }, error: None };
+    trace.steps = vec![step; 8000];
+    let err = pmstate_trace::replay(&trace, &ReplayOptions::default()).unwrap_err();
+    let TraceError::Limit { limit: TraceLimit::Observations { kept_outputs, .. }, needed, max } = &err else {
+        panic!("expected the observation budget, got {err}")
+    };
+    assert_eq!(*kept_outputs, 8000 * 65_536);
+    assert!(needed > max, "{err}");
+    assert!(err.to_string().contains("plus 524288000 elements of outputs the size of their inputs"), "{err}");
+    // the same steps, few enough, fit and replay
+    trace.steps.truncate(8);
+    pmstate_trace::replay(&trace, &ReplayOptions::default()).unwrap();
+}

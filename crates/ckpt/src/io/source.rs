@@ -80,19 +80,38 @@ pub(crate) fn file_kind(meta: &std::fs::Metadata) -> &'static str {
     }
 }
 
+/// Opens `path` for reading without blocking and checks what was opened:
+/// the descriptor's own status (`fstat`), not the path's, so a FIFO or
+/// device renamed over the path between a check and the open is still
+/// caught. `O_NONBLOCK` makes opening a FIFO return at once instead of
+/// waiting for a writer (on a regular file it changes nothing).
+///
+/// Returns the file and its status; a non-regular file is
+/// [`CkptError::NotAFile`] naming what it is.
+pub fn open_regular(path: &Path) -> Result<(File, std::fs::Metadata)> {
+    let shown = || path.display().to_string();
+    let io = |source| CkptError::Io { path: shown(), source };
+    let mut opts = std::fs::OpenOptions::new();
+    opts.read(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        opts.custom_flags(libc::O_NONBLOCK);
+    }
+    let file = opts.open(path).map_err(io)?;
+    let meta = file.metadata().map_err(io)?;
+    if !meta.is_file() {
+        return Err(CkptError::NotAFile { path: shown(), kind: file_kind(&meta) });
+    }
+    Ok((file, meta))
+}
+
 impl Source {
-    /// Opens `path` for reading. Only regular files: a FIFO would block, a
-    /// device or `/dev/zero` would never end.
+    /// Opens `path` for reading ([`open_regular`]): only regular files, as
+    /// a FIFO would block and a device such as `/dev/zero` would never end.
     pub(crate) fn open(path: &Path) -> Result<Source> {
-        let shown = path.display().to_string();
-        let io = |source| CkptError::Io { path: shown.clone(), source };
-        let meta = std::fs::metadata(path).map_err(io)?;
-        if !meta.is_file() {
-            return Err(CkptError::NotAFile { path: shown, kind: file_kind(&meta) });
-        }
-        let file = File::open(path).map_err(io)?;
-        let meta = file.metadata().map_err(io)?;
-        Ok(Source::File { len: meta.len(), identity: Identity::of(&meta), file, shown })
+        let (file, meta) = open_regular(path)?;
+        Ok(Source::File { len: meta.len(), identity: Identity::of(&meta), file, shown: path.display().to_string() })
     }
 
     /// The size of the input as opened.

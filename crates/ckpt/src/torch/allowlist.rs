@@ -70,9 +70,50 @@ fn is_other_torch_dtype(name: &str) -> bool {
             && name[name.find(char::is_numeric).unwrap_or(0)..].chars().all(|c| c.is_ascii_digit())
 }
 
-fn globals_in(v: &Value, out: &mut Vec<String>) {
+/// Whether a global may appear in ProtoMotions' resolved configs
+/// (`resolved_configs*.pt`): what torch's safe loader accepts, anything of
+/// ProtoMotions' own package (its config dataclasses, enums and the
+/// functions its configs name), and Python's inert builtins (types and
+/// containers that build plain values). Anything else there
+/// (`posix.system`, `builtins.eval`, `subprocess.Popen`) has no business in
+/// a config and marks a hostile file.
+pub fn is_config_global(module: &str, name: &str) -> bool {
+    is_safe_global(module, name)
+        || module == "protomotions"
+        || module.starts_with("protomotions.")
+        || match module {
+            "builtins" | "__builtin__" => matches!(
+                name,
+                "int"
+                    | "float"
+                    | "complex"
+                    | "bool"
+                    | "str"
+                    | "bytes"
+                    | "bytearray"
+                    | "list"
+                    | "tuple"
+                    | "dict"
+                    | "set"
+                    | "frozenset"
+                    | "slice"
+                    | "range"
+                    | "object"
+            ),
+            "collections" => matches!(name, "OrderedDict" | "Counter" | "defaultdict" | "deque"),
+            // how pickle rebuilds a plain object of a class: `object.__new__(cls)`
+            "copyreg" => name == "_reconstructor",
+            _ => false,
+        }
+}
+
+/// Which globals a walk flags: those the predicate does not accept.
+pub(crate) type GlobalRule = fn(&str, &str) -> bool;
+
+fn globals_in(v: &Value, ok: GlobalRule, out: &mut Vec<String>) {
+    let globals_in = |v: &Value, out: &mut Vec<String>| globals_in(v, ok, out);
     match v {
-        Value::Global { module, name } if !is_safe_global(module, name) => out.push(format!("{module}.{name}")),
+        Value::Global { module, name } if !ok(module, name) => out.push(format!("{module}.{name}")),
         Value::List(xs) | Value::Tuple(xs) | Value::Set(xs) | Value::FrozenSet(xs) => {
             xs.iter().for_each(|x| globals_in(x, out))
         }
@@ -117,13 +158,18 @@ fn globals_in(v: &Value, out: &mut Vec<String>) {
 /// written as the global `torch.<name>`, so it is listed too. This is the
 /// one walk behind `inspect`, both writers and the safetensors reader.
 pub(crate) fn unsafe_globals(root: &Node) -> Vec<(String, String)> {
+    globals_outside(root, is_safe_global)
+}
+
+/// Every global `ok` does not accept, as [`unsafe_globals`] lists them.
+pub(crate) fn globals_outside(root: &Node, ok: GlobalRule) -> Vec<(String, String)> {
     let mut found = Vec::new();
     root.walk_all(&mut |path, node| {
         let mut here = Vec::new();
         match node {
-            Node::Opaque(v) => globals_in(v, &mut here),
-            Node::Global { module, name } if !is_safe_global(module, name) => here.push(format!("{module}.{name}")),
-            Node::TorchDtype(name) if !is_safe_global("torch", name) => here.push(format!("torch.{name}")),
+            Node::Opaque(v) => globals_in(v, ok, &mut here),
+            Node::Global { module, name } if !ok(module, name) => here.push(format!("{module}.{name}")),
+            Node::TorchDtype(name) if !ok("torch", name) => here.push(format!("torch.{name}")),
             _ => {}
         }
         if !here.is_empty() {

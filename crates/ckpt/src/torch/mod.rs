@@ -7,7 +7,7 @@ mod interpret;
 mod read;
 mod write;
 
-pub use allowlist::is_safe_global;
-pub(crate) use allowlist::unsafe_globals;
+pub(crate) use allowlist::{globals_outside, unsafe_globals};
+pub use allowlist::{is_config_global, is_safe_global};
 pub(crate) use read::{is_legacy, read_legacy, read_zip};
 pub use write::save_torch;

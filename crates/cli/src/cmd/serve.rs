@@ -9,6 +9,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
+use pmstate_policy::Globals;
 use pmstate_serve::{Batching, Event, Limits, ModelSource, NonFinite, ServeOptions, Watch};
 
 use crate::args::DeviceArg;
@@ -86,6 +87,12 @@ pub struct Args {
     /// still running after it are dropped (their connections closed).
     #[arg(long, default_value_t = 30.0, value_parser = crate::args::positive_seconds)]
     drain_timeout: f64,
+    /// Load a checkpoint holding globals torch's safe loader rejects, or
+    /// configs holding globals outside ProtoMotions', torch's and Python's
+    /// inert builtins, at start-up and on reload (each is named on stderr;
+    /// nothing is ever run).
+    #[arg(long)]
+    allow_unsafe_globals: bool,
 }
 
 /// `KEY=N`.
@@ -121,13 +128,14 @@ pub fn run(a: Args, g: Global) -> Result<ExitCode, CliError> {
         max_connections: a.max_connections,
     };
     opts.threads = a.threads;
+    opts.files.globals = if a.allow_unsafe_globals { Globals::Allow } else { Globals::Refuse };
     let json = g.json;
     let events = Arc::new(move |e: &Event| {
         let quiet_ok = matches!(e, Event::Listening { .. });
         if json {
             // an event is plain data: encoding it cannot fail
             let _ = output::json_line(e);
-        } else if matches!(e, Event::ReloadFailed { .. } | Event::DrainTimedOut { .. }) {
+        } else if matches!(e, Event::ReloadFailed { .. } | Event::DrainTimedOut { .. } | Event::GlobalAllowed { .. }) {
             output::err_line(format!("pmstate serve: {e}"));
         } else if quiet_ok || !g.quiet {
             output::line(e);

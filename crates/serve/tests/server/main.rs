@@ -6,6 +6,7 @@ mod common;
 
 mod bad_input;
 mod batching;
+mod files;
 mod hostile;
 mod protocol;
 mod reload;

@@ -97,20 +97,36 @@ pub fn replay(trace: &Trace, opts: &ReplayOptions) -> Result<Report> {
 }
 
 /// Refuses a replay whose kept observations would pass
-/// [`ReplayOptions::max_observation_bytes`]: every rank keeps about four
-/// tensors of the module's size per step (state mean and var, batch or
-/// output).
+/// [`ReplayOptions::max_observation_bytes`], counted per step before
+/// anything runs: every rank keeps up to six tensors of the module's size
+/// per step (state mean and var, batch and combined moments), and a step
+/// whose output has its input's size (normalize, the discounted reward)
+/// keeps that too. The trace shares one tensor among the steps that name
+/// it, but each step's output is its own: 8000 steps normalizing one
+/// 256 KiB input keep 8000 outputs.
 fn check_observation_budget(trace: &Trace, ranks: usize, opts: &ReplayOptions) -> Result<()> {
     let elems = match &trace.module.shape {
         // Checked: a product that wrapped would slip under the budget.
         Some(s) => s.iter().try_fold(1usize, |n, &d| n.checked_mul(d)).unwrap_or(usize::MAX).max(1),
         None => first_input_features(trace).unwrap_or(1),
     };
-    let needed =
-        (ranks as u64).saturating_mul(trace.steps.len() as u64).saturating_mul(elems as u64).saturating_mul(4 * 8);
+    let per_rank_step = (elems as u64).saturating_mul(6 * 8);
+    let mut kept_outputs = 0u64;
+    for step in &trace.steps {
+        let outputs = match &step.op {
+            Op::Normalize { x, .. } => x.elem_count() as u64,
+            Op::RecordReward { reward, .. } => reward.iter().map(|r| r.elem_count() as u64).sum(),
+            _ => 0,
+        };
+        kept_outputs = kept_outputs.saturating_add(outputs);
+    }
+    let needed = (ranks as u64)
+        .saturating_mul(trace.steps.len() as u64)
+        .saturating_mul(per_rank_step)
+        .saturating_add(kept_outputs.saturating_mul(8));
     if needed > opts.max_observation_bytes {
         return Err(TraceError::Limit {
-            limit: TraceLimit::Observations { ranks, steps: trace.steps.len(), features: elems },
+            limit: TraceLimit::Observations { ranks, steps: trace.steps.len(), features: elems, kept_outputs },
             max: opts.max_observation_bytes,
             needed,
         });

@@ -3,7 +3,6 @@
 use std::process::ExitCode;
 
 use candle_core::Device;
-use pmstate_policy::Policy;
 
 use super::PolicyFiles;
 use crate::args::OutputFormat;
@@ -18,7 +17,7 @@ pub struct Args {
 
 /// Prints the policy's [`pmstate_policy::Description`]: its text form, or the JSON object (`--json`).
 pub fn run(a: Args, g: Global) -> Result<ExitCode, CliError> {
-    let policy = Policy::load(&a.files.checkpoint, a.files.config.as_deref(), &Device::Cpu)?;
+    let policy = a.files.load(&Device::Cpu)?;
     let d = policy.describe()?;
     match g.format() {
         OutputFormat::Json => output::json_line(&d)?,

@@ -4,9 +4,12 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use crate::{CliError, Global};
+use pmstate_policy::{Globals, LoadOptions, Policy};
+
+use crate::{output, CliError, Global};
 
 pub mod describe;
+pub mod obs;
 pub mod run;
 
 /// `pmstate policy describe|run`
@@ -35,6 +38,27 @@ pub struct PolicyFiles {
     config: Option<PathBuf>,
     /// A ProtoMotions checkpoint (last.ckpt, inference_last.ckpt, or its safetensors conversion).
     checkpoint: PathBuf,
+    /// Load a checkpoint holding globals torch's safe loader rejects, or
+    /// configs holding globals outside ProtoMotions', torch's and Python's
+    /// inert builtins (each is named on stderr; nothing is ever run).
+    #[arg(long)]
+    allow_unsafe_globals: bool,
+}
+
+impl PolicyFiles {
+    /// Loads the policy, refusing unexpected globals unless allowed (then
+    /// naming each on stderr).
+    pub fn load(&self, device: &candle_core::Device) -> Result<Policy, CliError> {
+        let globals = if self.allow_unsafe_globals { Globals::Allow } else { Globals::Refuse };
+        let policy = Policy::load_with(&self.checkpoint, self.config.as_deref(), device, &LoadOptions { globals })?;
+        for g in policy.allowed_globals() {
+            output::err_line(format!(
+                "pmstate: warning: {}: loading the global {} at {} (--allow-unsafe-globals)",
+                g.file, g.global, g.key
+            ));
+        }
+        Ok(policy)
+    }
 }
 
 /// Runs `pmstate policy ...`.

@@ -6,7 +6,6 @@ use std::process::ExitCode;
 
 use candle_core::{Device, Tensor};
 use pmstate_norm::Dims;
-use pmstate_policy::Policy;
 use serde::Serialize;
 
 use super::PolicyFiles;
@@ -47,9 +46,8 @@ struct RunReport {
 /// Runs the policy and writes its outputs; prints what it wrote (one line, or a JSON object with `--json`).
 pub fn run(a: Args, g: Global) -> Result<ExitCode, CliError> {
     let (device, _) = a.device.open()?;
-    let policy = Policy::load(&a.files.checkpoint, a.files.config.as_deref(), &device)?;
-    let obs = candle_core::safetensors::load(&a.obs, &Device::Cpu)
-        .map_err(|e| CliError::Usage(format!("{}: {e}", a.obs.display())))?;
+    let policy = a.files.load(&device)?;
+    let obs = super::obs::read_obs(&a.obs, &policy)?;
     let mut tensors: Vec<(String, Tensor)> = Vec::new();
     let outputs = if a.sample {
         let s = policy.sample(&obs, a.seed)?;
@@ -94,7 +92,11 @@ pub fn run(a: Args, g: Global) -> Result<ExitCode, CliError> {
 fn write_atomic(path: &Path, map: &HashMap<String, Tensor>) -> Result<(), CliError> {
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "out".into());
     let tmp = path.with_file_name(format!(".{name}.{}.tmp", std::process::id()));
-    candle_core::safetensors::save(map, &tmp).map_err(|e| CliError::Usage(format!("{}: {e}", path.display())))?;
+    if let Err(e) = candle_core::safetensors::save(map, &tmp) {
+        // a failed write leaves nothing behind
+        let _ = std::fs::remove_file(&tmp);
+        return Err(CliError::Usage(format!("{}: {e}", path.display())));
+    }
     std::fs::rename(&tmp, path).map_err(|e| {
         let _ = std::fs::remove_file(&tmp);
         CliError::Io(std::io::Error::new(e.kind(), format!("{}: {e}", path.display())))

@@ -1,0 +1,272 @@
+//! The observations file of `policy run`: a safetensors file of one f32
+//! `[B, D]` tensor per in_key, read so that a hostile file costs little.
+//!
+//! The safetensors crate (and candle on top of it) parses the whole header
+//! into a map and maps every tensor before anyone can look at the keys: a
+//! file of 1.4 million empty extra tensors cost 1.2 GB and seconds before
+//! the "unexpected observation" error. Here the header is streamed from
+//! the open file and each entry checked as it comes (a key the policy does
+//! not accept, a key given twice, a dtype other than F32, a rank other than
+//! 2, more than a few dimensions, data outside the file), so the first bad
+//! entry ends the read with at most one entry in memory; only then are the
+//! accepted tensors read, each exactly its declared bytes.
+
+use std::cell::RefCell;
+use std::collections::{HashMap, HashSet};
+use std::fmt;
+use std::io::{BufReader, Read};
+use std::path::Path;
+
+use candle_core::{Device, Tensor};
+use pmstate_policy::{Policy, PolicyError};
+use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde::Deserialize;
+
+use crate::CliError;
+
+/// The most header bytes the safetensors format allows.
+const MAX_HEADER_BYTES: u64 = 100_000_000;
+
+/// Most dimensions read from a shape before it is refused (an observation has 2).
+const MAX_DIMS: usize = 8;
+
+/// What is wrong with an observations file beyond what the policy checks.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ObsProblem {
+    /// Shorter than its 8-byte header length, or than the header it declares.
+    #[error("the file ends inside its safetensors header ({len} bytes, the header needs {needed})")]
+    Truncated {
+        /// The file's size.
+        len: u64,
+        /// What the header needs.
+        needed: u64,
+    },
+    /// A header over the format's limit.
+    #[error("a safetensors header of {len} bytes, over the format's limit of {MAX_HEADER_BYTES}")]
+    HeaderTooLarge {
+        /// Its declared length.
+        len: u64,
+    },
+    /// The header is not a JSON object of tensor entries.
+    #[error("safetensors header: {0}")]
+    Header(#[source] serde_json::Error),
+    /// A tensor named twice in the header.
+    #[error("tensor {0} is listed twice in the safetensors header")]
+    Duplicate(String),
+    /// A shape of more than [`MAX_DIMS`] dimensions.
+    #[error("tensor {key}: a shape of more than {MAX_DIMS} dimensions")]
+    TooManyDims {
+        /// The tensor.
+        key: String,
+    },
+    /// Data offsets that do not hold exactly the shape's f32 values inside the file.
+    #[error(
+        "tensor {key}: data offsets [{start}, {end}] do not hold its {needed} bytes inside the file's {available}"
+    )]
+    Offsets {
+        /// The tensor.
+        key: String,
+        /// Declared start.
+        start: u64,
+        /// Declared end.
+        end: u64,
+        /// What its shape needs.
+        needed: u64,
+        /// Bytes after the header.
+        available: u64,
+    },
+}
+
+/// One header entry, shape bounded while it is parsed.
+#[derive(Deserialize)]
+struct Entry {
+    dtype: String,
+    shape: Shape,
+    data_offsets: [u64; 2],
+}
+
+/// A shape's first [`MAX_DIMS`] dimensions, and whether it has more (the
+/// rest are skipped unread: a 60 MB shape list is never held).
+struct Shape {
+    dims: Vec<u64>,
+    more: bool,
+}
+
+impl<'de> Deserialize<'de> for Shape {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Shape;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a list of dimensions")
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Shape, A::Error> {
+                let mut dims = Vec::new();
+                while dims.len() < MAX_DIMS {
+                    match seq.next_element::<u64>()? {
+                        Some(d) => dims.push(d),
+                        None => return Ok(Shape { dims, more: false }),
+                    }
+                }
+                let mut more = false;
+                while seq.next_element::<IgnoredAny>()?.is_some() {
+                    more = true;
+                }
+                Ok(Shape { dims, more })
+            }
+        }
+        d.deserialize_seq(V)
+    }
+}
+
+/// The accepted entries of a header, refused at the first bad one.
+struct Header<'a> {
+    path: &'a Path,
+    policy: &'a Policy,
+    accepted: &'a [String],
+    /// The typed problem behind a serde error raised while streaming.
+    problem: &'a RefCell<Option<CliError>>,
+}
+
+impl<'de> DeserializeSeed<'de> for Header<'_> {
+    type Value = Vec<(String, Entry)>;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Header<'_> {
+    type Value = Vec<(String, Entry)>;
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a safetensors header (a JSON object)")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut out: Vec<(String, Entry)> = Vec::new();
+        let mut seen = HashSet::new();
+        let fail = |e: CliError| {
+            *self.problem.borrow_mut() = Some(e);
+            de::Error::custom("refused")
+        };
+        while let Some(key) = map.next_key::<String>()? {
+            if key == "__metadata__" {
+                map.next_value::<IgnoredAny>()?;
+                continue;
+            }
+            if !self.accepted.contains(&key) {
+                return Err(fail(PolicyError::ExtraObs { key, expected: self.accepted.to_vec() }.into()));
+            }
+            if !seen.insert(key.clone()) {
+                return Err(fail(obs_error(self.path, ObsProblem::Duplicate(key))));
+            }
+            let entry = map.next_value::<Entry>()?;
+            if entry.shape.more {
+                return Err(fail(obs_error(self.path, ObsProblem::TooManyDims { key })));
+            }
+            let width = self.policy.widths().known.get(&key).copied();
+            if entry.dtype != "F32" {
+                let dtype = entry.dtype.to_lowercase();
+                return Err(fail(PolicyError::ObsDtype { key, dtype, width }.into()));
+            }
+            if entry.shape.dims.len() != 2 {
+                let shape = entry.shape.dims.iter().map(|&d| usize::try_from(d).unwrap_or(usize::MAX)).collect();
+                return Err(fail(PolicyError::ObsRank { key, shape, width }.into()));
+            }
+            out.push((key, entry));
+        }
+        Ok(out)
+    }
+}
+
+fn obs_error(path: &Path, problem: ObsProblem) -> CliError {
+    CliError::Obs { path: path.display().to_string(), problem }
+}
+
+/// Reads the observations `policy` accepts from the safetensors file at
+/// `path`; see the module documentation for what is checked, and when.
+pub fn read_obs(path: &Path, policy: &Policy) -> Result<HashMap<String, Tensor>, CliError> {
+    let (file, meta) = pmstate_ckpt::open_regular(path)?;
+    let len = meta.len();
+    let shown = || path.display().to_string();
+    let io = |e: std::io::Error| CliError::Io(std::io::Error::new(e.kind(), format!("{}: {e}", shown())));
+    let problem = |p| obs_error(path, p);
+    if len < 8 {
+        return Err(problem(ObsProblem::Truncated { len, needed: 8 }));
+    }
+    let mut n = [0u8; 8];
+    read_exact_at(&file, 0, &mut n).map_err(io)?;
+    let n = u64::from_le_bytes(n);
+    if n > MAX_HEADER_BYTES {
+        return Err(problem(ObsProblem::HeaderTooLarge { len: n }));
+    }
+    let data_start = 8 + n;
+    if data_start > len {
+        return Err(problem(ObsProblem::Truncated { len, needed: data_start }));
+    }
+    let accepted = policy.accepted_keys();
+    let refused = RefCell::new(None);
+    let mut reader = BufReader::new(ReadAt { file: &file, pos: 8, end: data_start });
+    let mut de = serde_json::Deserializer::from_reader(&mut reader);
+    let parsed = Header { path, policy, accepted: &accepted, problem: &refused }.deserialize(&mut de).and_then(|v| {
+        de.end()?;
+        Ok(v)
+    });
+    let entries = match (parsed, refused.into_inner()) {
+        (_, Some(e)) => return Err(e),
+        (Err(e), None) => return Err(problem(ObsProblem::Header(e))),
+        (Ok(v), None) => v,
+    };
+    let available = len - data_start;
+    let mut out = HashMap::with_capacity(entries.len());
+    for (key, e) in entries {
+        let [start, end] = e.data_offsets;
+        let (b, d) = (e.shape.dims[0], e.shape.dims[1]);
+        let needed = b.checked_mul(d).and_then(|x| x.checked_mul(4));
+        let bad = ObsProblem::Offsets { key: key.clone(), start, end, needed: needed.unwrap_or(u64::MAX), available };
+        let Some(needed) = needed.filter(|&x| start <= end && end <= available && end - start == x) else {
+            return Err(problem(bad));
+        };
+        let (Ok(rows), Ok(cols), Ok(bytes)) = (usize::try_from(b), usize::try_from(d), usize::try_from(needed)) else {
+            return Err(problem(bad));
+        };
+        let mut raw = vec![0u8; bytes];
+        read_exact_at(&file, data_start + start, &mut raw).map_err(io)?;
+        let values: Vec<f32> = raw.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+        drop(raw);
+        out.insert(key, Tensor::from_vec(values, (rows, cols), &Device::Cpu)?);
+    }
+    Ok(out)
+}
+
+/// A `Read` over `file[pos..end]` by positioned reads.
+struct ReadAt<'a> {
+    file: &'a std::fs::File,
+    pos: u64,
+    end: u64,
+}
+
+impl Read for ReadAt<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let left = usize::try_from(self.end - self.pos).unwrap_or(usize::MAX);
+        let n = buf.len().min(left);
+        if n == 0 {
+            return Ok(0);
+        }
+        read_exact_at(self.file, self.pos, &mut buf[..n])?;
+        self.pos += n as u64;
+        Ok(n)
+    }
+}
+
+#[cfg(unix)]
+fn read_exact_at(file: &std::fs::File, offset: u64, buf: &mut [u8]) -> std::io::Result<()> {
+    std::os::unix::fs::FileExt::read_exact_at(file, buf, offset)
+}
+
+#[cfg(not(unix))]
+fn read_exact_at(file: &std::fs::File, offset: u64, buf: &mut [u8]) -> std::io::Result<()> {
+    use std::io::{Seek, SeekFrom};
+    let mut f = file;
+    f.seek(SeekFrom::Start(offset))?;
+    f.read_exact(buf)
+}
