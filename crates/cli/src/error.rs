@@ -10,6 +10,18 @@ pub enum CliError {
     /// A normalizer operation failed.
     #[error(transparent)]
     Norm(#[from] pmstate_norm::NormError),
+    /// The `--obs` file of `policy run` is not a safetensors file of observations.
+    #[error(
+        "--obs {}: not a safetensors observation file (expected one f32 [B, D] tensor per in_key, \
+         as `policy run` writes and the recorded traces hold): {source}",
+        path.display()
+    )]
+    Observations {
+        /// The file given.
+        path: std::path::PathBuf,
+        /// What reading it as safetensors said.
+        source: candle_core::Error,
+    },
     /// candle failed (allocation, device).
     #[error("candle: {0}")]
     Candle(#[from] candle_core::Error),

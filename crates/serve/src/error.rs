@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use axum::http::StatusCode;
 
-/// Why a `--widths` pin cannot hold for the checkpoint (in [`LoadError::Pin`]).
+/// Why a `--width` pin cannot hold for the checkpoint (in [`LoadError::Pin`]).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum PinProblem {
@@ -88,8 +88,8 @@ pub enum LoadError {
         /// The file.
         path: String,
     },
-    /// A `--widths` pin the checkpoint contradicts.
-    #[error("--widths {key}: {problem}")]
+    /// A `--width` pin the checkpoint contradicts.
+    #[error("--width {key}: {problem}")]
     Pin {
         /// The observation key.
         key: String,

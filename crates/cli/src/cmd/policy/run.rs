@@ -49,7 +49,7 @@ pub fn run(a: Args, g: Global) -> Result<ExitCode, CliError> {
     let (device, _) = a.device.open()?;
     let policy = Policy::load(&a.files.checkpoint, a.files.config.as_deref(), &device)?;
     let obs = candle_core::safetensors::load(&a.obs, &Device::Cpu)
-        .map_err(|e| CliError::Usage(format!("{}: {e}", a.obs.display())))?;
+        .map_err(|source| CliError::Observations { path: a.obs.clone(), source })?;
     let mut tensors: Vec<(String, Tensor)> = Vec::new();
     let outputs = if a.sample {
         let s = policy.sample(&obs, a.seed)?;
