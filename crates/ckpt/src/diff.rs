@@ -103,7 +103,9 @@ impl std::fmt::Display for Difference {
             DifferenceKind::Value { a, b } => write!(f, "{key}: {a} in A, {b} in B"),
             DifferenceKind::TensorType { a, b } => write!(f, "{key}: tensor {a} in A, {b} in B"),
             DifferenceKind::Elements { mismatched, of, max_abs, first_index } => {
-                write!(f, "{key}: {mismatched} of {of} elements differ (max |a - b| {max_abs}")?;
+                // `{:?}`: the shortest text that reads back as the same f64,
+                // in exponent form when small (Display would print 1e-20 as 22 digits)
+                write!(f, "{key}: {mismatched} of {of} elements differ (max |a - b| {max_abs:?}")?;
                 if let Some(i) = first_index {
                     write!(f, ", first at flat index {i}")?;
                 }
@@ -535,6 +537,21 @@ mod tests {
         assert!(!t.close_f64(f64::INFINITY, f64::NEG_INFINITY));
         assert!(t.close_f64(1000.0, 1000.9));
         assert!(!t.close_f64(1000.0, 1001.5));
+    }
+
+    /// Differences print the shortest decimal that reads back as the same
+    /// f64, not every digit of its exact value.
+    #[test]
+    fn differences_print_floats_in_their_shortest_form() {
+        let max_abs = f64::from(f32::EPSILON) / 8.0;
+        let d = Difference {
+            key: "w".into(),
+            kind: DifferenceKind::Elements { mismatched: 1, of: 4, max_abs, first_index: Some(2) },
+        };
+        let text = d.to_string();
+        assert_eq!(text, "w: 1 of 4 elements differ (max |a - b| 1.4901161193847656e-8, first at flat index 2)");
+        let shown = text.split("max |a - b| ").nth(1).and_then(|s| s.split(',').next()).unwrap();
+        assert_eq!(shown.parse::<f64>().unwrap(), max_abs, "reads back as the same value");
     }
 
     fn one_tensor(t: TensorRef, values: &[f32]) -> Checkpoint {

@@ -129,8 +129,9 @@ pub enum CkptError {
     },
     /// Inflating compressed records would pass the zip-bomb budget.
     #[error(
-        "{path}: record {record}: inflating {needed} more bytes would pass the limit on inflated data ({left} left); \
-         raise ReadOptions::max_inflated_bytes for a legitimate file"
+        "{path}: record {record}: inflating {needed} more bytes would pass the zip-bomb guard's limit of {limit} \
+         inflated bytes for the whole file ({left} left; by default 32 times the file size plus 64 MiB, which real \
+         checkpoints never approach; the CLI has no flag to raise it, Rust callers set ReadOptions::max_inflated_bytes)"
     )]
     InflateLimit {
         /// The file.
@@ -141,6 +142,8 @@ pub enum CkptError {
         needed: u64,
         /// Budget left.
         left: u64,
+        /// The whole budget (the default or `ReadOptions::max_inflated_bytes`).
+        limit: u64,
     },
     /// A compressed record does not inflate.
     #[error("{path}: record {record}: inflating: {source}")]

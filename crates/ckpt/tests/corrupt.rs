@@ -184,5 +184,8 @@ fn inflated_data_is_bounded_by_a_multiple_of_the_file_size() {
     assert_eq!(ok.tensors()[0].1.numel(), n as usize);
     let tight = pmstate_ckpt::ReadOptions { max_inflated_bytes: Some(1 << 20), ..Default::default() };
     let e = Checkpoint::from_bytes(bytes, "zeros.pt", &tight).unwrap_err();
-    assert!(matches!(&e, CkptError::InflateLimit { record, .. } if record == "data/0"), "{e}");
+    assert!(matches!(&e, CkptError::InflateLimit { record, limit: 1048576, .. } if record == "data/0"), "{e}");
+    // the message says which limit and that the CLI cannot raise it (no Rust API alone)
+    let msg = e.to_string();
+    assert!(msg.contains("limit of 1048576 inflated bytes") && msg.contains("the CLI has no flag"), "{msg}");
 }

@@ -34,7 +34,7 @@ pub enum CliError {
     #[error(transparent)]
     Policy(#[from] pmstate_policy::PolicyError),
     /// An observations file (`policy run --obs`) that cannot be read as one.
-    #[error("{path}: {problem}")]
+    #[error("--obs {path}: {problem}")]
     Obs {
         /// The file.
         path: String,

@@ -131,3 +131,52 @@ fn main() -> ExitCode {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::Cli;
+
+    /// The subcommands `crates/cli/README.md` shows as `pmstate NAME` (and
+    /// `pmstate policy NAME`) in its command list.
+    fn readme_commands(readme: &str) -> Vec<String> {
+        let mut names = Vec::new();
+        for line in readme.lines() {
+            let mut words = line.split_whitespace();
+            if words.next() != Some("pmstate") {
+                continue;
+            }
+            let Some(first) = words.next() else { continue };
+            names.push(match (first, words.next()) {
+                ("policy", Some(sub)) => format!("policy {sub}"),
+                (first, _) => first.to_owned(),
+            });
+        }
+        names
+    }
+
+    /// The crate README lists every subcommand clap knows (nested ones
+    /// too) and none it does not, so the list cannot fall behind again.
+    #[test]
+    fn the_crate_readme_lists_every_subcommand() {
+        let readme = include_str!("../README.md");
+        let listed = readme_commands(readme);
+        let mut known = Vec::new();
+        for c in Cli::command().get_subcommands() {
+            let subs: Vec<String> = c.get_subcommands().map(|s| format!("{} {}", c.get_name(), s.get_name())).collect();
+            if subs.is_empty() {
+                known.push(c.get_name().to_owned());
+            } else {
+                known.extend(subs);
+            }
+        }
+        assert!(known.len() >= 14, "clap's subcommands: {known:?}");
+        for name in &known {
+            assert!(listed.contains(name), "crates/cli/README.md does not show `pmstate {name}`");
+        }
+        for name in &listed {
+            assert!(known.contains(name), "crates/cli/README.md shows `pmstate {name}`, which is no subcommand");
+        }
+    }
+}

@@ -19,6 +19,11 @@ fn replay_passes_every_committed_trace_in_both_modes() {
         assert!(out.status.success(), "{mode}: {stdout}{}", String::from_utf8_lossy(&out.stderr));
         assert!(stdout.lines().filter(|l| l.starts_with("PASS ")).count() >= 18, "{stdout}");
         assert!(stdout.contains(" passed, 0 failed"), "{stdout}");
+        // every line says what its verdict rests on: exact, or the bound and the share of it used
+        for l in stdout.lines().filter(|l| l.starts_with("PASS ")) {
+            let judged = l.contains("every field exact") || (mode == "free" && l.contains("of its bound (bound up to"));
+            assert!(judged, "{mode}: {l}");
+        }
     }
 }
 
@@ -126,6 +131,24 @@ fn bench_json_has_the_documented_fields() {
     }
     let out = pmstate().args(["bench", "--threads", "0"]).output().unwrap();
     assert_eq!(out.status.code(), Some(2));
+}
+
+/// The text table: a header over every column, each row one value per column.
+#[test]
+fn bench_text_has_a_header_for_every_column() {
+    let out = pmstate().args(["bench", "--threads", "1", "--min-time", "0", "--shape", "64x8"]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let mut lines = stdout.lines();
+    let header: Vec<&str> = lines.next().unwrap().split_whitespace().collect();
+    assert_eq!(header, ["op", "shape", "device", "thr", "isa", "median", "µs", "GB/s"], "{stdout}");
+    let rows: Vec<Vec<&str>> = lines.map(|l| l.split_whitespace().collect()).collect();
+    assert_eq!(rows.len(), 4, "{stdout}");
+    for r in rows {
+        assert_eq!(r.len(), header.len() - 1, "one value per column (`median µs` is one): {r:?}");
+        assert_eq!((r[1], r[2], r[3]), ("64x8", "cpu", "1"), "{r:?}");
+        assert!(["avx512", "avx2", "scalar"].contains(&r[4]), "the isa column: {r:?}");
+    }
 }
 
 /// Whether this CPU has an x86 feature (false elsewhere).

@@ -212,7 +212,7 @@ fn every_multi_rank_trace_replays_over_mpi_bit_for_bit_and_in_free_mode() {
             if mode == "pinned" {
                 // Bit for bit: no field off by any ulp.
                 for l in o.stdout.lines().filter(|l| l.starts_with("PASS")) {
-                    assert!(l.contains("max_ulps 0 "), "{l}");
+                    assert!(l.contains("every field exact"), "{l}");
                 }
             }
         }

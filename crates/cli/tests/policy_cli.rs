@@ -344,6 +344,14 @@ fn bad_observations_exit_2_naming_the_key_and_width() {
         let o = tmp.path().join("out.safetensors").display().to_string();
         pmstate(&["policy", "run", &ckpt, "--obs", &p.display().to_string(), "--out", &o])
     };
+    // a checkpoint given as --obs: the flag, the file and what was expected are named
+    let o = tmp.path().join("out.safetensors").display().to_string();
+    let out = pmstate(&["policy", "run", &ckpt, "--obs", &ckpt, "--out", &o]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = text(&out);
+    assert!(err.contains(&format!("--obs {ckpt}: not a safetensors observation file")), "{err}");
+    assert!(err.contains("one f32 [B, D] tensor per in_key"), "{err}");
+
     let mut missing = obs.clone();
     missing.remove("obs_b");
     let out = run(&missing);

@@ -53,8 +53,13 @@ impl Lines {
 
 /// `pmstate --json serve CHECKPOINT --addr 127.0.0.1:0 --name tracker ARGS`: the child, its events, its address.
 fn serve(ckpt: &Path, args: &[&str]) -> (Child, Lines, SocketAddr) {
+    serve_at("127.0.0.1:0", ckpt, args)
+}
+
+/// [`serve`] with `--addr ADDR`.
+fn serve_at(addr: &str, ckpt: &Path, args: &[&str]) -> (Child, Lines, SocketAddr) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_pmstate"))
-        .args(["--json", "serve", "--addr", "127.0.0.1:0", "--name", "tracker"])
+        .args(["--json", "serve", "--addr", addr, "--name", "tracker"])
         .args(args)
         .arg(ckpt)
         .stdout(Stdio::piped())
@@ -161,6 +166,26 @@ async fn serve_answers_like_policy_run_reloads_on_sighup_and_drains_on_sigterm()
     assert_eq!(lines.next()["event"], "stopped");
     let status = exit_of(&mut child);
     assert!(status.success(), "{status:?}");
+}
+
+/// `--addr localhost:0` (the README's curl lines say localhost): a loopback
+/// address, a free port, answering; a number that is not a port is refused
+/// with the forms `--addr` takes.
+#[tokio::test(flavor = "current_thread")]
+async fn addr_takes_a_host_name_or_a_port_alone() {
+    let ckpt = data("smpl_tracker/last.ckpt");
+    let (mut child, lines, addr) = serve_at("localhost:0", &ckpt, &[]);
+    assert!(addr.ip().is_loopback(), "{addr}");
+    let r = Client::new(addr).with_timeout(WATCHDOG).get("/v2/health/ready").await.unwrap();
+    assert_eq!((r.status, r.json()), (200, json!({"ready": true})));
+    signal(child.id(), "-TERM");
+    assert_eq!(lines.next()["event"], "draining");
+    assert!(exit_of(&mut child).success());
+
+    let out = refused(Command::new(env!("CARGO_BIN_EXE_pmstate")).args(["serve", "--addr", "80800"]).arg(&ckpt));
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("expected IP:PORT, HOST:PORT or PORT"), "{err}");
 }
 
 /// The done-when of the issue, with curl: a server started from a
@@ -326,7 +351,7 @@ fn serve_refuses_what_it_cannot_serve() {
     let ckpt = data("smpl_tracker/last.ckpt");
     // a width pin the checkpoint contradicts, a bad model name, a missing file: exit 2, named
     for (args, want) in [
-        (vec!["--width", "max_coords_obs=2000"], "--widths max_coords_obs"),
+        (vec!["--width", "max_coords_obs=2000"], "--width max_coords_obs"),
         (vec!["--name", "a/b"], "model name \"a/b\""),
         (vec!["--max-batch", "0"], "--max-batch"),
         (vec!["--drain-timeout", "0"], "--drain-timeout"),

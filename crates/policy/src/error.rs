@@ -34,7 +34,7 @@ pub enum PolicyError {
         key: String,
     },
     /// No configs file given and none next to the checkpoint.
-    #[error("{checkpoint}: no resolved_configs_inference.pt or resolved_configs.pt next to it; pass the configs file")]
+    #[error("{checkpoint}: no resolved_configs_inference.pt or resolved_configs.pt next to it; pass the configs file with --config")]
     ConfigNotFound {
         /// The checkpoint.
         checkpoint: String,

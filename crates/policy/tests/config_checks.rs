@@ -328,6 +328,7 @@ fn load_picks_the_inference_configs_first() {
     std::fs::copy(data("smpl_tracker/last.ckpt"), tmp.path().join("last.ckpt")).unwrap();
     let e = Policy::load(tmp.path().join("last.ckpt"), None, &Device::Cpu).unwrap_err();
     assert!(matches!(&e, PolicyError::ConfigNotFound { checkpoint } if checkpoint.ends_with("last.ckpt")), "{e}");
+    assert!(e.to_string().ends_with("pass the configs file with --config"), "names the flag: {e}");
     std::fs::copy(data("smpl_tracker/resolved_configs.pt"), tmp.path().join("resolved_configs.pt")).unwrap();
     let p = Policy::load(tmp.path().join("last.ckpt"), None, &Device::Cpu).unwrap();
     assert_eq!(p.config_path(), Some(tmp.path().join("resolved_configs.pt").to_str().unwrap()));

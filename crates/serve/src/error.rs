@@ -34,7 +34,7 @@ pub(crate) fn clip_json(text: &str) -> String {
     serde_json::to_string(&*clip(text)).unwrap_or_default()
 }
 
-/// Why a `--widths` pin cannot hold for the checkpoint (in [`LoadError::Pin`]).
+/// Why a `--width` pin cannot hold for the checkpoint (in [`LoadError::Pin`]).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum PinProblem {
@@ -115,8 +115,8 @@ pub enum LoadError {
         /// The file.
         path: String,
     },
-    /// A `--widths` pin the checkpoint contradicts.
-    #[error("--widths {key}: {problem}")]
+    /// A `--width` pin the checkpoint contradicts.
+    #[error("--width {key}: {problem}")]
     Pin {
         /// The observation key.
         key: String,

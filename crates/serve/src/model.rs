@@ -553,6 +553,6 @@ mod tests {
         let (key, problem) = pin_problem(&container, &[("obs_a", 7)]);
         assert_eq!(key, "obs_a");
         assert_eq!(problem, PinProblem::Contradicts { pinned: 7, fixed: 6 });
-        assert_eq!(LoadError::Pin { key, problem }.to_string(), "--widths obs_a: 7, but the checkpoint fixes 6");
+        assert_eq!(LoadError::Pin { key, problem }.to_string(), "--width obs_a: 7, but the checkpoint fixes 6");
     }
 }

@@ -68,8 +68,21 @@ async fn not_found(method: Method, uri: Uri) -> RequestError {
     RequestError::NoRoute { method: method.to_string(), path: uri.path().to_owned() }
 }
 
-async fn method_not_allowed(method: Method, uri: Uri) -> RequestError {
-    RequestError::Method { method: method.to_string(), path: uri.path().to_owned() }
+/// A 405. On an inference URL it is a refused inference request, counted
+/// (received, and refused as `method`) like every other refusal there.
+async fn method_not_allowed(State(st): State<Arc<AppState>>, method: Method, uri: Uri) -> RequestError {
+    let e = RequestError::Method { method: method.to_string(), path: uri.path().to_owned() };
+    if is_infer_path(uri.path()) {
+        st.metrics.requests.inc();
+        st.metrics.error(&e);
+    }
+    e
+}
+
+/// `/v2/models/NAME/infer` or `/v2/models/NAME/versions/V/infer`.
+fn is_infer_path(path: &str) -> bool {
+    let parts: Vec<&str> = path.split('/').collect();
+    matches!(parts.as_slice(), ["", "v2", "models", _, "infer"] | ["", "v2", "models", _, "versions", _, "infer"])
 }
 
 async fn live() -> Json<serde_json::Value> {

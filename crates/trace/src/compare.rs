@@ -60,8 +60,10 @@ impl FieldReport {
     }
 }
 
-/// `step 3 normalize out max_ulps 2 max_abs 1.192e-7`, then the first
-/// mismatch and the note when there are any.
+/// `step 3 normalize out max_ulps 2 max_abs 1.192e-7`, then (free mode)
+/// the bound it was judged by and the share of it used, the first
+/// mismatch and the note when there are any: a large ulp count alone (a
+/// value near zero) says nothing about passing.
 impl fmt::Display for FieldReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "step {} {} {} max_ulps ", self.step, self.op, self.field)?;
@@ -70,6 +72,9 @@ impl fmt::Display for FieldReport {
             n => write!(f, "{n}")?,
         }
         write!(f, " max_abs {:.3e}", self.max_abs)?;
+        if self.tolerance > 0.0 {
+            write!(f, " using {:.1}% of its bound (bound up to {:.3e})", self.bound_used * 100.0, self.tolerance)?;
+        }
         if let Some(i) = self.first_mismatch {
             write!(f, " first mismatch at element {i}")?;
         }

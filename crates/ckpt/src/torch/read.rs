@@ -34,6 +34,7 @@ fn interpret(path: &str, value: Value, form: PidForm, declared: &mut Declared) -
 /// The zip-bomb budget: what all compressed records may inflate to.
 struct InflateBudget {
     left: u64,
+    limit: u64,
 }
 
 impl InflateBudget {
@@ -44,6 +45,7 @@ impl InflateBudget {
                 record: record.to_owned(),
                 needed: n,
                 left: self.left,
+                limit: self.limit,
             });
         }
         self.left -= n;
@@ -104,9 +106,8 @@ pub(crate) fn read_zip(path: &str, src: &Arc<Source>, opts: &ReadOptions) -> Res
     if records.contains_key("constants.pkl") {
         return Err(CkptError::TorchScript { path: path.to_owned() });
     }
-    let mut budget = InflateBudget {
-        left: opts.max_inflated_bytes.unwrap_or(src.len().saturating_mul(32).saturating_add(64 << 20)),
-    };
+    let limit = opts.max_inflated_bytes.unwrap_or(src.len().saturating_mul(32).saturating_add(64 << 20));
+    let mut budget = InflateBudget { left: limit, limit };
     let mut read = |name: &str, rec: &Record, limit: u64, budget: &mut InflateBudget| -> Result<Vec<u8>> {
         read_record(path, src, &mut za, name, rec, limit, budget)
     };

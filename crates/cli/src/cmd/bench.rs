@@ -78,8 +78,8 @@ pub fn run(a: Args, g: Global) -> Result<ExitCode, CliError> {
     }
     if !g.json {
         output::line(format!(
-            "{:<20} {:>11} {:>7} {:>3} {:>12} {:>8}",
-            "op", "shape", "device", "thr", "median µs", "GB/s"
+            "{:<20} {:>11} {:>7} {:>3} {:>6} {:>12} {:>8}",
+            "op", "shape", "device", "thr", "isa", "median µs", "GB/s"
         ));
         for r in rows {
             output::line(r);

@@ -54,7 +54,7 @@ pub fn run(args: Args, g: Global) -> Result<ExitCode, CliError> {
             differences: &diffs,
         })?;
     } else if diffs.is_empty() {
-        output::line(format!("no differences (rtol {}, atol {})", tol.rtol, tol.atol));
+        output::line(format!("no differences (rtol {:?}, atol {:?})", tol.rtol, tol.atol));
     } else {
         for d in &diffs {
             output::line(d);

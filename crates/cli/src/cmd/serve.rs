@@ -3,7 +3,7 @@
 //! metrics. Everything but the flags lives in pmstate-serve; this module
 //! turns flags into [`ServeOptions`] and the server's events into lines.
 
-use std::net::SocketAddr;
+use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -28,8 +28,9 @@ pub struct Args {
     /// The model name in URLs (/v2/models/NAME/infer).
     #[arg(long, default_value = "policy")]
     name: String,
-    /// Where to listen; port 0 picks a free port (the address is printed).
-    #[arg(long, default_value = "127.0.0.1:8080")]
+    /// Where to listen: IP:PORT, HOST:PORT (localhost:8080) or a port alone
+    /// (8080: 127.0.0.1:8080); port 0 picks a free port (the address is printed).
+    #[arg(long, default_value = "127.0.0.1:8080", value_parser = listen_addr)]
     addr: SocketAddr,
     /// Where the policy runs.
     #[arg(long, value_enum, default_value = "cpu")]
@@ -95,6 +96,33 @@ pub struct Args {
     allow_unsafe_globals: bool,
 }
 
+/// `IP:PORT`, `HOST:PORT` or `PORT` (on 127.0.0.1, as the default address).
+/// A host name takes its first IPv4 address (localhost: 127.0.0.1, what
+/// curl and most clients try first), else its first address.
+fn listen_addr(s: &str) -> Result<SocketAddr, String> {
+    if let Ok(addr) = s.parse::<SocketAddr>() {
+        return Ok(addr);
+    }
+    if let Ok(port) = s.parse::<u16>() {
+        return Ok(SocketAddr::from(([127, 0, 0, 1], port)));
+    }
+    let expected = "expected IP:PORT, HOST:PORT or PORT, e.g. 127.0.0.1:8080, localhost:8080 or 8080";
+    let Some((host, port)) = s.rsplit_once(':') else {
+        return Err(format!("\"{s}\": no port; {expected}"));
+    };
+    if host.is_empty() || port.parse::<u16>().is_err() {
+        return Err(format!("\"{s}\": {expected}"));
+    }
+    let found: Vec<SocketAddr> =
+        s.to_socket_addrs().map_err(|e| format!("\"{s}\": cannot resolve {host}: {e}"))?.collect();
+    found
+        .iter()
+        .find(|a| a.is_ipv4())
+        .or_else(|| found.first())
+        .copied()
+        .ok_or_else(|| format!("\"{s}\": {host} has no address"))
+}
+
 /// `KEY=N`.
 fn width_pin(s: &str) -> Result<(String, usize), String> {
     let (k, n) = s.split_once('=').ok_or_else(|| format!("\"{s}\": expected KEY=N, e.g. max_coords_obs=358"))?;
@@ -144,4 +172,23 @@ pub fn run(a: Args, g: Global) -> Result<ExitCode, CliError> {
     // a drain on SIGINT/SIGTERM is the normal way to stop a server: exit 0
     pmstate_serve::serve_until_signalled(opts, events, None)?;
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// IP:PORT as before; a port alone and localhost mean 127.0.0.1; the rest is refused with what was expected.
+    #[test]
+    fn addr_accepts_ip_port_host_port_and_a_port_alone() {
+        assert_eq!(listen_addr("0.0.0.0:9000"), Ok(SocketAddr::from(([0, 0, 0, 0], 9000))));
+        assert_eq!(listen_addr("[::1]:9000"), Ok("[::1]:9000".parse().unwrap()));
+        assert_eq!(listen_addr("8080"), Ok(SocketAddr::from(([127, 0, 0, 1], 8080))));
+        let local = listen_addr("localhost:0").unwrap();
+        assert!(local.ip().is_loopback() && local.port() == 0, "{local}");
+        for bad in ["localhost", "localhost:99999", ":8080", "localhost:http", "70000", ""] {
+            let e = listen_addr(bad).unwrap_err();
+            assert!(e.contains("IP:PORT") || e.contains("no port"), "{bad}: {e}");
+        }
+    }
 }

@@ -141,6 +141,7 @@ async fn malformed_requests_are_refused_by_name_and_the_server_keeps_serving() {
     assert!(metric(&text, "pmstate_infer_errors_total{kind=\"bad_json\"}") >= 4.0);
     assert!(metric(&text, "pmstate_infer_errors_total{kind=\"bad_input\"}") >= 14.0);
     assert_eq!(metric(&text, "pmstate_infer_errors_total{kind=\"not_found\"}"), 2.0);
+    assert_eq!(metric(&text, "pmstate_infer_errors_total{kind=\"method\"}"), 1.0, "the 405 on .../infer");
     s.server.handle().shutdown();
     s.server.wait().await.unwrap();
 }

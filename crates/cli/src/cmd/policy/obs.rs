@@ -24,6 +24,10 @@ use serde::Deserialize;
 
 use crate::CliError;
 
+/// What a file that is no safetensors file at all is told.
+const NOT_OBS: &str = "not a safetensors observation file (expected one f32 [B, D] tensor per in_key, as \
+                       `policy run` writes and the recorded traces hold)";
+
 /// The most header bytes the safetensors format allows.
 const MAX_HEADER_BYTES: u64 = 100_000_000;
 
@@ -35,7 +39,7 @@ const MAX_DIMS: usize = 8;
 #[non_exhaustive]
 pub enum ObsProblem {
     /// Shorter than its 8-byte header length, or than the header it declares.
-    #[error("the file ends inside its safetensors header ({len} bytes, the header needs {needed})")]
+    #[error("{NOT_OBS}: the file ends inside its header ({len} bytes, the header needs {needed})")]
     Truncated {
         /// The file's size.
         len: u64,
@@ -43,13 +47,13 @@ pub enum ObsProblem {
         needed: u64,
     },
     /// A header over the format's limit.
-    #[error("a safetensors header of {len} bytes, over the format's limit of {MAX_HEADER_BYTES}")]
+    #[error("{NOT_OBS}: a header of {len} bytes, over the safetensors limit of {MAX_HEADER_BYTES}")]
     HeaderTooLarge {
         /// Its declared length.
         len: u64,
     },
     /// The header is not a JSON object of tensor entries.
-    #[error("safetensors header: {0}")]
+    #[error("{NOT_OBS}: its header is not safetensors JSON: {0}")]
     Header(#[source] serde_json::Error),
     /// A tensor named twice in the header.
     #[error("tensor {0} is listed twice in the safetensors header")]
