@@ -10,6 +10,9 @@
 //! - [`trace`]: pm-trace files recorded from the reference, their replay
 //!   and comparison.
 #![warn(missing_docs)]
+// The README's examples are pasted into new crates: a warning there (an
+// unused import) is a failure here.
+#![doc(test(attr(deny(warnings))))]
 
 pub use pmstate_ckpt as ckpt;
 pub use pmstate_norm as norm;
@@ -21,3 +24,14 @@ pub use pmstate_norm::{
     batch_moments, combine_moments, Arithmetic, Collective, Direction, MomentUpdate, Moments, NormConfig, NormError,
     NormState, Normalizer, RewardConfig, RewardRunningMeanStd, RewardUpdate, RunningMeanStd, SingleProcess,
 };
+
+/// The guides under `docs/` that hold Rust examples, included here only so
+/// that `cargo test` compiles and runs those examples as doctests (they are
+/// pasted into new crates, as the README's are).
+#[cfg(doctest)]
+pub mod guides {
+    #[doc = include_str!("../docs/checkpoints.md")]
+    pub struct Checkpoints;
+    #[doc = include_str!("../docs/numerics.md")]
+    pub struct Numerics;
+}
