@@ -129,8 +129,8 @@ pub enum CkptError {
     },
     /// Inflating compressed records would pass the zip-bomb budget.
     #[error(
-        "{path}: record {record}: inflating {needed} more bytes would pass the zip-bomb guard's limit of {limit} \
-         inflated bytes for the whole file ({left} left; by default 32 times the file size plus 64 MiB, which real \
+        "{path}: record {record}: inflating {needed} more bytes would pass the zip-bomb guard's limit on inflated \
+         data, {limit} bytes for the whole file ({left} left; by default 32 times the file size plus 64 MiB, which real \
          checkpoints never approach; the CLI has no flag to raise it, Rust callers set ReadOptions::max_inflated_bytes)"
     )]
     InflateLimit {

@@ -187,5 +187,5 @@ fn inflated_data_is_bounded_by_a_multiple_of_the_file_size() {
     assert!(matches!(&e, CkptError::InflateLimit { record, limit: 1048576, .. } if record == "data/0"), "{e}");
     // the message says which limit and that the CLI cannot raise it (no Rust API alone)
     let msg = e.to_string();
-    assert!(msg.contains("limit of 1048576 inflated bytes") && msg.contains("the CLI has no flag"), "{msg}");
+    assert!(msg.contains("limit on inflated data, 1048576 bytes") && msg.contains("the CLI has no flag"), "{msg}");
 }

@@ -35,10 +35,10 @@ pub use collective::{Collective, InProcessGroup, SingleProcess};
 pub use combine::{combine_moments, Moments};
 pub use config::{Arithmetic, NormConfig};
 pub use direction::Direction;
-pub use kernels::isa::{Isa, IsaError};
 pub use error::{
     Call, CollectiveProblem, CountProblem, Dims, NormError, PartsProblem, Result, StateProblem, Unsendable,
 };
+pub use kernels::isa::{Isa, IsaError};
 #[cfg(feature = "mpi")]
 pub use mpi::MpiCollective;
 #[cfg(feature = "nccl")]

@@ -209,7 +209,7 @@ fn random_bytes_never_panic() {
             x ^= x << 13;
             x ^= x >> 7;
             x ^= x << 17;
-            let b = if x % 4 == 0 { (x >> 8) as u8 } else { ops[((x >> 8) as usize) % ops.len()] };
+            let b = if x.is_multiple_of(4) { (x >> 8) as u8 } else { ops[((x >> 8) as usize) % ops.len()] };
             p.push(b);
         }
         p.push(b'.');

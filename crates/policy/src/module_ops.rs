@@ -290,7 +290,7 @@ pub(crate) fn infer_reshape(sizes: &[i64], numel: usize) -> std::result::Result<
     let mut out: Vec<usize> = sizes.iter().map(|&s| s.max(0) as usize).collect();
     match infer {
         Some(i) => {
-            if known == 0 || numel % known != 0 {
+            if known == 0 || !numel.is_multiple_of(known) {
                 return Err(OpProblem::ReshapeNumel { sizes: sizes.to_vec(), numel });
             }
             out[i] = numel / known;

@@ -61,7 +61,7 @@ impl Widths {
                     if unknown.iter().all(|k| *k == unknown[0]) {
                         let rest: usize = l.in_keys.iter().filter_map(|k| w.known.get(k)).sum();
                         let n = unknown.len();
-                        if *total >= rest && (*total - rest) % n == 0 && *total > rest {
+                        if *total >= rest && (*total - rest).is_multiple_of(n) && *total > rest {
                             w.known.insert(unknown[0].clone(), (*total - rest) / n);
                             progress = true;
                         }

@@ -232,7 +232,7 @@ fn resolve_widths(policy: &Policy, pins: &[(String, usize)]) -> Result<BTreeMap<
                 });
             } else if open.iter().all(|k| *k == open[0]) {
                 let n = open.len();
-                if fixed >= g.total || (g.total - fixed) % n != 0 {
+                if fixed >= g.total || !(g.total - fixed).is_multiple_of(n) {
                     return Err(LoadError::Pin {
                         key: open[0].clone(),
                         problem: PinProblem::NoWidth { module: g.path.clone(), total: g.total },

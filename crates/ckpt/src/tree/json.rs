@@ -46,7 +46,7 @@ fn hex(bytes: &[u8]) -> String {
 }
 
 fn unhex(s: &str) -> Result<Vec<u8>, JsonProblem> {
-    if s.len() % 2 != 0 {
+    if !s.len().is_multiple_of(2) {
         return Err(JsonProblem::OddHex(s.len()));
     }
     (0..s.len())

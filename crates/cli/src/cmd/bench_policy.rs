@@ -419,11 +419,25 @@ pub fn check(opts: &BenchOptions, format: OutputFormat) -> Result<ExitCode, CliE
         if b == 1 {
             let ratio = p.min_seconds / stream.min_seconds;
             let pass = ratio <= CHECK_STREAM_LIMIT;
-            checks.push(CheckRecord { check: "forward_vs_stream", batch: 1, ratio, limit: CHECK_STREAM_LIMIT, pass, isa: isa.clone() });
+            checks.push(CheckRecord {
+                check: "forward_vs_stream",
+                batch: 1,
+                ratio,
+                limit: CHECK_STREAM_LIMIT,
+                pass,
+                isa: isa.clone(),
+            });
         }
         let ratio = p.min_seconds / c.min_seconds;
         let pass = ratio <= CHECK_CANDLE_LIMIT;
-        checks.push(CheckRecord { check: "packed_vs_candle", batch: b, ratio, limit: CHECK_CANDLE_LIMIT, pass, isa: isa.clone() });
+        checks.push(CheckRecord {
+            check: "packed_vs_candle",
+            batch: b,
+            ratio,
+            limit: CHECK_CANDLE_LIMIT,
+            pass,
+            isa: isa.clone(),
+        });
         records.push(("packed", p));
         records.push(("candle", c));
     }

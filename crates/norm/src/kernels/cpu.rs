@@ -287,7 +287,7 @@ pub(crate) fn moments<T: Elem>(data: &[T], cols: usize) -> (Vec<f64>, Vec<f64>) 
 
 /// [`moments`] with the kernels of `isa` (which this CPU must support).
 pub(crate) fn moments_with<T: Elem>(isa: Isa, data: &[T], cols: usize) -> (Vec<f64>, Vec<f64>) {
-    debug_assert!(cols > 0 && data.len() % cols == 0);
+    debug_assert!(cols > 0 && data.len().is_multiple_of(cols));
     let task = rows_per_task(cols) * cols;
     let partials: Vec<Partial> = data.par_chunks(task).map(|c| task_moments(isa, c, cols)).collect();
     let mut total = Partial::empty(cols);
@@ -360,7 +360,7 @@ fn row_kernel<T: Elem>(x: &[T], out: &mut [MaybeUninit<T>], p: &Affine<'_, T>) {
 /// (which must write every element of its output chunk). One read of x,
 /// one write of the output, nothing else allocated.
 fn map_tasks<T: Elem>(x: &[T], cols: usize, task: impl Fn(&[T], &mut [MaybeUninit<T>]) + Sync) -> Vec<T> {
-    debug_assert!(cols > 0 && x.len() % cols == 0);
+    debug_assert!(cols > 0 && x.len().is_multiple_of(cols));
     let mut out: Vec<T> = Vec::with_capacity(x.len());
     let chunk = rows_per_task(cols) * cols;
     out.spare_capacity_mut()[..x.len()].par_chunks_mut(chunk).zip(x.par_chunks(chunk)).for_each(|(o, xs)| task(xs, o));

@@ -175,7 +175,7 @@ impl Node {
 
 fn pair_half(pairs: &[(Id, Id)], k: usize) -> Option<Id> {
     let (key, value) = *pairs.get(k / 2)?;
-    Some(if k % 2 == 0 { key } else { value })
+    Some(if k.is_multiple_of(2) { key } else { value })
 }
 
 /// Lower bounds of a node's subtree size and depth, kept up to date as

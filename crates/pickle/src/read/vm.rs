@@ -516,7 +516,7 @@ impl<'a> Machine<'a, '_> {
     }
 
     fn pairs(&self, items: Vec<Id>) -> Result<Vec<(Id, Id)>> {
-        if items.len() % 2 != 0 {
+        if !items.len().is_multiple_of(2) {
             return Err(self.invalid(ReadProblem::OddItems(items.len())));
         }
         Ok(items.chunks_exact(2).map(|kv| (kv[0], kv[1])).collect())

@@ -293,7 +293,7 @@ impl<const W: usize> Panels<W> {
     }
 
     /// The rows of panels `p0..` (a block reads `g` of them, `k` apart).
-    fn from_panel(&self, p0: usize) -> &[Cols<W>] {
+    fn panels_from(&self, p0: usize) -> &[Cols<W>] {
         &self.rows[p0 * self.k..]
     }
 
@@ -312,12 +312,12 @@ impl<const W: usize> Panels<W> {
         tiles.par_chunks_mut(m * g).enumerate().for_each(|(gi, tile)| {
             let p0 = gi * g;
             if p0 + g <= p {
-                full.run(&a, self.from_panel(p0), k, &self.bias[p0..p0 + g], tile, Start::Bias, epilogue);
+                full.run(&a, self.panels_from(p0), k, &self.bias[p0..p0 + g], tile, Start::Bias, epilogue);
             } else {
                 // the last, partial group: its panels one at a time
                 let mut one = vec![Cols::ZERO; m];
                 for (j, pi) in (p0..p).enumerate() {
-                    single.run(&a, self.from_panel(pi), k, &self.bias[pi..pi + 1], &mut one, Start::Bias, epilogue);
+                    single.run(&a, self.panels_from(pi), k, &self.bias[pi..pi + 1], &mut one, Start::Bias, epilogue);
                     for (r, c) in one.iter().enumerate() {
                         tile[r * g + j] = *c;
                     }
@@ -356,7 +356,7 @@ impl<const W: usize> Panels<W> {
             let tail_kernel = (tail > 0).then(|| kernel(&pick, tail, 1));
             let mut tile = vec![Cols::ZERO; rows];
             for pi in 0..p {
-                let b = self.from_panel(pi);
+                let b = self.panels_from(pi);
                 let bias = &self.bias[pi..pi + 1];
                 let (c0, w) = (pi * W, W.min(n - pi * W));
                 let mut k0 = 0;
@@ -584,7 +584,17 @@ mod tests {
 
     #[test]
     fn matches_a_plain_product_for_ragged_sizes() {
-        for (m, n, k) in [(1, 1, 1), (4, 3, 0), (13, 5, 0), (1, 70, 9), (3, 33, 1030), (7, 33, 5), (97, 69, 130), (2, 64, 3), (100, 40, 600)] {
+        for (m, n, k) in [
+            (1, 1, 1),
+            (4, 3, 0),
+            (13, 5, 0),
+            (1, 70, 9),
+            (3, 33, 1030),
+            (7, 33, 5),
+            (97, 69, 130),
+            (2, 64, 3),
+            (100, 40, 600),
+        ] {
             let w: Vec<f32> = (0..n * k).map(|i| ((i * 37 % 101) as f32 - 50.0) / 64.0).collect();
             let b: Vec<f32> = (0..n).map(|i| i as f32 / 8.0 - 1.0).collect();
             let x: Vec<f32> = (0..m * k).map(|i| ((i * 13 % 29) as f32 - 14.0) / 16.0).collect();
