@@ -127,7 +127,7 @@ impl Reloader {
     }
 
     /// Stops the thread: a load in progress gives up at its next check;
-    /// waits for it at most [`STOP_WAIT`], then leaves it behind.
+    /// waits for it at most 5 s (`STOP_WAIT`), then leaves it behind.
     pub fn stop(mut self) {
         self.stopping.store(true, Ordering::Relaxed);
         let _ = self.tx.send(Msg::Stop);

@@ -14,9 +14,9 @@
 //!   (a step reads two zmm), 16 elsewhere (two ymm);
 //! - the input is packed per call into micro-panels of `MR` rows
 //!   interleaved by k;
-//! - the micro-kernel ([`micro`]) keeps an `MR x G W` block of outputs
+//! - the micro-kernel (`micro`) keeps an `MR x G W` block of outputs
 //!   (`G` panels side by side) in registers and does one fused
-//!   multiply-add per weight and row. [`dispatch`] compiles it per
+//!   multiply-add per weight and row. `dispatch` compiles it per
 //!   instruction set inside `#[target_feature]` functions and picks the
 //!   one this CPU supports, or the one `PMSTATE_CPU_ISA` forces (the
 //!   normalizer kernels' selection, `pmstate_norm`). AVX-512: 12 x 32
