@@ -69,7 +69,11 @@ impl DeviceArg {
         match self {
             DeviceArg::Cpu => Ok((Device::Cpu, "cpu".into())),
             DeviceArg::Cuda if cfg!(feature = "cuda") => Ok((Device::new_cuda(0)?, "cuda:0".into())),
-            DeviceArg::Cuda => Err(CliError::Usage("this pmstate was built without the `cuda` feature".into())),
+            DeviceArg::Cuda => Err(CliError::Usage(
+                "this pmstate was built without the `cuda` feature (build it with `cargo build --release -p \
+                 pmstate-cli --features cuda`, which needs a CUDA toolkit, nvcc, at build time)"
+                    .into(),
+            )),
         }
     }
 }

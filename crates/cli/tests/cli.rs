@@ -88,6 +88,30 @@ fn replay_exit_codes_tell_mismatch_from_unreadable() {
 }
 
 #[test]
+fn a_cuda_device_without_the_feature_says_how_to_build_it() {
+    if cfg!(feature = "cuda") {
+        eprintln!("skipped: this build has the cuda feature");
+        return;
+    }
+    let t = testdata().join("policy/smpl_tracker");
+    let out = tempfile::tempdir().unwrap();
+    let o = pmstate()
+        .args(["policy", "run"])
+        .arg(t.join("last.ckpt"))
+        .arg("--obs")
+        .arg(t.join("obs.safetensors"))
+        .arg("--out")
+        .arg(out.path().join("out.safetensors"))
+        .args(["--device", "cuda"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("built without the `cuda` feature") && err.contains("--features cuda"), "{err}");
+    assert!(!out.path().join("out.safetensors").exists());
+}
+
+#[test]
 fn bench_json_has_the_documented_fields() {
     let out =
         pmstate().args(["bench", "--json", "--threads", "1", "--min-time", "0", "--shape", "64x8"]).output().unwrap();

@@ -115,7 +115,7 @@ pub(crate) fn check_encodable(t: &Tensor) -> Result<u64, Unsendable> {
 /// this rank's own reason if it cannot send.
 #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
 pub(crate) fn agree(all: &[u8], rank: usize, local: Option<&Unsendable>) -> Result<(), CollectiveProblem> {
-    if all.is_empty() || all.len() % HEADER_BYTES != 0 {
+    if all.is_empty() || !all.len().is_multiple_of(HEADER_BYTES) {
         return Err(CollectiveProblem::BadHeaders { bytes: all.len(), per_header: HEADER_BYTES });
     }
     let words: Vec<u64> =
