@@ -423,6 +423,23 @@ async fn idle_connections_past_the_descriptor_limit_do_not_keep_clients_out() {
 /// gets while clients send bodies built to amplify (512 MiB of them at once).
 const SERVE_ADDRESS_SPACE_KIB: u64 = 2 << 20;
 
+/// `n` clients post `body` at once; each gets a 400 of under 1 KiB (the
+/// error quotes at most a clipped piece of the body).
+async fn all_refused(c: &Client, infer: &'static str, body: &[u8], n: usize, what: &str) {
+    let sends: Vec<_> = (0..n)
+        .map(|_| {
+            let (c, body) = (c.clone(), body.to_vec());
+            tokio::spawn(async move { c.post(infer, body, &[]).await.unwrap() })
+        })
+        .collect();
+    for s in sends {
+        let r = s.await.unwrap();
+        let text = String::from_utf8_lossy(&r.body[..r.body.len().min(2000)]).into_owned();
+        assert_eq!(r.status, 400, "{what}: {text}");
+        assert!(r.body.len() < 1024, "{what}: an answer of {} bytes", r.body.len());
+    }
+}
+
 #[tokio::test(flavor = "current_thread")]
 async fn requests_built_to_amplify_stay_within_an_address_space_limit() {
     let ckpt = data("smpl_tracker/last.ckpt");
@@ -441,11 +458,6 @@ async fn requests_built_to_amplify_stay_within_an_address_space_limit() {
         b.resize(len, b' ');
         b
     };
-    let refused = |r: &pmstate_serve::client::Reply, what: &str| {
-        let text = String::from_utf8_lossy(&r.body[..r.body.len().min(2000)]).into_owned();
-        assert_eq!(r.status, 400, "{what}: {text}");
-        assert!(r.body.len() < 1024, "{what}: an answer of {} bytes", r.body.len());
-    };
 
     // eight data bombs at once, the whole body budget: each 64 MiB of zeros for a [1, 69] input
     let data = bomb(
@@ -453,34 +465,18 @@ async fn requests_built_to_amplify_stay_within_an_address_space_limit() {
         "]}]}",
         (64 << 20) - 4096,
     );
-    let sends: Vec<_> = (0..8)
-        .map(|_| {
-            let (c, data) = (c.clone(), data.clone());
-            tokio::spawn(async move { c.post(infer, data, &[]).await.unwrap() })
-        })
-        .collect();
-    for s in sends {
-        refused(&s.await.unwrap(), "data");
-    }
+    all_refused(&c, infer, &data, 8, "data").await;
     drop(data);
     // a 60 MB parameter, two 60 MB outputs lists at once, a 60 MB shape
     let params = bomb(r#"{"inputs": [], "parameters": {"p": ["#, "]}}", 60_000_000);
-    refused(&c.post(infer, params, &[]).await.unwrap(), "parameters");
+    all_refused(&c, infer, &params, 1, "parameters").await;
     let mut outputs = br#"{"inputs": [], "outputs": ["#.to_vec();
     outputs.extend(std::iter::repeat_n(*br#"{"name": "value"},"#, 60_000_000 / 18).flatten());
     outputs.pop();
     outputs.extend_from_slice(b"]}");
-    let sends: Vec<_> = (0..2)
-        .map(|_| {
-            let (c, o) = (c.clone(), outputs.clone());
-            tokio::spawn(async move { c.post(infer, o, &[]).await.unwrap() })
-        })
-        .collect();
-    for s in sends {
-        refused(&s.await.unwrap(), "outputs");
-    }
+    all_refused(&c, infer, &outputs, 2, "outputs").await;
     let shape = bomb(r#"{"inputs": [{"name": "previous_actions", "datatype": "FP32", "shape": ["#, "]}]}", 60_000_000);
-    refused(&c.post(infer, shape, &[]).await.unwrap(), "shape");
+    all_refused(&c, infer, &shape, 1, "shape").await;
 
     // the server is still there and answers
     let r = c.post(infer, infer_body(&obs, &[0]), &[]).await.unwrap();
