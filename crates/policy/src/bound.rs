@@ -576,4 +576,20 @@ impl Policy {
         }
         Ok(r)
     }
+
+    /// The float64 reference forward of the actor alone, with error bounds:
+    /// the mean action under the actor's `mu_key` (what a deployed policy
+    /// computes; `obs` needs only [`Policy::actor_keys`]).
+    pub fn actor_reference(&self, obs: &TensorMap) -> Result<Bounded> {
+        let mut r = Reference::default();
+        for (k, t) in obs {
+            r.values.insert(k.clone(), Bounded::exact(t.dims().to_vec(), vec_f64(t)?));
+        }
+        network(&self.actor().mu, &mut r)?;
+        let key = &self.actor().mu_key;
+        r.values.remove(key).ok_or_else(|| PolicyError::Graph {
+            path: "agent.model.actor.mu_model".into(),
+            problem: GraphProblem::Unwritten { key: key.clone() },
+        })
+    }
 }

@@ -260,7 +260,30 @@ impl Policy {
     /// Checks `obs` for `part`: every needed key present, no unknown key,
     /// each a float32 `[B, D]` with one B, widths as the checkpoint requires.
     pub fn check_obs(&self, obs: &HashMap<String, Tensor>, part: Part) -> Result<usize> {
-        let required = self.required_keys(part);
+        self.check_required(obs, self.required_keys(part))
+    }
+
+    /// The observation keys the actor alone reads (what a deployed policy
+    /// needs: no critic, no discriminator), in first-use order.
+    pub fn actor_keys(&self) -> Vec<String> {
+        self.actor.mu.external_keys()
+    }
+
+    /// The eval-mode mean action alone (no critic): what ProtoMotions'
+    /// exported deployment graph computes. `obs` needs only
+    /// [`Policy::actor_keys`]; checked as [`Policy::check_obs`] does.
+    pub fn mean_action(&self, obs: &HashMap<String, Tensor>) -> Result<Tensor> {
+        self.check_required(obs, self.actor_keys())?;
+        let mut td = self.obs_map(obs)?;
+        let mut trace = Trace::default();
+        self.actor.mu.forward(&mut td, &mut trace)?;
+        td.get(&self.actor.mu_key).cloned().ok_or_else(|| PolicyError::Graph {
+            path: "agent.model.actor.mu_model".into(),
+            problem: GraphProblem::Unwritten { key: self.actor.mu_key.clone() },
+        })
+    }
+
+    fn check_required(&self, obs: &HashMap<String, Tensor>, required: Vec<String>) -> Result<usize> {
         let allowed = self.accepted_keys();
         let mut names: Vec<&String> = obs.keys().collect();
         names.sort();

@@ -1,0 +1,164 @@
+//! Context paths (`current.dof_pos`, `mimic.future_anchor_rot`, ...): what
+//! ProtoMotions' observation components read from its `EnvContext`, and
+//! what the exported pipeline takes as inputs. Each known path has a shape
+//! (per batch row) and a descriptor for the deployment contract.
+
+/// The robot and motion sizes the context shapes depend on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Dims {
+    /// Joints (`kinematic_info.num_dofs`).
+    pub num_dofs: usize,
+    /// Rigid bodies (`kinematic_info.body_names`).
+    pub num_bodies: usize,
+    /// Future reference steps the mimic control provides (`future_steps`).
+    pub future_steps: usize,
+    /// Past steps the historical context holds.
+    pub history_steps: usize,
+}
+
+/// The pipeline input name of a context path, as ProtoMotions' exporter
+/// sanitizes it (`.`, `[`, `]` to `_`).
+pub fn input_name(path: &str) -> String {
+    path.replace(['.', '[', ']'], "_")
+}
+
+/// The shape of one batch row of the context value at `path`, or `None`
+/// for a path this crate does not know.
+pub fn row_shape(path: &str, d: &Dims) -> Option<Vec<usize>> {
+    let (nd, nb, f, h) = (d.num_dofs, d.num_bodies, d.future_steps, d.history_steps);
+    Some(match path {
+        "current.dof_pos" | "current.dof_vel" => vec![nd],
+        "current.anchor_rot" | "current.root_rot" => vec![4],
+        "current.anchor_pos"
+        | "current.root_pos"
+        | "current.root_vel"
+        | "current.root_ang_vel"
+        | "current.root_local_ang_vel"
+        | "mimic.ref_anchor_pos" => vec![3],
+        "current.rigid_body_pos" | "current.rigid_body_vel" | "current.rigid_body_ang_vel" => vec![nb, 3],
+        "current.rigid_body_rot" => vec![nb, 4],
+        "historical.processed_actions" | "historical.actions" => vec![h, nd],
+        "mimic.future_anchor_rot" => vec![f, 4],
+        "mimic.future_anchor_pos" | "mimic.future_anchor_vel" | "mimic.future_anchor_ang_vel" => vec![f, 3],
+        "mimic.future_dof_pos" | "mimic.future_dof_vel" => vec![f, nd],
+        "mimic.future_rot" => vec![f, nb, 4],
+        "mimic.future_pos" | "mimic.future_vel" | "mimic.future_ang_vel" => vec![f, nb, 3],
+        "ground_heights" => vec![],
+        _ => return None,
+    })
+}
+
+/// Where a history input's values come from, fed back step after step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Feedback {
+    /// The PD targets the pipeline output (`joint_pos_targets`).
+    RobotAction,
+    /// The raw actions the pipeline output (`actions`).
+    Actions,
+}
+
+impl Feedback {
+    /// The contract's `output_key`.
+    pub fn output_key(self) -> &'static str {
+        match self {
+            Feedback::RobotAction => "robot_action",
+            Feedback::Actions => "actions",
+        }
+    }
+}
+
+/// What the contract says about one input: its kind, the names of its
+/// elements per axis (after the batch and future-step axes), whether it
+/// is a future reference, where a history is fed back from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Descriptor {
+    /// The contract's `kind`.
+    pub kind: &'static str,
+    /// Element names per axis.
+    pub element_names: Option<Vec<Vec<String>>>,
+    /// True for the reference's future steps (`future_steps` in the contract).
+    pub future: bool,
+    /// For a history of actions: which output feeds it.
+    pub feedback: Option<Feedback>,
+}
+
+/// Names the descriptors use.
+pub struct Names<'a> {
+    /// Joint names, in action order.
+    pub joints: &'a [String],
+    /// Body names.
+    pub bodies: &'a [String],
+    /// The anchor body's name.
+    pub anchor: &'a str,
+}
+
+fn strs(v: &[&str]) -> Vec<String> {
+    v.iter().map(|s| (*s).to_owned()).collect()
+}
+
+/// The contract descriptor of `path`, following the kinds ProtoMotions'
+/// `export_bm_tracker_onnx.py` writes, with one correction: a history of
+/// raw actions (`historical.actions`) is fed back from `actions`, where
+/// the exporter tags every history `robot_action` (the PD targets).
+pub fn descriptor(path: &str, n: &Names<'_>) -> Option<Descriptor> {
+    let xyz = || strs(&["x", "y", "z"]);
+    let xyzw = || strs(&["x", "y", "z", "w"]);
+    let anchor = || vec![n.anchor.to_owned()];
+    let joints = || n.joints.to_vec();
+    let bodies = || n.bodies.to_vec();
+    let d = |kind, names: Option<Vec<Vec<String>>>, future| Descriptor {
+        kind,
+        element_names: names,
+        future,
+        feedback: None,
+    };
+    Some(match path {
+        "current.dof_pos" => d("joint_pos", Some(vec![joints()]), false),
+        "current.dof_vel" => d("joint_vel", Some(vec![joints()]), false),
+        "current.anchor_rot" => d("anchor_rot", Some(vec![xyzw()]), false),
+        "current.root_local_ang_vel" => d("local_root_ang_vel", None, false),
+        "current.anchor_pos" => d("anchor_pos", Some(vec![xyz()]), false),
+        "mimic.ref_anchor_pos" => d("reference_motion_anchor_pos", Some(vec![anchor(), xyz()]), false),
+        "mimic.future_anchor_pos" => d("reference_motion_anchor_pos_future", Some(vec![anchor(), xyz()]), true),
+        "mimic.future_anchor_rot" => d("reference_motion_anchor_rot", Some(vec![anchor(), xyzw()]), true),
+        "mimic.future_anchor_vel" => d("reference_motion_anchor_vel", Some(vec![anchor(), xyz()]), true),
+        "mimic.future_anchor_ang_vel" => d("reference_motion_anchor_ang_vel", Some(vec![anchor(), xyz()]), true),
+        "mimic.future_dof_pos" => d("reference_motion_joint_pos", Some(vec![joints()]), true),
+        "mimic.future_dof_vel" => d("reference_motion_joint_vel", Some(vec![joints()]), true),
+        "mimic.future_rot" => d("reference_motion_body_rot", Some(vec![bodies(), xyzw()]), true),
+        "mimic.future_pos" => d("reference_motion_body_pos_future", Some(vec![bodies(), xyz()]), true),
+        "mimic.future_vel" => d("reference_motion_body_vel", Some(vec![bodies(), xyz()]), true),
+        "mimic.future_ang_vel" => d("reference_motion_body_ang_vel", Some(vec![bodies(), xyz()]), true),
+        "historical.processed_actions" => Descriptor {
+            kind: "last_actions",
+            element_names: None,
+            future: false,
+            feedback: Some(Feedback::RobotAction),
+        },
+        "historical.actions" => {
+            Descriptor { kind: "last_actions", element_names: None, future: false, feedback: Some(Feedback::Actions) }
+        }
+        _ => return None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_shaped_path_but_raw_state_has_a_descriptor() {
+        let d = Dims { num_dofs: 2, num_bodies: 3, future_steps: 4, history_steps: 1 };
+        let joints = strs(&["a", "b"]);
+        let bodies = strs(&["p", "q", "r"]);
+        let n = Names { joints: &joints, bodies: &bodies, anchor: "q" };
+        for p in ["current.dof_pos", "mimic.future_anchor_rot", "historical.actions", "mimic.future_rot"] {
+            assert!(row_shape(p, &d).is_some(), "{p}");
+            assert!(descriptor(p, &n).is_some(), "{p}");
+        }
+        assert_eq!(row_shape("mimic.future_rot", &d), Some(vec![4, 3, 4]));
+        assert_eq!(row_shape("current.nonsense", &d), None);
+        assert_eq!(input_name("mimic.future_anchor_rot"), "mimic_future_anchor_rot");
+        assert_eq!(descriptor("historical.actions", &n).and_then(|d| d.feedback), Some(Feedback::Actions));
+    }
+}

@@ -1,0 +1,149 @@
+//! Errors of the deploy crate.
+
+use thiserror::Error;
+
+/// Result of this crate.
+pub type Result<T, E = DeployError> = std::result::Result<T, E>;
+
+/// What can go wrong building or running a deployment pipeline.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum DeployError {
+    /// A component's compute function has no Rust implementation.
+    #[error(
+        "{file}: {component}: the function {function} has no implementation in pmstate-deploy; supported: {}",
+        supported.join(", ")
+    )]
+    UnknownFunction {
+        /// The configs file.
+        file: String,
+        /// The config path of the component (`env.observation_components.<name>`).
+        component: String,
+        /// The qualified Python name.
+        function: String,
+        /// The supported qualified names.
+        supported: Vec<String>,
+    },
+    /// A config value is missing or not what the reference accepts there.
+    #[error("{file}: {key}: {problem}")]
+    Config {
+        /// The configs file.
+        file: String,
+        /// The dotted config key.
+        key: String,
+        /// What is wrong.
+        problem: ConfigProblem,
+    },
+    /// An observation reads a context path this crate has no shape for.
+    #[error(
+        "{file}: {component}: argument {argument} is bound to the context path {path}, which pmstate-deploy does not know"
+    )]
+    UnknownContextPath {
+        /// The configs file.
+        file: String,
+        /// The component's config path.
+        component: String,
+        /// The function argument.
+        argument: String,
+        /// The context path.
+        path: String,
+    },
+    /// The actor reads an observation no component computes.
+    #[error("{file}: the actor reads {key}, which no entry of env.observation_components computes")]
+    MissingObservation {
+        /// The configs file.
+        file: String,
+        /// The observation key.
+        key: String,
+    },
+    /// A pipeline input is missing.
+    #[error("input {name} is missing (shape {}); the pipeline takes: {}", shape_str(expected), names.join(", "))]
+    MissingInput {
+        /// The input's name.
+        name: String,
+        /// Its shape, `B` first.
+        expected: Vec<String>,
+        /// Every input name.
+        names: Vec<String>,
+    },
+    /// An input the pipeline does not take.
+    #[error("input {name} is not one the pipeline takes: {}", names.join(", "))]
+    UnknownInput {
+        /// The name given.
+        name: String,
+        /// Every input name.
+        names: Vec<String>,
+    },
+    /// An input of the wrong shape or dtype.
+    #[error("input {name}: expected float32 of shape {}, got {found}", shape_str(expected))]
+    InputShape {
+        /// The input's name.
+        name: String,
+        /// The expected shape, `B` first.
+        expected: Vec<String>,
+        /// What was given (dtype and shape).
+        found: String,
+    },
+    /// Inputs disagree on the batch size.
+    #[error("input {name} has {got} rows, other inputs {others}")]
+    Batch {
+        /// The input's name.
+        name: String,
+        /// Its rows.
+        got: usize,
+        /// The others' rows.
+        others: usize,
+    },
+    /// Loading or running the policy failed.
+    #[error(transparent)]
+    Policy(#[from] pmstate_policy::PolicyError),
+    /// Reading a file failed.
+    #[error(transparent)]
+    Checkpoint(#[from] pmstate_ckpt::CkptError),
+    /// A tensor operation failed.
+    #[error("tensor operation: {0}")]
+    Candle(#[from] candle_core::Error),
+}
+
+fn shape_str(s: &[String]) -> String {
+    format!("[{}]", s.join(", "))
+}
+
+/// What is wrong with a config value.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[non_exhaustive]
+pub enum ConfigProblem {
+    /// The key is absent.
+    #[error("missing")]
+    Missing,
+    /// The value has another type.
+    #[error("expected {expected}, found {found}")]
+    WrongType {
+        /// What the reference accepts.
+        expected: &'static str,
+        /// What the file holds.
+        found: String,
+    },
+    /// A value the reference accepts but this crate does not implement.
+    #[error("{value} is not supported (supported: {supported})")]
+    Unsupported {
+        /// The value found.
+        value: String,
+        /// What is supported.
+        supported: &'static str,
+    },
+    /// A parameter the function does not take (or this crate does not know).
+    #[error("unknown parameter (the function takes: {known})")]
+    UnknownParameter {
+        /// The parameters it takes.
+        known: String,
+    },
+    /// Lengths that must agree do not.
+    #[error("has {got} values, expected {expected}")]
+    Length {
+        /// Found.
+        got: usize,
+        /// Expected.
+        expected: usize,
+    },
+}

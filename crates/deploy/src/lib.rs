@@ -1,0 +1,17 @@
+#![doc = include_str!("../README.md")]
+#![warn(missing_docs)]
+#![deny(unsafe_code)]
+
+pub mod actions;
+mod configs;
+pub mod context;
+pub mod contract;
+mod error;
+pub mod observations;
+mod pipeline;
+pub mod rotations;
+
+pub use configs::Steps;
+pub use contract::Contract;
+pub use error::{ConfigProblem, DeployError, Result};
+pub use pipeline::{Input, Observation, Outputs, Pipeline, OUTPUT_NAMES};

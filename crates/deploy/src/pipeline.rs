@@ -1,0 +1,547 @@
+//! [`Pipeline`]: a checkpoint's observation functions, actor and action
+//! function chained, from context tensors to PD targets, as ProtoMotions'
+//! `UnifiedPipelineModule` (the graph `export_bm_tracker_onnx.py` exports)
+//! computes them.
+
+use std::collections::{BTreeSet, HashMap};
+use std::path::Path;
+
+use candle_core::{DType, Device, Tensor};
+use pmstate_ckpt::{Checkpoint, Node};
+use pmstate_policy::{find_config, LoadOptions, Policy};
+
+use crate::actions::ActionFunction;
+use crate::configs::{as_usize, dict_of, Configs, Params};
+use crate::context::{descriptor, input_name, row_shape, Dims, Names};
+use crate::contract::{round6, Contract, Control, InputEntry, Metadata, Motion, OutputEntry, Robot, Runtime, Timing};
+use crate::error::{ConfigProblem, DeployError, Result};
+use crate::observations::{Function, Need, SUPPORTED};
+
+/// The output names, in the graph's order.
+pub const OUTPUT_NAMES: [&str; 4] = ["actions", "joint_pos_targets", "stiffness_targets", "damping_targets"];
+
+/// One pipeline input: a context path the observations read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Input {
+    /// Its name (the path sanitized, as the exported graph names it).
+    pub name: String,
+    /// The context path (`current.dof_pos`).
+    pub path: String,
+    /// The shape of one batch row.
+    pub row_shape: Vec<usize>,
+}
+
+impl Input {
+    /// Floats per batch row.
+    pub fn row_len(&self) -> usize {
+        self.row_shape.iter().product()
+    }
+
+    fn shape_names(&self) -> Vec<String> {
+        std::iter::once("B".to_owned()).chain(self.row_shape.iter().map(usize::to_string)).collect()
+    }
+}
+
+/// One observation the actor reads, computed from the inputs.
+#[derive(Debug, Clone)]
+pub struct Observation {
+    /// Its key (`noisy_reduced_coords_obs`).
+    pub key: String,
+    /// The qualified name of its compute function.
+    pub function: String,
+    /// The function with its parameters.
+    pub compute: Function,
+    /// Each argument read and the input bound to it (`None`: an optional
+    /// argument left unbound).
+    pub args: Vec<(&'static str, Option<usize>)>,
+    /// Output floats per row.
+    pub width: usize,
+}
+
+/// The pipeline's outputs, each `[B, num_dofs]`.
+#[derive(Debug, Clone)]
+pub struct Outputs {
+    /// The actor's mean action.
+    pub actions: Tensor,
+    /// PD position targets.
+    pub joint_pos_targets: Tensor,
+    /// Stiffness per joint.
+    pub stiffness_targets: Tensor,
+    /// Damping per joint.
+    pub damping_targets: Tensor,
+}
+
+impl Outputs {
+    /// The outputs by their graph names, in order.
+    pub fn named(&self) -> [(&'static str, &Tensor); 4] {
+        [
+            (OUTPUT_NAMES[0], &self.actions),
+            (OUTPUT_NAMES[1], &self.joint_pos_targets),
+            (OUTPUT_NAMES[2], &self.stiffness_targets),
+            (OUTPUT_NAMES[3], &self.damping_targets),
+        ]
+    }
+}
+
+/// A deployable tracker: observations, actor, action function.
+#[derive(Debug)]
+pub struct Pipeline {
+    policy: Policy,
+    dims: Dims,
+    inputs: Vec<Input>,
+    observations: Vec<Observation>,
+    action: ActionFunction,
+    contract: Contract,
+}
+
+const COMPONENTS: &str = "env.observation_components";
+
+impl Pipeline {
+    /// Loads the pipeline of a ProtoMotions checkpoint: the actor as
+    /// [`Policy::load`] does, the observation and action components from
+    /// the resolved configs next to it (or `config`).
+    pub fn load(checkpoint: impl AsRef<Path>, config: Option<&Path>) -> Result<Self> {
+        Self::load_with(checkpoint, config, &LoadOptions::default())
+    }
+
+    /// [`Pipeline::load`] with explicit options.
+    pub fn load_with(checkpoint: impl AsRef<Path>, config: Option<&Path>, opts: &LoadOptions) -> Result<Self> {
+        let checkpoint = checkpoint.as_ref();
+        let policy = Policy::load_with(checkpoint, config, &Device::Cpu, opts)?;
+        let config_path = find_config(checkpoint, config)?;
+        let c = Configs { ckpt: Checkpoint::open(&config_path)?, file: config_path.display().to_string() };
+        Self::build(policy, &c, checkpoint.display().to_string())
+    }
+
+    fn build(policy: Policy, c: &Configs, checkpoint: String) -> Result<Self> {
+        let joints = c.strings("robot.kinematic_info.dof_names")?;
+        let bodies = c.strings("robot.kinematic_info.body_names")?;
+        let num_dofs = joints.len();
+        let anchor = c.str("robot.anchor_body_name")?;
+        let anchor_index = c.usize("robot.anchor_body_index")?;
+        let future_indices = future_step_indices(c)?;
+        // The actor's observations, in the order the environment lists them.
+        let actor_keys = policy.actor_keys();
+        let comps = c.node(COMPONENTS)?;
+        let comps = dict_of(comps).ok_or_else(|| {
+            c.bad(COMPONENTS, ConfigProblem::WrongType { expected: "a dict", found: comps.kind().into() })
+        })?;
+        for k in &actor_keys {
+            if comps.get(k).is_none() {
+                return Err(DeployError::MissingObservation { file: c.file.clone(), key: k.clone() });
+            }
+        }
+        let mut parsed = Vec::new();
+        for (k, node) in comps.entries() {
+            let Some(key) = k.as_str() else { continue };
+            if actor_keys.iter().any(|a| a == key) {
+                parsed.push(read_component(c, key, node)?);
+            }
+        }
+        let history_steps = parsed.iter().map(|(_, f, _)| f.history_needed()).max().unwrap_or(0).max(1);
+        let dims = Dims { num_dofs, num_bodies: bodies.len(), future_steps: future_indices.len(), history_steps };
+
+        // Inputs: every path a read argument is bound to, sorted (the graph's order).
+        let mut all_paths = BTreeSet::new();
+        let mut read_paths = BTreeSet::new();
+        for (key, f, bindings) in &parsed {
+            let component = format!("{COMPONENTS}.{key}");
+            for (arg, path) in bindings {
+                all_paths.insert(path.clone());
+                if f.arguments().iter().any(|(a, _)| a == arg) {
+                    if row_shape(path, &dims).is_none() {
+                        return Err(DeployError::UnknownContextPath {
+                            file: c.file.clone(),
+                            component,
+                            argument: arg.clone(),
+                            path: path.clone(),
+                        });
+                    }
+                    read_paths.insert(path.clone());
+                }
+            }
+            for (arg, need) in f.arguments() {
+                if need == Need::Required && !bindings.iter().any(|(a, _)| a == arg) {
+                    return Err(c.bad(&format!("{component}.dynamic_vars.{arg}"), ConfigProblem::Missing));
+                }
+            }
+        }
+        let inputs: Vec<Input> = read_paths
+            .iter()
+            .map(|p| Input { name: input_name(p), path: p.clone(), row_shape: row_shape(p, &dims).unwrap_or_default() })
+            .collect();
+        let mut observations = Vec::new();
+        for (key, f, bindings) in parsed {
+            let width = f.width(&dims).ok_or_else(|| {
+                c.bad(
+                    &format!("{COMPONENTS}.{key}.static_params"),
+                    ConfigProblem::Unsupported {
+                        value: "a step beyond what the context holds".into(),
+                        supported: "steps within the configured future steps and history",
+                    },
+                )
+            })?;
+            let args = f
+                .arguments()
+                .into_iter()
+                .map(|(a, _)| {
+                    let idx = bindings
+                        .iter()
+                        .find(|(b, _)| b == a)
+                        .and_then(|(_, p)| inputs.iter().position(|i| &i.path == p));
+                    (a, idx)
+                })
+                .collect();
+            let function = match &f {
+                Function::ReducedCoords(_) => crate::observations::REDUCED_COORDS,
+                Function::ReducedCoordsTargetPoses(_) => crate::observations::REDUCED_COORDS_TARGET_POSES,
+                Function::HistoricalActions(_) => crate::observations::HISTORICAL_ACTIONS,
+            };
+            observations.push(Observation { key, function: function.into(), compute: f, args, width });
+        }
+        let action = ActionFunction::read(c, num_dofs)?;
+        if policy.action_size() != num_dofs {
+            return Err(c.bad(
+                "robot.kinematic_info.dof_names",
+                ConfigProblem::Length { got: num_dofs, expected: policy.action_size() },
+            ));
+        }
+        let names = Names { joints: &joints, bodies: &bodies, anchor: &anchor };
+        let contract = contract(
+            c,
+            &ContractParts {
+                checkpoint,
+                dims: &dims,
+                names: &names,
+                anchor_index,
+                inputs: &inputs,
+                all_paths: all_paths.into_iter().collect(),
+                future_indices,
+                action: &action,
+            },
+        )?;
+        Ok(Pipeline { policy, dims, inputs, observations, action, contract })
+    }
+
+    /// The inputs, in the graph's order.
+    pub fn inputs(&self) -> &[Input] {
+        &self.inputs
+    }
+
+    /// The observations the actor reads, in the environment's order.
+    pub fn observations(&self) -> &[Observation] {
+        &self.observations
+    }
+
+    /// The robot and motion sizes.
+    pub fn dims(&self) -> Dims {
+        self.dims
+    }
+
+    /// The action function.
+    pub fn action(&self) -> &ActionFunction {
+        &self.action
+    }
+
+    /// The policy (actor, critic and any discriminator).
+    pub fn policy(&self) -> &Policy {
+        &self.policy
+    }
+
+    /// The deployment contract.
+    pub fn contract(&self) -> &Contract {
+        &self.contract
+    }
+
+    /// Checks `inputs` (every input present, float32 `[B, ...row_shape]`,
+    /// one B, nothing else) and returns them flattened, in input order.
+    fn check_inputs(&self, inputs: &HashMap<String, Tensor>) -> Result<(usize, Vec<Vec<f32>>)> {
+        let names: Vec<String> = self.inputs.iter().map(|i| i.name.clone()).collect();
+        let mut given: Vec<&String> = inputs.keys().collect();
+        given.sort();
+        if let Some(extra) = given.into_iter().find(|g| !names.contains(g)) {
+            return Err(DeployError::UnknownInput { name: extra.clone(), names });
+        }
+        let mut batch: Option<(usize, &str)> = None;
+        let mut flat = Vec::with_capacity(self.inputs.len());
+        for i in &self.inputs {
+            let t = inputs.get(&i.name).ok_or_else(|| DeployError::MissingInput {
+                name: i.name.clone(),
+                expected: i.shape_names(),
+                names: names.clone(),
+            })?;
+            let dims = t.dims();
+            if t.dtype() != DType::F32 || dims.len() != i.row_shape.len() + 1 || dims[1..] != i.row_shape[..] {
+                return Err(DeployError::InputShape {
+                    name: i.name.clone(),
+                    expected: i.shape_names(),
+                    found: format!("{} {:?}", t.dtype().as_str(), dims),
+                });
+            }
+            match batch {
+                None => batch = Some((dims[0], &i.name)),
+                Some((b, _)) if b != dims[0] => {
+                    return Err(DeployError::Batch { name: i.name.clone(), got: dims[0], others: b })
+                }
+                _ => {}
+            }
+            flat.push(t.flatten_all()?.to_vec1::<f32>()?);
+        }
+        Ok((batch.map_or(0, |(b, _)| b), flat))
+    }
+
+    /// The observations of `inputs`, by key, each `[B, width]`.
+    pub fn compute_observations(&self, inputs: &HashMap<String, Tensor>) -> Result<HashMap<String, Tensor>> {
+        let (batch, flat) = self.check_inputs(inputs)?;
+        self.observations_of(batch, &flat)
+    }
+
+    fn observations_of(&self, batch: usize, flat: &[Vec<f32>]) -> Result<HashMap<String, Tensor>> {
+        let mut out = HashMap::new();
+        for o in &self.observations {
+            let mut v = vec![0f32; batch * o.width];
+            for r in 0..batch {
+                let arg = |name: &str| -> Option<&[f32]> {
+                    let (_, idx) = o.args.iter().find(|(a, _)| *a == name)?;
+                    let idx = (*idx)?;
+                    let len = self.inputs[idx].row_len();
+                    flat[idx].get(r * len..(r + 1) * len)
+                };
+                self.compute_row(o, &arg, &mut v[r * o.width..(r + 1) * o.width]);
+            }
+            out.insert(o.key.clone(), Tensor::from_vec(v, (batch, o.width), &Device::Cpu)?);
+        }
+        Ok(out)
+    }
+
+    fn compute_row<'a>(&self, o: &Observation, arg: &dyn Fn(&str) -> Option<&'a [f32]>, out: &mut [f32]) {
+        o.compute.compute_row(&self.dims, arg, out);
+    }
+
+    /// Runs the pipeline: observations, the actor's mean action, PD targets.
+    pub fn forward(&self, inputs: &HashMap<String, Tensor>) -> Result<Outputs> {
+        let (batch, flat) = self.check_inputs(inputs)?;
+        let obs = self.observations_of(batch, &flat)?;
+        let actions = self.policy.mean_action(&obs)?;
+        let nd = self.dims.num_dofs;
+        let a = actions.flatten_all()?.to_vec1::<f32>()?;
+        let mut targets = vec![0f32; a.len()];
+        for (row, out) in a.chunks(nd).zip(targets.chunks_mut(nd)) {
+            self.action.targets(row, out);
+        }
+        let repeat = |v: &[f32]| -> Result<Tensor> {
+            let mut all = Vec::with_capacity(batch * nd);
+            for _ in 0..batch {
+                all.extend_from_slice(v);
+            }
+            Ok(Tensor::from_vec(all, (batch, nd), &Device::Cpu)?)
+        };
+        Ok(Outputs {
+            joint_pos_targets: Tensor::from_vec(targets, (batch, nd), &Device::Cpu)?,
+            stiffness_targets: repeat(&self.action.stiffness)?,
+            damping_targets: repeat(&self.action.damping)?,
+            actions,
+        })
+    }
+}
+
+/// One actor observation component: its key, function, bindings (argument, path).
+type Component = (String, Function, Vec<(String, String)>);
+
+fn read_component(c: &Configs, key: &str, node: &Node) -> Result<Component> {
+    let component = format!("{COMPONENTS}.{key}");
+    let fields = dict_of(node).ok_or_else(|| {
+        c.bad(&component, ConfigProblem::WrongType { expected: "an MdpComponent", found: node.kind().into() })
+    })?;
+    let func_key = format!("{component}.compute_func");
+    let qualified = match fields.get("compute_func") {
+        Some(Node::Global { module, name }) => format!("{module}.{name}"),
+        Some(other) => {
+            return Err(c.bad(
+                &func_key,
+                ConfigProblem::WrongType { expected: "a function (a pickled global)", found: other.kind().into() },
+            ))
+        }
+        None => return Err(c.bad(&func_key, ConfigProblem::Missing)),
+    };
+    let params =
+        Params::new(&c.file, format!("{component}.static_params"), fields.get("static_params").and_then(dict_of));
+    let Some(function) = Function::from_params(&qualified, &params)? else {
+        return Err(DeployError::UnknownFunction {
+            file: c.file.clone(),
+            component,
+            function: qualified,
+            supported: SUPPORTED.iter().map(|s| (*s).to_owned()).collect(),
+        });
+    };
+    let mut bindings = Vec::new();
+    if let Some(vars) = fields.get("dynamic_vars").and_then(dict_of) {
+        for (arg, path) in vars.entries() {
+            let Some(arg) = arg.as_str() else { continue };
+            let at = format!("{component}.dynamic_vars.{arg}");
+            let path = context_path(path).ok_or_else(|| {
+                c.bad(
+                    &at,
+                    ConfigProblem::WrongType { expected: "a context path (FieldPath)", found: path.kind().into() },
+                )
+            })?;
+            bindings.push((arg.to_owned(), path));
+        }
+    }
+    Ok((key.to_owned(), function, bindings))
+}
+
+/// The dotted path of a pickled `FieldPath` (`__reduce_ex__` state
+/// `(None, {name, _parent_path})`), or of a plain string.
+fn context_path(n: &Node) -> Option<String> {
+    let fields = match n {
+        Node::Str(s) => return Some(s.clone()),
+        Node::Object(o) => match &o.state {
+            Some(Node::Tuple(t)) | Some(Node::List(t)) => t.iter().find_map(dict_of)?,
+            Some(other) => dict_of(other)?,
+            None => return None,
+        },
+        _ => return None,
+    };
+    let name = fields.get("name")?.as_str()?;
+    let parent = fields.get("_parent_path").and_then(Node::as_str).unwrap_or("");
+    Some(if parent.is_empty() { name.to_owned() } else { format!("{parent}.{name}") })
+}
+
+/// `env.control_components.mimic.future_steps`: a list of step offsets, or
+/// N for 1..=N.
+fn future_step_indices(c: &Configs) -> Result<Vec<usize>> {
+    let key = "env.control_components.mimic.future_steps";
+    match c.node(key)? {
+        Node::List(v) | Node::Tuple(v) => v
+            .iter()
+            .map(|n| {
+                as_usize(n).ok_or_else(|| {
+                    c.bad(key, ConfigProblem::WrongType { expected: "a list of ints", found: n.kind().into() })
+                })
+            })
+            .collect(),
+        n => Ok((1..=as_usize(n).ok_or_else(|| {
+            c.bad(key, ConfigProblem::WrongType { expected: "an int or a list of ints", found: n.kind().into() })
+        })?)
+            .collect()),
+    }
+}
+
+struct ContractParts<'a> {
+    checkpoint: String,
+    dims: &'a Dims,
+    names: &'a Names<'a>,
+    anchor_index: usize,
+    inputs: &'a [Input],
+    all_paths: Vec<String>,
+    future_indices: Vec<usize>,
+    action: &'a ActionFunction,
+}
+
+/// Per-joint values of `robot.control.control_info[joint].<field>`.
+fn per_joint(c: &Configs, joints: &[String], field: &str) -> Result<Vec<f64>> {
+    joints.iter().map(|j| c.f64(&format!("robot.control.control_info.{j}.{field}"))).collect()
+}
+
+/// Timing as the exporter derives it: MuJoCo's parameters of the robot
+/// config (what `update_simulator_config_for_test` switches to), else the
+/// training simulator's, else 1 kHz physics at decimation 20.
+fn timing(c: &Configs) -> Timing {
+    let read = |base: &str| -> Option<(f64, usize)> {
+        let fps = c.f64(&format!("{base}.fps")).ok()?;
+        let dec = c.usize(&format!("{base}.decimation")).ok()?;
+        (fps > 0.0).then_some((fps, dec))
+    };
+    let (physics_dt, decimation) = read("robot.simulation_params.mujoco")
+        .or_else(|| read("simulator.sim"))
+        .map_or((0.001, 20), |(fps, dec)| (1.0 / fps, dec));
+    Timing { control_dt: physics_dt * decimation as f64, physics_dt, decimation }
+}
+
+fn contract(c: &Configs, p: &ContractParts<'_>) -> Result<Contract> {
+    let joints = p.names.joints.to_vec();
+    let bodies = p.names.bodies.to_vec();
+    let stiffness = per_joint(c, &joints, "stiffness")?;
+    let damping = per_joint(c, &joints, "damping")?;
+    let effort_limits = per_joint(c, &joints, "effort_limit").ok();
+    let timing = timing(c);
+    let nf = p.future_indices.len();
+    let mut policy_inputs = Vec::new();
+    let mut name_to_key = serde_json::Map::new();
+    for i in p.inputs {
+        let d = descriptor(&i.path, p.names);
+        let mut shape = vec![1];
+        shape.extend(&i.row_shape);
+        policy_inputs.push(InputEntry {
+            name: i.name.clone(),
+            key: i.path.clone(),
+            shape,
+            kind: d.as_ref().map_or("unknown", |d| d.kind),
+            output_key: d.as_ref().and_then(|d| d.feedback).map(|f| f.output_key()),
+            future_steps: d.as_ref().filter(|d| d.future).map(|_| nf),
+            element_names: d.and_then(|d| d.element_names),
+        });
+        name_to_key.insert(i.name.clone(), serde_json::Value::String(i.path.clone()));
+    }
+    let out = |name: &'static str, joints_listed: bool| OutputEntry {
+        name,
+        kind: name,
+        key: name,
+        shape: vec![1, p.dims.num_dofs],
+        joint_names: joints_listed.then(|| joints.clone()),
+    };
+    let in_names: Vec<String> = p.inputs.iter().map(|i| i.name.clone()).collect();
+    let read: Vec<&String> = p.inputs.iter().map(|i| &i.path).collect();
+    let f64s = |v: &[f32]| v.iter().map(|x| f64::from(*x)).collect::<Vec<f64>>();
+    Ok(Contract {
+        kind: "unified_pipeline",
+        dt: timing.control_dt,
+        joint_names: joints.clone(),
+        body_names: bodies.clone(),
+        default_joint_stiffness: stiffness.clone(),
+        default_joint_damping: damping.clone(),
+        policy_inputs,
+        policy_outputs: vec![
+            out("actions", false),
+            out("joint_pos_targets", true),
+            out("stiffness_targets", true),
+            out("damping_targets", true),
+        ],
+        runtime: Runtime {
+            onnx_in_names: in_names,
+            onnx_out_names: OUTPUT_NAMES.iter().map(|s| (*s).to_owned()).collect(),
+            onnx_name_to_in_key: name_to_key,
+            passthrough_keys: p.all_paths.iter().filter(|k| !read.contains(k)).cloned().collect(),
+            obs_context_keys: p.all_paths.clone(),
+        },
+        metadata: Metadata { checkpoint: p.checkpoint.clone(), control_type: "BUILT_IN_PD" },
+        robot: Robot {
+            mjcf_path: c.str("robot.asset.asset_file_name")?,
+            num_bodies: p.dims.num_bodies,
+            num_dofs: p.dims.num_dofs,
+            anchor_body_name: p.names.anchor.to_owned(),
+            anchor_body_index: p.anchor_index,
+            root_body_name: bodies.first().cloned().unwrap_or_default(),
+            root_body_index: 0,
+            body_names: bodies,
+            joint_names: joints,
+        },
+        control: Control {
+            stiffness,
+            damping,
+            effort_limits,
+            action_scale: Some(f64s(&p.action.scale)),
+            pd_action_offset: Some(f64s(&p.action.offset)),
+            pd_target_max_accel: c.opt_f64("simulator.pd_target_max_accel")?,
+            action_ema_alpha: 1.0,
+            action_function: p.action.function.rsplit('.').next().unwrap_or(p.action.function).to_owned(),
+            action_transform: p.action.transform.name(),
+        },
+        motion: Motion {
+            future_dt_seconds: p.future_indices.iter().map(|s| round6(*s as f64 * timing.control_dt)).collect(),
+            future_step_indices: p.future_indices.clone(),
+        },
+        timing,
+    })
+}

@@ -1,0 +1,254 @@
+#!/usr/bin/env python3
+"""Records ProtoMotions' unified deployment pipeline (sensors -> observations ->
+actor -> PD targets) for the deploy tests of pmstate.
+
+usage: python testdata/deploy/record_deploy.py --protomotions PATH [--out DIR]
+           [--reference-commit SHA]
+
+Run from the repository root. PATH is a checkout of github:NVlabs/ProtoMotions
+(recorded against commit 607ca7a0bb92e261120bcab8d9f97f28b3130ffc); its
+`protomotions` package and `deployment/export_bm_tracker_onnx.py` are imported
+from PATH at run time, nothing of them is copied here. Needs torch,
+tensordict (0.9), onnx, onnxruntime, pyyaml, lightning.
+
+What is recorded, per variant (today: g1_amp_deploy, the AMP tracker that
+testdata/policy/record_policy.py builds from the shipped g1-bones-deploy
+experiment config, at shrunk widths):
+- the REAL exporter, `export_bm_tracker_onnx.export_tracker(checkpoint, ...)`,
+  run on the committed checkpoint, with the checkpoint path given relative to
+  the repository root (the YAML records it). Its `unified_pipeline.yaml` is
+  committed as `contract.yaml`; the ONNX graph is not (it is rebuilt from the
+  checkpoint by anyone who reruns this script).
+- the exporter's own torch module: `torch.onnx.export` is wrapped while the
+  exporter runs so that the `UnifiedPipelineModule` it exports is kept, then
+  run in eval mode under no_grad (`torch_<case>.safetensors`), with its
+  observation module's outputs (`obs_<case>.safetensors`, one tensor per
+  observation key, in the order the actor reads them).
+- onnxruntime (CPU provider, one thread) on the exported graph
+  (`ort_<case>.safetensors`).
+- the inputs (`inputs_<case>.safetensors`), named exactly as the graph's
+  inputs. Cases: b1 (one row) and b16 (sixteen rows), seeded. The anchor
+  rotations include identity, w < 0, upside down (180 deg about x), pitched
+  +-90 deg (the anchor's x axis vertical: the heading is atan2 of two
+  near-zero numbers) and 1e-3 rad from those; the future anchor rotations
+  likewise; joint values N(0, 1) and a few large ones.
+
+Deterministic: one CPU thread, fixed seeds; safetensors headers without
+__metadata__, tensors sorted by element size then name.
+"""
+import argparse
+import json
+import math
+import os
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, os.path.dirname(HERE))
+from pm_reference import reference_commit  # noqa: E402
+
+VARIANTS = {
+    "g1_amp_deploy": "testdata/policy/g1_amp_deploy/last.ckpt",
+}
+CASES = {"b1": (1, 11), "b16": (16, 12)}
+
+
+def reexec_deterministic():
+    want = {"PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    if all(os.environ.get(k) == v for k, v in want.items()):
+        return
+    env = dict(os.environ)
+    env.update(want)
+    os.execve(sys.executable, [sys.executable] + sys.argv, env)
+
+
+ST_DTYPES = {"torch.float32": "F32", "torch.float64": "F64", "torch.int64": "I64"}
+
+
+def write_safetensors(torch, path, tensors):
+    names = sorted(tensors, key=lambda k: (-tensors[k].element_size(), k))
+    header, blobs, offset = {}, [], 0
+    for k in names:
+        t = tensors[k].detach().cpu().contiguous()
+        data = t.reshape(-1).view(torch.uint8).numpy().tobytes()
+        header[k] = {"dtype": ST_DTYPES[str(t.dtype)], "shape": list(t.shape),
+                     "data_offsets": [offset, offset + len(data)]}
+        blobs.append(data)
+        offset += len(data)
+    h = json.dumps(header, separators=(",", ":")).encode()
+    h += b" " * (-len(h) % 8)
+    with open(path, "wb") as f:
+        f.write(len(h).to_bytes(8, "little"))
+        f.write(h)
+        for b in blobs:
+            f.write(b)
+
+
+def special_quats(torch):
+    """Anchor rotations (xyzw) at the edges of the heading computation."""
+    s = math.sqrt(0.5)
+    e = 1e-3
+    qs = [
+        [0.0, 0.0, 0.0, 1.0],            # identity
+        [0.0, 0.0, 0.0, -1.0],           # identity, w < 0
+        [1.0, 0.0, 0.0, 0.0],            # upside down: 180 deg about x
+        [0.0, 1.0, 0.0, 0.0],            # 180 deg about y
+        [0.0, s, 0.0, s],                # pitched +90 deg: x axis straight down
+        [0.0, -s, 0.0, s],               # pitched -90 deg: x axis straight up
+        [math.sin(e / 2), 0.0, 0.0, math.cos(e / 2)],
+        [0.0, math.sin(math.pi / 4 + e / 2), 0.0, math.cos(math.pi / 4 + e / 2)],
+        [0.3, -0.2, 0.9, -0.25],         # w < 0, mostly yaw
+    ]
+    t = torch.tensor(qs, dtype=torch.float32)
+    return t / t.norm(dim=-1, keepdim=True)
+
+
+def random_quats(torch, g, shape, negate_half=True):
+    q = torch.randn(*shape, 4, generator=g)
+    q = q / q.norm(dim=-1, keepdim=True)
+    if negate_half:
+        flip = torch.rand(*shape, 1, generator=g) < 0.5
+        q = torch.where(flip, -q, q)
+    return q
+
+
+def make_inputs(torch, keys_to_shapes, batch, seed):
+    """One tensor per context key, batch rows, the specials spread over rows."""
+    g = torch.Generator().manual_seed(seed)
+    special = special_quats(torch)
+    out = {}
+    for key, shape in keys_to_shapes.items():
+        full = [batch] + list(shape[1:])
+        if key.endswith("_rot"):
+            q = random_quats(torch, g, full[:-1])
+            flat = q.reshape(batch, -1, 4)
+            offset = 0 if key.startswith("current") else 3
+            for r in range(batch):
+                # row r's first rotation is a special one, cycling through them
+                flat[r, 0] = special[(r + offset) % len(special)] if batch > 1 else special[8]
+            out[key] = flat.reshape(full).contiguous()
+        else:
+            t = torch.randn(*full, generator=g)
+            if batch > 1:
+                t.view(batch, -1)[batch - 1, :: max(1, t[0].numel() // 5)] *= 40.0
+            out[key] = t
+    return out
+
+
+def record(args, torch, name, ckpt_rel, outdir):
+    import yaml
+    import onnxruntime as ort
+    sys.path.insert(0, args.protomotions)
+    sys.path.insert(0, os.path.join(args.protomotions, "deployment"))
+    import export_bm_tracker_onnx as exporter
+
+    captured = {}
+    real_export = torch.onnx.export
+
+    def capture(module, inputs, path, **kw):
+        captured["module"] = module
+        captured["input_names"] = list(kw["input_names"])
+        return real_export(module, inputs, path, **kw)
+
+    torch.onnx.export = capture
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            onnx_path = exporter.export_tracker(checkpoint=ckpt_rel, output_dir=tmp, validate=True)
+        finally:
+            torch.onnx.export = real_export
+        with open(os.path.join(tmp, "unified_pipeline.yaml")) as f:
+            contract_text = f.read()
+        contract = yaml.safe_load(contract_text)
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = 1
+        so.inter_op_num_threads = 1
+        session = ort.InferenceSession(str(onnx_path), so, providers=["CPUExecutionProvider"])
+        onnx_inputs = [(i.name, i.shape) for i in session.get_inputs()]
+        onnx_outputs = [o.name for o in session.get_outputs()]
+
+    os.makedirs(outdir, exist_ok=True)
+    with open(os.path.join(outdir, "contract.yaml"), "w") as f:
+        f.write(contract_text)
+
+    unified = captured["module"].eval()
+    obs_keys_in = unified.observation_module.get_input_keys()
+    name_to_key = contract["_runtime"]["onnx_name_to_in_key"]
+    shapes = {e["key"]: e["shape"] for e in contract["policy_inputs"]}
+    # every context key the observation module takes, graph input or not
+    mock_shapes = {}
+    for k in obs_keys_in:
+        if k in shapes:
+            mock_shapes[k] = shapes[k]
+    manifest_cases = {}
+    for case, (batch, seed) in CASES.items():
+        ctx = make_inputs(torch, {k: shapes[k] for k in obs_keys_in if k in shapes}, batch, seed)
+        # context keys the graph dropped (unused by the actor's observations)
+        # still take a tensor in the torch module: zeros of the mock's shape
+        g = torch.Generator().manual_seed(seed + 100)
+        full_args = []
+        for k in obs_keys_in:
+            if k in ctx:
+                full_args.append(ctx[k])
+            else:
+                cur = exporter._resolve_attr_path(k, exporter.MockContext(
+                    num_envs=batch, num_dofs=contract["robot"]["num_dofs"],
+                    num_bodies=contract["robot"]["num_bodies"],
+                    num_future_steps=len(contract["motion"]["future_step_indices"]),
+                    anchor_idx=contract["robot"]["anchor_body_index"]))
+                full_args.append(torch.randn(cur.shape, generator=g))
+        with torch.no_grad():
+            obs = unified.observation_module(*full_args)
+            obs_named = dict(zip(unified.observation_module.get_output_keys(), obs))
+            t_out = unified(*full_args)
+        t_named = dict(zip(onnx_outputs, t_out))
+        feeds = {n: ctx[name_to_key[n]].numpy() for n, _ in onnx_inputs}
+        o_out = session.run(onnx_outputs, feeds)
+        o_named = {n: torch.from_numpy(v) for n, v in zip(onnx_outputs, o_out)}
+        inputs_named = {n: ctx[name_to_key[n]] for n, _ in onnx_inputs}
+        write_safetensors(torch, os.path.join(outdir, f"inputs_{case}.safetensors"), inputs_named)
+        write_safetensors(torch, os.path.join(outdir, f"obs_{case}.safetensors"), obs_named)
+        write_safetensors(torch, os.path.join(outdir, f"torch_{case}.safetensors"), t_named)
+        write_safetensors(torch, os.path.join(outdir, f"ort_{case}.safetensors"), o_named)
+        diffs = {n: float((o_named[n] - t_named[n]).abs().max()) for n in onnx_outputs}
+        manifest_cases[case] = {"batch": batch, "seed": seed, "max_abs_ort_minus_torch": diffs}
+    return {
+        "checkpoint": ckpt_rel,
+        "onnx_inputs": [n for n, _ in onnx_inputs],
+        "onnx_outputs": onnx_outputs,
+        "observation_keys": list(unified.observation_module.get_output_keys()),
+        "cases": manifest_cases,
+    }
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--protomotions", required=True)
+    ap.add_argument("--out", default=HERE)
+    ap.add_argument("--reference-commit")
+    args = ap.parse_args()
+    reexec_deterministic()
+    if os.path.abspath(os.getcwd()) != ROOT:
+        raise SystemExit(f"run from the repository root ({ROOT}): the YAML records the checkpoint path")
+    import torch
+    import onnxruntime
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    manifest = {
+        "description": "ProtoMotions' unified deploy pipeline exported by its own "
+                       "export_bm_tracker_onnx.py, run by torch and onnxruntime; see record_deploy.py",
+        "reference": {"repository": "github:NVlabs/ProtoMotions",
+                      "commit": reference_commit(args.protomotions, args.reference_commit)},
+        "torch": torch.__version__,
+        "onnxruntime": onnxruntime.__version__,
+        "variants": {},
+    }
+    for name, ckpt in VARIANTS.items():
+        manifest["variants"][name] = record(args, torch, name, ckpt, os.path.join(args.out, name))
+    with open(os.path.join(args.out, "manifest.json"), "w") as f:
+        json.dump(manifest, f, indent=1, sort_keys=True)
+        f.write("\n")
+
+
+if __name__ == "__main__":
+    main()
