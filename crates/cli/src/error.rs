@@ -33,14 +33,19 @@ pub enum CliError {
     /// Loading or running a policy failed.
     #[error(transparent)]
     Policy(#[from] pmstate_policy::PolicyError),
-    /// An observations file (`policy run --obs`) that cannot be read as one.
-    #[error("--obs {path}: {problem}")]
+    /// An observations file (`policy run --obs`, `deploy run --inputs`) that cannot be read as one.
+    #[error("{flag} {path}: {problem}")]
     Obs {
+        /// The flag that named the file.
+        flag: &'static str,
         /// The file.
         path: String,
         /// What is wrong.
         problem: crate::cmd::policy::obs::ObsProblem,
     },
+    /// Loading or running a deployment pipeline failed.
+    #[error(transparent)]
+    Deploy(#[from] pmstate_deploy::DeployError),
     /// Reading or replaying a trace failed.
     #[error(transparent)]
     Trace(#[from] pmstate_trace::TraceError),

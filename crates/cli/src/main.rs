@@ -63,6 +63,10 @@ enum Command {
     Config(cmd::config::Args),
     /// Load a ProtoMotions policy (checkpoint + resolved configs) and describe or run it.
     Policy(cmd::policy::Args),
+    /// A tracker's deployment pipeline from its checkpoint: sensors and
+    /// reference motion in, PD targets out, as ProtoMotions' exported ONNX
+    /// pipeline computes them; its contract (unified_pipeline.yaml).
+    Deploy(cmd::deploy::Args),
     /// Time the forward (actor and critic) of the full-size smpl tracker
     /// (actor 6x1024, critic 4x1024, obs 358 + 576 + 69) at batch 1, 64,
     /// 1024 and 4096, and reading its weights once (the batch-1 floor).
@@ -94,6 +98,7 @@ fn run(cli: Cli) -> Result<ExitCode, CliError> {
         Command::CleanTmp(a) => cmd::clean_tmp::run(a, g),
         Command::Config(a) => cmd::config::run(a, g),
         Command::Policy(a) => cmd::policy::run(a, g),
+        Command::Deploy(a) => cmd::deploy::run(a, g),
         Command::BenchPolicy(a) => cmd::bench_policy::run(a, g),
         Command::Serve(a) => cmd::serve::run(a, g),
         Command::BenchServe(a) => cmd::bench_serve::run(a, g),
@@ -139,7 +144,7 @@ mod tests {
     use super::Cli;
 
     /// The subcommands `crates/cli/README.md` shows as `pmstate NAME` (and
-    /// `pmstate policy NAME`) in its command list.
+    /// `pmstate policy NAME`, `pmstate deploy NAME`) in its command list.
     fn readme_commands(readme: &str) -> Vec<String> {
         let mut names = Vec::new();
         for line in readme.lines() {
@@ -149,7 +154,7 @@ mod tests {
             }
             let Some(first) = words.next() else { continue };
             names.push(match (first, words.next()) {
-                ("policy", Some(sub)) => format!("policy {sub}"),
+                ("policy" | "deploy", Some(sub)) => format!("{first} {sub}"),
                 (first, _) => first.to_owned(),
             });
         }

@@ -117,8 +117,11 @@ impl Pipeline {
         let joints = c.strings("robot.kinematic_info.dof_names")?;
         let bodies = c.strings("robot.kinematic_info.body_names")?;
         let num_dofs = joints.len();
-        let anchor = c.str("robot.anchor_body_name")?;
-        let anchor_index = c.usize("robot.anchor_body_index")?;
+        // no anchor configured: the root body, as ProtoMotions' exporter falls back
+        let (anchor, anchor_index) = match c.ckpt.get("robot.anchor_body_name") {
+            None | Some(Node::None) => (bodies.first().cloned().unwrap_or_default(), 0),
+            Some(_) => (c.str("robot.anchor_body_name")?, c.usize("robot.anchor_body_index")?),
+        };
         let future_indices = future_step_indices(c)?;
         // The actor's observations, in the order the environment lists them.
         let actor_keys = policy.actor_keys();

@@ -7,6 +7,7 @@ pub mod bench_serve;
 pub mod clean_tmp;
 pub mod config;
 pub mod convert;
+pub mod deploy;
 pub mod diff;
 pub mod inspect;
 pub mod normalizers;

@@ -59,6 +59,21 @@ impl PolicyFiles {
         }
         Ok(policy)
     }
+
+    /// Loads the deployment pipeline (observations, actor, action function)
+    /// of the same files, under the same rules for globals.
+    pub fn load_pipeline(&self) -> Result<pmstate_deploy::Pipeline, CliError> {
+        let globals = if self.allow_unsafe_globals { Globals::Allow } else { Globals::Refuse };
+        let p =
+            pmstate_deploy::Pipeline::load_with(&self.checkpoint, self.config.as_deref(), &LoadOptions { globals })?;
+        for g in p.policy().allowed_globals() {
+            output::err_line(format!(
+                "pmstate: warning: {}: loading the global {} at {} (--allow-unsafe-globals)",
+                g.file, g.global, g.key
+            ));
+        }
+        Ok(p)
+    }
 }
 
 /// Runs `pmstate policy ...`.

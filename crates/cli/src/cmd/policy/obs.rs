@@ -124,11 +124,46 @@ impl<'de> Deserialize<'de> for Shape {
     }
 }
 
+/// What a tensors file must hold: which keys, dtypes and shapes.
+pub(crate) trait Schema {
+    /// Which flag names the file in errors (`--obs`, `--inputs`).
+    fn flag(&self) -> &'static str;
+    /// Refuses an entry the reader of the file does not accept.
+    fn check_entry(&self, key: &str, dtype: &str, dims: &[u64]) -> Result<(), CliError>;
+}
+
+/// `policy run --obs`: one f32 `[B, D]` tensor per in_key the policy accepts.
+struct PolicySchema<'a> {
+    policy: &'a Policy,
+    accepted: Vec<String>,
+}
+
+impl Schema for PolicySchema<'_> {
+    fn flag(&self) -> &'static str {
+        "--obs"
+    }
+
+    fn check_entry(&self, key: &str, dtype: &str, dims: &[u64]) -> Result<(), CliError> {
+        let key = key.to_owned();
+        if !self.accepted.contains(&key) {
+            return Err(PolicyError::ExtraObs { key, expected: self.accepted.clone() }.into());
+        }
+        let width = self.policy.widths().known.get(&key).copied();
+        if dtype != "F32" {
+            return Err(PolicyError::ObsDtype { key, dtype: dtype.to_lowercase(), width }.into());
+        }
+        if dims.len() != 2 {
+            let shape = dims.iter().map(|&d| usize::try_from(d).unwrap_or(usize::MAX)).collect();
+            return Err(PolicyError::ObsRank { key, shape, width }.into());
+        }
+        Ok(())
+    }
+}
+
 /// The accepted entries of a header, refused at the first bad one.
 struct Header<'a> {
     path: &'a Path,
-    policy: &'a Policy,
-    accepted: &'a [String],
+    schema: &'a dyn Schema,
     /// The typed problem behind a serde error raised while streaming.
     problem: &'a RefCell<Option<CliError>>,
 }
@@ -157,24 +192,15 @@ impl<'de> Visitor<'de> for Header<'_> {
                 map.next_value::<IgnoredAny>()?;
                 continue;
             }
-            if !self.accepted.contains(&key) {
-                return Err(fail(PolicyError::ExtraObs { key, expected: self.accepted.to_vec() }.into()));
-            }
             if !seen.insert(key.clone()) {
-                return Err(fail(obs_error(self.path, ObsProblem::Duplicate(key))));
+                return Err(fail(obs_error(self.schema.flag(), self.path, ObsProblem::Duplicate(key))));
             }
             let entry = map.next_value::<Entry>()?;
             if entry.shape.more {
-                return Err(fail(obs_error(self.path, ObsProblem::TooManyDims { key })));
+                return Err(fail(obs_error(self.schema.flag(), self.path, ObsProblem::TooManyDims { key })));
             }
-            let width = self.policy.widths().known.get(&key).copied();
-            if entry.dtype != "F32" {
-                let dtype = entry.dtype.to_lowercase();
-                return Err(fail(PolicyError::ObsDtype { key, dtype, width }.into()));
-            }
-            if entry.shape.dims.len() != 2 {
-                let shape = entry.shape.dims.iter().map(|&d| usize::try_from(d).unwrap_or(usize::MAX)).collect();
-                return Err(fail(PolicyError::ObsRank { key, shape, width }.into()));
+            if let Err(e) = self.schema.check_entry(&key, &entry.dtype, &entry.shape.dims) {
+                return Err(fail(e));
             }
             out.push((key, entry));
         }
@@ -182,18 +208,24 @@ impl<'de> Visitor<'de> for Header<'_> {
     }
 }
 
-fn obs_error(path: &Path, problem: ObsProblem) -> CliError {
-    CliError::Obs { path: path.display().to_string(), problem }
+fn obs_error(flag: &'static str, path: &Path, problem: ObsProblem) -> CliError {
+    CliError::Obs { flag, path: path.display().to_string(), problem }
 }
 
 /// Reads the observations `policy` accepts from the safetensors file at
 /// `path`; see the module documentation for what is checked, and when.
 pub fn read_obs(path: &Path, policy: &Policy) -> Result<HashMap<String, Tensor>, CliError> {
+    read_tensors(path, &PolicySchema { policy, accepted: policy.accepted_keys() })
+}
+
+/// Reads the f32 tensors `schema` accepts from the safetensors file at
+/// `path`, as [`read_obs`] does.
+pub(crate) fn read_tensors(path: &Path, schema: &dyn Schema) -> Result<HashMap<String, Tensor>, CliError> {
     let (file, meta) = pmstate_ckpt::open_regular(path)?;
     let len = meta.len();
     let shown = || path.display().to_string();
     let io = |e: std::io::Error| CliError::Io(std::io::Error::new(e.kind(), format!("{}: {e}", shown())));
-    let problem = |p| obs_error(path, p);
+    let problem = |p| obs_error(schema.flag(), path, p);
     if len < 8 {
         return Err(problem(ObsProblem::Truncated { len, needed: 8 }));
     }
@@ -207,11 +239,10 @@ pub fn read_obs(path: &Path, policy: &Policy) -> Result<HashMap<String, Tensor>,
     if data_start > len {
         return Err(problem(ObsProblem::Truncated { len, needed: data_start }));
     }
-    let accepted = policy.accepted_keys();
     let refused = RefCell::new(None);
     let mut reader = BufReader::new(ReadAt { file: &file, pos: 8, end: data_start });
     let mut de = serde_json::Deserializer::from_reader(&mut reader);
-    let parsed = Header { path, policy, accepted: &accepted, problem: &refused }.deserialize(&mut de).and_then(|v| {
+    let parsed = Header { path, schema, problem: &refused }.deserialize(&mut de).and_then(|v| {
         de.end()?;
         Ok(v)
     });
@@ -224,20 +255,20 @@ pub fn read_obs(path: &Path, policy: &Policy) -> Result<HashMap<String, Tensor>,
     let mut out = HashMap::with_capacity(entries.len());
     for (key, e) in entries {
         let [start, end] = e.data_offsets;
-        let (b, d) = (e.shape.dims[0], e.shape.dims[1]);
-        let needed = b.checked_mul(d).and_then(|x| x.checked_mul(4));
+        let needed = e.shape.dims.iter().try_fold(4u64, |acc, &d| acc.checked_mul(d));
         let bad = ObsProblem::Offsets { key: key.clone(), start, end, needed: needed.unwrap_or(u64::MAX), available };
         let Some(needed) = needed.filter(|&x| start <= end && end <= available && end - start == x) else {
             return Err(problem(bad));
         };
-        let (Ok(rows), Ok(cols), Ok(bytes)) = (usize::try_from(b), usize::try_from(d), usize::try_from(needed)) else {
+        let dims: Option<Vec<usize>> = e.shape.dims.iter().map(|&d| usize::try_from(d).ok()).collect();
+        let (Some(dims), Ok(bytes)) = (dims, usize::try_from(needed)) else {
             return Err(problem(bad));
         };
         let mut raw = vec![0u8; bytes];
         read_exact_at(&file, data_start + start, &mut raw).map_err(io)?;
         let values: Vec<f32> = raw.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
         drop(raw);
-        out.insert(key, Tensor::from_vec(values, (rows, cols), &Device::Cpu)?);
+        out.insert(key, Tensor::from_vec(values, dims, &Device::Cpu)?);
     }
     Ok(out)
 }

@@ -89,7 +89,7 @@ pub fn run(a: Args, g: Global) -> Result<ExitCode, CliError> {
 }
 
 /// Writes next to the target, then renames over it.
-fn write_atomic(path: &Path, map: &HashMap<String, Tensor>) -> Result<(), CliError> {
+pub(crate) fn write_atomic(path: &Path, map: &HashMap<String, Tensor>) -> Result<(), CliError> {
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "out".into());
     let tmp = path.with_file_name(format!(".{name}.{}.tmp", std::process::id()));
     if let Err(e) = candle_core::safetensors::save(map, &tmp) {

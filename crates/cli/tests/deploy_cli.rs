@@ -1,0 +1,122 @@
+//! `pmstate deploy contract|run` end to end on the g1 tracker and the
+//! pipeline ProtoMotions' exporter made from it (testdata/deploy).
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+use candle_core::{Device, Tensor};
+use pmstate_deploy::Pipeline;
+use serde_json::Value as J;
+
+fn pmstate(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_pmstate")).args(args).output().expect("run pmstate")
+}
+
+fn root(rel: &str) -> String {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..").join(rel).display().to_string()
+}
+
+fn ckpt() -> String {
+    root("testdata/policy/g1_amp_deploy/last.ckpt")
+}
+
+fn recorded(name: &str) -> String {
+    root(&format!("testdata/deploy/g1_amp_deploy/{name}"))
+}
+
+fn text(out: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
+}
+
+fn load(path: &str) -> HashMap<String, Tensor> {
+    candle_core::safetensors::load(path, &Device::Cpu).expect("safetensors")
+}
+
+fn flat(t: &Tensor) -> Vec<f32> {
+    t.flatten_all().and_then(|t| t.to_vec1::<f32>()).expect("f32")
+}
+
+/// The YAML printed is the library's contract; `--json` has the same
+/// inputs, each with the shape the recorded inputs have at batch 1.
+#[test]
+fn contract_prints_the_pipelines_contract_as_yaml_and_json() {
+    let p = Pipeline::load(ckpt(), None).expect("load");
+    let out = pmstate(&["deploy", "contract", &ckpt()]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), p.contract().to_yaml());
+    let out = pmstate(&["--json", "deploy", "contract", &ckpt()]);
+    assert!(out.status.success(), "{}", text(&out));
+    let j: J = serde_json::from_slice(&out.stdout).expect("one JSON object");
+    let inputs = load(&recorded("inputs_b1.safetensors"));
+    let listed = j["policy_inputs"].as_array().expect("policy_inputs");
+    assert_eq!(listed.len(), inputs.len());
+    for e in listed {
+        let name = e["name"].as_str().expect("name");
+        let shape: Vec<usize> =
+            e["shape"].as_array().expect("shape").iter().map(|d| d.as_u64().expect("dim") as usize).collect();
+        assert_eq!(inputs[name].dims(), &shape[..], "{name}");
+    }
+    assert_eq!(j["type"], "unified_pipeline");
+}
+
+/// `deploy run` writes the four outputs of the library's forward, bit for
+/// bit, and they are the recorded onnxruntime outputs within 1e-6.
+#[test]
+fn run_writes_the_pipeline_outputs() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out_path = dir.path().join("out.safetensors").display().to_string();
+    let out = pmstate(&["deploy", "run", &ckpt(), "--inputs", &recorded("inputs_b16.safetensors"), "--out", &out_path]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(text(&out).contains("joint_pos_targets [16, 29]"), "{}", text(&out));
+    let got = load(&out_path);
+    let p = Pipeline::load(ckpt(), None).expect("load");
+    let want = p.forward(&load(&recorded("inputs_b16.safetensors"))).expect("forward");
+    let ort = load(&recorded("ort_b16.safetensors"));
+    for (name, t) in want.named() {
+        assert_eq!(flat(&got[name]), flat(t), "{name}");
+        for (a, b) in flat(&got[name]).iter().zip(flat(&ort[name])) {
+            assert!((a - b).abs() <= 1e-6 * (1.0 + b.abs()), "{name}: {a} vs onnxruntime {b}");
+        }
+    }
+}
+
+/// Wrong files are refused naming the input and what the pipeline takes;
+/// nothing is written.
+#[test]
+fn run_refuses_inputs_the_pipeline_does_not_take() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out_path = dir.path().join("out.safetensors");
+    let o = out_path.display().to_string();
+    // the observations file instead of the inputs
+    let out = pmstate(&["deploy", "run", &ckpt(), "--inputs", &recorded("obs_b1.safetensors"), "--out", &o]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(text(&out).contains("is not one the pipeline takes: current_anchor_rot"), "{}", text(&out));
+    // one input of the wrong shape
+    let mut inputs = load(&recorded("inputs_b1.safetensors"));
+    inputs.insert(
+        "mimic_future_dof_pos".into(),
+        Tensor::zeros((1, 3, 29), candle_core::DType::F32, &Device::Cpu).expect("zeros"),
+    );
+    let bad = dir.path().join("bad.safetensors");
+    candle_core::safetensors::save(&inputs, &bad).expect("save");
+    let out = pmstate(&["deploy", "run", &ckpt(), "--inputs", &bad.display().to_string(), "--out", &o]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(
+        text(&out).contains("input mimic_future_dof_pos: expected float32 of shape [B, 4, 29], got f32 [1, 3, 29]"),
+        "{}",
+        text(&out)
+    );
+    // one input missing
+    inputs.remove("mimic_future_dof_pos");
+    candle_core::safetensors::save(&inputs, &bad).expect("save");
+    let out = pmstate(&["deploy", "run", &ckpt(), "--inputs", &bad.display().to_string(), "--out", &o]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(text(&out).contains("input mimic_future_dof_pos is missing (shape [B, 4, 29])"), "{}", text(&out));
+    assert!(!out_path.exists());
+    // a policy whose observations pmstate-deploy does not implement
+    let smpl = root("testdata/policy/smpl_tracker/last.ckpt");
+    let out = pmstate(&["deploy", "contract", &smpl]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(text(&out).contains("has no implementation in pmstate-deploy; supported: protomotions.envs.obs.humanoid.compute_humanoid_reduced_coords_observations"), "{}", text(&out));
+}
