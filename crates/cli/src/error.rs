@@ -43,13 +43,20 @@ pub enum CliError {
         /// What is wrong.
         problem: crate::cmd::policy::obs::ObsProblem,
     },
-    /// Loading or running a deployment pipeline failed.
+    /// Loading or running a deployment pipeline failed (boxed: it carries
+    /// the policy's and the checkpoint's errors).
     #[error(transparent)]
-    Deploy(#[from] pmstate_deploy::DeployError),
+    Deploy(Box<pmstate_deploy::DeployError>),
     /// Reading or replaying a trace failed.
     #[error(transparent)]
     Trace(#[from] pmstate_trace::TraceError),
     /// The inference server could not start or stopped on an error.
     #[error(transparent)]
     Serve(#[from] pmstate_serve::StartError),
+}
+
+impl From<pmstate_deploy::DeployError> for CliError {
+    fn from(e: pmstate_deploy::DeployError) -> Self {
+        CliError::Deploy(Box::new(e))
+    }
 }
