@@ -33,6 +33,26 @@ experiment config, at shrunk widths):
   near-zero numbers) and 1e-3 rad from those; the future anchor rotations
   likewise; joint values N(0, 1) and a few large ones.
 
+The runtime around the graph (g1 only): ProtoMotions' deployment loop
+(`deployment/test_tracker_mujoco.py`'s per-step body, without the simulator)
+run by this script over a recorded sensor stream, with its own
+`deployment.motion_utils.MotionPlayer` and `deployment.tracker_inputs`
+(`init_tracker_alignment`, `align_future_motion_refs`,
+`build_tracker_onnx_inputs`). The clip is synthetic (`synthetic.motion`,
+written here in the `.motion` format: a torch.save dict of fps, dof_pos,
+dof_vel, rigid_body_*), because the clips ProtoMotions ships are retargeted
+from motion-capture datasets whose licences forbid redistribution here; it
+has 30 fps source frames (resampled to 50 Hz), a slerp across a sign flip
+(q and -q) and a near-identical pair. The sensors (`sensors.safetensors`:
+dof_pos, dof_vel, anchor_rot, root_local_ang_vel, anchor_pos, each [T, ...])
+follow the reference with noise, from a start heading 1 rad away and a start
+position elsewhere, so the start-of-motion alignment matters. Recorded
+(`replay.safetensors`): the player's resampled arrays (`player.*`), every
+step's graph inputs (`inputs.<name>`, [T, ...]), and torch's and
+onnxruntime's outputs per step (`torch.*`, `ort.*`), the PD targets fed
+back as `historical.processed_actions` as the loop does; and the same loop
+with the output EMA filter at alpha 0.8 (`ema.torch.joint_pos_targets`).
+
 Deterministic: one CPU thread, fixed seeds; safetensors headers without
 __metadata__, tensors sorted by element size then name.
 """
@@ -143,6 +163,7 @@ def record(args, torch, name, ckpt_rel, outdir):
     sys.path.insert(0, os.path.join(args.protomotions, "deployment"))
     import export_bm_tracker_onnx as exporter
 
+    os.makedirs(outdir, exist_ok=True)
     captured = {}
     real_export = torch.onnx.export
 
@@ -166,8 +187,10 @@ def record(args, torch, name, ckpt_rel, outdir):
         session = ort.InferenceSession(str(onnx_path), so, providers=["CPUExecutionProvider"])
         onnx_inputs = [(i.name, i.shape) for i in session.get_inputs()]
         onnx_outputs = [o.name for o in session.get_outputs()]
+        runtime = None
+        if name == "g1_amp_deploy":
+            runtime = record_runtime(args, torch, captured["module"].eval(), contract, outdir, str(onnx_path))
 
-    os.makedirs(outdir, exist_ok=True)
     with open(os.path.join(outdir, "contract.yaml"), "w") as f:
         f.write(contract_text)
 
@@ -213,12 +236,147 @@ def record(args, torch, name, ckpt_rel, outdir):
         diffs = {n: float((o_named[n] - t_named[n]).abs().max()) for n in onnx_outputs}
         manifest_cases[case] = {"batch": batch, "seed": seed, "max_abs_ort_minus_torch": diffs}
     return {
+        "runtime": runtime,
         "checkpoint": ckpt_rel,
         "onnx_inputs": [n for n, _ in onnx_inputs],
         "onnx_outputs": onnx_outputs,
         "observation_keys": list(unified.observation_module.get_output_keys()),
         "cases": manifest_cases,
     }
+
+
+def synthetic_clip(torch, num_dofs, num_bodies, frames=97, fps=30, seed=21):
+    """A smooth clip in ProtoMotions' .motion format."""
+    g = torch.Generator().manual_seed(seed)
+    t = torch.arange(frames, dtype=torch.float64) / fps
+    def waves(*shape):
+        amp = torch.rand(*shape, generator=g, dtype=torch.float64) * 0.8
+        freq = 0.3 + torch.rand(*shape, generator=g, dtype=torch.float64) * 2.0
+        phase = torch.rand(*shape, generator=g, dtype=torch.float64) * 6.28
+        arg = t.view(-1, *([1] * len(shape))) * freq + phase
+        return amp * torch.sin(arg), amp * freq * torch.cos(arg)
+    dof_pos, dof_vel = waves(num_dofs)
+    pos, vel = waves(num_bodies, 3)
+    pos = pos + torch.tensor([0.0, 0.0, 0.9], dtype=torch.float64)
+    pos[:, :, 0] += 1.5 * t.view(-1, 1)                       # walks forward
+    angle, ang_vel = waves(num_bodies)
+    axis = torch.randn(num_bodies, 3, generator=g, dtype=torch.float64)
+    axis = axis / axis.norm(dim=-1, keepdim=True)
+    yaw = 0.4 * t.view(-1, 1)                                  # turns
+    half = angle / 2
+    q_body = torch.cat([axis * torch.sin(half).unsqueeze(-1), torch.cos(half).unsqueeze(-1)], dim=-1)
+    q_yaw = torch.stack([torch.zeros_like(yaw), torch.zeros_like(yaw), torch.sin(yaw / 2), torch.cos(yaw / 2)], -1)
+    q_yaw = q_yaw.expand(frames, num_bodies, 4)
+    x1, y1, z1, w1 = q_yaw.unbind(-1)
+    x2, y2, z2, w2 = q_body.unbind(-1)
+    rot = torch.stack([w1 * x2 + x1 * w2 + y1 * z2 - z1 * y2, w1 * y2 - x1 * z2 + y1 * w2 + z1 * x2,
+                       w1 * z2 + x1 * y2 - y1 * x2 + z1 * w2, w1 * w2 - x1 * x2 - y1 * y2 - z1 * z2], -1)
+    rot[50:, 3] = -rot[50:, 3]                                 # body 3 flips sign mid-clip
+    rot[20, 5] = rot[19, 5]                                    # body 5 holds still for a frame
+    ang = axis.unsqueeze(0) * ang_vel.unsqueeze(-1)
+    f = torch.float32
+    return {
+        "fps": fps,
+        "dof_pos": dof_pos.to(f), "dof_vel": dof_vel.to(f),
+        "rigid_body_pos": pos.to(f), "rigid_body_rot": rot.to(f),
+        "rigid_body_vel": vel.to(f), "rigid_body_ang_vel": ang.to(f),
+        "rigid_body_contacts": torch.zeros(frames, num_bodies, dtype=torch.bool),
+    }
+
+
+def record_runtime(args, torch, unified, contract, outdir, runtime_onnx):
+    """The deployment loop over a sensor stream; see the module docstring."""
+    import numpy as np
+    import onnxruntime as ort
+    sys.path.insert(0, args.protomotions)
+    from deployment.motion_utils import MotionPlayer
+    from deployment.tracker_inputs import (align_future_motion_refs, build_tracker_onnx_inputs,
+                                           init_tracker_alignment)
+    nd, nb = contract["robot"]["num_dofs"], contract["robot"]["num_bodies"]
+    anchor = contract["robot"]["anchor_body_index"]
+    steps = contract["motion"]["future_step_indices"]
+    dt = contract["dt"]
+    clip = synthetic_clip(torch, nd, nb)
+    clip_path = os.path.join(os.path.dirname(outdir), "synthetic.motion")
+    torch.save(clip, clip_path)
+    player = MotionPlayer(clip_path, control_dt=dt)
+    T = player.total_frames
+    g = np.random.default_rng(5)
+    ref = [player.get_state_at_frame(i) for i in range(T)]
+    yaw0 = 1.0
+    q_yaw = np.array([0, 0, math.sin(yaw0 / 2), math.cos(yaw0 / 2)], dtype=np.float32)
+
+    def qmul(a, b):
+        ax, ay, az, aw = a
+        bx, by, bz, bw = b
+        return np.array([aw * bx + ax * bw + ay * bz - az * by, aw * by - ax * bz + ay * bw + az * bx,
+                         aw * bz + ax * by - ay * bx + az * bw, aw * bw - ax * bx - ay * by - az * bz], np.float32)
+    sensors = {
+        "dof_pos": np.stack([r["dof_pos"] + 0.05 * g.standard_normal(nd) for r in ref]).astype(np.float32),
+        "dof_vel": np.stack([r["dof_vel"] + 0.2 * g.standard_normal(nd) for r in ref]).astype(np.float32),
+        "anchor_rot": np.stack([qmul(q_yaw, r["body_rot"][anchor]) for r in ref]).astype(np.float32),
+        "root_local_ang_vel": g.standard_normal((T, 3)).astype(np.float32),
+        "anchor_pos": np.stack([r["body_pos"][anchor] + np.array([2.0, -1.0, 0.0]) for r in ref]).astype(np.float32),
+    }
+    sensors["anchor_rot"] /= np.linalg.norm(sensors["anchor_rot"], axis=-1, keepdims=True)
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 1
+    session = ort.InferenceSession(runtime_onnx, so, providers=["CPUExecutionProvider"])
+    in_names = contract["_runtime"]["onnx_in_names"]
+    name_to_key = contract["_runtime"]["onnx_name_to_in_key"]
+    out_names = contract["_runtime"]["onnx_out_names"]
+    obs_keys = unified.observation_module.get_input_keys()
+    key_to_name = {v: k for k, v in name_to_key.items()}
+
+    def loop(alpha, use_ort):
+        rec = {}
+        prev_actions, ema_prev, alignment = None, None, None
+        for frame in range(T):
+            if alignment is None:
+                alignment = init_tracker_alignment(
+                    robot_anchor_pos=sensors["anchor_pos"][0], robot_anchor_rot=sensors["anchor_rot"][0],
+                    motion_anchor_pos=player.get_state_at_frame(0)["body_pos"][anchor],
+                    motion_anchor_rot=player.get_state_at_frame(0)["body_rot"][anchor])
+            future = align_future_motion_refs(player.get_future_references(frame, steps), alignment)
+            feeds = build_tracker_onnx_inputs(
+                onnx_input_names=in_names, onnx_name_to_key=name_to_key,
+                dof_pos=sensors["dof_pos"][frame], dof_vel=sensors["dof_vel"][frame],
+                anchor_rot=sensors["anchor_rot"][frame], root_local_ang_vel=sensors["root_local_ang_vel"][frame],
+                future_refs=future, anchor_body_index=anchor, num_dofs=nd, prev_actions=prev_actions)
+            if use_ort:
+                outs = dict(zip(out_names, session.run(out_names, feeds)))
+            else:
+                full = [torch.from_numpy(feeds[key_to_name[k]]) if k in key_to_name
+                        else torch.zeros(1, *([1] * 0)) for k in obs_keys]
+                with torch.no_grad():
+                    outs = {n: t.numpy() for n, t in zip(out_names, unified(*full))}
+            pd = outs["joint_pos_targets"].squeeze().copy()
+            if alpha < 1.0:
+                if ema_prev is None:
+                    ema_prev = pd.copy()
+                pd = alpha * pd + (1.0 - alpha) * ema_prev
+                ema_prev = pd.copy()
+            prev_actions = pd.copy()
+            for n, v in feeds.items():
+                rec.setdefault(f"inputs.{n}", []).append(v[0])
+            rec.setdefault("actions", []).append(outs["actions"][0])
+            rec.setdefault("joint_pos_targets", []).append(pd)
+        return {k: torch.from_numpy(np.stack(v).astype(np.float32)) for k, v in rec.items()}
+
+    out = {}
+    for k, v in loop(1.0, use_ort=False).items():
+        out[k if k.startswith("inputs.") else f"torch.{k}"] = v
+    for k, v in loop(1.0, use_ort=True).items():
+        if not k.startswith("inputs."):
+            out[f"ort.{k}"] = v
+    out["ema.torch.joint_pos_targets"] = loop(0.8, use_ort=False)["joint_pos_targets"]
+    for k in ("dof_pos", "dof_vel", "body_rot", "body_pos", "body_vel", "body_ang_vel"):
+        out[f"player.{k}"] = torch.from_numpy(np.stack([r[k] for r in ref]).astype(np.float32))
+    write_safetensors(torch, os.path.join(outdir, "sensors.safetensors"),
+                      {k: torch.from_numpy(v) for k, v in sensors.items()})
+    write_safetensors(torch, os.path.join(outdir, "replay.safetensors"), out)
+    return {"clip": os.path.relpath(clip_path, ROOT), "frames": T, "control_dt": dt, "ema_alpha": 0.8,
+            "torch_cpu_capability": torch.backends.cpu.get_cpu_capability()}
 
 
 def main():

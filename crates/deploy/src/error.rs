@@ -94,6 +94,43 @@ pub enum DeployError {
         /// The others' rows.
         others: usize,
     },
+    /// A motion clip that cannot be played.
+    #[error("{file}: {problem}")]
+    Motion {
+        /// The clip.
+        file: String,
+        /// What is wrong.
+        problem: MotionProblem,
+    },
+    /// A control period that is not a positive number of seconds.
+    #[error("control period {0} s: expected a positive number of seconds")]
+    ControlDt(f64),
+    /// The tracker cannot source a pipeline input from sensors and the clip.
+    #[error("the pipeline reads {path}, which the tracker cannot source from sensors and the reference motion (it sources: {})", sourced.join(", "))]
+    Unsourced {
+        /// The context path.
+        path: String,
+        /// What it can source.
+        sourced: Vec<String>,
+    },
+    /// Sensors of the wrong size, or one the pipeline needs left out.
+    #[error("sensor {name}: {problem}")]
+    Sensor {
+        /// The sensor.
+        name: &'static str,
+        /// What is wrong.
+        problem: SensorProblem,
+    },
+    /// The clip and the pipeline disagree on the robot.
+    #[error("the motion clip has {clip} {what}, the pipeline's robot {robot}")]
+    ClipMismatch {
+        /// `joints` or `bodies`.
+        what: &'static str,
+        /// The clip's count.
+        clip: usize,
+        /// The robot's.
+        robot: usize,
+    },
     /// Loading or running the policy failed.
     #[error(transparent)]
     Policy(#[from] pmstate_policy::PolicyError),
@@ -146,4 +183,44 @@ pub enum ConfigProblem {
         /// Expected.
         expected: usize,
     },
+}
+
+/// What is wrong with a motion clip.
+#[derive(Debug, Clone, PartialEq, Error)]
+#[non_exhaustive]
+pub enum MotionProblem {
+    /// A key the `.motion` format requires is absent (or not a tensor).
+    #[error("no {0} (a .motion file holds fps, dof_pos, dof_vel, rigid_body_pos/rot/vel/ang_vel)")]
+    Missing(&'static str),
+    /// Not a positive, finite frame rate.
+    #[error("fps {0}: expected a positive number")]
+    Fps(f64),
+    /// A tensor of another shape than the others imply.
+    #[error("{key} has shape {shape:?}, which does not fit dof_pos and rigid_body_pos")]
+    Shape {
+        /// The key.
+        key: &'static str,
+        /// Its shape.
+        shape: Vec<usize>,
+    },
+    /// No frames, or more than [`crate::motion::MAX_FRAMES`].
+    #[error("{0} frames (1 to 10368000 are played)")]
+    Frames(usize),
+}
+
+/// What is wrong with a sensor reading.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[non_exhaustive]
+pub enum SensorProblem {
+    /// Another length than the robot needs.
+    #[error("{got} values, expected {expected}")]
+    Length {
+        /// Given.
+        got: usize,
+        /// Needed.
+        expected: usize,
+    },
+    /// The pipeline reads it but it was not given.
+    #[error("the pipeline reads it, and none was given")]
+    Missing,
 }

@@ -7,11 +7,15 @@ mod configs;
 pub mod context;
 pub mod contract;
 mod error;
+pub mod motion;
 pub mod observations;
 mod pipeline;
 pub mod rotations;
+mod tracker;
 
 pub use configs::Steps;
 pub use contract::Contract;
-pub use error::{ConfigProblem, DeployError, Result};
+pub use error::{ConfigProblem, DeployError, MotionProblem, Result, SensorProblem};
+pub use motion::{MotionClip, MotionPlayer};
 pub use pipeline::{Input, Observation, Outputs, Pipeline, OUTPUT_NAMES};
+pub use tracker::{quat_mul_np, quat_rotate_np, yaw_quat_np, Alignment, PdTargets, Sensors, Tracker, TrackerOptions};

@@ -324,7 +324,13 @@ impl Pipeline {
     /// Runs the pipeline: observations, the actor's mean action, PD targets.
     pub fn forward(&self, inputs: &HashMap<String, Tensor>) -> Result<Outputs> {
         let (batch, flat) = self.check_inputs(inputs)?;
-        let obs = self.observations_of(batch, &flat)?;
+        self.forward_flat(batch, &flat)
+    }
+
+    /// [`Pipeline::forward`] on inputs already checked and flattened, in
+    /// input order, each `batch` rows of its row length.
+    pub(crate) fn forward_flat(&self, batch: usize, flat: &[Vec<f32>]) -> Result<Outputs> {
+        let obs = self.observations_of(batch, flat)?;
         let actions = self.policy.mean_action(&obs)?;
         let nd = self.dims.num_dofs;
         let a = actions.flatten_all()?.to_vec1::<f32>()?;
