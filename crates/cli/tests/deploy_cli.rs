@@ -120,3 +120,80 @@ fn run_refuses_inputs_the_pipeline_does_not_take() {
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
     assert!(text(&out).contains("has no implementation in pmstate-deploy; supported: protomotions.envs.obs.humanoid.compute_humanoid_reduced_coords_observations"), "{}", text(&out));
 }
+
+/// `deploy replay` over the recorded sensor stream gives the PD targets of
+/// ProtoMotions' deployment loop (within the closed loop's tolerance of
+/// crates/deploy/tests/replay.rs), with the filter of the contract and with
+/// `--action-ema-alpha 0.8`.
+#[test]
+fn replay_matches_the_recorded_deployment_loop() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let rec = load(&recorded("replay.safetensors"));
+    for (alpha, key) in [(None, "torch.joint_pos_targets"), (Some("0.8"), "ema.torch.joint_pos_targets")] {
+        let o = dir.path().join("replay.safetensors").display().to_string();
+        let motion = root("testdata/deploy/synthetic.motion");
+        let sensors = recorded("sensors.safetensors");
+        let c = ckpt();
+        let mut args = vec!["deploy", "replay", &c, "--motion", &motion, "--sensors", &sensors, "--out", &o];
+        if let Some(a) = alpha {
+            args.extend(["--action-ema-alpha", a]);
+        }
+        let out = pmstate(&args);
+        assert!(out.status.success(), "{}", text(&out));
+        let got = load(&o);
+        assert_eq!(got["joint_pos_targets"].dims(), rec[key].dims());
+        for (a, b) in flat(&got["joint_pos_targets"]).iter().zip(flat(&rec[key])) {
+            assert!((a - b).abs() <= 2e-6, "{key}: {a} vs {b}");
+        }
+    }
+    // a sensor missing, one of the wrong width
+    let s = load(&recorded("sensors.safetensors"));
+    let mut partial: HashMap<String, Tensor> = s.clone();
+    partial.remove("anchor_rot");
+    let bad = dir.path().join("bad.safetensors");
+    candle_core::safetensors::save(&partial, &bad).expect("save");
+    let motion = root("testdata/deploy/synthetic.motion");
+    let o = dir.path().join("o.safetensors").display().to_string();
+    let out = pmstate(&[
+        "deploy",
+        "replay",
+        &ckpt(),
+        "--motion",
+        &motion,
+        "--sensors",
+        &bad.display().to_string(),
+        "--out",
+        &o,
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(text(&out).contains("--sensors: no anchor_rot"), "{}", text(&out));
+    partial.insert("anchor_rot".into(), Tensor::zeros((161, 3), candle_core::DType::F32, &Device::Cpu).expect("zeros"));
+    candle_core::safetensors::save(&partial, &bad).expect("save");
+    let out = pmstate(&[
+        "deploy",
+        "replay",
+        &ckpt(),
+        "--motion",
+        &motion,
+        "--sensors",
+        &bad.display().to_string(),
+        "--out",
+        &o,
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(text(&out).contains("--sensors: anchor_rot: expected float32 [T, 4], got f32 [161, 3]"), "{}", text(&out));
+    // not a motion clip
+    let out = pmstate(&[
+        "deploy",
+        "replay",
+        &ckpt(),
+        "--motion",
+        &ckpt(),
+        "--sensors",
+        &recorded("sensors.safetensors"),
+        "--out",
+        &o,
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(text(&out).contains("no fps (a .motion file holds"), "{}", text(&out));
+}

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use candle_core::Tensor;
-use pmstate_deploy::{DeployError, Pipeline};
+use pmstate_deploy::{DeployError, MotionClip, MotionPlayer, Pipeline, Sensors, Tracker, TrackerOptions};
 use pmstate_norm::Dims;
 use serde::Serialize;
 
@@ -35,6 +35,74 @@ enum DeployCommand {
     /// contract` lists them); OUT gets actions, joint_pos_targets,
     /// stiffness_targets, damping_targets.
     Run(RunArgs),
+    /// Run the tracker's control loop over a recorded sensor stream and a
+    /// reference motion: SENSORS holds dof_pos [T, D], dof_vel [T, D],
+    /// anchor_rot [T, 4] (xyzw), root_local_ang_vel [T, 3] and, for
+    /// pipelines that read positions, anchor_pos [T, 3]; OUT gets actions and
+    /// joint_pos_targets [T, D] per step (the targets after the contract's
+    /// acceleration clamp and EMA filter).
+    Replay(ReplayArgs),
+}
+
+/// `pmstate deploy replay [--config CONFIGS] CHECKPOINT --motion CLIP --sensors S --out OUT`
+#[derive(clap::Args, Debug)]
+pub struct ReplayArgs {
+    #[command(flatten)]
+    files: PolicyFiles,
+    /// The reference motion: a ProtoMotions .motion file.
+    #[arg(long)]
+    motion: PathBuf,
+    /// The sensor stream (safetensors).
+    #[arg(long)]
+    sensors: PathBuf,
+    /// Where to write the outputs (safetensors).
+    #[arg(long)]
+    out: PathBuf,
+    /// The EMA filter's alpha (default: the contract's control.action_ema_alpha).
+    #[arg(long)]
+    action_ema_alpha: Option<f64>,
+}
+
+/// The sensor stream of `deploy replay`: the known sensors, f32 `[T, width]`.
+struct SensorSchema {
+    num_dofs: usize,
+}
+
+impl SensorSchema {
+    const NAMES: [&'static str; 5] = ["dof_pos", "dof_vel", "anchor_rot", "root_local_ang_vel", "anchor_pos"];
+
+    fn width(&self, name: &str) -> Option<usize> {
+        Some(match name {
+            "dof_pos" | "dof_vel" => self.num_dofs,
+            "anchor_rot" => 4,
+            "root_local_ang_vel" | "anchor_pos" => 3,
+            _ => return None,
+        })
+    }
+}
+
+impl Schema for SensorSchema {
+    fn flag(&self) -> &'static str {
+        "--sensors"
+    }
+
+    fn check_entry(&self, key: &str, dtype: &str, dims: &[u64]) -> Result<(), CliError> {
+        let Some(w) = self.width(key) else {
+            return Err(CliError::Usage(format!(
+                "--sensors: {key} is no sensor the tracker reads ({})",
+                Self::NAMES.join(", ")
+            )));
+        };
+        if dtype != "F32" || dims.len() != 2 || usize::try_from(dims[1]).ok() != Some(w) {
+            let dims: Vec<String> = dims.iter().map(u64::to_string).collect();
+            return Err(CliError::Usage(format!(
+                "--sensors: {key}: expected float32 [T, {w}], got {} [{}]",
+                dtype.to_lowercase(),
+                dims.join(", ")
+            )));
+        }
+        Ok(())
+    }
 }
 
 /// `pmstate deploy contract [--config CONFIGS] CHECKPOINT`
@@ -131,6 +199,80 @@ pub fn run(a: Args, g: Global) -> Result<ExitCode, CliError> {
                 }
             }
         }
+        DeployCommand::Replay(r) => replay(r, g)?,
     }
     Ok(ExitCode::SUCCESS)
+}
+
+fn replay(r: ReplayArgs, g: Global) -> Result<(), CliError> {
+    let p = r.files.load_pipeline()?;
+    let nd = p.dims().num_dofs;
+    let sensors = read_tensors(&r.sensors, &SensorSchema { num_dofs: nd })?;
+    let mut columns = HashMap::new();
+    let mut steps = None;
+    for name in SensorSchema::NAMES {
+        let Some(t) = sensors.get(name) else { continue };
+        let rows = t.dims()[0];
+        match steps {
+            None => steps = Some(rows),
+            Some(s) if s != rows => {
+                return Err(CliError::Usage(format!("--sensors: {name} has {rows} steps, the other sensors {s}")))
+            }
+            _ => {}
+        }
+        columns.insert(name, t.flatten_all()?.to_vec1::<f32>()?);
+    }
+    let steps = steps.unwrap_or(0);
+    for name in ["dof_pos", "dof_vel", "anchor_rot", "root_local_ang_vel"] {
+        if !columns.contains_key(name) {
+            return Err(CliError::Usage(format!("--sensors: no {name} (the tracker reads it every step)")));
+        }
+    }
+    let clip = MotionClip::load(&r.motion)?;
+    let player = MotionPlayer::new(&clip, p.contract().dt)?;
+    let mut opts = TrackerOptions::from_contract(p.contract());
+    if let Some(a) = r.action_ema_alpha {
+        opts.action_ema_alpha = a;
+    }
+    let mut tracker = Tracker::new(p, player, opts)?;
+    let row = |name: &str, k: usize, w: usize| -> &[f32] { &columns[name][k * w..(k + 1) * w] };
+    let mut actions = Vec::with_capacity(steps * nd);
+    let mut targets = Vec::with_capacity(steps * nd);
+    for k in 0..steps {
+        let q = row("anchor_rot", k, 4);
+        let v = row("root_local_ang_vel", k, 3);
+        let s = Sensors {
+            dof_pos: row("dof_pos", k, nd),
+            dof_vel: row("dof_vel", k, nd),
+            anchor_rot: [q[0], q[1], q[2], q[3]],
+            root_local_ang_vel: [v[0], v[1], v[2]],
+            anchor_pos: columns.contains_key("anchor_pos").then(|| {
+                let a = row("anchor_pos", k, 3);
+                [a[0], a[1], a[2]]
+            }),
+        };
+        let out = tracker.step(&s)?;
+        actions.extend_from_slice(&out.actions);
+        targets.extend_from_slice(&out.joint_pos_targets);
+    }
+    let dev = candle_core::Device::Cpu;
+    let mut map = HashMap::new();
+    map.insert("actions".to_owned(), Tensor::from_vec(actions, (steps, nd), &dev)?);
+    map.insert("joint_pos_targets".to_owned(), Tensor::from_vec(targets, (steps, nd), &dev)?);
+    write_atomic(&r.out, &map)?;
+    #[derive(Serialize)]
+    struct ReplayReport {
+        out: String,
+        steps: usize,
+        clip_frames: usize,
+    }
+    let report = ReplayReport { out: r.out.display().to_string(), steps, clip_frames: clip.frames };
+    match g.format() {
+        OutputFormat::Json => output::json_line(&report)?,
+        OutputFormat::Text => output::line(format!(
+            "wrote {}: actions, joint_pos_targets [{steps}, {nd}] ({steps} steps; the clip has {} frames at {} fps)",
+            report.out, clip.frames, clip.fps
+        )),
+    }
+    Ok(())
 }
