@@ -1,0 +1,96 @@
+/* Drives the pmstate-deploy C ABI as a robot's control loop would: opens
+ * the tracker, steps it over a sensor stream read from a raw float32 file
+ * (per step: dof_pos[D], dof_vel[D], anchor_rot[4], root_local_ang_vel[3],
+ * anchor_pos[3]), writes the joint position targets of every step to a raw
+ * float32 file, and checks the error paths.
+ *
+ * usage: replay CHECKPOINT MOTION SENSORS.bin STEPS OUT.bin */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "pmstate_deploy.h"
+
+#define CHECK(cond, ...)                      \
+  do {                                        \
+    if (!(cond)) {                            \
+      fprintf(stderr, "replay.c: " __VA_ARGS__); \
+      fprintf(stderr, "\n");                  \
+      return 1;                               \
+    }                                         \
+  } while (0)
+
+int main(int argc, char **argv) {
+  CHECK(argc == 6, "usage: replay CHECKPOINT MOTION SENSORS.bin STEPS OUT.bin");
+  long steps = strtol(argv[4], NULL, 10);
+
+  /* a missing checkpoint is an error with a reason */
+  PmstateTracker *bad = NULL;
+  CHECK(pmstate_tracker_open("/nonexistent/last.ckpt", argv[2], NULL, &bad) == PMSTATE_ERROR,
+        "opening a missing checkpoint did not fail");
+  CHECK(strlen(pmstate_tracker_last_error()) > 0, "no reason for the failed open");
+  CHECK(bad == NULL, "a failed open wrote a tracker");
+  CHECK(pmstate_tracker_open(NULL, argv[2], NULL, &bad) == PMSTATE_NULL_ARGUMENT, "null checkpoint accepted");
+
+  PmstateTracker *t = NULL;
+  PmstateStatus s = pmstate_tracker_open(argv[1], argv[2], NULL, &t);
+  CHECK(s == PMSTATE_OK, "open: %s", pmstate_tracker_last_error());
+  size_t nd = pmstate_tracker_num_dofs(t);
+  CHECK(nd > 0, "no joints");
+
+  size_t row = 2 * nd + 10;
+  float *in = malloc(sizeof(float) * row * (size_t)steps);
+  float *targets = malloc(sizeof(float) * nd * (size_t)steps);
+  float *stiffness = malloc(sizeof(float) * nd);
+  float *damping = malloc(sizeof(float) * nd);
+  CHECK(in && targets && stiffness && damping, "out of memory");
+  FILE *f = fopen(argv[3], "rb");
+  CHECK(f != NULL, "cannot open %s", argv[3]);
+  CHECK(fread(in, sizeof(float) * row, (size_t)steps, f) == (size_t)steps, "short sensor file");
+  fclose(f);
+
+  for (long k = 0; k < steps; k++) {
+    const float *r = in + row * (size_t)k;
+    PmstateSensors sensors;
+    sensors.dof_pos = r;
+    sensors.dof_vel = r + nd;
+    sensors.num_dofs = nd;
+    memcpy(sensors.anchor_rot, r + 2 * nd, sizeof(float) * 4);
+    memcpy(sensors.root_local_ang_vel, r + 2 * nd + 4, sizeof(float) * 3);
+    sensors.anchor_pos = r + 2 * nd + 7;
+    s = pmstate_tracker_step(t, &sensors, targets + nd * (size_t)k, stiffness, damping, nd);
+    CHECK(s == PMSTATE_OK, "step %ld: %s", k, pmstate_tracker_last_error());
+    if (k == 0) {
+      /* the error paths leave the tracker usable */
+      CHECK(pmstate_tracker_step(t, NULL, targets, NULL, NULL, nd) == PMSTATE_NULL_ARGUMENT, "null sensors accepted");
+      CHECK(pmstate_tracker_step(t, &sensors, targets + nd, NULL, NULL, nd + 1) == PMSTATE_ERROR, "wrong num_dofs accepted");
+      CHECK(strstr(pmstate_tracker_last_error(), "joints") != NULL, "reason: %s", pmstate_tracker_last_error());
+    }
+  }
+  CHECK(stiffness[0] > 0.0f && damping[0] > 0.0f, "no gains");
+
+  /* after a reset the first step is the same again */
+  float again[64];
+  CHECK(nd <= 64, "too many joints for this test");
+  CHECK(pmstate_tracker_reset(t) == PMSTATE_OK, "reset");
+  PmstateSensors first = {in, in + nd, nd, {0}, {0}, in + 2 * nd + 7};
+  memcpy(first.anchor_rot, in + 2 * nd, sizeof(float) * 4);
+  memcpy(first.root_local_ang_vel, in + 2 * nd + 4, sizeof(float) * 3);
+  CHECK(pmstate_tracker_step(t, &first, again, NULL, NULL, nd) == PMSTATE_OK, "step after reset: %s",
+        pmstate_tracker_last_error());
+  CHECK(memcmp(again, targets, sizeof(float) * nd) == 0, "the first step after a reset differs");
+
+  pmstate_tracker_close(t);
+  pmstate_tracker_close(NULL);
+
+  f = fopen(argv[5], "wb");
+  CHECK(f != NULL, "cannot write %s", argv[5]);
+  CHECK(fwrite(targets, sizeof(float) * nd, (size_t)steps, f) == (size_t)steps, "short write");
+  fclose(f);
+  free(in);
+  free(targets);
+  free(stiffness);
+  free(damping);
+  printf("replay.c: %ld steps, %zu joints\n", steps, nd);
+  return 0;
+}
