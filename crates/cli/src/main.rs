@@ -75,6 +75,9 @@ enum Command {
     /// and p50/p99 latency for 1, 16 and 256 concurrent one-row clients,
     /// with dynamic batching and with --max-batch 1, against the in-process forward.
     BenchServe(cmd::bench_serve::Args),
+    /// Time the tracker's control step (sensors to PD targets) at batch 1
+    /// over a sensor stream: p50, p99 and the share of the control period.
+    BenchDeploy(cmd::bench_deploy::Args),
     /// Serve a policy over the Open Inference Protocol (KServe V2 REST, as
     /// Triton and KServe speak it): dynamic batching, hot reload (--watch,
     /// SIGHUP), Prometheus metrics. Prints the address it listens on; stops
@@ -102,6 +105,7 @@ fn run(cli: Cli) -> Result<ExitCode, CliError> {
         Command::BenchPolicy(a) => cmd::bench_policy::run(a, g),
         Command::Serve(a) => cmd::serve::run(a, g),
         Command::BenchServe(a) => cmd::bench_serve::run(a, g),
+        Command::BenchDeploy(a) => cmd::bench_deploy::run(a, g),
     }
 }
 

@@ -1,0 +1,143 @@
+//! `pmstate bench-deploy`: the tracker's control step (sensors to PD
+//! targets: references, alignment, observations, actor, action function,
+//! filters) at batch 1, timed step by step over a sensor stream, as a robot
+//! runs it every control period. benches/deploy_side_by_side.py runs it
+//! against onnxruntime on ProtoMotions' exported pipeline of the same
+//! full-size checkpoint.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Instant;
+
+use candle_core::Device;
+use pmstate_deploy::{MotionClip, MotionPlayer, Sensors, Tracker, TrackerOptions};
+use serde::Serialize;
+
+use crate::args::OutputFormat;
+use crate::cmd::policy::PolicyFiles;
+use crate::{output, CliError, Global};
+
+/// `pmstate bench-deploy [--config CONFIGS] CHECKPOINT --motion CLIP --sensors S [--steps N] [--threads T]`
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    #[command(flatten)]
+    files: PolicyFiles,
+    /// The reference motion (.motion).
+    #[arg(long)]
+    motion: PathBuf,
+    /// A sensor stream as `deploy replay` reads it (played in a loop; the
+    /// tracker is reset at the end of the clip, outside the timing).
+    #[arg(long)]
+    sensors: PathBuf,
+    /// Steps timed (after 100 untimed ones).
+    #[arg(long, default_value_t = 10_000, value_parser = crate::args::positive)]
+    steps: usize,
+    /// Worker threads for the actor's matrix products (default 1: one core, as a robot's control thread).
+    #[arg(long, default_value_t = 1, value_parser = crate::args::positive)]
+    threads: usize,
+}
+
+/// What `bench-deploy` measured.
+#[derive(Debug, Serialize)]
+pub struct DeployBench {
+    /// Steps timed.
+    pub steps: usize,
+    /// Threads.
+    pub threads: usize,
+    /// Median seconds per step.
+    pub p50_seconds: f64,
+    /// 99th percentile.
+    pub p99_seconds: f64,
+    /// Slowest step.
+    pub max_seconds: f64,
+    /// Mean.
+    pub mean_seconds: f64,
+    /// The contract's control period.
+    pub control_dt: f64,
+    /// p50 as a share of the control period.
+    pub p50_share_of_period: f64,
+}
+
+/// Runs the benchmark and prints its record (a line, or JSON with `--json`).
+pub fn run(a: Args, g: Global) -> Result<ExitCode, CliError> {
+    std::env::set_var("RAYON_NUM_THREADS", a.threads.to_string());
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(a.threads)
+        .build()
+        .map_err(|e| CliError::Usage(format!("--threads {}: {e}", a.threads)))?;
+    let p = a.files.load_pipeline()?;
+    let nd = p.dims().num_dofs;
+    let sensors = candle_core::safetensors::load(&a.sensors, &Device::Cpu)
+        .map_err(|e| CliError::Usage(format!("--sensors {}: {e}", a.sensors.display())))?;
+    let col = |k: &str, w: usize| -> Result<Vec<f32>, CliError> {
+        let t = sensors.get(k).ok_or_else(|| CliError::Usage(format!("--sensors: no {k}")))?;
+        let v = t.flatten_all()?.to_vec1::<f32>()?;
+        if v.is_empty() || v.len() % w != 0 {
+            return Err(CliError::Usage(format!("--sensors: {k} is not [T, {w}]")));
+        }
+        Ok(v)
+    };
+    let (dp, dv, ar, av) =
+        (col("dof_pos", nd)?, col("dof_vel", nd)?, col("anchor_rot", 4)?, col("root_local_ang_vel", 3)?);
+    let ap = col("anchor_pos", 3).ok();
+    let rows = dp.len() / nd;
+    let clip = MotionClip::load(&a.motion)?;
+    let dt = p.contract().dt;
+    let player = MotionPlayer::new(&clip, dt)?;
+    let opts = TrackerOptions::from_contract(p.contract());
+    let mut tracker = Tracker::new(p, player, opts)?;
+    let mut times = Vec::with_capacity(a.steps);
+    let mut k = 0usize;
+    pool.install(|| -> Result<(), CliError> {
+        for i in 0..a.steps + 100 {
+            if tracker.finished() || k >= rows {
+                tracker.reset();
+                k = 0;
+            }
+            let s = Sensors {
+                dof_pos: &dp[k * nd..(k + 1) * nd],
+                dof_vel: &dv[k * nd..(k + 1) * nd],
+                anchor_rot: [ar[4 * k], ar[4 * k + 1], ar[4 * k + 2], ar[4 * k + 3]],
+                root_local_ang_vel: [av[3 * k], av[3 * k + 1], av[3 * k + 2]],
+                anchor_pos: ap.as_ref().map(|ap| [ap[3 * k], ap[3 * k + 1], ap[3 * k + 2]]),
+            };
+            let t = Instant::now();
+            let out = tracker.step(&s)?;
+            let e = t.elapsed().as_secs_f64();
+            std::hint::black_box(out);
+            if i >= 100 {
+                times.push(e);
+            }
+            k += 1;
+        }
+        Ok(())
+    })?;
+    let mean = times.iter().sum::<f64>() / times.len() as f64;
+    times.sort_by(f64::total_cmp);
+    let pct = |q: f64| times[((times.len() - 1) as f64 * q).round() as usize];
+    let r = DeployBench {
+        steps: times.len(),
+        threads: a.threads,
+        p50_seconds: pct(0.5),
+        p99_seconds: pct(0.99),
+        max_seconds: pct(1.0),
+        mean_seconds: mean,
+        control_dt: dt,
+        p50_share_of_period: pct(0.5) / dt,
+    };
+    match g.format() {
+        OutputFormat::Json => output::json_line(&r)?,
+        OutputFormat::Text => output::line(format!(
+            "tracker step, batch 1, {} thread(s), {} steps: p50 {:.1} us, p99 {:.1} us (p99/p50 {:.2}), max {:.1} us; p50 is {:.2}% of the {} ms control period",
+            r.threads,
+            r.steps,
+            r.p50_seconds * 1e6,
+            r.p99_seconds * 1e6,
+            r.p99_seconds / r.p50_seconds,
+            r.max_seconds * 1e6,
+            100.0 * r.p50_share_of_period,
+            r.control_dt * 1e3
+        )),
+    }
+    Ok(ExitCode::SUCCESS)
+}
