@@ -23,9 +23,21 @@ pub const REDUCED_COORDS: &str = "protomotions.envs.obs.humanoid.compute_humanoi
 pub const REDUCED_COORDS_TARGET_POSES: &str = "protomotions.envs.obs.target_poses.build_reduced_coords_target_poses";
 /// `compute_historical_actions_from_state`.
 pub const HISTORICAL_ACTIONS: &str = "protomotions.envs.obs.humanoid_historical.compute_historical_actions_from_state";
+/// `compute_humanoid_max_coords_observations`.
+pub const MAX_COORDS: &str = "protomotions.envs.obs.humanoid.compute_humanoid_max_coords_observations";
+/// `build_max_coords_target_poses`.
+pub const MAX_COORDS_TARGET_POSES: &str = "protomotions.envs.obs.target_poses.build_max_coords_target_poses";
 
 /// Every observation function this crate implements, by qualified name.
-pub const SUPPORTED: [&str; 3] = [REDUCED_COORDS, REDUCED_COORDS_TARGET_POSES, HISTORICAL_ACTIONS];
+pub const SUPPORTED: [&str; 5] =
+    [REDUCED_COORDS, REDUCED_COORDS_TARGET_POSES, HISTORICAL_ACTIONS, MAX_COORDS, MAX_COORDS_TARGET_POSES];
+
+/// The argument of the max-coords functions that takes the anchor body's
+/// index. ProtoMotions binds it to `current.anchor_idx` /
+/// `mimic.anchor_idx`, ints in the environment's context (and in the
+/// exporter's mock), so it is a constant of the graph, not an input: the
+/// robot config's `anchor_body_index` (see [`crate::context::constant`]).
+pub const ANCHOR_BODY_INDEX: &str = "anchor_body_index";
 
 /// Whether a function needs an argument bound.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,6 +60,40 @@ pub enum Function {
     ReducedCoordsTargetPoses(ReducedTargets),
     /// The selected past actions, flattened.
     HistoricalActions(HistoricalActions),
+    /// Every body's position (but the anchor's), rotation (tangent/normal),
+    /// velocity and angular velocity, in the anchor's heading frame, and
+    /// the anchor's height above the ground.
+    MaxCoords(MaxCoords),
+    /// Per selected future step, every reference body's position relative
+    /// to the current anchor and to the same current body, its rotation in
+    /// the heading frame and relative to the current body, and optionally
+    /// its velocities relative to the current body's.
+    MaxCoordsTargetPoses(MaxTargets),
+}
+
+/// Parameters of `compute_humanoid_max_coords_observations`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MaxCoords {
+    /// `local_obs`: positions, rotations and velocities in the anchor's
+    /// heading frame (positions relative to the anchor); else as given.
+    pub local: bool,
+    /// `root_height_obs`: the anchor's height above `ground_height`; else 0.
+    pub root_height: bool,
+    /// `anchor_body_index` (bound to a constant; 0 when unbound).
+    pub anchor: usize,
+}
+
+/// Parameters of `build_max_coords_target_poses`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MaxTargets {
+    /// `with_velocities`.
+    pub velocities: bool,
+    /// `with_relative`.
+    pub relative: bool,
+    /// `future_steps`: which of the context's future steps.
+    pub steps: Option<Steps>,
+    /// `anchor_body_index` (bound to a constant; 0 when unbound).
+    pub anchor: usize,
 }
 
 /// Parameters of `compute_humanoid_reduced_coords_observations`.
@@ -127,9 +173,41 @@ impl Function {
                 p.finish(&["history_steps"])?;
                 f
             }
+            MAX_COORDS => {
+                p.require_w_last()?;
+                // the reference's signature has no defaults for these
+                let f = Function::MaxCoords(MaxCoords {
+                    local: p.required_bool("local_obs")?,
+                    root_height: p.required_bool("root_height_obs")?,
+                    anchor: 0,
+                });
+                if p.required_bool("observe_contacts")? {
+                    return Err(p.bad(
+                        "observe_contacts",
+                        ConfigProblem::Unsupported {
+                            value: "True (contact flags)".into(),
+                            supported: "False (what the published configs use)",
+                        },
+                    ));
+                }
+                p.finish(&["w_last", "local_obs", "root_height_obs", "observe_contacts"])?;
+                f
+            }
+            MAX_COORDS_TARGET_POSES => {
+                p.require_w_last()?;
+                let f = Function::MaxCoordsTargetPoses(MaxTargets {
+                    velocities: p.required_bool("with_velocities")?,
+                    relative: p.bool("with_relative", true)?,
+                    steps: p.steps("future_steps")?,
+                    anchor: 0,
+                });
+                p.finish(&["w_last", "with_velocities", "with_relative", "future_steps"])?;
+                f
+            }
             _ => return Ok(None),
         };
         if let Function::ReducedCoordsTargetPoses(ReducedTargets { steps: Some(s), .. })
+        | Function::MaxCoordsTargetPoses(MaxTargets { steps: Some(s), .. })
         | Function::HistoricalActions(HistoricalActions { steps: Some(s) }) = &f
         {
             let name = if matches!(f, Function::HistoricalActions(_)) { "history_steps" } else { "future_steps" };
@@ -140,6 +218,31 @@ impl Function {
             }
         }
         Ok(Some(f))
+    }
+
+    /// The qualified name of this function.
+    pub fn qualified_name(&self) -> &'static str {
+        match self {
+            Function::ReducedCoords(_) => REDUCED_COORDS,
+            Function::ReducedCoordsTargetPoses(_) => REDUCED_COORDS_TARGET_POSES,
+            Function::HistoricalActions(_) => HISTORICAL_ACTIONS,
+            Function::MaxCoords(_) => MAX_COORDS,
+            Function::MaxCoordsTargetPoses(_) => MAX_COORDS_TARGET_POSES,
+        }
+    }
+
+    /// Whether the function takes [`ANCHOR_BODY_INDEX`].
+    pub fn takes_anchor_index(&self) -> bool {
+        matches!(self, Function::MaxCoords(_) | Function::MaxCoordsTargetPoses(_))
+    }
+
+    /// Sets the anchor body's index of a function that takes one.
+    pub(crate) fn set_anchor_index(&mut self, index: usize) {
+        match self {
+            Function::MaxCoords(m) => m.anchor = index,
+            Function::MaxCoordsTargetPoses(t) => t.anchor = index,
+            _ => {}
+        }
     }
 
     /// The arguments this function reads with its parameters.
@@ -182,6 +285,35 @@ impl Function {
                 v
             }
             Function::HistoricalActions(_) => vec![("historical_actions", Required)],
+            Function::MaxCoords(m) => {
+                let mut v = vec![
+                    ("body_pos", Required),
+                    ("body_rot", Required),
+                    ("body_vel", Required),
+                    ("body_ang_vel", Required),
+                ];
+                if m.root_height {
+                    v.push(("ground_height", Required));
+                }
+                v
+            }
+            Function::MaxCoordsTargetPoses(t) => {
+                let mut v = vec![
+                    ("current_state_body_pos", Required),
+                    ("current_state_body_rot", Required),
+                    ("mimic_ref_pos", Required),
+                    ("mimic_ref_rot", Required),
+                ];
+                if t.velocities {
+                    v.extend([
+                        ("current_state_body_vel", Required),
+                        ("current_state_body_ang_vel", Required),
+                        ("mimic_ref_vel", Required),
+                        ("mimic_ref_ang_vel", Required),
+                    ]);
+                }
+                v
+            }
         }
     }
 
@@ -210,6 +342,16 @@ impl Function {
                     .map_or(Some(d.history_steps), |s| s.positions(d.history_steps).map(|p| p.len()))?;
                 steps * d.num_dofs
             }
+            Function::MaxCoords(_) => {
+                // height, every body's position but the anchor's, rotation
+                // (6), velocity and angular velocity
+                1 + 3 * d.num_bodies.checked_sub(1)? + 12 * d.num_bodies
+            }
+            Function::MaxCoordsTargetPoses(t) => {
+                let steps =
+                    t.steps.as_ref().map_or(Some(d.future_steps), |s| s.positions(d.future_steps).map(|p| p.len()))?;
+                steps.checked_mul(t.per_step(d.num_bodies))?
+            }
         })
     }
 
@@ -235,6 +377,8 @@ impl Function {
                 }
             }
             Function::ReducedCoordsTargetPoses(t) => t.compute_row(d, arg, out),
+            Function::MaxCoords(m) => m.compute_row(d, arg, out),
+            Function::MaxCoordsTargetPoses(t) => t.compute_row(d, arg, out),
             Function::HistoricalActions(h) => {
                 let nd = d.num_dofs;
                 let hist = req("historical_actions");
@@ -293,6 +437,95 @@ impl ReducedTargets {
             }
         }
     }
+}
+
+impl MaxCoords {
+    /// One row, in the reference's layout: `[height, positions of the
+    /// bodies but the anchor, tan/norm of every body, velocities, angular
+    /// velocities]`.
+    fn compute_row<'a>(&self, d: &Dims, arg: &dyn Fn(&str) -> Option<&'a [f32]>, out: &mut [f32]) {
+        let req = |name: &str| arg(name).unwrap_or(&[]);
+        let nb = d.num_bodies;
+        let (pos, rot, vel, ang) = (req("body_pos"), req("body_rot"), req("body_vel"), req("body_ang_vel"));
+        let anchor_pos = vec3(pos, self.anchor);
+        let anchor_rot = quat(rot, self.anchor);
+        let mut w = Writer::new(out);
+        // `anchor_h - ground_height`, or `zeros_like(anchor_h)`
+        w.put(&[if self.root_height { anchor_pos[2] - req("ground_height")[0] } else { 0.0 }]);
+        let heading = self.local.then(|| calc_heading_quat_inv(anchor_rot));
+        for b in (0..nb).filter(|&b| b != self.anchor) {
+            let p = vec3(pos, b);
+            w.put(&match heading {
+                Some(h) => quat_rotate(h, sub3(p, anchor_pos)),
+                None => p,
+            });
+        }
+        for b in 0..nb {
+            let r = quat(rot, b);
+            w.put(&quat_to_tan_norm(heading.map_or(r, |h| quat_mul(h, r))));
+        }
+        for v in [vel, ang] {
+            for b in 0..nb {
+                let x = vec3(v, b);
+                w.put(&heading.map_or(x, |h| quat_rotate(h, x)));
+            }
+        }
+    }
+}
+
+impl MaxTargets {
+    fn per_step(&self, nb: usize) -> usize {
+        nb * (9 + 9 * usize::from(self.relative) + 6 * usize::from(self.velocities))
+    }
+
+    /// One row: per selected future step, `[positions from the current
+    /// anchor, (positions from the same current body), rotations in the
+    /// heading frame, (rotations relative to the current body),
+    /// (velocities, angular velocities minus the current body's)]`, all
+    /// rotated into the current anchor's heading frame.
+    fn compute_row<'a>(&self, d: &Dims, arg: &dyn Fn(&str) -> Option<&'a [f32]>, out: &mut [f32]) {
+        let req = |name: &str| arg(name).unwrap_or(&[]);
+        let nb = d.num_bodies;
+        let (cur_pos, cur_rot) = (req("current_state_body_pos"), req("current_state_body_rot"));
+        let (ref_pos, ref_rot) = (req("mimic_ref_pos"), req("mimic_ref_rot"));
+        let root_pos = vec3(cur_pos, self.anchor);
+        let heading = calc_heading_quat_inv(quat(cur_rot, self.anchor));
+        let mut w = Writer::new(out);
+        for p in positions(self.steps.as_ref(), d.future_steps) {
+            let at = |b: usize| p * nb + b;
+            for b in 0..nb {
+                w.put(&quat_rotate(heading, sub3(vec3(ref_pos, at(b)), root_pos)));
+            }
+            if self.relative {
+                for b in 0..nb {
+                    w.put(&quat_rotate(heading, sub3(vec3(ref_pos, at(b)), vec3(cur_pos, b))));
+                }
+            }
+            for b in 0..nb {
+                w.put(&quat_to_tan_norm(quat_mul(heading, quat(ref_rot, at(b)))));
+            }
+            if self.relative {
+                for b in 0..nb {
+                    let rel = quat_mul(quat_conjugate(quat(cur_rot, b)), quat(ref_rot, at(b)));
+                    w.put(&quat_to_tan_norm(rel));
+                }
+            }
+            if self.velocities {
+                for (cur, reference) in [
+                    (req("current_state_body_vel"), req("mimic_ref_vel")),
+                    (req("current_state_body_ang_vel"), req("mimic_ref_ang_vel")),
+                ] {
+                    for b in 0..nb {
+                        w.put(&quat_rotate(heading, sub3(vec3(reference, at(b)), vec3(cur, b))));
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn sub3(a: Vec3, b: Vec3) -> Vec3 {
+    [a[0] - b[0], a[1] - b[1], a[2] - b[2]]
 }
 
 /// The 0-based positions a selection picks (all of them without one).
