@@ -27,6 +27,9 @@ from the shipped soma-bones config, both at shrunk widths):
   observation key, in the order the actor reads them).
 - onnxruntime (CPU provider, one thread) on the exported graph
   (`ort_<case>.safetensors`).
+- for soma_tracker, the max-coords observation functions called directly on
+  the b16 inputs with other parameters and anchor bodies than the pipeline's
+  (`functions_b16.safetensors`, see record_functions).
 - the inputs (`inputs_<case>.safetensors`), named exactly as the graph's
   inputs. Cases: b1 (one row) and b16 (sixteen rows), seeded. The anchor
   rotations include identity, w < 0, upside down (180 deg about x), pitched
@@ -73,6 +76,9 @@ VARIANTS = {
     "g1_amp_deploy": "testdata/policy/g1_amp_deploy/last.ckpt",
     "soma_tracker": "testdata/policy/soma_tracker/last.ckpt",
 }
+# variants whose observation functions are also recorded called directly
+# (record_functions)
+FUNCTION_CASES = {"soma_tracker"}
 # variants the unpatched exporter cannot export (see the docstring)
 NEEDS_PATCHES = {"soma_tracker"}
 XYZ = ["x", "y", "z"]
@@ -219,7 +225,8 @@ def record(args, torch, name, ckpt_rel, outdir):
     import export_bm_tracker_onnx as exporter
     undo, patches = (install_patches(torch, exporter) if name in NEEDS_PATCHES else (lambda: None, []))
     try:
-        entry = record_with(args, torch, exporter, ckpt_rel, outdir)
+        on_case = record_functions if name in FUNCTION_CASES else None
+        entry = record_with(args, torch, exporter, ckpt_rel, outdir, on_case)
     finally:
         undo()
     if patches:
@@ -227,7 +234,38 @@ def record(args, torch, name, ckpt_rel, outdir):
     return entry
 
 
-def record_with(args, torch, exporter, ckpt_rel, outdir):
+def record_functions(torch, outdir, case, ctx):
+    """The max-coords observation functions called directly (not through the
+    exporter) on the b16 inputs with the parameters and anchor indices the
+    exported pipeline does not exercise (its anchor is body 0, local_obs and
+    with_velocities on): one tensor per call in functions_b16.safetensors."""
+    if case != "b16":
+        return None
+    from protomotions.envs.obs.humanoid import compute_humanoid_max_coords_observations
+    from protomotions.envs.obs.target_poses import build_max_coords_target_poses
+    out = {}
+    with torch.no_grad():
+        for local, height, anchor in [(True, True, 5), (False, True, 5), (True, False, 22), (False, False, 0)]:
+            out[f"max_coords_l{int(local)}_h{int(height)}_a{anchor}"] = compute_humanoid_max_coords_observations(
+                body_pos=ctx["current.rigid_body_pos"], body_rot=ctx["current.rigid_body_rot"],
+                body_vel=ctx["current.rigid_body_vel"], body_ang_vel=ctx["current.rigid_body_ang_vel"],
+                ground_height=ctx["ground_heights"], body_contacts=None, local_obs=local,
+                root_height_obs=height, observe_contacts=False, w_last=True, anchor_body_index=anchor)
+        for vel, rel, anchor in [(True, True, 5), (False, True, 5), (True, False, 22), (False, False, 0)]:
+            out[f"targets_v{int(vel)}_r{int(rel)}_a{anchor}"] = build_max_coords_target_poses(
+                current_state_body_pos=ctx["current.rigid_body_pos"],
+                current_state_body_rot=ctx["current.rigid_body_rot"],
+                current_state_body_vel=ctx["current.rigid_body_vel"],
+                current_state_body_ang_vel=ctx["current.rigid_body_ang_vel"],
+                mimic_ref_pos=ctx["mimic.future_pos"], mimic_ref_rot=ctx["mimic.future_rot"],
+                mimic_ref_vel=ctx["mimic.future_vel"], mimic_ref_ang_vel=ctx["mimic.future_ang_vel"],
+                with_velocities=vel, w_last=True, future_steps=[1], with_relative=rel,
+                anchor_body_index=anchor)
+    write_safetensors(torch, os.path.join(outdir, f"functions_{case}.safetensors"), out)
+    return sorted(out)
+
+
+def record_with(args, torch, exporter, ckpt_rel, outdir, on_case=None):
     import yaml
     import onnxruntime as ort
 
@@ -300,6 +338,9 @@ def record_with(args, torch, exporter, ckpt_rel, outdir):
         write_safetensors(torch, os.path.join(outdir, f"ort_{case}.safetensors"), o_named)
         diffs = {n: float((o_named[n] - t_named[n]).abs().max()) for n in onnx_outputs}
         manifest_cases[case] = {"batch": batch, "seed": seed, "max_abs_ort_minus_torch": diffs}
+        called = on_case(torch, outdir, case, ctx) if on_case else None
+        if called:
+            manifest_cases[case]["functions"] = called
     return {
         "checkpoint": ckpt_rel,
         "onnx_inputs": [n for n, _ in onnx_inputs],

@@ -10,6 +10,10 @@ mod error;
 pub mod observations;
 mod pipeline;
 pub mod rotations;
+/// The heading bound the unit tests share with tests/parity.rs.
+#[cfg(test)]
+#[path = "../tests/common/heading.rs"]
+mod test_heading;
 
 pub use configs::Steps;
 pub use contract::Contract;

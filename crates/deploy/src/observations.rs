@@ -561,3 +561,93 @@ impl<'o> Writer<'o> {
         self.at += v.len();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+    use std::path::Path;
+
+    use candle_core::{Device, Tensor};
+
+    use crate::test_heading::{heading_error, HEADING_TOL};
+
+    fn load(name: &str) -> HashMap<String, Vec<f32>> {
+        let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata/deploy/soma_tracker").join(name);
+        let t: HashMap<String, Tensor> = candle_core::safetensors::load(&p, &Device::Cpu).expect("safetensors");
+        t.into_iter().map(|(k, v)| (k, v.flatten_all().and_then(|v| v.to_vec1::<f32>()).expect("f32"))).collect()
+    }
+
+    /// `f` over the batch, each argument bound to the recorded input named.
+    fn run(f: &Function, d: &Dims, inputs: &HashMap<String, Vec<f32>>, batch: usize) -> Vec<f32> {
+        let bound = |arg: &str| -> &'static str {
+            match arg {
+                "body_pos" | "current_state_body_pos" => "current_rigid_body_pos",
+                "body_rot" | "current_state_body_rot" => "current_rigid_body_rot",
+                "body_vel" | "current_state_body_vel" => "current_rigid_body_vel",
+                "body_ang_vel" | "current_state_body_ang_vel" => "current_rigid_body_ang_vel",
+                "ground_height" => "ground_heights",
+                "mimic_ref_pos" => "mimic_future_pos",
+                "mimic_ref_rot" => "mimic_future_rot",
+                "mimic_ref_vel" => "mimic_future_vel",
+                "mimic_ref_ang_vel" => "mimic_future_ang_vel",
+                other => panic!("no input for {other}"),
+            }
+        };
+        let width = f.width(d).expect("width");
+        let mut out = vec![0f32; batch * width];
+        for r in 0..batch {
+            let arg = |name: &str| -> Option<&[f32]> {
+                let all = &inputs[bound(name)];
+                let len = all.len() / batch;
+                Some(&all[r * len..(r + 1) * len])
+            };
+            f.compute_row(d, &arg, &mut out[r * width..(r + 1) * width]);
+        }
+        out
+    }
+
+    /// The max-coords functions with the parameters and anchor bodies the
+    /// recorded pipeline does not use (global frame, no height, no
+    /// velocities, no relative poses, anchors 5 and 22), against
+    /// ProtoMotions' functions called directly: within the heading bound
+    /// (random anchors: torch's sin/cos/atan2 kernels are off by an ulp for
+    /// some), bit for bit in the global frame.
+    #[test]
+    fn max_coords_functions_match_the_reference_for_every_parameter() {
+        let inputs = load("inputs_b16.safetensors");
+        let want = load("functions_b16.safetensors");
+        let d = Dims { num_dofs: 66, num_bodies: 23, future_steps: 1, history_steps: 1 };
+        let flag = |s: &str, at: usize| s.as_bytes()[at] == b'1';
+        assert_eq!(want.len(), 8);
+        let mut failed = Vec::new();
+        for (key, expected) in &want {
+            let parts: Vec<&str> = key.rsplit('_').take(3).collect();
+            let anchor: usize = parts[0][1..].parse().expect("anchor");
+            let f = if key.starts_with("max_coords_") {
+                Function::MaxCoords(MaxCoords { local: flag(parts[2], 1), root_height: flag(parts[1], 1), anchor })
+            } else {
+                Function::MaxCoordsTargetPoses(MaxTargets {
+                    velocities: flag(parts[2], 1),
+                    relative: flag(parts[1], 1),
+                    steps: Some(Steps::Indices(vec![1])),
+                    anchor,
+                })
+            };
+            let got = run(&f, &d, &inputs, 16);
+            assert_eq!(got.len(), expected.len(), "{key}");
+            let offset = usize::from(matches!(f, Function::MaxCoords(_)));
+            let err = heading_error(&got, expected, got.len() / 16, offset);
+            eprintln!("{key}: {err:.3e} (bound {HEADING_TOL:.0e})");
+            if err > HEADING_TOL {
+                failed.push(format!("{key}: {err:.3e}"));
+            }
+            // the global frame has no heading: torch's bits
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            if matches!(f, Function::MaxCoords(MaxCoords { local: false, .. })) && bits(&got) != bits(expected) {
+                failed.push(format!("{key}: not torch's bits"));
+            }
+        }
+        assert!(failed.is_empty(), "{failed:?}");
+    }
+}
