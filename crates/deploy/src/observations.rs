@@ -569,6 +569,7 @@ mod tests {
     use std::path::Path;
 
     use candle_core::{Device, Tensor};
+    use proptest::prelude::*;
 
     use crate::test_heading::{heading_error, HEADING_TOL};
 
@@ -576,6 +577,91 @@ mod tests {
         let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata/deploy/soma_tracker").join(name);
         let t: HashMap<String, Tensor> = candle_core::safetensors::load(&p, &Device::Cpu).expect("safetensors");
         t.into_iter().map(|(k, v)| (k, v.flatten_all().and_then(|v| v.to_vec1::<f32>()).expect("f32"))).collect()
+    }
+
+    /// One row of bodies (`nb` of them) turned by `yaw` about z and moved by
+    /// `shift` in the ground plane, in f64 then rounded: rotations
+    /// pre-multiplied, positions rotated and shifted, velocities rotated.
+    fn turned(rows: &HashMap<&str, Vec<f32>>, yaw: f64, shift: [f64; 2]) -> HashMap<&'static str, Vec<f32>> {
+        let (s, c) = (yaw / 2.0).sin_cos();
+        let (sy, cy) = yaw.sin_cos();
+        let rot = |v: &[f32]| -> [f64; 3] {
+            let [x, y, z] = [v[0], v[1], v[2]].map(f64::from);
+            [cy * x - sy * y, sy * x + cy * y, z]
+        };
+        let mut out = HashMap::new();
+        for (name, v) in rows {
+            let name: &'static str = match *name {
+                "body_pos" => "body_pos",
+                "body_rot" => "body_rot",
+                "body_vel" => "body_vel",
+                "body_ang_vel" => "body_ang_vel",
+                other => panic!("{other}"),
+            };
+            let t: Vec<f32> = match name {
+                "body_rot" => v
+                    .chunks(4)
+                    .flat_map(|q| {
+                        // [0, 0, s, c] * q
+                        let [x, y, z, w] = [q[0], q[1], q[2], q[3]].map(f64::from);
+                        [c * x - s * y, c * y + s * x, c * z + s * w, c * w - s * z].map(|e| e as f32)
+                    })
+                    .collect(),
+                "body_pos" => v
+                    .chunks(3)
+                    .flat_map(|p| {
+                        let r = rot(p);
+                        [r[0] + shift[0], r[1] + shift[1], r[2]].map(|e| e as f32)
+                    })
+                    .collect(),
+                _ => v.chunks(3).flat_map(|p| rot(p).map(|e| e as f32)).collect(),
+            };
+            out.insert(name, t);
+        }
+        out
+    }
+
+    fn body_rows(nb: usize) -> impl Strategy<Value = HashMap<&'static str, Vec<f32>>> {
+        let vecs = move || prop::collection::vec(-2.0f32..2.0, 3 * nb);
+        let quats = prop::collection::vec(prop::array::uniform4(-1.0f32..1.0), nb).prop_map(|qs| {
+            qs.into_iter()
+                .flat_map(|q| {
+                    let n = q.iter().map(|x| f64::from(*x).powi(2)).sum::<f64>().sqrt().max(1e-3);
+                    q.map(|x| (f64::from(x) / n) as f32)
+                })
+                .collect::<Vec<f32>>()
+        });
+        (vecs(), quats, vecs(), vecs()).prop_map(|(p, r, v, a)| {
+            HashMap::from([("body_pos", p), ("body_rot", r), ("body_vel", v), ("body_ang_vel", a)])
+        })
+    }
+
+    proptest! {
+        /// In the heading frame, the max-coords observation does not change
+        /// when the whole body turns about the vertical and moves on the
+        /// ground: what the heading frame is for (away from an anchor whose
+        /// x axis is vertical, where the heading is undefined).
+        #[test]
+        fn max_coords_are_invariant_to_yaw_and_ground_shift(
+            rows in body_rows(4),
+            yaw in -3.0f64..3.0,
+            shift in prop::array::uniform2(-5.0f64..5.0),
+        ) {
+            let d = Dims { num_dofs: 1, num_bodies: 4, future_steps: 1, history_steps: 1 };
+            let f = Function::MaxCoords(MaxCoords { local: true, root_height: false, anchor: 2 });
+            let x_axis = quat_rotate(quat(&rows["body_rot"], 2), [1.0, 0.0, 0.0]);
+            prop_assume!(x_axis[0].hypot(x_axis[1]) > 0.1);
+            let run_one = |r: &HashMap<&str, Vec<f32>>| {
+                let mut out = vec![0f32; f.width(&d).unwrap_or_default()];
+                f.compute_row(&d, &|name: &str| r.get(name).map(Vec::as_slice), &mut out);
+                out
+            };
+            let here = run_one(&rows);
+            let there = run_one(&turned(&rows, yaw, shift));
+            for (i, (a, b)) in here.iter().zip(&there).enumerate() {
+                prop_assert!((a - b).abs() < 1e-4 * (1.0 + a.abs()), "{i}: {a} vs {b}");
+            }
+        }
     }
 
     /// `f` over the batch, each argument bound to the recorded input named.
