@@ -56,6 +56,10 @@ patches are installed only while a variant that needs them runs):
   names), and `_runtime.onnx_in_names` restored to the full list. Every other
   field is the exporter's own.
 The manifest lists the patches applied per variant (`exporter_patches`).
+The exporter's free-text `source` notes on a few inputs (ProtoMotions' prose)
+are removed from the committed contract.yaml, which is then dumped again as
+the exporter dumps it; the manifest lists those inputs
+(`contract_source_notes_removed`).
 
 Deterministic: one CPU thread, fixed seeds; safetensors headers without
 __metadata__, tensors sorted by element size then name.
@@ -286,6 +290,12 @@ def record_with(args, torch, exporter, ckpt_rel, outdir, on_case=None):
         with open(os.path.join(tmp, "unified_pipeline.yaml")) as f:
             contract_text = f.read()
         contract = yaml.safe_load(contract_text)
+        # the exporter's free-text `source` notes are ProtoMotions' prose, not
+        # committed here: dropped, the YAML dumped again as the exporter dumps
+        # it (only when there are any, so other contracts keep their bytes)
+        sourced = [e["key"] for e in contract["policy_inputs"] if e.pop("source", None) is not None]
+        if sourced:
+            contract_text = yaml.dump(contract, default_flow_style=None, sort_keys=False)
         so = ort.SessionOptions()
         so.intra_op_num_threads = 1
         so.inter_op_num_threads = 1
@@ -347,6 +357,7 @@ def record_with(args, torch, exporter, ckpt_rel, outdir, on_case=None):
         "onnx_outputs": onnx_outputs,
         "observation_keys": list(unified.observation_module.get_output_keys()),
         "cases": manifest_cases,
+        **({"contract_source_notes_removed": sourced} if sourced else {}),
     }
 
 

@@ -12,7 +12,7 @@ use yaml_rust2::{Yaml, YamlEmitter};
 pub const CORRECTIONS: [&str; 6] = [
     "policy_inputs[*].output_key: a history of raw actions (historical.actions) is fed back from `actions`; the exporter tags every history `robot_action` (the PD targets)",
     "policy_inputs[*].kind of current.rigid_body_pos/rot/vel/ang_vel (body_pos, body_rot, body_vel, body_ang_vel, element names [body_names, axes]) and ground_heights (ground_height): the exporter has no descriptor for them and refuses to write the YAML of a max-coords tracker; the kinds follow its reference_motion_body_* names",
-    "policy_inputs[*].source: the exporter's free-text notes on a few inputs are not reproduced; kind and element_names carry the meaning",
+    "policy_inputs[*].source: the exporter's free-text notes on a few inputs are not reproduced (they are ProtoMotions' prose); kind and element_names carry the meaning",
     "element_names of anchor inputs: where the robot config leaves anchor_body_name null, the anchor body is named by body_names[anchor_body_index] (the exporter writes null)",
     "control.action_scale: for normalized_pd_fixed_gains_action it is the config's pd_action_scale; the exporter writes null because it looks for `action_scale`",
     "control.action_function and control.action_transform: added (the exporter does not record that `tanh` or a clamp precedes the scale)",
