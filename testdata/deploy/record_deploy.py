@@ -3,7 +3,7 @@
 actor -> PD targets) for the deploy tests of pmstate.
 
 usage: python testdata/deploy/record_deploy.py --protomotions PATH [--out DIR]
-           [--reference-commit SHA]
+           [--reference-commit SHA] [--only NAME ...]
 
 Run from the repository root. PATH is a checkout of github:NVlabs/ProtoMotions
 (recorded against commit 607ca7a0bb92e261120bcab8d9f97f28b3130ffc); its
@@ -11,9 +11,10 @@ Run from the repository root. PATH is a checkout of github:NVlabs/ProtoMotions
 from PATH at run time, nothing of them is copied here. Needs torch,
 tensordict (0.9), onnx, onnxruntime, pyyaml, lightning.
 
-What is recorded, per variant (today: g1_amp_deploy, the AMP tracker that
+What is recorded, per variant (g1_amp_deploy, the AMP tracker that
 testdata/policy/record_policy.py builds from the shipped g1-bones-deploy
-experiment config, at shrunk widths):
+experiment config, and soma_tracker, the max-coords PPO tracker it builds
+from the shipped soma-bones config, both at shrunk widths):
 - the REAL exporter, `export_bm_tracker_onnx.export_tracker(checkpoint, ...)`,
   run on the committed checkpoint, with the checkpoint path given relative to
   the repository root (the YAML records it). Its `unified_pipeline.yaml` is
@@ -26,6 +27,9 @@ experiment config, at shrunk widths):
   observation key, in the order the actor reads them).
 - onnxruntime (CPU provider, one thread) on the exported graph
   (`ort_<case>.safetensors`).
+- for soma_tracker, the max-coords observation functions called directly on
+  the b16 inputs with other parameters and anchor bodies than the pipeline's
+  (`functions_b16.safetensors`, see record_functions).
 - the inputs (`inputs_<case>.safetensors`), named exactly as the graph's
   inputs. Cases: b1 (one row) and b16 (sixteen rows), seeded. The anchor
   rotations include identity, w < 0, upside down (180 deg about x), pitched
@@ -53,6 +57,30 @@ onnxruntime's outputs per step (`torch.*`, `ort.*`), the PD targets fed
 back as `historical.processed_actions` as the loop does; and the same loop
 with the output EMA filter at alpha 0.8 (`ema.torch.joint_pos_targets`).
 
+Two gaps of the exporter are patched AT RUN TIME for soma_tracker (nothing of
+ProtoMotions is modified on disk; g1_amp_deploy is exported unpatched: the
+patches are installed only while a variant that needs them runs):
+- `_MockHistorical` has `processed_actions` but no `actions`, so the
+  exporter's MockContext cannot resolve soma's `historical.actions` binding
+  (previous_actions_factory(processed=False)). The patch adds
+  `actions = torch.randn(num_envs, history_steps, num_dofs)`, the same shape
+  and draw as `processed_actions`.
+- `_build_yaml` has no descriptor branch for `current.rigid_body_pos/rot/
+  vel/ang_vel` and `ground_heights`, and raises ("The exported graph has
+  inputs this YAML cannot describe"). The patch wraps it: the original is
+  called without those inputs, then an entry for each is inserted at its
+  place in the graph's input order, with the kinds pmstate's contract uses
+  (EXTRA_DESCRIPTORS below: `body_pos`, `body_rot`, `body_vel`,
+  `body_ang_vel` with element names [body_names, axes], named after the
+  exporter's reference_motion_body_* kinds; `ground_height` without element
+  names), and `_runtime.onnx_in_names` restored to the full list. Every other
+  field is the exporter's own.
+The manifest lists the patches applied per variant (`exporter_patches`).
+The exporter's free-text `source` notes on a few inputs (ProtoMotions' prose)
+are removed from the committed contract.yaml, which is then dumped again as
+the exporter dumps it; the manifest lists those inputs
+(`contract_source_notes_removed`).
+
 Deterministic: one CPU thread, fixed seeds; safetensors headers without
 __metadata__, tensors sorted by element size then name.
 """
@@ -70,6 +98,22 @@ from pm_reference import reference_commit  # noqa: E402
 
 VARIANTS = {
     "g1_amp_deploy": "testdata/policy/g1_amp_deploy/last.ckpt",
+    "soma_tracker": "testdata/policy/soma_tracker/last.ckpt",
+}
+# variants whose observation functions are also recorded called directly
+# (record_functions)
+FUNCTION_CASES = {"soma_tracker"}
+# variants the unpatched exporter cannot export (see the docstring)
+NEEDS_PATCHES = {"soma_tracker"}
+XYZ = ["x", "y", "z"]
+XYZW = ["x", "y", "z", "w"]
+# context key -> (kind, element names per axis after the batch axis, or None)
+EXTRA_DESCRIPTORS = {
+    "current.rigid_body_pos": ("body_pos", XYZ),
+    "current.rigid_body_rot": ("body_rot", XYZW),
+    "current.rigid_body_vel": ("body_vel", XYZ),
+    "current.rigid_body_ang_vel": ("body_ang_vel", XYZ),
+    "ground_heights": ("ground_height", None),
 }
 CASES = {"b1": (1, 11), "b16": (16, 12)}
 
@@ -156,12 +200,98 @@ def make_inputs(torch, keys_to_shapes, batch, seed):
     return out
 
 
+def install_patches(torch, exporter):
+    """The two run-time fixes (see the docstring); returns an undo function
+    and the list of what was patched, for the manifest."""
+    mock_cls = exporter._MockHistorical
+    real_init = mock_cls.__init__
+    real_build = exporter._build_yaml
+
+    def init(self, num_envs, history_steps, num_dofs):
+        real_init(self, num_envs, history_steps, num_dofs)
+        self.actions = torch.randn(num_envs, history_steps, num_dofs)
+
+    def build(**kw):
+        names = list(kw["onnx_in_names"])
+        to_key = kw["onnx_name_to_key"]
+        extra = [n for n in names if to_key.get(n, n) in EXTRA_DESCRIPTORS]
+        content = real_build(**dict(kw, onnx_in_names=[n for n in names if n not in extra]))
+        described = {e["name"]: e for e in content["policy_inputs"]}
+        for n in extra:
+            key = to_key.get(n, n)
+            kind, axes = EXTRA_DESCRIPTORS[key]
+            entry = {"name": n, "key": key, "shape": kw["input_shapes"].get(key, "unknown"), "kind": kind}
+            if axes is not None:
+                entry["element_names"] = [kw["body_names"], axes]
+            described[n] = entry
+        content["policy_inputs"] = [described[n] for n in names]
+        content["_runtime"]["onnx_in_names"] = names
+        return content
+
+    mock_cls.__init__ = init
+    exporter._build_yaml = build
+
+    def undo():
+        mock_cls.__init__ = real_init
+        exporter._build_yaml = real_build
+
+    patches = [
+        "export_bm_tracker_onnx._MockHistorical: adds `actions` (randn [num_envs, history_steps, num_dofs])",
+        "export_bm_tracker_onnx._build_yaml: descriptors for " + ", ".join(
+            f"{k} (kind {v[0]})" for k, v in EXTRA_DESCRIPTORS.items()) + "; everything else is the original's",
+    ]
+    return undo, patches
+
+
 def record(args, torch, name, ckpt_rel, outdir):
-    import yaml
-    import onnxruntime as ort
     sys.path.insert(0, args.protomotions)
     sys.path.insert(0, os.path.join(args.protomotions, "deployment"))
     import export_bm_tracker_onnx as exporter
+    undo, patches = (install_patches(torch, exporter) if name in NEEDS_PATCHES else (lambda: None, []))
+    try:
+        on_case = record_functions if name in FUNCTION_CASES else None
+        entry = record_with(args, torch, exporter, ckpt_rel, outdir, on_case, name)
+    finally:
+        undo()
+    if patches:
+        entry["exporter_patches"] = patches
+    return entry
+
+
+def record_functions(torch, outdir, case, ctx):
+    """The max-coords observation functions called directly (not through the
+    exporter) on the b16 inputs with the parameters and anchor indices the
+    exported pipeline does not exercise (its anchor is body 0, local_obs and
+    with_velocities on): one tensor per call in functions_b16.safetensors."""
+    if case != "b16":
+        return None
+    from protomotions.envs.obs.humanoid import compute_humanoid_max_coords_observations
+    from protomotions.envs.obs.target_poses import build_max_coords_target_poses
+    out = {}
+    with torch.no_grad():
+        for local, height, anchor in [(True, True, 5), (False, True, 5), (True, False, 22), (False, False, 0)]:
+            out[f"max_coords_l{int(local)}_h{int(height)}_a{anchor}"] = compute_humanoid_max_coords_observations(
+                body_pos=ctx["current.rigid_body_pos"], body_rot=ctx["current.rigid_body_rot"],
+                body_vel=ctx["current.rigid_body_vel"], body_ang_vel=ctx["current.rigid_body_ang_vel"],
+                ground_height=ctx["ground_heights"], body_contacts=None, local_obs=local,
+                root_height_obs=height, observe_contacts=False, w_last=True, anchor_body_index=anchor)
+        for vel, rel, anchor in [(True, True, 5), (False, True, 5), (True, False, 22), (False, False, 0)]:
+            out[f"targets_v{int(vel)}_r{int(rel)}_a{anchor}"] = build_max_coords_target_poses(
+                current_state_body_pos=ctx["current.rigid_body_pos"],
+                current_state_body_rot=ctx["current.rigid_body_rot"],
+                current_state_body_vel=ctx["current.rigid_body_vel"],
+                current_state_body_ang_vel=ctx["current.rigid_body_ang_vel"],
+                mimic_ref_pos=ctx["mimic.future_pos"], mimic_ref_rot=ctx["mimic.future_rot"],
+                mimic_ref_vel=ctx["mimic.future_vel"], mimic_ref_ang_vel=ctx["mimic.future_ang_vel"],
+                with_velocities=vel, w_last=True, future_steps=[1], with_relative=rel,
+                anchor_body_index=anchor)
+    write_safetensors(torch, os.path.join(outdir, f"functions_{case}.safetensors"), out)
+    return sorted(out)
+
+
+def record_with(args, torch, exporter, ckpt_rel, outdir, on_case=None, name=None):
+    import yaml
+    import onnxruntime as ort
 
     os.makedirs(outdir, exist_ok=True)
     captured = {}
@@ -181,6 +311,12 @@ def record(args, torch, name, ckpt_rel, outdir):
         with open(os.path.join(tmp, "unified_pipeline.yaml")) as f:
             contract_text = f.read()
         contract = yaml.safe_load(contract_text)
+        # the exporter's free-text `source` notes are ProtoMotions' prose, not
+        # committed here: dropped, the YAML dumped again as the exporter dumps
+        # it (only when there are any, so other contracts keep their bytes)
+        sourced = [e["key"] for e in contract["policy_inputs"] if e.pop("source", None) is not None]
+        if sourced:
+            contract_text = yaml.dump(contract, default_flow_style=None, sort_keys=False)
         so = ort.SessionOptions()
         so.intra_op_num_threads = 1
         so.inter_op_num_threads = 1
@@ -235,6 +371,9 @@ def record(args, torch, name, ckpt_rel, outdir):
         write_safetensors(torch, os.path.join(outdir, f"ort_{case}.safetensors"), o_named)
         diffs = {n: float((o_named[n] - t_named[n]).abs().max()) for n in onnx_outputs}
         manifest_cases[case] = {"batch": batch, "seed": seed, "max_abs_ort_minus_torch": diffs}
+        called = on_case(torch, outdir, case, ctx) if on_case else None
+        if called:
+            manifest_cases[case]["functions"] = called
     return {
         "runtime": runtime,
         "checkpoint": ckpt_rel,
@@ -242,6 +381,7 @@ def record(args, torch, name, ckpt_rel, outdir):
         "onnx_outputs": onnx_outputs,
         "observation_keys": list(unified.observation_module.get_output_keys()),
         "cases": manifest_cases,
+        **({"contract_source_notes_removed": sourced} if sourced else {}),
     }
 
 
@@ -384,6 +524,7 @@ def main():
     ap.add_argument("--protomotions", required=True)
     ap.add_argument("--out", default=HERE)
     ap.add_argument("--reference-commit")
+    ap.add_argument("--only", nargs="*", default=None, help="record these variants, keep the others' entries")
     args = ap.parse_args()
     reexec_deterministic()
     if os.path.abspath(os.getcwd()) != ROOT:
@@ -401,9 +542,18 @@ def main():
         "onnxruntime": onnxruntime.__version__,
         "variants": {},
     }
+    manifest_path = os.path.join(args.out, "manifest.json")
+    old = {}
+    if args.only and os.path.exists(manifest_path):
+        with open(manifest_path) as f:
+            old = json.load(f)["variants"]
     for name, ckpt in VARIANTS.items():
+        if args.only and name not in args.only:
+            if name in old:
+                manifest["variants"][name] = old[name]
+            continue
         manifest["variants"][name] = record(args, torch, name, ckpt, os.path.join(args.out, name))
-    with open(os.path.join(args.out, "manifest.json"), "w") as f:
+    with open(manifest_path, "w") as f:
         json.dump(manifest, f, indent=1, sort_keys=True)
         f.write("\n")
 

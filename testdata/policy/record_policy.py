@@ -14,7 +14,7 @@ lightning, tensordict (0.9), safetensors-compatible numpy, and what
 What each variant is built with (all ProtoMotions' own code):
 - configs: `protomotions.utils.config_builder.build_standard_configs` on the
   shipped experiment files data/pretrained_models/motion_tracker/
-  {smpl,g1-bones-deploy}/experiment_config.py (robot, simulator, terrain,
+  {smpl,g1-bones-deploy,soma-bones}/experiment_config.py (robot, simulator, terrain,
   scene_lib, motion_lib, env, agent), hidden widths shrunk; the synthetic
   variants keep those robot/simulator/env configs and replace
   `agent.model` by model configs written here with ProtoMotions' dataclasses;
@@ -365,6 +365,20 @@ def v_g1_amp_deploy(root):
     )
 
 
+def v_soma_tracker(root):
+    rel = "data/pretrained_models/motion_tracker/soma-bones/experiment_config.py"
+    cfgs, mod, args = build_configs(root, rel, "soma23", "soma_tracker")
+    model = cfgs["agent"].model
+    shrink_units(model.actor.mu_model, {1024: 16})
+    shrink_units(model.critic, {1024: 16})
+    widths = real_obs_widths(cfgs["env"], cfgs["robot"])
+    return dict(
+        cfgs=cfgs, inference_cfgs=inference_configs(cfgs, mod, args),
+        widths={k: widths[k] for k in model.in_keys}, n_iters=300, batch=16, seed=8, source=rel,
+        shrunk="hidden units 1024 -> 16; observation widths and action size as in the real config",
+    )
+
+
 def _synthetic_base(root, which):
     if which == "ppo":
         rel = "data/pretrained_models/motion_tracker/smpl/experiment_config.py"
@@ -514,6 +528,10 @@ VARIANTS = [
     ("g1_amp_deploy", "AMP tracker built from the shipped g1-bones-deploy experiment config "
                       "(learnable std, critic float clamp 5.0, discriminator and disc critic containers)",
      v_g1_amp_deploy),
+    ("soma_tracker", "PPO max-coords tracker built from the shipped soma-bones experiment config "
+                     "(soma23 robot, 66 actions, max_coords_obs + mimic_target_poses + previous_actions, "
+                     "normalized_pd_fixed_gains_action with tanh)",
+     v_soma_tracker),
     ("layernorm_activations", "PPO: use_layer_norm on several layers (only layer 0 gets one), every "
                               "activation name get_activation_func accepts, mixed case, tanh/elu output "
                               "activations, learnable std moved off its init, EMA 0.99",

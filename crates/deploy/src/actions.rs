@@ -149,7 +149,11 @@ impl ActionFunction {
         for (((o, a), off), s) in out.iter_mut().zip(action).zip(&self.offset).zip(&self.scale) {
             let a = match self.transform {
                 Transform::None => *a,
-                Transform::Tanh => a.tanh(),
+                // in float64, rounded: the correctly rounded tanh but for
+                // rare double roundings, as torch's kernel (SLEEF, 1 ulp)
+                // gives it on the recordings but for one element in a
+                // thousand (f32::tanh, the platform's tanhf, is further off)
+                Transform::Tanh => f64::from(*a).tanh() as f32,
                 // torch.clamp: NaN stays NaN
                 Transform::Clamp(c) => {
                     if a.is_nan() {

@@ -161,6 +161,14 @@ impl<'a> Params<'a> {
         }
     }
 
+    /// A bool the reference's signature has no default for.
+    pub(crate) fn required_bool(&self, name: &str) -> Result<bool> {
+        if self.get(name).is_none() {
+            return Err(self.bad(name, ConfigProblem::Missing));
+        }
+        self.bool(name, false)
+    }
+
     pub(crate) fn steps(&self, name: &str) -> Result<Option<Steps>> {
         let wrong = |n: &Node| {
             self.bad(name, ConfigProblem::WrongType { expected: "an int or a list of ints", found: found(n) })

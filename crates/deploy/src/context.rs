@@ -48,6 +48,26 @@ pub fn row_shape(path: &str, d: &Dims) -> Option<Vec<usize>> {
     })
 }
 
+/// A context path that holds a constant of the robot rather than a
+/// tensor: ProtoMotions' `EnvContext` (and the exporter's `MockContext`)
+/// hold ints there, which `ObservationExportModule` turns into constants
+/// of the graph, so they are neither inputs nor context keys of the
+/// contract.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Constant {
+    /// `current.anchor_idx`, `mimic.anchor_idx`: the robot config's
+    /// `anchor_body_index`.
+    AnchorIndex,
+}
+
+/// The constant a context path holds, or `None` for a tensor path.
+pub fn constant(path: &str) -> Option<Constant> {
+    match path {
+        "current.anchor_idx" | "mimic.anchor_idx" => Some(Constant::AnchorIndex),
+        _ => None,
+    }
+}
+
 /// Where a history input's values come from, fed back step after step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Feedback {
@@ -97,9 +117,13 @@ fn strs(v: &[&str]) -> Vec<String> {
 }
 
 /// The contract descriptor of `path`, following the kinds ProtoMotions'
-/// `export_bm_tracker_onnx.py` writes, with one correction: a history of
+/// `export_bm_tracker_onnx.py` writes, with corrections: a history of
 /// raw actions (`historical.actions`) is fed back from `actions`, where
-/// the exporter tags every history `robot_action` (the PD targets).
+/// the exporter tags every history `robot_action` (the PD targets); the
+/// robot's own body arrays (`current.rigid_body_*`) and `ground_heights`,
+/// which the exporter cannot describe (it refuses to write the YAML), get
+/// the kinds `body_pos`, `body_rot`, `body_vel`, `body_ang_vel` (named
+/// after its `reference_motion_body_*`) and `ground_height`.
 pub fn descriptor(path: &str, n: &Names<'_>) -> Option<Descriptor> {
     let xyz = || strs(&["x", "y", "z"]);
     let xyzw = || strs(&["x", "y", "z", "w"]);
@@ -129,6 +153,11 @@ pub fn descriptor(path: &str, n: &Names<'_>) -> Option<Descriptor> {
         "mimic.future_pos" => d("reference_motion_body_pos_future", Some(vec![bodies(), xyz()]), true),
         "mimic.future_vel" => d("reference_motion_body_vel", Some(vec![bodies(), xyz()]), true),
         "mimic.future_ang_vel" => d("reference_motion_body_ang_vel", Some(vec![bodies(), xyz()]), true),
+        "current.rigid_body_pos" => d("body_pos", Some(vec![bodies(), xyz()]), false),
+        "current.rigid_body_rot" => d("body_rot", Some(vec![bodies(), xyzw()]), false),
+        "current.rigid_body_vel" => d("body_vel", Some(vec![bodies(), xyz()]), false),
+        "current.rigid_body_ang_vel" => d("body_ang_vel", Some(vec![bodies(), xyz()]), false),
+        "ground_heights" => d("ground_height", None, false),
         "historical.processed_actions" => Descriptor {
             kind: "last_actions",
             element_names: None,
@@ -160,5 +189,14 @@ mod tests {
         assert_eq!(row_shape("current.nonsense", &d), None);
         assert_eq!(input_name("mimic.future_anchor_rot"), "mimic_future_anchor_rot");
         assert_eq!(descriptor("historical.actions", &n).and_then(|d| d.feedback), Some(Feedback::Actions));
+        for p in ["current.rigid_body_pos", "current.rigid_body_rot", "ground_heights"] {
+            assert!(row_shape(p, &d).is_some(), "{p}");
+            assert!(descriptor(p, &n).is_some(), "{p}");
+        }
+        assert_eq!(row_shape("current.rigid_body_rot", &d), Some(vec![3, 4]));
+        assert_eq!(row_shape("ground_heights", &d), Some(vec![]));
+        assert_eq!(constant("current.anchor_idx"), Some(Constant::AnchorIndex));
+        assert_eq!(constant("mimic.anchor_idx"), Some(Constant::AnchorIndex));
+        assert_eq!(constant("current.dof_pos"), None);
     }
 }

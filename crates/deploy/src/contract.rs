@@ -9,8 +9,11 @@ use yaml_rust2::yaml::Hash;
 use yaml_rust2::{Yaml, YamlEmitter};
 
 /// Where this contract deliberately differs from the exporter's YAML, and why.
-pub const CORRECTIONS: [&str; 3] = [
+pub const CORRECTIONS: [&str; 6] = [
     "policy_inputs[*].output_key: a history of raw actions (historical.actions) is fed back from `actions`; the exporter tags every history `robot_action` (the PD targets)",
+    "policy_inputs[*].kind of current.rigid_body_pos/rot/vel/ang_vel (body_pos, body_rot, body_vel, body_ang_vel, element names [body_names, axes]) and ground_heights (ground_height): the exporter has no descriptor for them and refuses to write the YAML of a max-coords tracker; the kinds follow its reference_motion_body_* names",
+    "policy_inputs[*].source: the exporter's free-text notes on a few inputs are not reproduced (they are ProtoMotions' prose); kind and element_names carry the meaning",
+    "element_names of anchor inputs: where the robot config leaves anchor_body_name null, the anchor body is named by body_names[anchor_body_index] (the exporter writes null)",
     "control.action_scale: for normalized_pd_fixed_gains_action it is the config's pd_action_scale; the exporter writes null because it looks for `action_scale`",
     "control.action_function and control.action_transform: added (the exporter does not record that `tanh` or a clamp precedes the scale)",
 ];
@@ -121,8 +124,9 @@ pub struct Robot {
     pub num_bodies: usize,
     /// Joints.
     pub num_dofs: usize,
-    /// The anchor body.
-    pub anchor_body_name: String,
+    /// The anchor body (`None` where the robot config leaves it unset:
+    /// the anchor is then body `anchor_body_index`, 0).
+    pub anchor_body_name: Option<String>,
     /// Its index.
     pub anchor_body_index: usize,
     /// The root body.

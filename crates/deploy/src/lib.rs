@@ -12,6 +12,10 @@ pub mod observations;
 mod pipeline;
 pub mod rotations;
 mod tracker;
+/// The heading bound the unit tests share with tests/parity.rs.
+#[cfg(test)]
+#[path = "../tests/common/heading.rs"]
+mod test_heading;
 
 pub use configs::Steps;
 pub use contract::Contract;

@@ -23,9 +23,21 @@ pub const REDUCED_COORDS: &str = "protomotions.envs.obs.humanoid.compute_humanoi
 pub const REDUCED_COORDS_TARGET_POSES: &str = "protomotions.envs.obs.target_poses.build_reduced_coords_target_poses";
 /// `compute_historical_actions_from_state`.
 pub const HISTORICAL_ACTIONS: &str = "protomotions.envs.obs.humanoid_historical.compute_historical_actions_from_state";
+/// `compute_humanoid_max_coords_observations`.
+pub const MAX_COORDS: &str = "protomotions.envs.obs.humanoid.compute_humanoid_max_coords_observations";
+/// `build_max_coords_target_poses`.
+pub const MAX_COORDS_TARGET_POSES: &str = "protomotions.envs.obs.target_poses.build_max_coords_target_poses";
 
 /// Every observation function this crate implements, by qualified name.
-pub const SUPPORTED: [&str; 3] = [REDUCED_COORDS, REDUCED_COORDS_TARGET_POSES, HISTORICAL_ACTIONS];
+pub const SUPPORTED: [&str; 5] =
+    [REDUCED_COORDS, REDUCED_COORDS_TARGET_POSES, HISTORICAL_ACTIONS, MAX_COORDS, MAX_COORDS_TARGET_POSES];
+
+/// The argument of the max-coords functions that takes the anchor body's
+/// index. ProtoMotions binds it to `current.anchor_idx` /
+/// `mimic.anchor_idx`, ints in the environment's context (and in the
+/// exporter's mock), so it is a constant of the graph, not an input: the
+/// robot config's `anchor_body_index` (see [`crate::context::constant`]).
+pub const ANCHOR_BODY_INDEX: &str = "anchor_body_index";
 
 /// Whether a function needs an argument bound.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,6 +60,40 @@ pub enum Function {
     ReducedCoordsTargetPoses(ReducedTargets),
     /// The selected past actions, flattened.
     HistoricalActions(HistoricalActions),
+    /// Every body's position (but the anchor's), rotation (tangent/normal),
+    /// velocity and angular velocity, in the anchor's heading frame, and
+    /// the anchor's height above the ground.
+    MaxCoords(MaxCoords),
+    /// Per selected future step, every reference body's position relative
+    /// to the current anchor and to the same current body, its rotation in
+    /// the heading frame and relative to the current body, and optionally
+    /// its velocities relative to the current body's.
+    MaxCoordsTargetPoses(MaxTargets),
+}
+
+/// Parameters of `compute_humanoid_max_coords_observations`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MaxCoords {
+    /// `local_obs`: positions, rotations and velocities in the anchor's
+    /// heading frame (positions relative to the anchor); else as given.
+    pub local: bool,
+    /// `root_height_obs`: the anchor's height above `ground_height`; else 0.
+    pub root_height: bool,
+    /// `anchor_body_index` (bound to a constant; 0 when unbound).
+    pub anchor: usize,
+}
+
+/// Parameters of `build_max_coords_target_poses`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MaxTargets {
+    /// `with_velocities`.
+    pub velocities: bool,
+    /// `with_relative`.
+    pub relative: bool,
+    /// `future_steps`: which of the context's future steps.
+    pub steps: Option<Steps>,
+    /// `anchor_body_index` (bound to a constant; 0 when unbound).
+    pub anchor: usize,
 }
 
 /// Parameters of `compute_humanoid_reduced_coords_observations`.
@@ -127,9 +173,41 @@ impl Function {
                 p.finish(&["history_steps"])?;
                 f
             }
+            MAX_COORDS => {
+                p.require_w_last()?;
+                // the reference's signature has no defaults for these
+                let f = Function::MaxCoords(MaxCoords {
+                    local: p.required_bool("local_obs")?,
+                    root_height: p.required_bool("root_height_obs")?,
+                    anchor: 0,
+                });
+                if p.required_bool("observe_contacts")? {
+                    return Err(p.bad(
+                        "observe_contacts",
+                        ConfigProblem::Unsupported {
+                            value: "True (contact flags)".into(),
+                            supported: "False (what the published configs use)",
+                        },
+                    ));
+                }
+                p.finish(&["w_last", "local_obs", "root_height_obs", "observe_contacts"])?;
+                f
+            }
+            MAX_COORDS_TARGET_POSES => {
+                p.require_w_last()?;
+                let f = Function::MaxCoordsTargetPoses(MaxTargets {
+                    velocities: p.required_bool("with_velocities")?,
+                    relative: p.bool("with_relative", true)?,
+                    steps: p.steps("future_steps")?,
+                    anchor: 0,
+                });
+                p.finish(&["w_last", "with_velocities", "with_relative", "future_steps"])?;
+                f
+            }
             _ => return Ok(None),
         };
         if let Function::ReducedCoordsTargetPoses(ReducedTargets { steps: Some(s), .. })
+        | Function::MaxCoordsTargetPoses(MaxTargets { steps: Some(s), .. })
         | Function::HistoricalActions(HistoricalActions { steps: Some(s) }) = &f
         {
             let name = if matches!(f, Function::HistoricalActions(_)) { "history_steps" } else { "future_steps" };
@@ -140,6 +218,31 @@ impl Function {
             }
         }
         Ok(Some(f))
+    }
+
+    /// The qualified name of this function.
+    pub fn qualified_name(&self) -> &'static str {
+        match self {
+            Function::ReducedCoords(_) => REDUCED_COORDS,
+            Function::ReducedCoordsTargetPoses(_) => REDUCED_COORDS_TARGET_POSES,
+            Function::HistoricalActions(_) => HISTORICAL_ACTIONS,
+            Function::MaxCoords(_) => MAX_COORDS,
+            Function::MaxCoordsTargetPoses(_) => MAX_COORDS_TARGET_POSES,
+        }
+    }
+
+    /// Whether the function takes [`ANCHOR_BODY_INDEX`].
+    pub fn takes_anchor_index(&self) -> bool {
+        matches!(self, Function::MaxCoords(_) | Function::MaxCoordsTargetPoses(_))
+    }
+
+    /// Sets the anchor body's index of a function that takes one.
+    pub(crate) fn set_anchor_index(&mut self, index: usize) {
+        match self {
+            Function::MaxCoords(m) => m.anchor = index,
+            Function::MaxCoordsTargetPoses(t) => t.anchor = index,
+            _ => {}
+        }
     }
 
     /// The arguments this function reads with its parameters.
@@ -182,6 +285,35 @@ impl Function {
                 v
             }
             Function::HistoricalActions(_) => vec![("historical_actions", Required)],
+            Function::MaxCoords(m) => {
+                let mut v = vec![
+                    ("body_pos", Required),
+                    ("body_rot", Required),
+                    ("body_vel", Required),
+                    ("body_ang_vel", Required),
+                ];
+                if m.root_height {
+                    v.push(("ground_height", Required));
+                }
+                v
+            }
+            Function::MaxCoordsTargetPoses(t) => {
+                let mut v = vec![
+                    ("current_state_body_pos", Required),
+                    ("current_state_body_rot", Required),
+                    ("mimic_ref_pos", Required),
+                    ("mimic_ref_rot", Required),
+                ];
+                if t.velocities {
+                    v.extend([
+                        ("current_state_body_vel", Required),
+                        ("current_state_body_ang_vel", Required),
+                        ("mimic_ref_vel", Required),
+                        ("mimic_ref_ang_vel", Required),
+                    ]);
+                }
+                v
+            }
         }
     }
 
@@ -210,6 +342,16 @@ impl Function {
                     .map_or(Some(d.history_steps), |s| s.positions(d.history_steps).map(|p| p.len()))?;
                 steps * d.num_dofs
             }
+            Function::MaxCoords(_) => {
+                // height, every body's position but the anchor's, rotation
+                // (6), velocity and angular velocity
+                1 + 3 * d.num_bodies.checked_sub(1)? + 12 * d.num_bodies
+            }
+            Function::MaxCoordsTargetPoses(t) => {
+                let steps =
+                    t.steps.as_ref().map_or(Some(d.future_steps), |s| s.positions(d.future_steps).map(|p| p.len()))?;
+                steps.checked_mul(t.per_step(d.num_bodies))?
+            }
         })
     }
 
@@ -235,6 +377,8 @@ impl Function {
                 }
             }
             Function::ReducedCoordsTargetPoses(t) => t.compute_row(d, arg, out),
+            Function::MaxCoords(m) => m.compute_row(d, arg, out),
+            Function::MaxCoordsTargetPoses(t) => t.compute_row(d, arg, out),
             Function::HistoricalActions(h) => {
                 let nd = d.num_dofs;
                 let hist = req("historical_actions");
@@ -295,6 +439,95 @@ impl ReducedTargets {
     }
 }
 
+impl MaxCoords {
+    /// One row, in the reference's layout: `[height, positions of the
+    /// bodies but the anchor, tan/norm of every body, velocities, angular
+    /// velocities]`.
+    fn compute_row<'a>(&self, d: &Dims, arg: &dyn Fn(&str) -> Option<&'a [f32]>, out: &mut [f32]) {
+        let req = |name: &str| arg(name).unwrap_or(&[]);
+        let nb = d.num_bodies;
+        let (pos, rot, vel, ang) = (req("body_pos"), req("body_rot"), req("body_vel"), req("body_ang_vel"));
+        let anchor_pos = vec3(pos, self.anchor);
+        let anchor_rot = quat(rot, self.anchor);
+        let mut w = Writer::new(out);
+        // `anchor_h - ground_height`, or `zeros_like(anchor_h)`
+        w.put(&[if self.root_height { anchor_pos[2] - req("ground_height")[0] } else { 0.0 }]);
+        let heading = self.local.then(|| calc_heading_quat_inv(anchor_rot));
+        for b in (0..nb).filter(|&b| b != self.anchor) {
+            let p = vec3(pos, b);
+            w.put(&match heading {
+                Some(h) => quat_rotate(h, sub3(p, anchor_pos)),
+                None => p,
+            });
+        }
+        for b in 0..nb {
+            let r = quat(rot, b);
+            w.put(&quat_to_tan_norm(heading.map_or(r, |h| quat_mul(h, r))));
+        }
+        for v in [vel, ang] {
+            for b in 0..nb {
+                let x = vec3(v, b);
+                w.put(&heading.map_or(x, |h| quat_rotate(h, x)));
+            }
+        }
+    }
+}
+
+impl MaxTargets {
+    fn per_step(&self, nb: usize) -> usize {
+        nb * (9 + 9 * usize::from(self.relative) + 6 * usize::from(self.velocities))
+    }
+
+    /// One row: per selected future step, `[positions from the current
+    /// anchor, (positions from the same current body), rotations in the
+    /// heading frame, (rotations relative to the current body),
+    /// (velocities, angular velocities minus the current body's)]`, all
+    /// rotated into the current anchor's heading frame.
+    fn compute_row<'a>(&self, d: &Dims, arg: &dyn Fn(&str) -> Option<&'a [f32]>, out: &mut [f32]) {
+        let req = |name: &str| arg(name).unwrap_or(&[]);
+        let nb = d.num_bodies;
+        let (cur_pos, cur_rot) = (req("current_state_body_pos"), req("current_state_body_rot"));
+        let (ref_pos, ref_rot) = (req("mimic_ref_pos"), req("mimic_ref_rot"));
+        let root_pos = vec3(cur_pos, self.anchor);
+        let heading = calc_heading_quat_inv(quat(cur_rot, self.anchor));
+        let mut w = Writer::new(out);
+        for p in positions(self.steps.as_ref(), d.future_steps) {
+            let at = |b: usize| p * nb + b;
+            for b in 0..nb {
+                w.put(&quat_rotate(heading, sub3(vec3(ref_pos, at(b)), root_pos)));
+            }
+            if self.relative {
+                for b in 0..nb {
+                    w.put(&quat_rotate(heading, sub3(vec3(ref_pos, at(b)), vec3(cur_pos, b))));
+                }
+            }
+            for b in 0..nb {
+                w.put(&quat_to_tan_norm(quat_mul(heading, quat(ref_rot, at(b)))));
+            }
+            if self.relative {
+                for b in 0..nb {
+                    let rel = quat_mul(quat_conjugate(quat(cur_rot, b)), quat(ref_rot, at(b)));
+                    w.put(&quat_to_tan_norm(rel));
+                }
+            }
+            if self.velocities {
+                for (cur, reference) in [
+                    (req("current_state_body_vel"), req("mimic_ref_vel")),
+                    (req("current_state_body_ang_vel"), req("mimic_ref_ang_vel")),
+                ] {
+                    for b in 0..nb {
+                        w.put(&quat_rotate(heading, sub3(vec3(reference, at(b)), vec3(cur, b))));
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn sub3(a: Vec3, b: Vec3) -> Vec3 {
+    [a[0] - b[0], a[1] - b[1], a[2] - b[2]]
+}
+
 /// The 0-based positions a selection picks (all of them without one).
 /// Widths were checked when the pipeline was built, so the selection fits.
 fn positions(steps: Option<&Steps>, available: usize) -> Vec<usize> {
@@ -326,5 +559,181 @@ impl<'o> Writer<'o> {
     fn put(&mut self, v: &[f32]) {
         self.out[self.at..self.at + v.len()].copy_from_slice(v);
         self.at += v.len();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+    use std::path::Path;
+
+    use candle_core::{Device, Tensor};
+    use proptest::prelude::*;
+
+    use crate::test_heading::{heading_error, HEADING_TOL};
+
+    fn load(name: &str) -> HashMap<String, Vec<f32>> {
+        let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata/deploy/soma_tracker").join(name);
+        let t: HashMap<String, Tensor> = candle_core::safetensors::load(&p, &Device::Cpu).expect("safetensors");
+        t.into_iter().map(|(k, v)| (k, v.flatten_all().and_then(|v| v.to_vec1::<f32>()).expect("f32"))).collect()
+    }
+
+    /// One row of bodies (`nb` of them) turned by `yaw` about z and moved by
+    /// `shift` in the ground plane, in f64 then rounded: rotations
+    /// pre-multiplied, positions rotated and shifted, velocities rotated.
+    fn turned(rows: &HashMap<&str, Vec<f32>>, yaw: f64, shift: [f64; 2]) -> HashMap<&'static str, Vec<f32>> {
+        let (s, c) = (yaw / 2.0).sin_cos();
+        let (sy, cy) = yaw.sin_cos();
+        let rot = |v: &[f32]| -> [f64; 3] {
+            let [x, y, z] = [v[0], v[1], v[2]].map(f64::from);
+            [cy * x - sy * y, sy * x + cy * y, z]
+        };
+        let mut out = HashMap::new();
+        for (name, v) in rows {
+            let name: &'static str = match *name {
+                "body_pos" => "body_pos",
+                "body_rot" => "body_rot",
+                "body_vel" => "body_vel",
+                "body_ang_vel" => "body_ang_vel",
+                other => panic!("{other}"),
+            };
+            let t: Vec<f32> = match name {
+                "body_rot" => v
+                    .chunks(4)
+                    .flat_map(|q| {
+                        // [0, 0, s, c] * q
+                        let [x, y, z, w] = [q[0], q[1], q[2], q[3]].map(f64::from);
+                        [c * x - s * y, c * y + s * x, c * z + s * w, c * w - s * z].map(|e| e as f32)
+                    })
+                    .collect(),
+                "body_pos" => v
+                    .chunks(3)
+                    .flat_map(|p| {
+                        let r = rot(p);
+                        [r[0] + shift[0], r[1] + shift[1], r[2]].map(|e| e as f32)
+                    })
+                    .collect(),
+                _ => v.chunks(3).flat_map(|p| rot(p).map(|e| e as f32)).collect(),
+            };
+            out.insert(name, t);
+        }
+        out
+    }
+
+    fn body_rows(nb: usize) -> impl Strategy<Value = HashMap<&'static str, Vec<f32>>> {
+        let vecs = move || prop::collection::vec(-2.0f32..2.0, 3 * nb);
+        let quats = prop::collection::vec(prop::array::uniform4(-1.0f32..1.0), nb).prop_map(|qs| {
+            qs.into_iter()
+                .flat_map(|q| {
+                    let n = q.iter().map(|x| f64::from(*x).powi(2)).sum::<f64>().sqrt().max(1e-3);
+                    q.map(|x| (f64::from(x) / n) as f32)
+                })
+                .collect::<Vec<f32>>()
+        });
+        (vecs(), quats, vecs(), vecs()).prop_map(|(p, r, v, a)| {
+            HashMap::from([("body_pos", p), ("body_rot", r), ("body_vel", v), ("body_ang_vel", a)])
+        })
+    }
+
+    proptest! {
+        /// In the heading frame, the max-coords observation does not change
+        /// when the whole body turns about the vertical and moves on the
+        /// ground: what the heading frame is for (away from an anchor whose
+        /// x axis is vertical, where the heading is undefined).
+        #[test]
+        fn max_coords_are_invariant_to_yaw_and_ground_shift(
+            rows in body_rows(4),
+            yaw in -3.0f64..3.0,
+            shift in prop::array::uniform2(-5.0f64..5.0),
+        ) {
+            let d = Dims { num_dofs: 1, num_bodies: 4, future_steps: 1, history_steps: 1 };
+            let f = Function::MaxCoords(MaxCoords { local: true, root_height: false, anchor: 2 });
+            let x_axis = quat_rotate(quat(&rows["body_rot"], 2), [1.0, 0.0, 0.0]);
+            prop_assume!(x_axis[0].hypot(x_axis[1]) > 0.1);
+            let run_one = |r: &HashMap<&str, Vec<f32>>| {
+                let mut out = vec![0f32; f.width(&d).unwrap_or_default()];
+                f.compute_row(&d, &|name: &str| r.get(name).map(Vec::as_slice), &mut out);
+                out
+            };
+            let here = run_one(&rows);
+            let there = run_one(&turned(&rows, yaw, shift));
+            for (i, (a, b)) in here.iter().zip(&there).enumerate() {
+                prop_assert!((a - b).abs() < 1e-4 * (1.0 + a.abs()), "{i}: {a} vs {b}");
+            }
+        }
+    }
+
+    /// `f` over the batch, each argument bound to the recorded input named.
+    fn run(f: &Function, d: &Dims, inputs: &HashMap<String, Vec<f32>>, batch: usize) -> Vec<f32> {
+        let bound = |arg: &str| -> &'static str {
+            match arg {
+                "body_pos" | "current_state_body_pos" => "current_rigid_body_pos",
+                "body_rot" | "current_state_body_rot" => "current_rigid_body_rot",
+                "body_vel" | "current_state_body_vel" => "current_rigid_body_vel",
+                "body_ang_vel" | "current_state_body_ang_vel" => "current_rigid_body_ang_vel",
+                "ground_height" => "ground_heights",
+                "mimic_ref_pos" => "mimic_future_pos",
+                "mimic_ref_rot" => "mimic_future_rot",
+                "mimic_ref_vel" => "mimic_future_vel",
+                "mimic_ref_ang_vel" => "mimic_future_ang_vel",
+                other => panic!("no input for {other}"),
+            }
+        };
+        let width = f.width(d).expect("width");
+        let mut out = vec![0f32; batch * width];
+        for r in 0..batch {
+            let arg = |name: &str| -> Option<&[f32]> {
+                let all = &inputs[bound(name)];
+                let len = all.len() / batch;
+                Some(&all[r * len..(r + 1) * len])
+            };
+            f.compute_row(d, &arg, &mut out[r * width..(r + 1) * width]);
+        }
+        out
+    }
+
+    /// The max-coords functions with the parameters and anchor bodies the
+    /// recorded pipeline does not use (global frame, no height, no
+    /// velocities, no relative poses, anchors 5 and 22), against
+    /// ProtoMotions' functions called directly: within the heading bound
+    /// (random anchors: torch's sin/cos/atan2 kernels are off by an ulp for
+    /// some), bit for bit in the global frame.
+    #[test]
+    fn max_coords_functions_match_the_reference_for_every_parameter() {
+        let inputs = load("inputs_b16.safetensors");
+        let want = load("functions_b16.safetensors");
+        let d = Dims { num_dofs: 66, num_bodies: 23, future_steps: 1, history_steps: 1 };
+        let flag = |s: &str, at: usize| s.as_bytes()[at] == b'1';
+        assert_eq!(want.len(), 8);
+        let mut failed = Vec::new();
+        for (key, expected) in &want {
+            let parts: Vec<&str> = key.rsplit('_').take(3).collect();
+            let anchor: usize = parts[0][1..].parse().expect("anchor");
+            let f = if key.starts_with("max_coords_") {
+                Function::MaxCoords(MaxCoords { local: flag(parts[2], 1), root_height: flag(parts[1], 1), anchor })
+            } else {
+                Function::MaxCoordsTargetPoses(MaxTargets {
+                    velocities: flag(parts[2], 1),
+                    relative: flag(parts[1], 1),
+                    steps: Some(Steps::Indices(vec![1])),
+                    anchor,
+                })
+            };
+            let got = run(&f, &d, &inputs, 16);
+            assert_eq!(got.len(), expected.len(), "{key}");
+            let offset = usize::from(matches!(f, Function::MaxCoords(_)));
+            let err = heading_error(&got, expected, got.len() / 16, offset);
+            eprintln!("{key}: {err:.3e} (bound {HEADING_TOL:.0e})");
+            if err > HEADING_TOL {
+                failed.push(format!("{key}: {err:.3e}"));
+            }
+            // the global frame has no heading: torch's bits
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            if matches!(f, Function::MaxCoords(MaxCoords { local: false, .. })) && bits(&got) != bits(expected) {
+                failed.push(format!("{key}: not torch's bits"));
+            }
+        }
+        assert!(failed.is_empty(), "{failed:?}");
     }
 }

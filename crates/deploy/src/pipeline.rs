@@ -12,10 +12,10 @@ use pmstate_policy::{find_config, LoadOptions, Policy};
 
 use crate::actions::ActionFunction;
 use crate::configs::{as_usize, dict_of, Configs, Params};
-use crate::context::{descriptor, input_name, row_shape, Dims, Names};
+use crate::context::{constant, descriptor, input_name, row_shape, Constant, Dims, Names};
 use crate::contract::{round6, Contract, Control, InputEntry, Metadata, Motion, OutputEntry, Robot, Runtime, Timing};
 use crate::error::{ConfigProblem, DeployError, Result};
-use crate::observations::{Function, Need, SUPPORTED};
+use crate::observations::{Function, Need, ANCHOR_BODY_INDEX, SUPPORTED};
 
 /// The output names, in the graph's order.
 pub const OUTPUT_NAMES: [&str; 4] = ["actions", "joint_pos_targets", "stiffness_targets", "damping_targets"];
@@ -117,11 +117,22 @@ impl Pipeline {
         let joints = c.strings("robot.kinematic_info.dof_names")?;
         let bodies = c.strings("robot.kinematic_info.body_names")?;
         let num_dofs = joints.len();
-        // no anchor configured: the root body, as ProtoMotions' exporter falls back
-        let (anchor, anchor_index) = match c.ckpt.get("robot.anchor_body_name") {
-            None | Some(Node::None) => (bodies.first().cloned().unwrap_or_default(), 0),
-            Some(_) => (c.str("robot.anchor_body_name")?, c.usize("robot.anchor_body_index")?),
+        let anchor_name = match c.ckpt.get("robot.anchor_body_name") {
+            None | Some(Node::None) => None,
+            Some(_) => Some(c.str("robot.anchor_body_name")?),
         };
+        let anchor_index = c.usize("robot.anchor_body_index")?;
+        let Some(anchor_body) = bodies.get(anchor_index) else {
+            return Err(c.bad(
+                "robot.anchor_body_index",
+                ConfigProblem::Unsupported {
+                    value: anchor_index.to_string(),
+                    supported: "an index into robot.kinematic_info.body_names",
+                },
+            ));
+        };
+        // where the config names no anchor, body `anchor_body_index` is it
+        let anchor = anchor_name.clone().unwrap_or_else(|| anchor_body.clone());
         let future_indices = future_step_indices(c)?;
         // The actor's observations, in the order the environment lists them.
         let actor_keys = policy.actor_keys();
@@ -141,6 +152,33 @@ impl Pipeline {
                 parsed.push(read_component(c, key, node)?);
             }
         }
+        // Constant bindings (the anchor's index) become parameters.
+        for (key, f, bindings) in &mut parsed {
+            for (arg, path) in bindings.iter() {
+                let at = || format!("{COMPONENTS}.{key}.dynamic_vars.{arg}");
+                match constant(path) {
+                    Some(Constant::AnchorIndex) if arg == ANCHOR_BODY_INDEX && f.takes_anchor_index() => {
+                        f.set_anchor_index(anchor_index)
+                    }
+                    Some(_) if f.arguments().iter().any(|(a, _)| a == arg) => {
+                        return Err(c.bad(
+                            &at(),
+                            ConfigProblem::WrongType { expected: "a tensor context path", found: path.clone() },
+                        ))
+                    }
+                    None if arg == ANCHOR_BODY_INDEX && f.takes_anchor_index() => {
+                        return Err(c.bad(
+                            &at(),
+                            ConfigProblem::Unsupported {
+                                value: path.clone(),
+                                supported: "current.anchor_idx or mimic.anchor_idx (the robot's anchor_body_index)",
+                            },
+                        ))
+                    }
+                    _ => {}
+                }
+            }
+        }
         let history_steps = parsed.iter().map(|(_, f, _)| f.history_needed()).max().unwrap_or(0).max(1);
         let dims = Dims { num_dofs, num_bodies: bodies.len(), future_steps: future_indices.len(), history_steps };
 
@@ -150,6 +188,10 @@ impl Pipeline {
         for (key, f, bindings) in &parsed {
             let component = format!("{COMPONENTS}.{key}");
             for (arg, path) in bindings {
+                if constant(path).is_some() {
+                    // a constant of the graph, not a context key
+                    continue;
+                }
                 all_paths.insert(path.clone());
                 if f.arguments().iter().any(|(a, _)| a == arg) {
                     if row_shape(path, &dims).is_none() {
@@ -195,12 +237,8 @@ impl Pipeline {
                     (a, idx)
                 })
                 .collect();
-            let function = match &f {
-                Function::ReducedCoords(_) => crate::observations::REDUCED_COORDS,
-                Function::ReducedCoordsTargetPoses(_) => crate::observations::REDUCED_COORDS_TARGET_POSES,
-                Function::HistoricalActions(_) => crate::observations::HISTORICAL_ACTIONS,
-            };
-            observations.push(Observation { key, function: function.into(), compute: f, args, width });
+            let function = f.qualified_name().to_owned();
+            observations.push(Observation { key, function, compute: f, args, width });
         }
         let action = ActionFunction::read(c, num_dofs)?;
         if policy.action_size() != num_dofs {
@@ -217,6 +255,7 @@ impl Pipeline {
                 dims: &dims,
                 names: &names,
                 anchor_index,
+                anchor_name,
                 inputs: &inputs,
                 all_paths: all_paths.into_iter().collect(),
                 future_indices,
@@ -442,6 +481,7 @@ struct ContractParts<'a> {
     dims: &'a Dims,
     names: &'a Names<'a>,
     anchor_index: usize,
+    anchor_name: Option<String>,
     inputs: &'a [Input],
     all_paths: Vec<String>,
     future_indices: Vec<usize>,
@@ -529,7 +569,7 @@ fn contract(c: &Configs, p: &ContractParts<'_>) -> Result<Contract> {
             mjcf_path: c.str("robot.asset.asset_file_name")?,
             num_bodies: p.dims.num_bodies,
             num_dofs: p.dims.num_dofs,
-            anchor_body_name: p.names.anchor.to_owned(),
+            anchor_body_name: p.anchor_name.clone(),
             anchor_body_index: p.anchor_index,
             root_body_name: bodies.first().cloned().unwrap_or_default(),
             root_body_index: 0,

@@ -67,6 +67,7 @@ fn the_recorded_configs_parse() {
         "container_obsprocessor",
         "module_ops_ppo",
         "module_ops_amp",
+        "soma_tracker",
     ] {
         ModelConfig::from_node(&model(v), "agent.model").unwrap_or_else(|e| panic!("{v}: {e}"));
     }

@@ -18,7 +18,7 @@ use pmstate_policy::{Part, Policy};
 /// some columns, which moves a quotient by up to 2 ulps ([`sqrt_ulps`]).
 const NORM_ULPS: u32 = 2;
 
-const VARIANTS: [&str; 7] = [
+const VARIANTS: [&str; 8] = [
     "smpl_tracker",
     "g1_amp_deploy",
     "layernorm_activations",
@@ -26,6 +26,7 @@ const VARIANTS: [&str; 7] = [
     "container_obsprocessor",
     "module_ops_ppo",
     "module_ops_amp",
+    "soma_tracker",
 ];
 
 fn dir(v: &str) -> PathBuf {

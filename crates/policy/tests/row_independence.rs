@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use candle_core::{Device, Tensor};
 use pmstate_policy::{Part, Policy};
 
-const VARIANTS: [&str; 7] = [
+const VARIANTS: [&str; 8] = [
     "smpl_tracker",
     "g1_amp_deploy",
     "layernorm_activations",
@@ -20,6 +20,7 @@ const VARIANTS: [&str; 7] = [
     "container_obsprocessor",
     "module_ops_ppo",
     "module_ops_amp",
+    "soma_tracker",
 ];
 
 fn dir(v: &str) -> PathBuf {

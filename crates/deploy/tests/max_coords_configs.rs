@@ -1,0 +1,127 @@
+//! The max-coords configs this crate refuses, each with the key at fault:
+//! the soma tracker's recorded resolved configs with one value changed,
+//! written next to a copy of its checkpoint.
+
+use std::path::{Path, PathBuf};
+
+use pmstate_ckpt::{Checkpoint, Node, UnsafeGlobals, WriteOptions};
+use pmstate_deploy::{ConfigProblem, DeployError, Pipeline};
+
+fn soma() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata/policy/soma_tracker")
+}
+
+/// The node at dotted `path` (dict keys and object fields).
+fn at<'a>(node: &'a mut Node, path: &str) -> &'a mut Node {
+    let mut cur = node;
+    for part in path.split('.') {
+        let dict = match cur {
+            Node::Object(o) => o.state.as_mut().and_then(Node::as_dict_mut),
+            other => other.as_dict_mut(),
+        };
+        cur = dict.and_then(|d| d.get_mut(part)).unwrap_or_else(|| panic!("no {part} in {path}"));
+    }
+    cur
+}
+
+/// Loads the soma pipeline with `edit` applied to its resolved configs.
+fn load_edited(edit: impl FnOnce(&mut Node)) -> Result<Pipeline, Box<DeployError>> {
+    let (mut root, storages) =
+        Checkpoint::open(soma().join("resolved_configs_inference.pt")).expect("configs").into_parts();
+    edit(&mut root);
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::copy(soma().join("last.ckpt"), dir.path().join("last.ckpt")).expect("copy");
+    // the configs name their functions as pickled globals: written as they are
+    let opts = WriteOptions { unsafe_globals: UnsafeGlobals::Allow, ..Default::default() };
+    let edited = Checkpoint::from_parts(root, storages).expect("parts");
+    pmstate_ckpt::save_torch(&edited, dir.path().join("resolved_configs_inference.pt"), &opts).expect("save");
+    Pipeline::load(dir.path().join("last.ckpt"), None).map_err(Box::new)
+}
+
+#[test]
+fn the_unedited_configs_load() {
+    let p = load_edited(|_| {}).expect("load");
+    assert_eq!(p.inputs().len(), 10);
+}
+
+#[test]
+fn contact_observations_are_refused_by_name() {
+    let err = load_edited(|root| {
+        *at(root, "env.observation_components.max_coords_obs.static_params.observe_contacts") = Node::Bool(true);
+    })
+    .expect_err("observe_contacts");
+    match &*err {
+        DeployError::Config { key, problem: ConfigProblem::Unsupported { .. }, .. } => {
+            assert_eq!(key, "env.observation_components.max_coords_obs.static_params.observe_contacts")
+        }
+        other => panic!("{other}"),
+    }
+}
+
+#[test]
+fn a_missing_parameter_without_default_is_refused() {
+    let err = load_edited(|root| {
+        let params = at(root, "env.observation_components.mimic_target_poses.static_params");
+        let d = params.as_dict_mut().expect("a dict");
+        *d = pmstate_ckpt::Dict::from_entries(
+            pmstate_ckpt::DictKind::Plain,
+            d.entries().iter().filter(|(k, _)| k.as_str() != Some("with_velocities")).cloned().collect(),
+        )
+        .expect("dict");
+    })
+    .expect_err("with_velocities");
+    match &*err {
+        DeployError::Config { key, problem: ConfigProblem::Missing, .. } => {
+            assert_eq!(key, "env.observation_components.mimic_target_poses.static_params.with_velocities")
+        }
+        other => panic!("{other}"),
+    }
+}
+
+#[test]
+fn the_anchor_index_bound_to_a_tensor_is_refused() {
+    let err = load_edited(|root| {
+        *at(root, "env.observation_components.max_coords_obs.dynamic_vars.anchor_body_index") =
+            Node::Str("current.rigid_body_pos".into());
+    })
+    .expect_err("anchor_body_index");
+    match &*err {
+        DeployError::Config { key, problem: ConfigProblem::Unsupported { value, .. }, .. } => {
+            assert_eq!(key, "env.observation_components.max_coords_obs.dynamic_vars.anchor_body_index");
+            assert_eq!(value, "current.rigid_body_pos");
+        }
+        other => panic!("{other}"),
+    }
+    assert!(err.to_string().contains("current.anchor_idx"), "{err}");
+}
+
+#[test]
+fn an_anchor_constant_bound_to_a_tensor_argument_is_refused() {
+    let err = load_edited(|root| {
+        *at(root, "env.observation_components.max_coords_obs.dynamic_vars.body_pos") =
+            Node::Str("current.anchor_idx".into());
+    })
+    .expect_err("body_pos");
+    match &*err {
+        DeployError::Config { key, problem: ConfigProblem::WrongType { found, .. }, .. } => {
+            assert_eq!(key, "env.observation_components.max_coords_obs.dynamic_vars.body_pos");
+            assert_eq!(found, "current.anchor_idx");
+        }
+        other => panic!("{other}"),
+    }
+}
+
+#[test]
+fn an_anchor_index_outside_the_bodies_is_refused() {
+    let err = load_edited(|root| {
+        *at(root, "robot.anchor_body_index") = Node::Int(23);
+    })
+    .expect_err("anchor_body_index");
+    match &*err {
+        DeployError::Config { key, problem: ConfigProblem::Unsupported { value, .. }, .. } => {
+            assert_eq!(key, "robot.anchor_body_index");
+            assert_eq!(value, "23");
+        }
+        other => panic!("{other}"),
+    }
+}
