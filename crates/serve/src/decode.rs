@@ -226,7 +226,8 @@ fn values_of(
 }
 
 /// One input: known to the model, FP32, `[rows, width]` with the width the
-/// model fixes, its data filling the shape, finite where refused otherwise.
+/// model fixes (a pipeline's: `[rows, ...]` with the row shape it fixes),
+/// its data filling the shape, finite where refused otherwise.
 /// Returns the input and its rows.
 pub fn decode_input(
     inp: RequestInput<'_>,

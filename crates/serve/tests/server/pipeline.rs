@@ -285,14 +285,3 @@ async fn a_missing_input_or_a_wrong_shape_is_a_400_naming_the_input_and_its_shap
     s.server.handle().shutdown();
     s.server.wait().await.unwrap();
 }
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_pipeline_refuses_options_that_apply_to_policies_only() {
-    let mut o = pipeline_options();
-    o.widths = vec![("current_dof_pos".into(), 29)];
-    let e = pmstate_serve::Server::start(o, pmstate_serve::ignore_events()).await.err().unwrap();
-    assert_eq!(
-        e.to_string(),
-        "widths applies to policies only: a pipeline runs on the CPU with the shapes its checkpoint fixes"
-    );
-}
