@@ -168,6 +168,62 @@ async fn serve_answers_like_policy_run_reloads_on_sighup_and_drains_on_sigterm()
     assert!(status.success(), "{status:?}");
 }
 
+/// `serve --pipeline`: the tracker's deployment pipeline by the exported
+/// graph's input names and shapes; the recorded inputs answered bitwise as
+/// `Pipeline::forward` answers them; the contract as YAML.
+#[tokio::test(flavor = "current_thread")]
+async fn serve_pipeline_answers_like_the_pipeline_and_serves_its_contract() {
+    let ckpt = data("g1_amp_deploy/last.ckpt");
+    let inputs_file = data("../deploy/g1_amp_deploy/inputs_b16.safetensors");
+    let inputs = candle_core::safetensors::load(&inputs_file, &Device::Cpu).unwrap();
+    let p = pmstate_deploy::Pipeline::load(&ckpt, None).unwrap();
+    let want = p.forward(&inputs).unwrap();
+
+    let (mut child, lines, addr) = serve(&ckpt, &["--pipeline"]);
+    let c = Client::new(addr).with_timeout(WATCHDOG);
+    let meta = c.get("/v2/models/tracker").await.unwrap().json();
+    let dof_pos = meta["inputs"].as_array().unwrap().iter().find(|i| i["name"] == "mimic_future_dof_pos").cloned();
+    assert_eq!(dof_pos.map(|i| i["shape"].clone()), Some(json!([-1, 4, 29])), "{meta}");
+
+    let mut names: Vec<&String> = inputs.keys().collect();
+    names.sort();
+    let body: Vec<Value> = names
+        .iter()
+        .map(|k| {
+            let t = &inputs[*k];
+            json!({"name": k, "shape": t.dims(), "datatype": "FP32", "data": t.flatten_all().unwrap().to_vec1::<f32>().unwrap()})
+        })
+        .collect();
+    let r =
+        c.post("/v2/models/tracker/infer", serde_json::to_vec(&json!({ "inputs": body })).unwrap(), &[]).await.unwrap();
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let reply = r.json();
+    let outs = reply["outputs"].as_array().unwrap();
+    assert_eq!(outs.len(), 4);
+    for ((name, t), o) in want.named().into_iter().zip(outs) {
+        assert_eq!((o["name"].as_str(), o["shape"].clone()), (Some(name), json!([16, 29])));
+        let got: Vec<f32> = o["data"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap() as f32).collect();
+        assert_eq!(bits(&got), bits(&t.flatten_all().unwrap().to_vec1::<f32>().unwrap()), "{name}");
+    }
+    let yaml = c.get("/v2/models/tracker/contract").await.unwrap();
+    assert_eq!(yaml.status, 200);
+    assert_eq!(String::from_utf8(yaml.body.to_vec()).unwrap(), p.contract().to_yaml());
+
+    signal(child.id(), "-TERM");
+    assert_eq!(lines.next()["event"], "draining");
+    assert!(exit_of(&mut child).success());
+
+    // a width pin applies to policies only
+    let out = refused(
+        Command::new(env!("CARGO_BIN_EXE_pmstate"))
+            .args(["serve", "--pipeline", "--width", "current_dof_pos=29", "--addr", "127.0.0.1:0"])
+            .arg(&ckpt),
+    );
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--pipeline") && err.contains("--width"), "{err}");
+}
+
 /// `--addr localhost:0` (the README's curl lines say localhost): a loopback
 /// address, a free port, answering; a number that is not a port is refused
 /// with the forms `--addr` takes.

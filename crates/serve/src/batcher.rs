@@ -9,7 +9,10 @@
 //! output element in one fixed order whatever the batch, see its
 //! `tests/row_independence.rs`; the normalizer and activations are
 //! elementwise), and actions are drawn per request with its own seed from
-//! its own mean rows, exactly as `Policy::sample` on its rows would.
+//! its own mean rows, exactly as `Policy::sample` on its rows would. A
+//! pipeline's forward is row-independent too: each observation is computed
+//! row by row from that row's inputs, the actor is the policy's, and the
+//! action function maps each action row alone.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -19,6 +22,7 @@ use std::thread::JoinHandle;
 use std::time::Instant;
 
 use candle_core::{Device, Tensor};
+use pmstate_deploy::{DeployError, Pipeline};
 use pmstate_policy::{Part, Policy, PolicyError};
 use tokio::sync::oneshot;
 
@@ -332,6 +336,12 @@ impl Worker {
 
     /// One forward per part for the group; each job's outputs in its order.
     fn run_group(&self, model: &LoadedModel, jobs: &[Job]) -> Vec<Result<Answer, RequestError>> {
+        if let Some(p) = &model.pipeline {
+            return match self.pipeline(p, jobs) {
+                Ok(outs) => Self::answers(model, jobs, outs),
+                Err(e) => jobs.iter().map(|_| Err(e.clone())).collect(),
+            };
+        }
         let mut outs: Vec<Outs> = vec![HashMap::new(); jobs.len()];
         let result = (|| -> Result<(), PolicyError> {
             let ac: Vec<usize> = (0..jobs.len()).filter(|&i| jobs[i].req.actor_critic()).collect();
@@ -348,6 +358,11 @@ impl Worker {
             let e = RequestError::Forward(Arc::new(e));
             return jobs.iter().map(|_| Err(e.clone())).collect();
         }
+        Self::answers(model, jobs, outs)
+    }
+
+    /// Each job's outputs, in the order it asked for them.
+    fn answers(model: &LoadedModel, jobs: &[Job], outs: Vec<Outs>) -> Vec<Result<Answer, RequestError>> {
         jobs.iter()
             .zip(outs)
             .map(|(j, mut o)| {
@@ -363,6 +378,49 @@ impl Worker {
                 Ok(Answer { version: model.version, tensors })
             })
             .collect()
+    }
+
+    /// One pipeline forward over the merged rows of `jobs` (their inputs
+    /// are in the pipeline's order, each `rows x row_len` values), on the
+    /// pool; each job gets its rows of every output.
+    fn pipeline(&self, p: &Pipeline, jobs: &[Job]) -> Result<Vec<Outs>, RequestError> {
+        let failed = |e: DeployError| RequestError::PipelineForward(Arc::new(e));
+        let rows: usize = jobs.iter().map(|j| j.req.rows).sum();
+        let mut inputs = HashMap::new();
+        for (pos, spec) in p.inputs().iter().enumerate() {
+            let mut v = Vec::with_capacity(rows * spec.row_len());
+            for j in jobs {
+                if let Some((_, _, values)) = j.req.inputs.get(pos) {
+                    v.extend_from_slice(values);
+                }
+            }
+            let shape: Vec<usize> = std::iter::once(rows).chain(spec.row_shape.iter().copied()).collect();
+            let t = Tensor::from_vec(v, shape, &Device::Cpu).map_err(|e| failed(e.into()))?;
+            inputs.insert(spec.name.clone(), t);
+        }
+        #[cfg(test)]
+        let fault = &self.fault;
+        let start = Instant::now();
+        let out = self.pool.install(|| {
+            #[cfg(test)]
+            injected(fault).map_err(|e| failed(e.into()))?;
+            p.forward(&inputs).map_err(failed)
+        })?;
+        self.metrics.forward_seconds.observe(start.elapsed().as_secs_f64());
+        self.metrics.batch_rows.observe(rows as f64);
+        self.metrics.batch_requests.observe(jobs.len() as f64);
+        let mut outs: Vec<Outs> = vec![HashMap::new(); jobs.len()];
+        for (name, t) in out.named() {
+            let v = host(t).map_err(|e| failed(e.into()))?;
+            let w = v.len() / rows.max(1);
+            let mut off = 0;
+            for (j, o) in jobs.iter().zip(outs.iter_mut()) {
+                let r = j.req.rows;
+                o.insert(name, (vec![r, w], v[off * w..(off + r) * w].to_vec()));
+                off += r;
+            }
+        }
+        Ok(outs)
     }
 
     /// The merged observations of `idx` for the keys `part` reads.

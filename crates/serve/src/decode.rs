@@ -154,6 +154,26 @@ fn shape_of(name: &str, shape: &[u64], width: Option<usize>, max_rows: usize) ->
     Ok((r, d))
 }
 
+/// `[rows, ...row]` of a pipeline input (any rank), checked against `max_rows`;
+/// returns the rows and the values per row.
+fn shaped(name: &str, shape: &[u64], row: &[usize], max_rows: usize) -> Result<(usize, usize), InputError> {
+    let wrong = || InputError::Shape { input: name.to_owned(), shape: Dims(shape.to_vec()), expected: row.to_vec() };
+    let Some((&r, rest)) = shape.split_first() else { return Err(wrong()) };
+    if r == 0 || rest.len() != row.len() || rest.iter().zip(row).any(|(&a, &b)| usize::try_from(a) != Ok(b)) {
+        return Err(wrong());
+    }
+    let Ok(r) = usize::try_from(r) else {
+        return Err(InputError::TooLarge { input: name.to_owned(), shape: Dims(shape.to_vec()) });
+    };
+    if r > max_rows {
+        return Err(InputError::Batch { input: name.to_owned(), rows: r, max_batch: max_rows });
+    }
+    let per_row = row.iter().try_fold(1usize, |n, &d| n.checked_mul(d));
+    let per_row =
+        per_row.ok_or_else(|| InputError::TooLarge { input: name.to_owned(), shape: Dims(shape.to_vec()) })?;
+    Ok((r, per_row))
+}
+
 /// The values of an input, from its JSON `data` or from the binary data
 /// after the header (taking `binary_data_size` bytes off the front of `binary`).
 fn values_of(
@@ -206,7 +226,8 @@ fn values_of(
 }
 
 /// One input: known to the model, FP32, `[rows, width]` with the width the
-/// model fixes, its data filling the shape, finite where refused otherwise.
+/// model fixes (a pipeline's: `[rows, ...]` with the row shape it fixes),
+/// its data filling the shape, finite where refused otherwise.
 /// Returns the input and its rows.
 pub fn decode_input(
     inp: RequestInput<'_>,
@@ -224,7 +245,10 @@ pub fn decode_input(
     if inp.datatype.0 != "FP32" {
         return Err(InputError::Datatype { input: name, datatype: inp.datatype.0 }.into());
     }
-    let (r, d) = shape_of(&name, &inp.shape.0, spec.and_then(|s| s.width), expect.max_rows)?;
+    let (r, d) = match spec.and_then(|s| s.row_shape.as_deref()) {
+        Some(row) => shaped(&name, &inp.shape.0, row, expect.max_rows)?,
+        None => shape_of(&name, &inp.shape.0, spec.and_then(|s| s.width), expect.max_rows)?,
+    };
     let values = values_of(&name, (r, d), inp.parameters.get("binary_data_size"), inp.data, binary)?;
     if non_finite == NonFinite::Reject {
         if let Some(i) = values.iter().position(|v| !v.is_finite()) {
@@ -301,7 +325,7 @@ pub fn select_outputs(
             let disc_inputs = disc.clone().all(|i| has(&i.name)) && disc.count() > 0;
             for spec in &iface.outputs {
                 let take = match spec.source {
-                    Source::ActorCritic => true,
+                    Source::ActorCritic | Source::Pipeline => true,
                     Source::Sample => params.sample,
                     Source::Discriminator => disc_inputs,
                 };
@@ -326,7 +350,10 @@ pub fn order_inputs(iface: &Interface, mut inputs: Vec<Input>, outputs: &[Wanted
     let mut ordered = Vec::with_capacity(inputs.len());
     for spec in iface.inputs.iter().filter(needed) {
         let Some(pos) = inputs.iter().position(|(n, _, _)| *n == spec.name) else {
-            return Err(InputError::MissingInput { input: spec.name.clone(), width: spec.width });
+            return Err(match &spec.row_shape {
+                Some(row) => InputError::MissingShaped { input: spec.name.clone(), expected: row.clone() },
+                None => InputError::MissingInput { input: spec.name.clone(), width: spec.width },
+            });
         };
         ordered.push(inputs.swap_remove(pos));
     }

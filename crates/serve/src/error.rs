@@ -101,6 +101,10 @@ pub enum LoadError {
     /// Reading or building the policy failed.
     #[error(transparent)]
     Policy(#[from] pmstate_policy::PolicyError),
+    /// Reading or building a deployment pipeline failed (boxed: a
+    /// `DeployError` is several times the size of the other variants).
+    #[error(transparent)]
+    Pipeline(Box<pmstate_deploy::DeployError>),
     /// Reading the checkpoint's bytes (for its sha256) failed.
     #[error("{path}: {source}")]
     Io {
@@ -162,6 +166,12 @@ pub enum LoadError {
     },
 }
 
+impl From<pmstate_deploy::DeployError> for LoadError {
+    fn from(e: pmstate_deploy::DeployError) -> Self {
+        LoadError::Pipeline(Box::new(e))
+    }
+}
+
 /// Why a load was given up ([`LoadError::Abandoned`]).
 #[derive(Debug, Clone, Copy, PartialEq)]
 #[non_exhaustive]
@@ -204,6 +214,11 @@ pub enum Difference {
     ActionSize,
     /// The outputs or their shapes.
     Outputs,
+    /// The row shape of one pipeline input.
+    Shape {
+        /// The input.
+        key: String,
+    },
 }
 
 impl fmt::Display for Difference {
@@ -215,6 +230,7 @@ impl fmt::Display for Difference {
             Difference::WidthSums => f.write_str("width sums"),
             Difference::ActionSize => f.write_str("action size"),
             Difference::Outputs => f.write_str("outputs"),
+            Difference::Shape { key } => write!(f, "the shape of {key}"),
         }
     }
 }
@@ -269,6 +285,12 @@ pub enum OptionsError {
         /// `max_body_bytes`.
         body: usize,
     },
+    /// An option that applies to policies only, given with a pipeline.
+    #[error("{option} applies to policies only: a pipeline runs on the CPU with the shapes its checkpoint fixes")]
+    PolicyOnly {
+        /// The option (`device`, `widths`).
+        option: &'static str,
+    },
     /// The in-flight body budget does not fit the semaphore.
     #[error("the in-flight body budget ({budget} bytes) must be under 4 GiB")]
     BudgetTooLarge {
@@ -290,6 +312,11 @@ impl fmt::Display for Dims {
 /// `[rows, 358]`, or `[rows, D]` for a width the checkpoint leaves open.
 fn rows_by(width: &Option<usize>) -> String {
     width.map_or("[rows, D]".to_string(), |w| format!("[rows, {w}]"))
+}
+
+/// `[rows, 4, 29]`: a pipeline input's shape, rows first.
+fn rows_then(row: &[usize]) -> String {
+    std::iter::once("rows".to_owned()).chain(row.iter().map(usize::to_string)).collect::<Vec<_>>().join(", ")
 }
 
 fn sum_of(parts: &[(String, usize)]) -> String {
@@ -372,6 +399,17 @@ pub enum InputError {
         width: usize,
         /// The width the model takes.
         expected: usize,
+    },
+    /// A pipeline input whose shape is not `[rows, ...]` with the row
+    /// shape the pipeline fixes (and rows >= 1).
+    #[error("input {input}: shape {shape}, expected [{}] with rows >= 1", rows_then(.expected))]
+    Shape {
+        /// The input.
+        input: String,
+        /// The shape sent.
+        shape: Dims,
+        /// The shape of one row.
+        expected: Vec<usize>,
     },
     /// Inputs with different numbers of rows.
     #[error("input {input}: {rows} rows, but input {first} has {first_rows}")]
@@ -472,6 +510,14 @@ pub enum InputError {
         input: String,
         /// Its width, if fixed.
         width: Option<usize>,
+    },
+    /// A pipeline input is missing.
+    #[error("missing input {input} (shape [{}])", rows_then(.expected))]
+    MissingShaped {
+        /// The input.
+        input: String,
+        /// The shape of one row.
+        expected: Vec<usize>,
     },
     /// Widths that do not add up to what a first layer takes.
     #[error("input {input}: {module} reads {} = {sum} columns, expected {total} in all", sum_of(.parts))]
@@ -647,6 +693,16 @@ pub enum RequestError {
     /// The policy's forward failed (a bug or a device failure).
     #[error("internal error: the forward failed: {0}")]
     Forward(Arc<pmstate_policy::PolicyError>),
+    /// A pipeline's forward failed (a bug: decoding refuses every input
+    /// it would).
+    #[error("internal error: the pipeline failed: {0}")]
+    PipelineForward(Arc<pmstate_deploy::DeployError>),
+    /// The contract was asked of a model that is not a pipeline.
+    #[error("model {} is a policy, not a pipeline (pmstate serve --pipeline): it has no deployment contract", clip(.name))]
+    NoContract {
+        /// The model.
+        name: String,
+    },
     /// The policy's forward panicked (a bug); the server goes on.
     #[error("internal error: the forward panicked")]
     Panicked,
@@ -670,9 +726,10 @@ impl RequestError {
     /// The HTTP status the protocol (or Triton, where it leaves room) uses.
     pub fn status(&self) -> StatusCode {
         match self {
-            RequestError::UnknownModel { .. } | RequestError::UnknownVersion { .. } | RequestError::NoRoute { .. } => {
-                StatusCode::NOT_FOUND
-            }
+            RequestError::UnknownModel { .. }
+            | RequestError::UnknownVersion { .. }
+            | RequestError::NoRoute { .. }
+            | RequestError::NoContract { .. } => StatusCode::NOT_FOUND,
             RequestError::Method { .. } => StatusCode::METHOD_NOT_ALLOWED,
             RequestError::BadJson(_)
             | RequestError::HeaderLength { .. }
@@ -687,6 +744,7 @@ impl RequestError {
                 StatusCode::SERVICE_UNAVAILABLE
             }
             RequestError::Forward(_)
+            | RequestError::PipelineForward(_)
             | RequestError::Panicked
             | RequestError::NotComputed { .. }
             | RequestError::Task { .. } => StatusCode::INTERNAL_SERVER_ERROR,
@@ -704,9 +762,10 @@ impl RequestError {
     /// The `kind` label of `pmstate_infer_errors_total`.
     pub fn kind(&self) -> &'static str {
         match self {
-            RequestError::UnknownModel { .. } | RequestError::UnknownVersion { .. } | RequestError::NoRoute { .. } => {
-                "not_found"
-            }
+            RequestError::UnknownModel { .. }
+            | RequestError::UnknownVersion { .. }
+            | RequestError::NoRoute { .. }
+            | RequestError::NoContract { .. } => "not_found",
             RequestError::Method { .. } => "method",
             RequestError::BadJson(_) | RequestError::HeaderLength { .. } | RequestError::HeaderPastBody { .. } => {
                 "bad_json"
@@ -721,6 +780,7 @@ impl RequestError {
             RequestError::Busy { .. } => "busy",
             RequestError::ShuttingDown => "shutting_down",
             RequestError::Forward(_)
+            | RequestError::PipelineForward(_)
             | RequestError::Panicked
             | RequestError::NotComputed { .. }
             | RequestError::Task { .. } => "internal",

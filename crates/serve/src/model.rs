@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use candle_core::Device;
+use pmstate_deploy::{Contract, Pipeline};
 use pmstate_policy::config::Family;
 use pmstate_policy::{Description, Part, Policy};
 use serde::Serialize;
@@ -28,6 +29,9 @@ pub enum Source {
     Sample,
     /// The AMP discriminator and its critic.
     Discriminator,
+    /// A deployment pipeline (observations, actor, action function): its
+    /// outputs all come from one forward over every input.
+    Pipeline,
 }
 
 /// One input of the model metadata.
@@ -41,6 +45,20 @@ pub struct InputSpec {
     pub actor_critic: bool,
     /// Whether the discriminator networks read it.
     pub discriminator: bool,
+    /// The shape of one row when the model fixes it whole (a pipeline's
+    /// inputs: `[4]`, `[4, 29]`); `None` for a policy's `[rows, width]`.
+    pub row_shape: Option<Vec<usize>>,
+}
+
+impl InputSpec {
+    /// Its shape in model metadata: `-1` for the rows (and for a width the
+    /// checkpoint leaves open).
+    pub fn shape(&self) -> Vec<i64> {
+        match &self.row_shape {
+            Some(row) => std::iter::once(-1).chain(row.iter().map(|&d| d as i64)).collect(),
+            None => vec![-1, self.width.map_or(-1, |w| w as i64)],
+        }
+    }
 }
 
 /// One output of the model metadata.
@@ -84,6 +102,7 @@ impl Interface {
                 actor_critic: ac.contains(&k),
                 discriminator: disc.contains(&k),
                 name: k,
+                row_shape: None,
             })
             .collect::<Vec<_>>();
         let ignored = policy.accepted_keys().into_iter().filter(|k| !inputs.iter().any(|i| &i.name == k)).collect();
@@ -121,6 +140,28 @@ impl Interface {
         })
     }
 
+    /// The interface of a deployment pipeline: its inputs with their full
+    /// shapes, its four outputs `[-1, num_dofs]`.
+    pub fn of_pipeline(p: &Pipeline) -> Interface {
+        let inputs = p
+            .inputs()
+            .iter()
+            .map(|i| InputSpec {
+                name: i.name.clone(),
+                width: Some(i.row_len()),
+                actor_critic: true,
+                discriminator: false,
+                row_shape: Some(i.row_shape.clone()),
+            })
+            .collect();
+        let n = p.dims().num_dofs;
+        let outputs = pmstate_deploy::OUTPUT_NAMES
+            .iter()
+            .map(|&name| OutputSpec { name, shape: vec![-1, n as i64], source: Source::Pipeline })
+            .collect();
+        Interface { inputs, ignored: Vec::new(), groups: Vec::new(), outputs, action_size: n, model: PIPELINE_MODEL }
+    }
+
     /// The input called `name`.
     pub fn input(&self, name: &str) -> Option<&InputSpec> {
         self.inputs.iter().find(|i| i.name == name)
@@ -145,6 +186,13 @@ impl Interface {
                 let w = |w: Option<usize>| w.map_or("open".to_string(), |w| w.to_string());
                 return Some((Difference::Width { key: a.name.clone() }, w(a.width), w(b.width)));
             }
+            if a.row_shape != b.row_shape {
+                return Some((
+                    Difference::Shape { key: a.name.clone() },
+                    shape_text(&a.shape()),
+                    shape_text(&b.shape()),
+                ));
+            }
         }
         let sums = |i: &Interface| {
             i.groups.iter().map(|(_, k, t)| format!("{} = {t}", k.join(" + "))).collect::<Vec<_>>().join("; ")
@@ -164,6 +212,9 @@ impl Interface {
         None
     }
 }
+
+/// The model class an [`Interface`] of a deployment pipeline names.
+pub const PIPELINE_MODEL: &str = "UnifiedPipeline";
 
 /// `[-1, 69]`.
 fn shape_text(shape: &[i64]) -> String {
@@ -280,6 +331,18 @@ pub struct LoadedModel {
     pub provenance: Provenance,
     /// Layers, normalizers (settings and counts) and more.
     pub description: Description,
+    /// The deployment pipeline, when one is served (`policy` is then its actor's policy).
+    pub pipeline: Option<Pipeline>,
+}
+
+/// What a checkpoint is served as.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ModelKind {
+    /// A policy: observations in, actions (and values, discriminator outputs) out.
+    #[default]
+    Policy,
+    /// A deployment pipeline: sensors and reference motion in, PD targets out.
+    Pipeline,
 }
 
 /// What identifies one state of a file on disk: a change of any part is a new file.
@@ -383,6 +446,46 @@ fn sha256_of(file: std::fs::File, len: u64, path: &Path, cancel: &Cancel) -> Res
     Ok((hex, total))
 }
 
+/// The checks every load makes around `build` (which reads the checkpoint
+/// with the resolved configs path, and returns that path as the model
+/// records it, and the model): both files checked on their open
+/// descriptors (regular, within [`FileLimits::max_file_bytes`]) before
+/// anything is read, the checkpoint's bytes hashed after, the file checked
+/// unchanged across all of it (else [`LoadError::Changed`]).
+fn load_checked<T>(
+    path: &Path,
+    config: Option<&PathBuf>,
+    device: &Device,
+    files: &FileLimits,
+    cancel: &Cancel,
+    build: impl FnOnce(&Path) -> Result<(Option<String>, T), LoadError>,
+) -> Result<(T, Provenance), LoadError> {
+    let start = Instant::now();
+    let changed = || LoadError::Changed { path: path.display().to_string() };
+    let io = |source| LoadError::Io { path: path.display().to_string(), source };
+    let (file, meta) = open_checked(path, files.max_file_bytes)?;
+    let before = FileStamp::from_meta(&meta);
+    let config_path = pmstate_policy::find_config(path, config.map(|c| c.as_path()))?;
+    drop(open_checked(&config_path, files.max_file_bytes)?);
+    cancel.check(path)?;
+    let (config, model) = build(&config_path)?;
+    cancel.check(path)?;
+    let (sha256, bytes) = sha256_of(file, before.len, path, cancel)?;
+    if FileStamp::of(path).map_err(io)? != before || bytes != before.len {
+        return Err(changed());
+    }
+    let provenance = Provenance {
+        checkpoint: path.display().to_string(),
+        config,
+        sha256: Some(sha256),
+        bytes: Some(bytes),
+        loaded_at_unix: unix_now(),
+        load_seconds: start.elapsed().as_secs_f64(),
+        device: device_name(device),
+    };
+    Ok((model, provenance))
+}
+
 impl LoadedModel {
     /// Loads a checkpoint with [`FileLimits::default`] and no deadline; see
     /// [`LoadedModel::load_with`].
@@ -410,31 +513,39 @@ impl LoadedModel {
         files: &FileLimits,
         cancel: &Cancel,
     ) -> Result<LoadedModel, LoadError> {
-        let start = Instant::now();
-        let changed = || LoadError::Changed { path: path.display().to_string() };
-        let io = |source| LoadError::Io { path: path.display().to_string(), source };
-        let (file, meta) = open_checked(path, files.max_file_bytes)?;
-        let before = FileStamp::from_meta(&meta);
-        let config_path = pmstate_policy::find_config(path, config.map(|c| c.as_path()))?;
-        drop(open_checked(&config_path, files.max_file_bytes)?);
-        cancel.check(path)?;
         let opts = pmstate_policy::LoadOptions { globals: files.globals };
-        let policy = Policy::load_with(path, Some(config_path.as_path()), device, &opts)?;
-        cancel.check(path)?;
-        let (sha256, bytes) = sha256_of(file, before.len, path, cancel)?;
-        if FileStamp::of(path).map_err(io)? != before || bytes != before.len {
-            return Err(changed());
-        }
-        let provenance = Provenance {
-            checkpoint: path.display().to_string(),
-            config: policy.config_path().map(str::to_owned),
-            sha256: Some(sha256),
-            bytes: Some(bytes),
-            loaded_at_unix: unix_now(),
-            load_seconds: start.elapsed().as_secs_f64(),
-            device: device_name(device),
-        };
+        let (policy, provenance) = load_checked(path, config, device, files, cancel, |config_path| {
+            let policy = Policy::load_with(path, Some(config_path), device, &opts)?;
+            Ok((policy.config_path().map(str::to_owned), policy))
+        })?;
         Self::from_policy(policy, provenance, pins, version)
+    }
+
+    /// Loads a checkpoint as a deployment pipeline ([`Pipeline::load_with`]),
+    /// with the checks and provenance of [`LoadedModel::load_with`]. A
+    /// pipeline runs on the CPU.
+    pub fn load_pipeline_with(
+        path: &Path,
+        config: Option<&PathBuf>,
+        version: u64,
+        files: &FileLimits,
+        cancel: &Cancel,
+    ) -> Result<LoadedModel, LoadError> {
+        let opts = pmstate_policy::LoadOptions { globals: files.globals };
+        let (pipeline, provenance) = load_checked(path, config, &Device::Cpu, files, cancel, |config_path| {
+            let pipeline = Pipeline::load_with(path, Some(config_path), &opts)?;
+            Ok((pipeline.policy().config_path().map(str::to_owned), pipeline))
+        })?;
+        let interface = Interface::of_pipeline(&pipeline);
+        // a clone shares the weights (candle tensors are reference counted)
+        let policy = pipeline.policy().clone();
+        let description = policy.describe()?;
+        Ok(LoadedModel { policy, version, interface, provenance, description, pipeline: Some(pipeline) })
+    }
+
+    /// The deployment contract, when a pipeline is served.
+    pub fn contract(&self) -> Option<&Contract> {
+        self.pipeline.as_ref().map(Pipeline::contract)
     }
 
     /// A policy built in process.
@@ -459,7 +570,7 @@ impl LoadedModel {
     ) -> Result<LoadedModel, LoadError> {
         let interface = Interface::of(&policy, pins)?;
         let description = policy.describe()?;
-        Ok(LoadedModel { policy, version, interface, provenance, description })
+        Ok(LoadedModel { policy, version, interface, provenance, description, pipeline: None })
     }
 
     /// The model's family.

@@ -19,6 +19,16 @@ pub enum ModelSource {
         /// The resolved configs file, when not next to the checkpoint.
         config: Option<PathBuf>,
     },
+    /// A ProtoMotions checkpoint served as its deployment pipeline
+    /// (`pmstate_deploy::Pipeline`): the inputs and outputs of the ONNX
+    /// graph ProtoMotions' exporter writes, on the CPU. Reloadable like
+    /// [`ModelSource::Checkpoint`].
+    Pipeline {
+        /// `last.ckpt`.
+        path: PathBuf,
+        /// The resolved configs file, when not next to the checkpoint.
+        config: Option<PathBuf>,
+    },
     /// A policy built in process (`Policy::from_parts`); `label` stands for
     /// its checkpoint path in metadata. Cannot be reloaded.
     Policy {

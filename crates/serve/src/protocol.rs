@@ -360,11 +360,7 @@ impl ModelMetadata {
                 .interface
                 .inputs
                 .iter()
-                .map(|i| MetadataTensor {
-                    name: i.name.clone(),
-                    datatype: "FP32",
-                    shape: vec![-1, i.width.map_or(-1, |w| w as i64)],
-                })
+                .map(|i| MetadataTensor { name: i.name.clone(), datatype: "FP32", shape: i.shape() })
                 .collect(),
             outputs: m
                 .interface
@@ -450,6 +446,10 @@ pub struct PmstateDetails<'a> {
     pub width_sums: Vec<WidthSum<'a>>,
     /// Reloads so far (successful, failed).
     pub reloads: ReloadCounts,
+    /// A pipeline's deployment contract (also as YAML at
+    /// `/v2/models/<name>/contract`); absent for a policy.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub contract: Option<&'a pmstate_deploy::Contract>,
 }
 
 /// A sum of input widths one module needs.
@@ -485,12 +485,7 @@ impl<'a> ModelConfigResponse<'a> {
             platform: PLATFORM,
             backend: "pmstate",
             max_batch_size: batching.max_batch,
-            input: m
-                .interface
-                .inputs
-                .iter()
-                .map(|i| tensor(&i.name, &[-1, i.width.map_or(-1, |w| w as i64)], true))
-                .collect(),
+            input: m.interface.inputs.iter().map(|i| tensor(&i.name, &i.shape(), true)).collect(),
             output: m
                 .interface
                 .outputs
@@ -513,6 +508,7 @@ impl<'a> ModelConfigResponse<'a> {
                     .map(|(module, keys, total)| WidthSum { module, keys, total: *total })
                     .collect(),
                 reloads,
+                contract: m.contract(),
             },
         }
     }

@@ -26,7 +26,7 @@ use candle_core::Device;
 use crate::error::LoadError;
 use crate::events::{Event, EventSink};
 use crate::metrics::{Metrics, ReloadOutcome};
-use crate::model::{Cancel, FileStamp, LoadedModel};
+use crate::model::{Cancel, FileStamp, LoadedModel, ModelKind};
 use crate::options::{FileLimits, Watch};
 use crate::protocol::ReloadCounts;
 use crate::slot::ModelSlot;
@@ -64,6 +64,8 @@ pub struct ReloadConfig {
     pub watch: Watch,
     /// Size limit, deadline and globals of each load.
     pub files: FileLimits,
+    /// A policy or a pipeline.
+    pub kind: ModelKind,
 }
 
 /// The reload thread.
@@ -185,16 +187,15 @@ impl Watcher {
         let current = self.slot.current();
         let deadline = self.cfg.files.reload_deadline;
         let cancel = Cancel { deadline: Some((start + deadline, deadline)), stop: Some(self.stop.clone()) };
-        let result = LoadedModel::load_with(
-            &self.cfg.path,
-            self.cfg.config.as_ref(),
-            &self.cfg.device,
-            &self.cfg.pins,
-            current.version + 1,
-            &self.cfg.files,
-            &cancel,
-        )
-        .and_then(|m| match current.interface.difference(&m.interface) {
+        let (path, config, version, files) =
+            (&self.cfg.path, self.cfg.config.as_ref(), current.version + 1, &self.cfg.files);
+        let loaded = match self.cfg.kind {
+            ModelKind::Policy => {
+                LoadedModel::load_with(path, config, &self.cfg.device, &self.cfg.pins, version, files, &cancel)
+            }
+            ModelKind::Pipeline => LoadedModel::load_pipeline_with(path, config, version, files, &cancel),
+        };
+        let result = loaded.and_then(|m| match current.interface.difference(&m.interface) {
             None => Ok(m),
             Some((what, old, new)) => {
                 Err(LoadError::Incompatible { path: self.cfg.path.display().to_string(), what, old, new })

@@ -42,6 +42,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v2/models/{name}/versions/{version}/ready", get(model_ready_v))
         .route("/v2/models/{name}/config", get(model_config))
         .route("/v2/models/{name}/versions/{version}/config", get(model_config_v))
+        .route("/v2/models/{name}/contract", get(model_contract))
+        .route("/v2/models/{name}/versions/{version}/contract", get(model_contract_v))
         .route("/v2/models/{name}/infer", post(infer))
         .route("/v2/models/{name}/versions/{version}/infer", post(infer_v))
         .route("/metrics", get(metrics))
@@ -164,6 +166,27 @@ fn config_of(st: &AppState, name: &str, v: Option<&str>) -> Response {
     match find(st, name, v) {
         Ok(m) => Json(ModelConfigResponse::of(&st.name, &m, &st.batching, st.reloads.counts())).into_response(),
         Err(e) => e.into_response(),
+    }
+}
+
+async fn model_contract(State(st): State<Arc<AppState>>, Path(name): Path<String>) -> Response {
+    contract_of(&st, &name, None)
+}
+
+async fn model_contract_v(State(st): State<Arc<AppState>>, Path((name, v)): Path<(String, String)>) -> Response {
+    contract_of(&st, &name, Some(&v))
+}
+
+/// A pipeline's deployment contract as the YAML ProtoMotions' exporter
+/// writes next to its ONNX graph (`unified_pipeline.yaml`); 404 for a policy.
+fn contract_of(st: &AppState, name: &str, v: Option<&str>) -> Response {
+    let m = match find(st, name, v) {
+        Ok(m) => m,
+        Err(e) => return e.into_response(),
+    };
+    match m.contract() {
+        Some(c) => ([(header::CONTENT_TYPE, "application/yaml")], c.to_yaml()).into_response(),
+        None => RequestError::NoContract { name: st.name.clone() }.into_response(),
     }
 }
 

@@ -13,7 +13,7 @@ use crate::batcher::Batcher;
 use crate::error::{LoadError, OptionsError, StartError};
 use crate::events::{Event, EventSink};
 use crate::metrics::Metrics;
-use crate::model::{Cancel, FileStamp, LoadedModel};
+use crate::model::{Cancel, FileStamp, LoadedModel, ModelKind};
 use crate::options::{Limits, ModelSource, ServeOptions};
 use crate::reload::{ReloadConfig, ReloadStats, Reloader};
 use crate::slot::ModelSlot;
@@ -108,6 +108,14 @@ fn check(opts: &ServeOptions) -> Result<(), OptionsError> {
     if let Some((what, _)) = zero.into_iter().find(|(_, z)| *z) {
         return Err(OptionsError::ZeroLimit { what });
     }
+    if matches!(opts.source, ModelSource::Pipeline { .. }) {
+        if !matches!(opts.device, candle_core::Device::Cpu) {
+            return Err(OptionsError::PolicyOnly { option: "device" });
+        }
+        if !opts.widths.is_empty() {
+            return Err(OptionsError::PolicyOnly { option: "widths" });
+        }
+    }
     Ok(())
 }
 
@@ -129,7 +137,20 @@ impl Server {
                 .map_err(|e| StartError::Runtime(std::io::Error::other(e.to_string())))??;
                 crate::events::report_allowed_globals(&model, &events);
                 let stamp = FileStamp::of(&path).ok();
-                (model, Some(ReloadConfig { path, config, device, pins: widths, watch, files }), stamp)
+                let kind = ModelKind::Policy;
+                (model, Some(ReloadConfig { path, config, device, pins: widths, watch, files, kind }), stamp)
+            }
+            ModelSource::Pipeline { path, config } => {
+                let (p, c) = (path.clone(), config.clone());
+                let model = tokio::task::spawn_blocking(move || {
+                    LoadedModel::load_pipeline_with(&p, c.as_ref(), 1, &files, &Cancel::never())
+                })
+                .await
+                .map_err(|e| StartError::Runtime(std::io::Error::other(e.to_string())))??;
+                crate::events::report_allowed_globals(&model, &events);
+                let stamp = FileStamp::of(&path).ok();
+                let kind = ModelKind::Pipeline;
+                (model, Some(ReloadConfig { path, config, device, pins: widths, watch, files, kind }), stamp)
             }
             ModelSource::Policy { policy, label } => (LoadedModel::in_process(*policy, &label, &pins)?, None, None),
         };

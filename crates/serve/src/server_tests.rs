@@ -92,3 +92,58 @@ fn limits_that_must_be_positive_are_refused_by_name() {
         assert_eq!(super::check(&opts(f)), Err(OptionsError::ZeroLimit { what }));
     }
 }
+
+/// One row of the recorded pipeline inputs as a JSON request.
+fn pipeline_request() -> Vec<u8> {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/deploy/g1_amp_deploy");
+    let all = candle_core::safetensors::load(dir.join("inputs_b1.safetensors"), &candle_core::Device::Cpu)
+        .expect("the recorded inputs");
+    let mut names: Vec<&String> = all.keys().collect();
+    names.sort();
+    let inputs: Vec<Value> = names
+        .into_iter()
+        .map(|k| {
+            let t = &all[k];
+            let v = t.flatten_all().and_then(|t| t.to_vec1::<f32>()).expect("f32");
+            json!({"name": k, "shape": t.dims(), "datatype": "FP32", "data": v})
+        })
+        .collect();
+    serde_json::to_vec(&json!({ "inputs": inputs })).expect("JSON")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_pipeline_forward_is_a_500_and_the_server_goes_on() {
+    let ckpt = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/policy/g1_amp_deploy/last.ckpt");
+    let mut opts = ServeOptions::new(ModelSource::Pipeline { path: ckpt, config: None });
+    opts.addr = SocketAddr::from(([127, 0, 0, 1], 0));
+    opts.threads = Some(1);
+    let server = Server::start(opts, ignore_events()).await.expect("the server starts");
+    let handle = server.handle();
+    let c = Client::new(server.addr()).with_timeout(Duration::from_secs(120));
+    let infer = || c.post("/v2/models/policy/infer", pipeline_request(), &[]);
+    let good = infer().await.expect("an answer");
+    assert_eq!(good.status, 200);
+    for (fault, want) in [
+        (Fault::Error, "internal error: the pipeline failed: candle: injected fault"),
+        (Fault::Panic, "internal error: the forward panicked"),
+    ] {
+        handle.state.batcher.inject(fault);
+        let r = infer().await.expect("an answer");
+        assert_eq!((r.status, r.json()["error"].clone()), (500, json!(want)), "{fault:?}");
+        let again = infer().await.expect("an answer");
+        assert_eq!(again.json()["outputs"], good.json()["outputs"], "after {fault:?}");
+    }
+    assert_eq!(metric(&handle.metrics_text(), "pmstate_infer_errors_total{kind=\"internal\"} "), Some(2.0));
+    handle.shutdown();
+    server.wait().await.expect("a clean stop");
+}
+
+#[test]
+fn a_pipeline_takes_no_width_pins() {
+    use crate::error::OptionsError;
+    let path = PathBuf::from("last.ckpt");
+    let mut o = ServeOptions::new(ModelSource::Pipeline { path, config: None });
+    assert_eq!(super::check(&o), Ok(()));
+    o.widths = vec![("current_dof_pos".into(), 29)];
+    assert_eq!(super::check(&o), Err(OptionsError::PolicyOnly { option: "widths" }));
+}

@@ -1,6 +1,6 @@
-//! `pmstate serve`: a ProtoMotions policy behind the Open Inference
-//! Protocol (KServe V2 REST), with dynamic batching, hot reload and
-//! metrics. Everything but the flags lives in pmstate-serve; this module
+//! `pmstate serve`: a ProtoMotions policy (or, with `--pipeline`, its
+//! deployment pipeline) behind the Open Inference Protocol (KServe V2
+//! REST), with dynamic batching, hot reload and metrics. Everything but the flags lives in pmstate-serve; this module
 //! turns flags into [`ServeOptions`] and the server's events into lines.
 
 use std::net::{SocketAddr, ToSocketAddrs};
@@ -15,7 +15,7 @@ use pmstate_serve::{Batching, Event, Limits, ModelSource, NonFinite, ServeOption
 use crate::args::DeviceArg;
 use crate::{output, CliError, Global};
 
-/// `pmstate serve CHECKPOINT [--config P] [--name policy] [--addr 127.0.0.1:8080] [--device cpu|cuda]
+/// `pmstate serve [--pipeline] CHECKPOINT [--config P] [--name policy] [--addr 127.0.0.1:8080] [--device cpu|cuda]
 /// [--max-batch N] [--max-wait-us N] [--queue N] [--watch] [--drain-timeout S] [--header-timeout S]
 /// [--body-timeout S] [--body-stall-timeout S] [--max-connections N]`
 #[derive(clap::Args, Debug)]
@@ -25,6 +25,12 @@ pub struct Args {
     /// The resolved configs (default: resolved_configs_inference.pt, else resolved_configs.pt, next to CHECKPOINT).
     #[arg(long)]
     config: Option<PathBuf>,
+    /// Serve the tracker's deployment pipeline instead of the policy: the
+    /// inputs and outputs of the ONNX graph ProtoMotions' exporter writes
+    /// (sensors and reference motion in; actions and PD targets out), its
+    /// contract at /v2/models/NAME/contract. Runs on the CPU.
+    #[arg(long, conflicts_with = "widths")]
+    pipeline: bool,
     /// The model name in URLs (/v2/models/NAME/infer).
     #[arg(long, default_value = "policy")]
     name: String,
@@ -32,7 +38,7 @@ pub struct Args {
     /// (8080: 127.0.0.1:8080); port 0 picks a free port (the address is printed).
     #[arg(long, default_value = "127.0.0.1:8080", value_parser = listen_addr)]
     addr: SocketAddr,
-    /// Where the policy runs.
+    /// Where the policy runs (a pipeline runs on the CPU).
     #[arg(long, value_enum, default_value = "cpu")]
     device: DeviceArg,
     /// Most rows in one forward, and in one request (Triton's
@@ -137,7 +143,12 @@ fn width_pin(s: &str) -> Result<(String, usize), String> {
 /// reload_failed, draining, drain_timed_out, stopped).
 pub fn run(a: Args, g: Global) -> Result<ExitCode, CliError> {
     let (device, _) = a.device.open()?;
-    let mut opts = ServeOptions::new(ModelSource::Checkpoint { path: a.checkpoint, config: a.config });
+    let source = if a.pipeline {
+        ModelSource::Pipeline { path: a.checkpoint, config: a.config }
+    } else {
+        ModelSource::Checkpoint { path: a.checkpoint, config: a.config }
+    };
+    let mut opts = ServeOptions::new(source);
     opts.name = a.name;
     opts.addr = a.addr;
     opts.device = device;

@@ -1,6 +1,6 @@
 //! The server against real HTTP clients, one test binary (each binary
 //! links candle: one link instead of five): the protocol, dynamic
-//! batching, bad input, hot reload, shutdown.
+//! batching, bad input, hot reload, shutdown, pipelines.
 
 mod common;
 
@@ -8,6 +8,7 @@ mod bad_input;
 mod batching;
 mod files;
 mod hostile;
+mod pipeline;
 mod protocol;
 mod reload;
 mod shutdown;
