@@ -114,11 +114,15 @@ fn run_refuses_inputs_the_pipeline_does_not_take() {
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
     assert!(text(&out).contains("input mimic_future_dof_pos is missing (shape [B, 4, 29])"), "{}", text(&out));
     assert!(!out_path.exists());
-    // a policy whose observations pmstate-deploy does not implement
-    let smpl = root("testdata/policy/smpl_tracker/last.ckpt");
-    let out = pmstate(&["deploy", "contract", &smpl]);
+    // a policy whose observations no environment component computes
+    let synthetic = root("testdata/policy/layernorm_activations/last.ckpt");
+    let out = pmstate(&["deploy", "contract", &synthetic]);
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
-    assert!(text(&out).contains("has no implementation in pmstate-deploy; supported: protomotions.envs.obs.humanoid.compute_humanoid_reduced_coords_observations"), "{}", text(&out));
+    assert!(
+        text(&out).contains("the actor reads obs_a, which no entry of env.observation_components computes"),
+        "{}",
+        text(&out)
+    );
 }
 
 /// `deploy replay` over the recorded sensor stream gives the PD targets of

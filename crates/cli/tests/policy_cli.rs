@@ -10,7 +10,8 @@ use pmstate_policy::bound::within;
 use pmstate_policy::Policy;
 use serde_json::Value as J;
 
-const VARIANTS: [&str; 7] = [
+const VARIANTS: [&str; 8] = [
+    "soma_tracker",
     "smpl_tracker",
     "g1_amp_deploy",
     "layernorm_activations",

@@ -11,11 +11,11 @@ pub mod motion;
 pub mod observations;
 mod pipeline;
 pub mod rotations;
-mod tracker;
 /// The heading bound the unit tests share with tests/parity.rs.
 #[cfg(test)]
 #[path = "../tests/common/heading.rs"]
 mod test_heading;
+mod tracker;
 
 pub use configs::Steps;
 pub use contract::Contract;

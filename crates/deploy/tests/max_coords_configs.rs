@@ -125,3 +125,40 @@ fn an_anchor_index_outside_the_bodies_is_refused() {
         other => panic!("{other}"),
     }
 }
+
+/// A compute function (or action function) of ProtoMotions with no Rust
+/// implementation is refused with its qualified name, the component and
+/// the supported list (a foreign one is refused earlier, as a global).
+#[test]
+fn an_unknown_function_is_refused_with_the_supported_list() {
+    let err = load_edited(|root| {
+        *at(root, "env.observation_components.max_coords_obs.compute_func") = Node::Global {
+            module: "protomotions.envs.obs.target_poses".into(),
+            name: "build_sparse_target_poses".into(),
+        };
+    })
+    .expect_err("unknown observation function");
+    match &*err {
+        DeployError::UnknownFunction { component, function, supported, .. } => {
+            assert_eq!(component, "env.observation_components.max_coords_obs");
+            assert_eq!(function, "protomotions.envs.obs.target_poses.build_sparse_target_poses");
+            assert!(supported.iter().any(|s| s.ends_with("compute_humanoid_max_coords_observations")), "{supported:?}");
+        }
+        other => panic!("{other}"),
+    }
+    let err = load_edited(|root| {
+        *at(root, "env.action_config.fn") = Node::Global {
+            module: "protomotions.envs.action.action_functions".into(),
+            name: "passthrough_pd_action".into(),
+        };
+    })
+    .expect_err("unknown action function");
+    match &*err {
+        DeployError::UnknownFunction { component, function, supported, .. } => {
+            assert_eq!(component, "env.action_config");
+            assert_eq!(function, "protomotions.envs.action.action_functions.passthrough_pd_action");
+            assert_eq!(supported.len(), 2);
+        }
+        other => panic!("{other}"),
+    }
+}
