@@ -9,12 +9,16 @@
 //!   and into checkpoints, a candle `VarBuilder`.
 //! - [`trace`]: pm-trace files recorded from the reference, their replay
 //!   and comparison.
+//! - [`policy`]: ProtoMotions policies rebuilt from their resolved configs.
+//! - [`deploy`]: a tracker from its checkpoint to PD targets (observations,
+//!   actor, action function, the control loop around them).
 #![warn(missing_docs)]
 // The README's examples are pasted into new crates: a warning there (an
 // unused import) is a failure here.
 #![doc(test(attr(deny(warnings))))]
 
 pub use pmstate_ckpt as ckpt;
+pub use pmstate_deploy as deploy;
 pub use pmstate_norm as norm;
 pub use pmstate_pickle as pickle;
 pub use pmstate_policy as policy;

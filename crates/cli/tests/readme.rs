@@ -31,6 +31,8 @@ use std::process::{Command, Stdio};
 
 /// The first line of a block this test does not run, followed by the reason.
 const SKIP_MARKER: &str = "# not run by tests:";
+/// The same, in a ```c block.
+const C_SKIP_MARKER: &str = "// not run by tests:";
 
 /// The watchdog (coreutils `timeout`, which signals the script's whole
 /// process group, servers included): a hang becomes a failure, not a speed check.
@@ -142,9 +144,11 @@ fn runnable_blocks(name: &str) -> Vec<Block> {
     let text = fs::read_to_string(repo_root().join(name)).unwrap_or_else(|e| panic!("{name}: {e}"));
     let mut run = Vec::new();
     for b in fenced_blocks(&text) {
-        let marked = b.lines.first().is_some_and(|l| l.starts_with(SKIP_MARKER));
+        // a C block carries the marker as a C comment
+        let marker = if b.lang == "c" { C_SKIP_MARKER } else { SKIP_MARKER };
+        let marked = b.lines.first().is_some_and(|l| l.starts_with(marker));
         if marked {
-            let reason = b.lines[0][SKIP_MARKER.len()..].trim();
+            let reason = b.lines[0][marker.len()..].trim();
             assert!(!reason.is_empty(), "{name}:{}: `{SKIP_MARKER}` without a reason", b.first_line);
             continue;
         }
