@@ -39,11 +39,30 @@ typedef struct {
   // The anchor's position (3 floats), or null when the robot has none
   // (pipelines that read positions then refuse the step).
   const float *anchor_pos;
+  // Every body's state, for max-coords pipelines (null for the others):
+  // positions, `num_bodies * 3` floats.
+  const float *body_pos;
+  // Orientations, xyzw, `num_bodies * 4` floats (with `body_pos`).
+  const float *body_rot;
+  // Linear velocities, `num_bodies * 3` floats (with `body_pos`).
+  const float *body_vel;
+  // Angular velocities, `num_bodies * 3` floats (with `body_pos`).
+  const float *body_ang_vel;
+  // The length of the body arrays, in bodies.
+  size_t num_bodies;
+  // The ground's height under the robot (with `body_pos`).
+  float ground_height;
 } PmstateSensors;
 
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
+
+// The number of bodies (the length of the body-state arrays, in bodies).
+//
+// # Safety
+// `tracker` is null or a tracker from [`pmstate_tracker_open`] not yet closed.
+size_t pmstate_tracker_num_bodies(const PmstateTracker *tracker);
 
 // Opens a tracker: the checkpoint's pipeline (configs from `config`, or
 // `resolved_configs_inference.pt` next to it when null), playing the
@@ -70,8 +89,9 @@ size_t pmstate_tracker_num_dofs(const PmstateTracker *tracker);
 //
 // # Safety
 // `tracker` is a live tracker; `sensors` points to a valid
-// [`PmstateSensors`] whose arrays hold `num_dofs` floats (and 3 for a
-// non-null `anchor_pos`); the outputs hold `num_dofs` floats each.
+// [`PmstateSensors`] whose arrays hold `num_dofs` floats (3 for a non-null
+// `anchor_pos`; the body arrays, when `body_pos` is non-null, their
+// `num_bodies` multiples); the outputs hold `num_dofs` floats each.
 PmstateStatus pmstate_tracker_step(PmstateTracker *tracker,
                                    const PmstateSensors *sensors,
                                    float *joint_pos_targets,

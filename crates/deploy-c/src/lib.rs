@@ -15,7 +15,7 @@ use std::ffi::{c_char, CStr, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::Path;
 
-use pmstate_deploy::{MotionClip, MotionPlayer, Pipeline, Sensors, Tracker, TrackerOptions};
+use pmstate_deploy::{BodyState, MotionClip, MotionPlayer, Pipeline, Sensors, Tracker, TrackerOptions};
 
 /// What a call returns.
 #[repr(C)]
@@ -48,6 +48,19 @@ pub struct PmstateSensors {
     /// The anchor's position (3 floats), or null when the robot has none
     /// (pipelines that read positions then refuse the step).
     pub anchor_pos: *const f32,
+    /// Every body's state, for max-coords pipelines (null for the others):
+    /// positions, `num_bodies * 3` floats.
+    pub body_pos: *const f32,
+    /// Orientations, xyzw, `num_bodies * 4` floats (with `body_pos`).
+    pub body_rot: *const f32,
+    /// Linear velocities, `num_bodies * 3` floats (with `body_pos`).
+    pub body_vel: *const f32,
+    /// Angular velocities, `num_bodies * 3` floats (with `body_pos`).
+    pub body_ang_vel: *const f32,
+    /// The length of the body arrays, in bodies.
+    pub num_bodies: usize,
+    /// The ground's height under the robot (with `body_pos`).
+    pub ground_height: f32,
 }
 
 /// An open tracker (opaque).
@@ -108,6 +121,19 @@ unsafe fn arg_str<'a>(p: *const c_char, what: &'static str) -> Result<&'a str, F
     s.to_str().map_err(|_| Failure::Message(format!("{what} is not UTF-8")))
 }
 
+/// The number of bodies (the length of the body-state arrays, in bodies).
+///
+/// # Safety
+/// `tracker` is null or a tracker from [`pmstate_tracker_open`] not yet closed.
+#[no_mangle]
+pub unsafe extern "C" fn pmstate_tracker_num_bodies(tracker: *const PmstateTracker) -> usize {
+    // SAFETY: null or a live tracker per the contract.
+    match unsafe { tracker.as_ref() } {
+        Some(t) => t.tracker.pipeline().dims().num_bodies,
+        None => 0,
+    }
+}
+
 /// Opens a tracker: the checkpoint's pipeline (configs from `config`, or
 /// `resolved_configs_inference.pt` next to it when null), playing the
 /// `.motion` clip at the contract's control period, with the contract's
@@ -166,8 +192,9 @@ pub unsafe extern "C" fn pmstate_tracker_num_dofs(tracker: *const PmstateTracker
 ///
 /// # Safety
 /// `tracker` is a live tracker; `sensors` points to a valid
-/// [`PmstateSensors`] whose arrays hold `num_dofs` floats (and 3 for a
-/// non-null `anchor_pos`); the outputs hold `num_dofs` floats each.
+/// [`PmstateSensors`] whose arrays hold `num_dofs` floats (3 for a non-null
+/// `anchor_pos`; the body arrays, when `body_pos` is non-null, their
+/// `num_bodies` multiples); the outputs hold `num_dofs` floats each.
 #[no_mangle]
 pub unsafe extern "C" fn pmstate_tracker_step(
     tracker: *mut PmstateTracker,
@@ -208,12 +235,40 @@ pub unsafe extern "C" fn pmstate_tracker_step(
             let p = unsafe { std::slice::from_raw_parts(s.anchor_pos, 3) };
             Some([p[0], p[1], p[2]])
         };
+        let bodies = if s.body_pos.is_null() {
+            None
+        } else {
+            let nb = s.num_bodies;
+            for (p, what) in [
+                (s.body_rot, "sensors.body_rot"),
+                (s.body_vel, "sensors.body_vel"),
+                (s.body_ang_vel, "sensors.body_ang_vel"),
+            ] {
+                if p.is_null() {
+                    return Err(Failure::Null(what));
+                }
+            }
+            let len =
+                |n: usize| nb.checked_mul(n).ok_or_else(|| Failure::Message(format!("num_bodies {nb} is too large")));
+            let (l3, l4) = (len(3)?, len(4)?);
+            // SAFETY: non-null and holding num_bodies * 3 (rot: * 4) floats per the contract.
+            unsafe {
+                Some(BodyState {
+                    pos: std::slice::from_raw_parts(s.body_pos, l3),
+                    rot: std::slice::from_raw_parts(s.body_rot, l4),
+                    vel: std::slice::from_raw_parts(s.body_vel, l3),
+                    ang_vel: std::slice::from_raw_parts(s.body_ang_vel, l3),
+                    ground_height: s.ground_height,
+                })
+            }
+        };
         let sensors = Sensors {
             dof_pos,
             dof_vel,
             anchor_rot: s.anchor_rot,
             root_local_ang_vel: s.root_local_ang_vel,
             anchor_pos,
+            bodies,
         };
         let out = t.tracker.step(&sensors)?;
         for (dst, src) in

@@ -18,10 +18,12 @@ fn flat(t: &Tensor) -> Vec<f32> {
     t.flatten_all().and_then(|t| t.to_vec1::<f32>()).expect("f32")
 }
 
-/// The folder cargo put libpmstate_deploy_c.so in (this test's deps/ parent).
+/// The folder holding the libpmstate_deploy_c.so cargo built with this
+/// test: target/<profile>/deps (`cargo test` builds it there and does not
+/// always copy it up to target/<profile>, which can hold an older one).
 fn lib_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("test binary");
-    exe.parent().and_then(Path::parent).expect("target/<profile>").to_path_buf()
+    exe.parent().expect("target/<profile>/deps").to_path_buf()
 }
 
 #[test]
@@ -69,7 +71,10 @@ fn a_c_program_runs_the_tracker() {
     let sensors = dir.path().join("sensors.bin");
     std::fs::write(&sensors, raw).expect("write sensors");
     let out = dir.path().join("targets.bin");
+    // cargo's LD_LIBRARY_PATH (which outranks the rpath) can name a folder
+    // with an older copy of the library: this test's own comes first
     let run = Command::new(&exe)
+        .env("LD_LIBRARY_PATH", &lib)
         .arg(root().join("testdata/policy/g1_amp_deploy/last.ckpt"))
         .arg(root().join("testdata/deploy/synthetic.motion"))
         .arg(&sensors)

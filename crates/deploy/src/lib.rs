@@ -22,4 +22,6 @@ pub use contract::Contract;
 pub use error::{ConfigProblem, DeployError, MotionProblem, Result, SensorProblem};
 pub use motion::{MotionClip, MotionPlayer};
 pub use pipeline::{Input, Observation, Outputs, Pipeline, OUTPUT_NAMES};
-pub use tracker::{quat_mul_np, quat_rotate_np, yaw_quat_np, Alignment, PdTargets, Sensors, Tracker, TrackerOptions};
+pub use tracker::{
+    quat_mul_np, quat_rotate_np, yaw_quat_np, Alignment, BodyState, PdTargets, Sensors, Tracker, TrackerOptions,
+};

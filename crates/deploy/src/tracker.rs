@@ -32,6 +32,25 @@ pub struct Sensors<'a> {
     /// The anchor's position in the world, when the robot estimates it
     /// (needed only by pipelines that read positions).
     pub anchor_pos: Option<Vec3>,
+    /// Every body's state, for pipelines that read it (max-coords trackers
+    /// such as soma-bones: `current.rigid_body_*`); from a simulator, or
+    /// forward kinematics of the joint readings and a state estimate.
+    pub bodies: Option<BodyState<'a>>,
+}
+
+/// The state of every rigid body, in the contract's body order, world frame.
+#[derive(Debug, Clone, Copy)]
+pub struct BodyState<'a> {
+    /// `[B, 3]` positions.
+    pub pos: &'a [f32],
+    /// `[B, 4]` orientations, xyzw.
+    pub rot: &'a [f32],
+    /// `[B, 3]` linear velocities.
+    pub vel: &'a [f32],
+    /// `[B, 3]` angular velocities.
+    pub ang_vel: &'a [f32],
+    /// The ground's height under the robot (`ground_heights`; 0 on flat ground).
+    pub ground_height: f32,
 }
 
 /// How the targets are filtered: what the contract's `control` says, unless overridden.
@@ -81,9 +100,25 @@ enum Source {
     FuturePos { anchor_only: bool },
     FutureVel { anchor_only: bool, angular: bool },
     RefAnchorPos,
+    Body(BodyField),
+    GroundHeight,
 }
 
-const SOURCED: [&str; 18] = [
+/// Which array of [`BodyState`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum BodyField {
+    Pos,
+    Rot,
+    Vel,
+    AngVel,
+}
+
+const SOURCED: [&str; 23] = [
+    "current.rigid_body_pos",
+    "current.rigid_body_rot",
+    "current.rigid_body_vel",
+    "current.rigid_body_ang_vel",
+    "ground_heights",
     "current.dof_pos",
     "current.dof_vel",
     "current.anchor_rot",
@@ -125,6 +160,11 @@ fn source(path: &str) -> Option<Source> {
         "mimic.future_ang_vel" => FutureVel { anchor_only: false, angular: true },
         "mimic.future_anchor_ang_vel" => FutureVel { anchor_only: true, angular: true },
         "mimic.ref_anchor_pos" => RefAnchorPos,
+        "current.rigid_body_pos" => Body(BodyField::Pos),
+        "current.rigid_body_rot" => Body(BodyField::Rot),
+        "current.rigid_body_vel" => Body(BodyField::Vel),
+        "current.rigid_body_ang_vel" => Body(BodyField::AngVel),
+        "ground_heights" => GroundHeight,
         _ => return None,
     })
 }
@@ -331,6 +371,27 @@ impl Tracker {
         if needs_pos && s.anchor_pos.is_none() {
             return Err(DeployError::Sensor { name: "anchor_pos", problem: SensorProblem::Missing });
         }
+        let needs_bodies = self.sources.iter().any(|x| matches!(x, Source::Body(_) | Source::GroundHeight));
+        match (&s.bodies, needs_bodies) {
+            (None, true) => return Err(DeployError::Sensor { name: "bodies", problem: SensorProblem::Missing }),
+            (Some(b), _) => {
+                let nb = self.player.num_bodies();
+                for (name, got, w) in [
+                    ("bodies.pos", b.pos.len(), 3),
+                    ("bodies.rot", b.rot.len(), 4),
+                    ("bodies.vel", b.vel.len(), 3),
+                    ("bodies.ang_vel", b.ang_vel.len(), 3),
+                ] {
+                    if got != nb * w {
+                        return Err(DeployError::Sensor {
+                            name,
+                            problem: SensorProblem::Length { got, expected: nb * w },
+                        });
+                    }
+                }
+            }
+            (None, false) => {}
+        }
         Ok(())
     }
 
@@ -355,6 +416,17 @@ impl Tracker {
                 Source::AnchorPos => buf.extend_from_slice(&s.anchor_pos.unwrap_or([0.0; 3])),
                 Source::History(Feedback::RobotAction) => buf.extend_from_slice(&self.fed_targets),
                 Source::History(Feedback::Actions) => buf.extend_from_slice(&self.fed_actions),
+                Source::Body(field) => {
+                    if let Some(b) = &s.bodies {
+                        buf.extend_from_slice(match field {
+                            BodyField::Pos => b.pos,
+                            BodyField::Rot => b.rot,
+                            BodyField::Vel => b.vel,
+                            BodyField::AngVel => b.ang_vel,
+                        });
+                    }
+                }
+                Source::GroundHeight => buf.push(s.bodies.as_ref().map_or(0.0, |b| b.ground_height)),
                 Source::RefAnchorPos => {
                     let f = self.player.frame(self.frame);
                     let p = &f.body_pos[anchor * 3..anchor * 3 + 3];

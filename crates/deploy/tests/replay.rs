@@ -92,6 +92,7 @@ fn run(alpha: f64) -> Vec<Vec<f32>> {
             anchor_rot: [ar[4 * k], ar[4 * k + 1], ar[4 * k + 2], ar[4 * k + 3]],
             root_local_ang_vel: [av[3 * k], av[3 * k + 1], av[3 * k + 2]],
             anchor_pos: Some([ap[3 * k], ap[3 * k + 1], ap[3 * k + 2]]),
+            bodies: None,
         };
         let pd = t.step(&sensors).expect("step").joint_pos_targets.clone();
         if alpha == 1.0 {

@@ -100,6 +100,7 @@ pub fn run(a: Args, g: Global) -> Result<ExitCode, CliError> {
                 anchor_rot: [ar[4 * k], ar[4 * k + 1], ar[4 * k + 2], ar[4 * k + 3]],
                 root_local_ang_vel: [av[3 * k], av[3 * k + 1], av[3 * k + 2]],
                 anchor_pos: ap.as_ref().map(|ap| [ap[3 * k], ap[3 * k + 1], ap[3 * k + 2]]),
+                bodies: None,
             };
             let t = Instant::now();
             let out = tracker.step(&s)?;

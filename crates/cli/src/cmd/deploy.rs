@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use candle_core::Tensor;
-use pmstate_deploy::{DeployError, MotionClip, MotionPlayer, Pipeline, Sensors, Tracker, TrackerOptions};
+use pmstate_deploy::{BodyState, DeployError, MotionClip, MotionPlayer, Pipeline, Sensors, Tracker, TrackerOptions};
 use pmstate_norm::Dims;
 use serde::Serialize;
 
@@ -37,8 +37,10 @@ enum DeployCommand {
     Run(RunArgs),
     /// Run the tracker's control loop over a recorded sensor stream and a
     /// reference motion: SENSORS holds dof_pos [T, D], dof_vel [T, D],
-    /// anchor_rot [T, 4] (xyzw), root_local_ang_vel [T, 3] and, for
-    /// pipelines that read positions, anchor_pos [T, 3]; OUT gets actions and
+    /// anchor_rot [T, 4] (xyzw), root_local_ang_vel [T, 3]; for pipelines
+    /// that read positions anchor_pos [T, 3]; for max-coords pipelines every
+    /// body's body_pos [T, B, 3], body_rot [T, B, 4], body_vel, body_ang_vel
+    /// [T, B, 3] and ground_height [T, 1]; OUT gets actions and
     /// joint_pos_targets [T, D] per step (the targets after the contract's
     /// acceleration clamp and EMA filter).
     Replay(ReplayArgs),
@@ -63,19 +65,35 @@ pub struct ReplayArgs {
     action_ema_alpha: Option<f64>,
 }
 
-/// The sensor stream of `deploy replay`: the known sensors, f32 `[T, width]`.
+/// The sensor stream of `deploy replay`: the known sensors, f32 `[T, ...]`.
 struct SensorSchema {
     num_dofs: usize,
+    num_bodies: usize,
 }
 
 impl SensorSchema {
-    const NAMES: [&'static str; 5] = ["dof_pos", "dof_vel", "anchor_rot", "root_local_ang_vel", "anchor_pos"];
+    const NAMES: [&'static str; 10] = [
+        "dof_pos",
+        "dof_vel",
+        "anchor_rot",
+        "root_local_ang_vel",
+        "anchor_pos",
+        "body_pos",
+        "body_rot",
+        "body_vel",
+        "body_ang_vel",
+        "ground_height",
+    ];
 
-    fn width(&self, name: &str) -> Option<usize> {
+    /// The shape of one step.
+    fn row_shape(&self, name: &str) -> Option<Vec<usize>> {
         Some(match name {
-            "dof_pos" | "dof_vel" => self.num_dofs,
-            "anchor_rot" => 4,
-            "root_local_ang_vel" | "anchor_pos" => 3,
+            "dof_pos" | "dof_vel" => vec![self.num_dofs],
+            "anchor_rot" => vec![4],
+            "root_local_ang_vel" | "anchor_pos" => vec![3],
+            "body_pos" | "body_vel" | "body_ang_vel" => vec![self.num_bodies, 3],
+            "body_rot" => vec![self.num_bodies, 4],
+            "ground_height" => vec![1],
             _ => return None,
         })
     }
@@ -87,16 +105,20 @@ impl Schema for SensorSchema {
     }
 
     fn check_entry(&self, key: &str, dtype: &str, dims: &[u64]) -> Result<(), CliError> {
-        let Some(w) = self.width(key) else {
+        let Some(row) = self.row_shape(key) else {
             return Err(CliError::Usage(format!(
                 "--sensors: {key} is no sensor the tracker reads ({})",
                 Self::NAMES.join(", ")
             )));
         };
-        if dtype != "F32" || dims.len() != 2 || usize::try_from(dims[1]).ok() != Some(w) {
+        let fits = dims.len() == row.len() + 1
+            && dims[1..].iter().zip(&row).all(|(&d, &w)| usize::try_from(d).ok() == Some(w));
+        if dtype != "F32" || !fits {
             let dims: Vec<String> = dims.iter().map(u64::to_string).collect();
+            let row: Vec<String> = row.iter().map(usize::to_string).collect();
             return Err(CliError::Usage(format!(
-                "--sensors: {key}: expected float32 [T, {w}], got {} [{}]",
+                "--sensors: {key}: expected float32 [T, {}], got {} [{}]",
+                row.join(", "),
                 dtype.to_lowercase(),
                 dims.join(", ")
             )));
@@ -207,7 +229,8 @@ pub fn run(a: Args, g: Global) -> Result<ExitCode, CliError> {
 fn replay(r: ReplayArgs, g: Global) -> Result<(), CliError> {
     let p = r.files.load_pipeline()?;
     let nd = p.dims().num_dofs;
-    let sensors = read_tensors(&r.sensors, &SensorSchema { num_dofs: nd })?;
+    let nb = p.dims().num_bodies;
+    let sensors = read_tensors(&r.sensors, &SensorSchema { num_dofs: nd, num_bodies: nb })?;
     let mut columns = HashMap::new();
     let mut steps = None;
     for name in SensorSchema::NAMES {
@@ -249,6 +272,13 @@ fn replay(r: ReplayArgs, g: Global) -> Result<(), CliError> {
             anchor_pos: columns.contains_key("anchor_pos").then(|| {
                 let a = row("anchor_pos", k, 3);
                 [a[0], a[1], a[2]]
+            }),
+            bodies: columns.contains_key("body_pos").then(|| BodyState {
+                pos: row("body_pos", k, nb * 3),
+                rot: columns.get("body_rot").map_or(&[][..], |_| row("body_rot", k, nb * 4)),
+                vel: columns.get("body_vel").map_or(&[][..], |_| row("body_vel", k, nb * 3)),
+                ang_vel: columns.get("body_ang_vel").map_or(&[][..], |_| row("body_ang_vel", k, nb * 3)),
+                ground_height: columns.get("ground_height").map_or(0.0, |_| row("ground_height", k, 1)[0]),
             }),
         };
         let out = tracker.step(&s)?;

@@ -37,6 +37,7 @@ int main(int argc, char **argv) {
   CHECK(s == PMSTATE_OK, "open: %s", pmstate_tracker_last_error());
   size_t nd = pmstate_tracker_num_dofs(t);
   CHECK(nd > 0, "no joints");
+  CHECK(pmstate_tracker_num_bodies(t) > 0, "no bodies");
 
   size_t row = 2 * nd + 10;
   float *in = malloc(sizeof(float) * row * (size_t)steps);
@@ -52,6 +53,7 @@ int main(int argc, char **argv) {
   for (long k = 0; k < steps; k++) {
     const float *r = in + row * (size_t)k;
     PmstateSensors sensors;
+    memset(&sensors, 0, sizeof sensors); /* no body state: the g1 tracker reads none */
     sensors.dof_pos = r;
     sensors.dof_vel = r + nd;
     sensors.num_dofs = nd;
@@ -73,7 +75,7 @@ int main(int argc, char **argv) {
   float again[64];
   CHECK(nd <= 64, "too many joints for this test");
   CHECK(pmstate_tracker_reset(t) == PMSTATE_OK, "reset");
-  PmstateSensors first = {in, in + nd, nd, {0}, {0}, in + 2 * nd + 7};
+  PmstateSensors first = {in, in + nd, nd, {0}, {0}, in + 2 * nd + 7, NULL, NULL, NULL, NULL, 0, 0.0f};
   memcpy(first.anchor_rot, in + 2 * nd, sizeof(float) * 4);
   memcpy(first.root_local_ang_vel, in + 2 * nd + 4, sizeof(float) * 3);
   CHECK(pmstate_tracker_step(t, &first, again, NULL, NULL, nd) == PMSTATE_OK, "step after reset: %s",
