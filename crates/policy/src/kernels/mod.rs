@@ -222,9 +222,59 @@ impl PackedLinear {
     }
 }
 
+/// Buffers of [`PackedLinear::forward_into_scratch`], kept by the caller
+/// across calls so that a small batch allocates nothing after the first.
+#[derive(Debug, Default, Clone)]
+pub struct KernelScratch {
+    /// The rows interleaved by k.
+    a: Vec<f32>,
+    /// Tiles of the AVX-512 panels.
+    wide: Vec<Cols<NR>>,
+    /// Tiles of the AVX2 and portable panels.
+    narrow: Vec<Cols<NR_NARROW>>,
+}
+
 /// The block function of a shape, `None` if none is compiled for it.
 trait Pick<const W: usize>: Fn(usize, usize) -> Option<Kernel<W>> + Sync {}
 impl<const W: usize, F: Fn(usize, usize) -> Option<Kernel<W>> + Sync> Pick<W> for F {}
+
+impl PackedLinear {
+    /// [`PackedLinear::forward_into`] on the calling thread with the
+    /// caller's buffers: for fewer rows than a block (12 on AVX-512, 6
+    /// otherwise: a control loop's batch) nothing is allocated once `y` and
+    /// `scratch` have grown to the layer's size, and no thread pool is
+    /// entered; the same bits as `forward_into`. Larger batches run
+    /// `forward_into`.
+    pub fn forward_into_scratch(
+        &self,
+        x: &[f32],
+        m: usize,
+        epilogue: Epilogue,
+        y: &mut Vec<f32>,
+        scratch: &mut KernelScratch,
+    ) {
+        let small = match &self.packing {
+            Packing::Wide(_) => m < MR_WIDE,
+            Packing::Narrow(_) => m < MR_NARROW,
+        };
+        if !small || m == 0 || self.k == 0 {
+            return self.forward_into(x, m, epilogue, y);
+        }
+        assert_eq!(x.len(), m * self.k, "{m} rows of {} inputs", self.k);
+        y.resize(m * self.n, 0.0);
+        let isa = self.isa;
+        match &self.packing {
+            Packing::Wide(p) => {
+                let pick = |mr, g| dispatch::wide(isa, mr, g);
+                p.narrow_seq(x, m, epilogue, dispatch::wide_groups(m), pick, y, &mut scratch.a, &mut scratch.wide)
+            }
+            Packing::Narrow(p) => {
+                let pick = |mr, g| dispatch::narrow(isa, mr, g);
+                p.narrow_seq(x, m, epilogue, dispatch::narrow_groups(m), pick, y, &mut scratch.a, &mut scratch.narrow)
+            }
+        }
+    }
+}
 
 /// The block function of `mr` rows by `g` panels: every shape a path asks
 /// for is compiled ([`dispatch`] lists them), so a miss is this module's bug.
@@ -295,6 +345,51 @@ impl<const W: usize> Panels<W> {
     /// The rows of panels `p0..` (a block reads `g` of them, `k` apart).
     fn panels_from(&self, p0: usize) -> &[Cols<W>] {
         &self.rows[p0 * self.k..]
+    }
+
+    /// [`Panels::narrow`] on this thread, in the caller's buffers: the same
+    /// blocks in the same order per tile, so the same bits; nothing
+    /// allocated once the buffers have grown to the layer's size.
+    #[allow(clippy::too_many_arguments)]
+    fn narrow_seq(
+        &self,
+        x: &[f32],
+        m: usize,
+        epilogue: Epilogue,
+        g: usize,
+        pick: impl Pick<W>,
+        y: &mut [f32],
+        a: &mut Vec<f32>,
+        tiles: &mut Vec<Cols<W>>,
+    ) {
+        let (k, n) = (self.k, self.n);
+        let p = n.div_ceil(W);
+        let full = kernel(&pick, m, g);
+        let single = kernel(&pick, m, 1);
+        interleave_rows_into(x, m, k, a);
+        tiles.clear();
+        tiles.resize(p.div_ceil(g) * g * m, Cols::ZERO);
+        let mut spare = [Cols::<W>::ZERO; MR_WIDE];
+        for (gi, tile) in tiles.chunks_mut(m * g).enumerate() {
+            let p0 = gi * g;
+            if p0 + g <= p {
+                full.run(a, self.panels_from(p0), k, &self.bias[p0..p0 + g], tile, Start::Bias, epilogue);
+            } else {
+                let one = &mut spare[..m];
+                for (j, pi) in (p0..p).enumerate() {
+                    single.run(a, self.panels_from(pi), k, &self.bias[pi..pi + 1], one, Start::Bias, epilogue);
+                    for (r, c) in one.iter().enumerate() {
+                        tile[r * g + j] = *c;
+                    }
+                }
+            }
+        }
+        for (r, dst) in y.chunks_mut(n).enumerate() {
+            for (pi, cols) in dst.chunks_mut(W).enumerate() {
+                let t = &tiles[(pi / g) * g * m + r * g + pi % g];
+                cols.copy_from_slice(&t.0[..cols.len()]);
+            }
+        }
     }
 
     /// Fewer rows than a full block: one block of exactly `m` rows, `g`
@@ -423,6 +518,21 @@ fn pack_rows<const MR: usize>(x: &[f32], k: usize, first: usize, rows: usize) ->
 
 /// All `m` rows of `x` (`[m, k]`) interleaved by k: `[k][m]` (one row is
 /// copied as it is).
+/// [`interleave_rows`] into `a` (its capacity reused).
+fn interleave_rows_into(x: &[f32], m: usize, k: usize, a: &mut Vec<f32>) {
+    a.clear();
+    if m == 1 {
+        a.extend_from_slice(x);
+        return;
+    }
+    a.resize(m * k, 0.0);
+    for (r, row) in x.chunks_exact(k).enumerate() {
+        for (d, &v) in a[r..].iter_mut().step_by(m).zip(row) {
+            *d = v;
+        }
+    }
+}
+
 fn interleave_rows(x: &[f32], m: usize, k: usize) -> Vec<f32> {
     if m == 1 {
         return x.to_vec();
