@@ -17,6 +17,7 @@ pub mod mlp;
 mod model;
 pub mod module_ops;
 pub mod network;
+pub mod obs_widths;
 pub mod problem;
 pub mod sample;
 pub mod shapes;

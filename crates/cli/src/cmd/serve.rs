@@ -55,8 +55,9 @@ pub struct Args {
     #[arg(long, default_value_t = 1.0, value_parser = crate::args::positive_seconds, requires = "watch")]
     watch_interval: f64,
     /// Pin the width of an observation key the checkpoint leaves open
-    /// (KEY=N, repeatable): model metadata then says [-1, N] and requests
-    /// of another width are refused.
+    /// (KEY=N, repeatable; it takes precedence over the width the resolved
+    /// configs give): model metadata then says [-1, N] and requests of
+    /// another width are refused.
     #[arg(long = "width", value_parser = width_pin)]
     widths: Vec<(String, usize)>,
     /// Refuse requests holding NaN or infinite inputs (400) instead of running them.
