@@ -724,3 +724,49 @@ fn diff_names_a_changed_field_inside_a_dataclass() {
         "agent.model.actor.actor_logstd: -2.9 in A, -1.5 in B\n1 difference(s)\n"
     );
 }
+
+/// With `--json` an error is one JSON object on stderr (kind, message, and
+/// the file and key it names), stdout stays empty, the exit code is the
+/// text mode's, and the message is the text mode's.
+#[test]
+fn json_errors_are_one_object_on_stderr_naming_kind_file_and_key() {
+    let smpl = data("smpl_tracker/last.ckpt");
+    let configs = data("smpl_tracker/resolved_configs.pt");
+    let missing = data("smpl_tracker/no_such.ckpt");
+    let tmp = tempfile::tempdir().unwrap();
+    let out_file = tmp.path().join("out.safetensors").display().to_string();
+    // (arguments, kind, file, key)
+    type Case<'a> = (Vec<&'a str>, &'a str, Option<&'a str>, Option<&'a str>);
+    let cases: Vec<Case> = vec![
+        // a missing file
+        (vec!["inspect", &missing], "ckpt.io", Some(&missing), None),
+        // a key the file does not have
+        (vec!["config", &configs, "--get", "agent.model.nope"], "no_key", Some(&configs), Some("agent.model.nope")),
+        // a checkpoint given as the observations file
+        (vec!["policy", "run", &smpl, "--obs", &smpl, "--out", &out_file], "obs.header_too_large", Some(&smpl), None),
+        // bad arguments (clap's)
+        (vec!["inspect", &smpl, "--no-such-flag"], "usage", None, None),
+    ];
+    for (args, kind, file, key) in cases {
+        let text_mode = pmstate(&args);
+        let mut json_args = args.clone();
+        json_args.push("--json");
+        let out = pmstate(&json_args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", text(&out));
+        assert_eq!(out.status.code(), text_mode.status.code());
+        assert!(out.stdout.is_empty(), "{args:?}: {}", text(&out));
+        let stderr = String::from_utf8(out.stderr.clone()).unwrap();
+        assert_eq!(stderr.lines().count(), 1, "{args:?}: {stderr}");
+        let j: J = serde_json::from_str(&stderr).unwrap_or_else(|e| panic!("{args:?}: {e}: {stderr}"));
+        assert_eq!(j["kind"], kind, "{args:?}: {j}");
+        assert_eq!(j["file"].as_str(), file, "{args:?}: {j}");
+        assert_eq!(j["key"].as_str(), key, "{args:?}: {j}");
+        let message = j["message"].as_str().unwrap();
+        let plain = String::from_utf8_lossy(&text_mode.stderr);
+        if kind == "usage" {
+            assert!(plain.contains(message), "{args:?}: {message} not in {plain}");
+        } else {
+            assert_eq!(plain.trim_end(), format!("pmstate: error: {message}"), "{args:?}");
+        }
+    }
+}
