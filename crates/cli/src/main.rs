@@ -75,7 +75,7 @@ enum Command {
     /// Serve a policy over the Open Inference Protocol (KServe V2 REST, as
     /// Triton and KServe speak it): dynamic batching, hot reload (--watch,
     /// SIGHUP), Prometheus metrics. Prints the address it listens on; stops
-    /// gracefully on SIGINT/SIGTERM.
+    /// gracefully on SIGINT/SIGTERM (a second one stops at once, exit 130/143).
     Serve(cmd::serve::Args),
     /// List (and with --delete remove) temporary files that a killed pmstate
     /// left in a folder (`.pmstate-<pid>-*.tmp` whose process is gone).
