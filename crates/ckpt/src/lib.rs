@@ -23,7 +23,7 @@ mod write_options;
 pub use candle::{var_builder, CheckpointBackend};
 pub use checkpoint::Checkpoint;
 pub use configs::{config_node_to_json, SMALL_TENSOR};
-pub use diff::{diff, Difference, DifferenceKind, Tolerance};
+pub use diff::{diff, diff_with_progress, tensor_bytes, Difference, DifferenceKind, Tolerance};
 pub use dtype::DType;
 pub use error::{
     CkptError, EntryProblem, Found, HeaderProblem, LegacyProblem, ReadLimit, Result, Truncation, ValueProblem, View,

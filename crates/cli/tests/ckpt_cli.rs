@@ -210,3 +210,53 @@ fn unsafe_globals_outside_values_are_listed_and_refused() {
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "{name}: something was written");
     }
 }
+
+/// A safetensors file of one f32 tensor of `bytes` bytes of zeros (sparse: nothing written but the header).
+fn large_zeros(path: &std::path::Path, bytes: u64) {
+    let n = bytes / 4;
+    let mut header = format!(r#"{{"w":{{"dtype":"F32","shape":[{n}],"data_offsets":[0,{}]}}}}"#, n * 4).into_bytes();
+    while header.len() % 8 != 0 {
+        header.push(b' ');
+    }
+    let mut data = (header.len() as u64).to_le_bytes().to_vec();
+    data.extend_from_slice(&header);
+    std::fs::write(path, &data).unwrap();
+    let f = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+    f.set_len(data.len() as u64 + n * 4).unwrap();
+}
+
+/// `diff` of large files draws a progress bar on a terminal's stderr, and
+/// none into a pipe or under `--json` (stdout keeps only the result).
+#[test]
+fn diff_shows_progress_on_a_terminal_only() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (a, b) = (tmp.path().join("a.safetensors"), tmp.path().join("b.safetensors"));
+    large_zeros(&a, 80 << 20);
+    large_zeros(&b, 80 << 20);
+    let (a, b) = (a.display().to_string(), b.display().to_string());
+    // into pipes: the result, nothing on stderr, with and without --json
+    for json in [false, true] {
+        let mut args = vec!["diff", &a, &b];
+        if json {
+            args.push("--json");
+        }
+        let out = pmstate(&args);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(out.stderr.is_empty(), "json {json}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    // on a terminal (script(1) gives it one): the bar, counting A's 80 MiB
+    if !Command::new("script").arg("--version").output().is_ok_and(|o| o.status.success()) {
+        println!("skipped the terminal half: script(1) is not on PATH");
+        return;
+    }
+    let line = format!("{} diff {a} {b}", env!("CARGO_BIN_EXE_pmstate"));
+    let out = Command::new("script").args(["-qec", &line, "/dev/null"]).output().unwrap();
+    let tty = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{tty}");
+    assert!(tty.contains("comparing [") && tty.contains("80.00 MiB"), "{tty}");
+    assert!(tty.contains("no differences"), "{tty}");
+    let json_line = format!("{line} --json");
+    let out = Command::new("script").args(["-qec", &json_line, "/dev/null"]).output().unwrap();
+    let tty = String::from_utf8_lossy(&out.stdout);
+    assert!(!tty.contains("comparing"), "{tty}");
+}
