@@ -29,6 +29,7 @@ use crate::tree::{dotted, Node, TensorRef};
 /// }
 /// let w = ckpt.tensor("model._actor.mu.mlp.0.weight")?;
 /// let w = ckpt.to_candle(w, &candle_core::Device::Cpu)?;
+/// println!("{:?}", w.dims());
 /// # Ok::<(), pmstate_ckpt::CkptError>(())
 /// ```
 #[derive(Debug, Clone)]
