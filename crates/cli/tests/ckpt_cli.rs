@@ -260,3 +260,64 @@ fn diff_shows_progress_on_a_terminal_only() {
     let tty = String::from_utf8_lossy(&out.stdout);
     assert!(!tty.contains("comparing"), "{tty}");
 }
+
+/// `inspect` of a large deflated archive (the one kind of file whose
+/// opening reads it all: stored records are mapped) draws a bar while it
+/// inflates, on a terminal only.
+#[test]
+fn inspect_shows_progress_inflating_a_large_deflated_archive() {
+    if !Command::new("script").arg("--version").output().is_ok_and(|o| o.status.success()) {
+        println!("skipped: script(1) is not on PATH");
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    // 70 MiB of incompressible floats (a deflate stream as large as its data stays within the zip-bomb budget)
+    let n: u64 = 70 << 18;
+    let header = format!(r#"{{"w":{{"dtype":"F32","shape":[{n}],"data_offsets":[0,{}]}}}}"#, n * 4);
+    let mut header = header.into_bytes();
+    while header.len() % 8 != 0 {
+        header.push(b' ');
+    }
+    let mut st = (header.len() as u64).to_le_bytes().to_vec();
+    st.extend_from_slice(&header);
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    for _ in 0..n / 2 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        st.extend_from_slice(&x.to_le_bytes());
+    }
+    let src = tmp.path().join("big.safetensors");
+    std::fs::write(&src, &st).unwrap();
+    drop(st);
+    let stored = tmp.path().join("big.pt");
+    let out = pmstate(&["convert", &src.display().to_string(), &stored.display().to_string()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    // the same archive with every record deflated
+    let deflated = tmp.path().join("deflated.pt");
+    let mut archive = zip::ZipArchive::new(std::fs::File::open(&stored).unwrap()).unwrap();
+    let mut z = zip::ZipWriter::new(std::fs::File::create(&deflated).unwrap());
+    let opts = zip::write::SimpleFileOptions::default()
+        .compression_method(zip::CompressionMethod::Deflated)
+        .compression_level(Some(1))
+        .large_file(true);
+    for i in 0..archive.len() {
+        let mut entry = archive.by_index(i).unwrap();
+        let name = entry.name().unwrap().into_owned();
+        z.start_file(name, opts).unwrap();
+        std::io::copy(&mut entry, &mut z).unwrap();
+    }
+    z.finish().unwrap();
+    let path = deflated.display().to_string();
+    // into a pipe: the tree, nothing on stderr
+    let out = pmstate(&["inspect", &path]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(out.stderr.is_empty(), "{}", String::from_utf8_lossy(&out.stderr));
+    // on a terminal: the bar over the 70 MiB inflated
+    let line = format!("{} inspect {path}", env!("CARGO_BIN_EXE_pmstate"));
+    let out = Command::new("script").args(["-qec", &line, "/dev/null"]).output().unwrap();
+    let tty = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{tty}");
+    assert!(tty.contains("reading deflated.pt [") && tty.contains("70.00 MiB"), "{tty}");
+    assert!(tty.contains("1 tensors over 1 storages"), "{tty}");
+}

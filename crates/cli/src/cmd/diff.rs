@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use pmstate_ckpt::{diff_with_progress, tensor_bytes, Checkpoint, Difference, Tolerance};
+use pmstate_ckpt::{diff_with_progress, tensor_bytes, Difference, Tolerance};
 use serde::Serialize;
 
 use crate::progress::Progress;
@@ -36,8 +36,8 @@ struct Report<'a> {
 
 /// Runs the command: exit 0 equal, 1 different.
 pub fn run(args: Args, g: Global) -> Result<ExitCode, CliError> {
-    let a = Checkpoint::open(&args.a)?;
-    let b = Checkpoint::open(&args.b)?;
+    let a = crate::progress::open_checkpoint(&args.a, g)?;
+    let b = crate::progress::open_checkpoint(&args.b, g)?;
     let tol = Tolerance { rtol: args.rtol, atol: args.atol };
     crate::test_pause::point();
     // a bar over A's tensor bytes (large files only, never with --json or --quiet)
