@@ -123,6 +123,7 @@ impl SimpleBackend for CheckpointBackend {
 /// let ckpt = Checkpoint::open("last.ckpt")?;
 /// let vb = var_builder(ckpt, "model", candle_core::DType::F32, &candle_core::Device::Cpu)?;
 /// let layer = candle_nn::linear(358, 1024, vb.pp("_actor.mu.mlp.0"))?;
+/// println!("{:?}", layer.weight().dims());
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 /// `ckpt` is a `Checkpoint` or an `Arc<Checkpoint>` the caller keeps using.

@@ -29,6 +29,7 @@ use crate::tree::{dotted, Node, TensorRef};
 /// }
 /// let w = ckpt.tensor("model._actor.mu.mlp.0.weight")?;
 /// let w = ckpt.to_candle(w, &candle_core::Device::Cpu)?;
+/// println!("{:?}", w.dims());
 /// # Ok::<(), pmstate_ckpt::CkptError>(())
 /// ```
 #[derive(Debug, Clone)]
@@ -57,10 +58,20 @@ impl Checkpoint {
 
     /// [`Checkpoint::open`] with explicit limits.
     pub fn open_with(path: impl AsRef<Path>, opts: &ReadOptions) -> Result<Self> {
+        Self::open_with_progress(path, opts, &|_, _| {})
+    }
+
+    /// [`Checkpoint::open_with`], calling `progress(done, total)` while it
+    /// inflates compressed (deflated) records: the bytes inflated so far
+    /// and what all compressed records declare, every 4 MiB or so. The
+    /// only part of opening that reads all of a large file (stored records
+    /// and safetensors data are mapped, not read), so what a progress bar
+    /// shows. Never called for a file without compressed records.
+    pub fn open_with_progress(path: impl AsRef<Path>, opts: &ReadOptions, progress: &dyn Fn(u64, u64)) -> Result<Self> {
         let path = path.as_ref();
         let src = Arc::new(Source::open(path)?);
         let by_name = Format::for_path(path).is_some_and(|f| matches!(f, Format::Safetensors { .. }));
-        let ckpt = Self::parse(path.display().to_string(), src, by_name, opts)?;
+        let ckpt = Self::parse(path.display().to_string(), src, by_name, opts, progress)?;
         ckpt.check_unchanged()?;
         Ok(ckpt)
     }
@@ -68,13 +79,19 @@ impl Checkpoint {
     /// Reads a checkpoint held in memory (any format [`Checkpoint::open`]
     /// reads); `name` is used in messages. Storages are ranges of `bytes`.
     pub fn from_bytes(bytes: Vec<u8>, name: &str, opts: &ReadOptions) -> Result<Self> {
-        Self::parse(name.to_owned(), Arc::new(Source::Mem(bytes)), false, opts)
+        Self::parse(name.to_owned(), Arc::new(Source::Mem(bytes)), false, opts, &|_, _| {})
     }
 
-    fn parse(shown: String, src: Arc<Source>, safetensors_name: bool, opts: &ReadOptions) -> Result<Self> {
+    fn parse(
+        shown: String,
+        src: Arc<Source>,
+        safetensors_name: bool,
+        opts: &ReadOptions,
+        progress: &dyn Fn(u64, u64),
+    ) -> Result<Self> {
         let head = src.read_vec(0, src.len().min(16) as usize)?;
         let parsed = if head.starts_with(b"PK") {
-            crate::torch::read_zip(&shown, &src, opts)?
+            crate::torch::read_zip(&shown, &src, opts, progress)?
         } else if crate::torch::is_legacy(&head) {
             crate::torch::read_legacy(&shown, &src, opts)?
         } else if safetensors_name || crate::safetensors::looks_like_safetensors(&head, src.len()) {

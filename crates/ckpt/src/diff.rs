@@ -118,10 +118,29 @@ impl std::fmt::Display for Difference {
 /// Compares `a` with `b`. Dict entries are matched by key (in `a`'s
 /// order, then keys only in `b`), lists and tuples by index.
 pub fn diff(a: &Checkpoint, b: &Checkpoint, tol: Tolerance) -> Result<Vec<Difference>> {
+    diff_with_progress(a, b, tol, &|_| {})
+}
+
+/// [`diff`], calling `progress` with the bytes of `a`'s tensor elements
+/// compared so far (as they are read, every 4 MiB or so): what a progress
+/// bar over [`tensor_bytes`]`(a)` shows.
+pub fn diff_with_progress(
+    a: &Checkpoint,
+    b: &Checkpoint,
+    tol: Tolerance,
+    progress: &dyn Fn(u64),
+) -> Result<Vec<Difference>> {
     let mut out = Vec::new();
-    let mut d = Differ { a, b, tol, out: &mut out };
+    let mut d = Differ { a, b, tol, out: &mut out, progress, done: 0 };
     d.nodes(a.root(), b.root(), "")?;
     Ok(out)
+}
+
+/// The bytes of every tensor's elements in `c` (views count their own
+/// elements): the total [`diff_with_progress`] counts up to for `a`, when
+/// every tensor has its counterpart of the same dtype and shape.
+pub fn tensor_bytes(c: &Checkpoint) -> u64 {
+    c.tensors().iter().map(|(_, t)| t.nbytes() as u64).fold(0, u64::saturating_add)
 }
 
 struct Differ<'a, 'o> {
@@ -129,6 +148,9 @@ struct Differ<'a, 'o> {
     b: &'a Checkpoint,
     tol: Tolerance,
     out: &'o mut Vec<Difference>,
+    progress: &'o dyn Fn(u64),
+    /// Bytes of `a`'s tensor elements compared so far.
+    done: u64,
 }
 
 fn join(key: &str, k: &str) -> String {
@@ -156,6 +178,11 @@ fn short(n: &Node) -> String {
 }
 
 impl Differ<'_, '_> {
+    fn advance(&mut self, bytes: u64) {
+        self.done = self.done.saturating_add(bytes);
+        (self.progress)(self.done);
+    }
+
     fn push(&mut self, key: &str, kind: DifferenceKind) {
         self.out.push(Difference { key: key.to_owned(), kind });
     }
@@ -277,6 +304,7 @@ impl Differ<'_, '_> {
                 let xb = sb.read_range((tb.offset + start) * elem, len * elem)?;
                 acc.compare(ta.dtype, &xa, &xb, |i| (start + i) as u64, self.tol);
                 start += len;
+                self.advance((len * elem) as u64);
             }
         } else {
             // Streamed, but a stride-0 view of one element can claim 10^12
@@ -295,6 +323,7 @@ impl Differ<'_, '_> {
                 read_elements(sa, &oa, elem, &mut xa)?;
                 read_elements(sb, &ob, elem, &mut xb)?;
                 acc.compare(ta.dtype, &xa, &xb, |i| flat[i], self.tol);
+                self.advance((flat.len() * elem) as u64);
             }
         }
         Ok((acc.mismatched > 0).then_some(DifferenceKind::Elements {
@@ -515,6 +544,21 @@ impl Elements {
 mod tests {
     use super::*;
     use crate::DictKind;
+
+    /// The progress a diff reports rises to every tensor byte of A, never back.
+    #[test]
+    fn progress_counts_up_to_every_tensor_byte_of_a() {
+        let path = format!("{}/../../testdata/policy/smpl_tracker/last.ckpt", env!("CARGO_MANIFEST_DIR"));
+        let (a, b) = (Checkpoint::open(&path).unwrap(), Checkpoint::open(&path).unwrap());
+        let seen = std::cell::RefCell::new(Vec::new());
+        let diffs = diff_with_progress(&a, &b, Tolerance::default(), &|done| seen.borrow_mut().push(done)).unwrap();
+        assert!(diffs.is_empty());
+        let seen = seen.into_inner();
+        assert!(seen.windows(2).all(|w| w[0] <= w[1]), "went back");
+        assert!(seen.len() > 10, "{} calls", seen.len());
+        assert_eq!(seen.last().copied(), Some(tensor_bytes(&a)));
+        assert!(tensor_bytes(&a) > 400_000, "{}", tensor_bytes(&a));
+    }
 
     #[test]
     fn integers_are_compared_exactly() {

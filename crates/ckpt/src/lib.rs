@@ -1,4 +1,7 @@
 #![doc = include_str!("../README.md")]
+// The README's examples are pasted into new crates: a warning there (an
+// unused import) is a failure here.
+#![doc(test(attr(deny(warnings))))]
 #![warn(missing_docs)]
 // Parses untrusted files; reads its input with positioned reads, never a
 // mapping (see `io::source`), so it needs no unsafe code at all.
@@ -23,7 +26,7 @@ mod write_options;
 pub use candle::{var_builder, CheckpointBackend};
 pub use checkpoint::Checkpoint;
 pub use configs::{config_node_to_json, SMALL_TENSOR};
-pub use diff::{diff, Difference, DifferenceKind, Tolerance};
+pub use diff::{diff, diff_with_progress, tensor_bytes, Difference, DifferenceKind, Tolerance};
 pub use dtype::DType;
 pub use error::{
     CkptError, EntryProblem, Found, HeaderProblem, LegacyProblem, ReadLimit, Result, Truncation, ValueProblem, View,

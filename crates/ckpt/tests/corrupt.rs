@@ -189,3 +189,32 @@ fn inflated_data_is_bounded_by_a_multiple_of_the_file_size() {
     let msg = e.to_string();
     assert!(msg.contains("limit on inflated data, 1048576 bytes") && msg.contains("the CLI has no flag"), "{msg}");
 }
+
+/// Opening reports the inflating of compressed records, chunk by chunk, up
+/// to what they declare; a file without compressed records reports nothing.
+#[test]
+fn opening_reports_the_inflating_of_compressed_records() {
+    let n = 3 << 20; // floats: 12 MiB, several 4 MiB chunks
+    let data: Vec<u8> = (0..n * 4).map(|i| (i % 251) as u8).collect();
+    let bytes = deflated_archive(&tensor_pickle(n, 0, &[n], &[1]), &data);
+    let mut f = tempfile::Builder::new().suffix(".pt").tempfile().unwrap();
+    f.write_all(&bytes).unwrap();
+    f.flush().unwrap();
+    let seen = std::cell::RefCell::new(Vec::new());
+    let c = Checkpoint::open_with_progress(f.path(), &Default::default(), &|done, total| {
+        seen.borrow_mut().push((done, total))
+    })
+    .unwrap();
+    assert_eq!(c.tensors()[0].1.numel(), n as usize);
+    let seen = seen.into_inner();
+    assert!(seen.len() >= 3, "{seen:?}");
+    assert!(seen.iter().all(|&(_, total)| total == (n * 4) as u64), "{seen:?}");
+    assert!(seen.windows(2).all(|w| w[0].0 < w[1].0), "{seen:?}");
+    assert_eq!(seen.last().map(|s| s.0), Some((n * 4) as u64));
+
+    // stored records are mapped, not read: nothing to report
+    let stored = format!("{}/../../testdata/policy/smpl_tracker/last.ckpt", env!("CARGO_MANIFEST_DIR"));
+    let calls = std::cell::Cell::new(0);
+    Checkpoint::open_with_progress(&stored, &Default::default(), &|_, _| calls.set(calls.get() + 1)).unwrap();
+    assert_eq!(calls.get(), 0);
+}

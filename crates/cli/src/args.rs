@@ -9,7 +9,8 @@ use crate::error::CliError;
 /// Flags every command takes.
 #[derive(Args, Debug, Clone, Copy)]
 pub struct Global {
-    /// Machine-readable output: one JSON object per line (see each command's help).
+    /// Machine-readable output: one JSON object per line (see each command's
+    /// help); an error is one JSON object on stderr (kind, message, file, key).
     #[arg(long, global = true)]
     pub json: bool,
     /// Print only results and errors: no progress bars, no notes.

@@ -3,7 +3,8 @@
 //!
 //! Exit codes: 0 fine, 1 a difference or a refusal (a failed replay, a
 //! `diff` that found one, a convert refused for unsafe globals), 2 an error
-//! (bad arguments, an unreadable or hostile file, a limit crossed).
+//! (bad arguments, an unreadable or hostile file, a limit crossed). With
+//! `--json`, the error is one JSON object on stderr (`error::ErrorReport`).
 //! SIGINT and SIGTERM remove any temporary output file before exiting.
 
 mod args;
@@ -81,7 +82,7 @@ enum Command {
     /// Serve a policy over the Open Inference Protocol (KServe V2 REST, as
     /// Triton and KServe speak it): dynamic batching, hot reload (--watch,
     /// SIGHUP), Prometheus metrics. Prints the address it listens on; stops
-    /// gracefully on SIGINT/SIGTERM.
+    /// gracefully on SIGINT/SIGTERM (a second one stops at once, exit 130/143).
     Serve(cmd::serve::Args),
     /// List (and with --delete remove) temporary files that a killed pmstate
     /// left in a folder (`.pmstate-<pid>-*.tmp` whose process is gone).
@@ -125,8 +126,35 @@ fn handle_termination_signals() {
     }
 }
 
+/// Whether the command line asks for JSON (`--json` anywhere before a
+/// `--`): read from the raw arguments, so that an error clap finds in them
+/// is reported as JSON too.
+fn json_requested() -> bool {
+    std::env::args_os().skip(1).take_while(|a| a != "--").any(|a| a == "--json")
+}
+
+/// Prints an error as text (`pmstate: error: ...`) or, under `--json`, as
+/// one JSON object on stderr.
+fn report(e: error::ErrorReport, json: bool) {
+    match (json, serde_json::to_string(&e)) {
+        (true, Ok(line)) => output::err_line(line),
+        _ => output::err_line(format!("pmstate: error: {}", e.message)),
+    }
+}
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        // --help and --version print and exit 0, as do errors without --json
+        Err(e) if !e.use_stderr() || !json_requested() => e.exit(),
+        Err(e) => {
+            let message = e.render().to_string();
+            let first = message.lines().next().unwrap_or_default().trim_start_matches("error: ").to_owned();
+            report(error::ErrorReport::new("usage", first), true);
+            return ExitCode::from(u8::try_from(e.exit_code()).unwrap_or(2));
+        }
+    };
+    let json = cli.global.json;
     // a server drains on SIGINT/SIGTERM itself (pmstate-serve); every other
     // command removes its temporary files and exits
     if !matches!(cli.command, Command::Serve(_)) {
@@ -135,7 +163,7 @@ fn main() -> ExitCode {
     match run(cli) {
         Ok(code) => code,
         Err(e) => {
-            output::err_line(format!("pmstate: error: {e}"));
+            report(e.report(), json);
             ExitCode::from(2)
         }
     }

@@ -1,6 +1,11 @@
 //! Progress bars for long work, on stderr, only for large inputs and never
 //! with `--quiet` or `--json`.
 
+use std::cell::OnceCell;
+use std::path::Path;
+
+use pmstate_ckpt::{Checkpoint, ReadOptions};
+
 /// Files at least this large get a progress bar.
 const PROGRESS_THRESHOLD: u64 = 64 << 20;
 
@@ -36,4 +41,23 @@ impl Progress {
             b.finish_and_clear();
         }
     }
+}
+
+/// Opens a checkpoint with a bar over the inflating of its compressed
+/// records, the one part of opening that reads a whole large file (stored
+/// records and safetensors data are mapped): `inspect` and `diff` of a
+/// large deflated archive show where they are.
+pub fn open_checkpoint(path: &Path, g: crate::Global) -> Result<Checkpoint, pmstate_ckpt::CkptError> {
+    let bar: OnceCell<Progress> = OnceCell::new();
+    let name = format!(
+        "reading {}",
+        path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned())
+    );
+    let ckpt = Checkpoint::open_with_progress(path, &ReadOptions::default(), &|done, total| {
+        bar.get_or_init(|| Progress::new(total, &name, g)).update(done)
+    });
+    if let Some(b) = bar.get() {
+        b.finish();
+    }
+    ckpt
 }

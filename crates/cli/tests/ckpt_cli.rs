@@ -210,3 +210,114 @@ fn unsafe_globals_outside_values_are_listed_and_refused() {
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "{name}: something was written");
     }
 }
+
+/// A safetensors file of one f32 tensor of `bytes` bytes of zeros (sparse: nothing written but the header).
+fn large_zeros(path: &std::path::Path, bytes: u64) {
+    let n = bytes / 4;
+    let mut header = format!(r#"{{"w":{{"dtype":"F32","shape":[{n}],"data_offsets":[0,{}]}}}}"#, n * 4).into_bytes();
+    while header.len() % 8 != 0 {
+        header.push(b' ');
+    }
+    let mut data = (header.len() as u64).to_le_bytes().to_vec();
+    data.extend_from_slice(&header);
+    std::fs::write(path, &data).unwrap();
+    let f = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+    f.set_len(data.len() as u64 + n * 4).unwrap();
+}
+
+/// `diff` of large files draws a progress bar on a terminal's stderr, and
+/// none into a pipe or under `--json` (stdout keeps only the result).
+#[test]
+fn diff_shows_progress_on_a_terminal_only() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (a, b) = (tmp.path().join("a.safetensors"), tmp.path().join("b.safetensors"));
+    large_zeros(&a, 80 << 20);
+    large_zeros(&b, 80 << 20);
+    let (a, b) = (a.display().to_string(), b.display().to_string());
+    // into pipes: the result, nothing on stderr, with and without --json
+    for json in [false, true] {
+        let mut args = vec!["diff", &a, &b];
+        if json {
+            args.push("--json");
+        }
+        let out = pmstate(&args);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(out.stderr.is_empty(), "json {json}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    // on a terminal (script(1) gives it one): the bar, counting A's 80 MiB
+    if !Command::new("script").arg("--version").output().is_ok_and(|o| o.status.success()) {
+        println!("skipped the terminal half: script(1) is not on PATH");
+        return;
+    }
+    let line = format!("{} diff {a} {b}", env!("CARGO_BIN_EXE_pmstate"));
+    let out = Command::new("script").args(["-qec", &line, "/dev/null"]).output().unwrap();
+    let tty = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{tty}");
+    assert!(tty.contains("comparing [") && tty.contains("80.00 MiB"), "{tty}");
+    assert!(tty.contains("no differences"), "{tty}");
+    let json_line = format!("{line} --json");
+    let out = Command::new("script").args(["-qec", &json_line, "/dev/null"]).output().unwrap();
+    let tty = String::from_utf8_lossy(&out.stdout);
+    assert!(!tty.contains("comparing"), "{tty}");
+}
+
+/// `inspect` of a large deflated archive (the one kind of file whose
+/// opening reads it all: stored records are mapped) draws a bar while it
+/// inflates, on a terminal only.
+#[test]
+fn inspect_shows_progress_inflating_a_large_deflated_archive() {
+    if !Command::new("script").arg("--version").output().is_ok_and(|o| o.status.success()) {
+        println!("skipped: script(1) is not on PATH");
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    // 70 MiB of incompressible floats (a deflate stream as large as its data stays within the zip-bomb budget)
+    let n: u64 = 70 << 18;
+    let header = format!(r#"{{"w":{{"dtype":"F32","shape":[{n}],"data_offsets":[0,{}]}}}}"#, n * 4);
+    let mut header = header.into_bytes();
+    while header.len() % 8 != 0 {
+        header.push(b' ');
+    }
+    let mut st = (header.len() as u64).to_le_bytes().to_vec();
+    st.extend_from_slice(&header);
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    for _ in 0..n / 2 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        st.extend_from_slice(&x.to_le_bytes());
+    }
+    let src = tmp.path().join("big.safetensors");
+    std::fs::write(&src, &st).unwrap();
+    drop(st);
+    let stored = tmp.path().join("big.pt");
+    let out = pmstate(&["convert", &src.display().to_string(), &stored.display().to_string()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    // the same archive with every record deflated
+    let deflated = tmp.path().join("deflated.pt");
+    let mut archive = zip::ZipArchive::new(std::fs::File::open(&stored).unwrap()).unwrap();
+    let mut z = zip::ZipWriter::new(std::fs::File::create(&deflated).unwrap());
+    let opts = zip::write::SimpleFileOptions::default()
+        .compression_method(zip::CompressionMethod::Deflated)
+        .compression_level(Some(1))
+        .large_file(true);
+    for i in 0..archive.len() {
+        let mut entry = archive.by_index(i).unwrap();
+        let name = entry.name().unwrap().into_owned();
+        z.start_file(name, opts).unwrap();
+        std::io::copy(&mut entry, &mut z).unwrap();
+    }
+    z.finish().unwrap();
+    let path = deflated.display().to_string();
+    // into a pipe: the tree, nothing on stderr
+    let out = pmstate(&["inspect", &path]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(out.stderr.is_empty(), "{}", String::from_utf8_lossy(&out.stderr));
+    // on a terminal: the bar over the 70 MiB inflated
+    let line = format!("{} inspect {path}", env!("CARGO_BIN_EXE_pmstate"));
+    let out = Command::new("script").args(["-qec", &line, "/dev/null"]).output().unwrap();
+    let tty = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{tty}");
+    assert!(tty.contains("reading deflated.pt [") && tty.contains("70.00 MiB"), "{tty}");
+    assert!(tty.contains("1 tensors over 1 storages"), "{tty}");
+}

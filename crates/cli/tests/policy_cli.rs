@@ -416,6 +416,72 @@ fn describe_reports_keys_layers_and_normalizers() {
     assert!(t.contains("width sum: max_coords_obs + mimic_target_poses + previous_actions = 1003"), "{t}");
 }
 
+/// `describe` gives every bundled policy's input widths where the checkpoint
+/// or the resolved configs determine them (the widths record_policy.py
+/// recorded the observations with), and says why where neither does.
+#[test]
+fn describe_gives_every_input_width_or_says_why_it_is_open() {
+    let m = manifest();
+    let mut derived_from_configs = 0;
+    for v in m["variants"].as_array().unwrap() {
+        let name = v["name"].as_str().unwrap();
+        let recorded = &v["obs_widths"];
+        let ckpt = data(&format!("{name}/last.ckpt"));
+        let j = stdout_json(&pmstate(&["policy", "describe", "--json", &ckpt]));
+        let t = text(&pmstate(&["policy", "describe", &ckpt]));
+        let line = |key: &str| {
+            t.lines()
+                .find(|l| l.trim_start().starts_with(&format!("{key} ")))
+                .unwrap_or_else(|| panic!("{name} {key}: {t}"))
+        };
+        let read_by_networks = |k: &J| !k["read_by"].as_array().unwrap().is_empty();
+        for k in j["in_keys"].as_array().unwrap() {
+            let key = k["key"].as_str().unwrap();
+            match k["width"].as_u64() {
+                Some(w) => {
+                    assert_eq!(Some(w), recorded[key].as_u64(), "{name} {key}");
+                    let from = k["width_source"]["from"].as_str().unwrap();
+                    derived_from_configs += usize::from(from == "config");
+                    assert!(line(key).contains(&format!(" {w}  (")), "{name}: {}", line(key));
+                }
+                None => {
+                    // only keys no observation component of the configs names: the synthetic policies'
+                    // (obs_a, ...), and g1's keys that no network reads (only its training configs list them)
+                    let why = k["open_because"].as_str().unwrap();
+                    assert!(why.contains("env.observation_components has no component of this name"), "{why}");
+                    if read_by_networks(k) {
+                        assert!(key.starts_with("obs_"), "{name} {key} is open: {why}");
+                        assert!(why.contains("fixes only a sum"), "{why}");
+                    }
+                    assert!(line(key).contains("?") && line(key).contains(why), "{name}: {}", line(key));
+                }
+            }
+        }
+    }
+    // smpl: all three; g1: its actor's two reduced-coords keys and the previous actions
+    assert!(derived_from_configs >= 6, "{derived_from_configs}");
+    // g1's critic input was cut to 48 columns when recorded: the configs' 3168 does not fit the
+    // checkpoint's sum (118), which gives it
+    let j = stdout_json(&pmstate(&["policy", "describe", "--json", &data("g1_amp_deploy/last.ckpt")]));
+    let k = j["in_keys"].as_array().unwrap().iter().find(|k| k["key"] == "mimic_max_coords_target_poses").unwrap();
+    assert_eq!(k["width_source"], serde_json::json!({"from": "checkpoint_sum", "module": "agent.model.critic"}));
+
+    // with the training configs, the g1 keys no network reads get their widths too
+    let j = stdout_json(&pmstate(&[
+        "policy",
+        "describe",
+        "--json",
+        &data("g1_amp_deploy/last.ckpt"),
+        "--config",
+        &data("g1_amp_deploy/resolved_configs.pt"),
+    ]));
+    let recorded =
+        &m["variants"].as_array().unwrap().iter().find(|v| v["name"] == "g1_amp_deploy").unwrap()["obs_widths"];
+    for k in j["in_keys"].as_array().unwrap() {
+        assert_eq!(k["width"], recorded[k["key"].as_str().unwrap()], "{k}");
+    }
+}
+
 /// The configs files of the recorded runs (both kinds where a run has both).
 const CONFIG_FILES: [&str; 4] = [
     "smpl_tracker/resolved_configs.pt",
@@ -658,4 +724,50 @@ fn diff_names_a_changed_field_inside_a_dataclass() {
         String::from_utf8_lossy(&d.stdout),
         "agent.model.actor.actor_logstd: -2.9 in A, -1.5 in B\n1 difference(s)\n"
     );
+}
+
+/// With `--json` an error is one JSON object on stderr (kind, message, and
+/// the file and key it names), stdout stays empty, the exit code is the
+/// text mode's, and the message is the text mode's.
+#[test]
+fn json_errors_are_one_object_on_stderr_naming_kind_file_and_key() {
+    let smpl = data("smpl_tracker/last.ckpt");
+    let configs = data("smpl_tracker/resolved_configs.pt");
+    let missing = data("smpl_tracker/no_such.ckpt");
+    let tmp = tempfile::tempdir().unwrap();
+    let out_file = tmp.path().join("out.safetensors").display().to_string();
+    // (arguments, kind, file, key)
+    type Case<'a> = (Vec<&'a str>, &'a str, Option<&'a str>, Option<&'a str>);
+    let cases: Vec<Case> = vec![
+        // a missing file
+        (vec!["inspect", &missing], "ckpt.io", Some(&missing), None),
+        // a key the file does not have
+        (vec!["config", &configs, "--get", "agent.model.nope"], "no_key", Some(&configs), Some("agent.model.nope")),
+        // a checkpoint given as the observations file
+        (vec!["policy", "run", &smpl, "--obs", &smpl, "--out", &out_file], "obs.header_too_large", Some(&smpl), None),
+        // bad arguments (clap's)
+        (vec!["inspect", &smpl, "--no-such-flag"], "usage", None, None),
+    ];
+    for (args, kind, file, key) in cases {
+        let text_mode = pmstate(&args);
+        let mut json_args = args.clone();
+        json_args.push("--json");
+        let out = pmstate(&json_args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", text(&out));
+        assert_eq!(out.status.code(), text_mode.status.code());
+        assert!(out.stdout.is_empty(), "{args:?}: {}", text(&out));
+        let stderr = String::from_utf8(out.stderr.clone()).unwrap();
+        assert_eq!(stderr.lines().count(), 1, "{args:?}: {stderr}");
+        let j: J = serde_json::from_str(&stderr).unwrap_or_else(|e| panic!("{args:?}: {e}: {stderr}"));
+        assert_eq!(j["kind"], kind, "{args:?}: {j}");
+        assert_eq!(j["file"].as_str(), file, "{args:?}: {j}");
+        assert_eq!(j["key"].as_str(), key, "{args:?}: {j}");
+        let message = j["message"].as_str().unwrap();
+        let plain = String::from_utf8_lossy(&text_mode.stderr);
+        if kind == "usage" {
+            assert!(plain.contains(message), "{args:?}: {message} not in {plain}");
+        } else {
+            assert_eq!(plain.trim_end(), format!("pmstate: error: {message}"), "{args:?}");
+        }
+    }
 }

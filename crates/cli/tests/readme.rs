@@ -21,7 +21,8 @@
 //! crate docs and the guides with Rust examples under `cfg(doctest)`),
 //! compiled and run by `cargo test` with warnings denied: this test checks
 //! that each file holding one is included and that no block opts out of
-//! running or hides lines a paste would miss.
+//! running or hides lines a paste would miss. The crates' READMEs are their
+//! crates' docs: their Rust blocks are held to the same rules.
 
 use std::fmt::Write as _;
 use std::fs;
@@ -264,6 +265,53 @@ fn rust_blocks_are_doctests() {
         }
     }
     assert!(seen >= 5, "only {seen} Rust blocks found in the README and docs/");
+}
+
+/// Whether rustdoc runs a block with this info string as a doctest: no
+/// language, `rust`, or only rustdoc's own attributes (`no_run`, `ignore`, ...).
+fn is_rust(lang: &str) -> bool {
+    const ATTRS: [&str; 7] =
+        ["rust", "no_run", "ignore", "should_panic", "compile_fail", "edition2021", "test_harness"];
+    lang.split(',').map(str::trim).all(|t| t.is_empty() || ATTRS.contains(&t))
+}
+
+/// The crates' READMEs are their crate docs (`#![doc = include_str!("../README.md")]`):
+/// each Rust block there is a whole program that runs as a doctest with
+/// warnings denied, as the root README's are, so it works when pasted.
+#[test]
+fn crate_readme_rust_blocks_are_whole_programs_run_as_doctests() {
+    let mut seen = 0;
+    for entry in fs::read_dir(repo_root().join("crates")).expect("crates/") {
+        let dir = entry.expect("a crates/ entry").path();
+        let Ok(text) = fs::read_to_string(dir.join("README.md")) else { continue };
+        let name = format!("{}/README.md", dir.display());
+        let rust: Vec<Block> = fenced_blocks(&text).into_iter().filter(|b| is_rust(&b.lang)).collect();
+        if rust.is_empty() {
+            continue;
+        }
+        let lib = fs::read_to_string(dir.join("src/lib.rs")).unwrap_or_default();
+        assert!(
+            lib.contains("#![doc = include_str!(\"../README.md\")]"),
+            "{name}: not the crate's docs, so not tested"
+        );
+        assert!(lib.contains("#![doc(test(attr(deny(warnings))))]"), "{name}: its doctests do not deny warnings");
+        for b in &rust {
+            assert_eq!(b.lang, "rust", "{name}:{}: ```{} does not run as a doctest", b.first_line, b.lang);
+            assert!(
+                b.lines.iter().all(|l| !l.trim_start().starts_with("# ") && l.trim() != "#"),
+                "{name}:{}: doctest-hidden lines do not compile when pasted",
+                b.first_line
+            );
+            assert!(
+                b.lines.iter().any(|l| l.starts_with("fn main()") || l.starts_with("async fn main()")),
+                "{name}:{}: not a whole program (no `fn main()`)",
+                b.first_line
+            );
+            seen += 1;
+        }
+    }
+    // ckpt, norm, pickle, policy (2), serve
+    assert!(seen >= 6, "only {seen} Rust blocks found in the crates' READMEs");
 }
 
 #[test]

@@ -46,8 +46,13 @@ impl Lines {
     }
 
     fn next(&self) -> Value {
-        let line = self.0.recv_timeout(WATCHDOG).unwrap_or_else(|e| panic!("no event line within {WATCHDOG:?}: {e}"));
+        let line = self.next_text();
         serde_json::from_str(&line).unwrap_or_else(|e| panic!("{line}: {e}"))
+    }
+
+    /// The next line as printed (text mode).
+    fn next_text(&self) -> String {
+        self.0.recv_timeout(WATCHDOG).unwrap_or_else(|e| panic!("no event line within {WATCHDOG:?}: {e}"))
     }
 }
 
@@ -362,6 +367,69 @@ async fn sigint_and_sigterm_answer_every_request_in_flight_then_exit_0() {
         let status = exit_of(&mut child);
         assert!(status.success(), "{sig}: {status:?}");
     }
+}
+
+/// While a stalled client holds the drain, the server says what it waits
+/// for and until when; a second SIGINT/SIGTERM stops it at once, exit 128 +
+/// the signal's number, the stalled connection closed unanswered.
+#[tokio::test(flavor = "current_thread")]
+async fn a_second_signal_during_the_drain_stops_at_once_with_128_plus_its_number() {
+    let ckpt = data("smpl_tracker/last.ckpt");
+    let obs = data("smpl_tracker/obs.safetensors");
+    for (first, second, name, code) in [("-INT", "-INT", "SIGINT", 130), ("-TERM", "-TERM", "SIGTERM", 143)] {
+        // a drain that would wait long: only the second signal ends it
+        let (mut child, lines, addr) = serve(&ckpt, &["--drain-timeout", "600", "--body-stall-timeout", "600"]);
+        let c = Client::new(addr).with_timeout(WATCHDOG);
+        let held = Held::start(addr, &infer_body(&obs, &[0]));
+        until_in_flight(&c, 1).await;
+        signal(child.id(), first);
+        let e = lines.next();
+        assert_eq!(e["event"], "draining", "{e}");
+        assert_eq!((e["requests"].as_u64(), e["timeout_seconds"].as_f64()), (Some(1), Some(600.0)), "{e}");
+        assert!(e["connections"].as_u64() >= Some(1), "{e}");
+        signal(child.id(), second);
+        let e = lines.next();
+        let forced = if second == "-INT" { 2 } else { 15 };
+        assert_eq!((e["event"].as_str(), e["signal"].as_i64()), (Some("drain_forced"), Some(forced)), "{name}: {e}");
+        assert_eq!(lines.next()["event"], "stopped", "{name}");
+        assert_eq!(exit_of(&mut child).code(), Some(code), "{name}");
+        match held.abandoned() {
+            Ok(got) => assert!(got.is_empty(), "{}", String::from_utf8_lossy(&got)),
+            Err(e) => assert_eq!(e.kind(), std::io::ErrorKind::ConnectionReset, "{e}"),
+        }
+    }
+}
+
+/// The text mode's drain lines name what the drain waits for, its deadline
+/// and the way out.
+#[tokio::test(flavor = "current_thread")]
+async fn the_drain_line_says_what_it_waits_for_and_how_long() {
+    let ckpt = data("smpl_tracker/last.ckpt");
+    let obs = data("smpl_tracker/obs.safetensors");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_pmstate"))
+        .args(["serve", "--addr", "127.0.0.1:0", "--name", "tracker", "--drain-timeout", "600"])
+        .args(["--body-stall-timeout", "600"])
+        .arg(&ckpt)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let lines = Lines::of(&mut child);
+    let first = lines.next_text();
+    let addr: SocketAddr = first
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("http://").and_then(|a| a.parse().ok()))
+        .unwrap_or_else(|| panic!("no address in {first}"));
+    let c = Client::new(addr).with_timeout(WATCHDOG);
+    let held = Held::start(addr, &infer_body(&obs, &[0]));
+    until_in_flight(&c, 1).await;
+    signal(child.id(), "-INT");
+    let line = lines.next_text();
+    assert!(line.contains("waiting for 1 request(s) in flight"), "{line}");
+    assert!(line.contains("at most 600 s") && line.contains("a second Ctrl-C stops now"), "{line}");
+    signal(child.id(), "-INT");
+    assert_eq!(exit_of(&mut child).code(), Some(130));
+    drop(held);
 }
 
 #[tokio::test(flavor = "current_thread")]

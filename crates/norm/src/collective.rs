@@ -56,7 +56,6 @@ impl Collective for SingleProcess {
 /// shape or dtype differs.
 ///
 /// ```
-/// use std::sync::Arc;
 /// use candle_core::{Device, Tensor};
 /// use pmstate_norm::{Collective, InProcessGroup};
 /// let ranks = InProcessGroup::new(2, std::time::Duration::from_secs(10));

@@ -1,4 +1,7 @@
 #![doc = include_str!("../README.md")]
+// The README's examples are pasted into new crates: a warning there (an
+// unused import) is a failure here.
+#![doc(test(attr(deny(warnings))))]
 #![warn(missing_docs)]
 
 mod collective;

@@ -9,6 +9,7 @@ use crate::config::{Family, Number};
 use crate::error::Result;
 use crate::model::Policy;
 use crate::network::{Leaf, Network};
+use crate::shapes::{OpenWidth, WidthSource};
 
 /// A policy in words and numbers.
 #[derive(Debug, Clone, Serialize)]
@@ -45,6 +46,10 @@ pub struct KeyWidth {
     pub key: String,
     /// Its width, when determined.
     pub width: Option<usize>,
+    /// Where the width comes from (None: open).
+    pub width_source: Option<WidthSource>,
+    /// Why the width is open (None: determined).
+    pub open_because: Option<OpenWidth>,
     /// Which networks read it.
     pub read_by: Vec<&'static str>,
 }
@@ -173,13 +178,23 @@ impl Policy {
             networks.push(network_desc("discriminator", &a.discriminator));
             networks.push(network_desc("disc_critic", &a.disc_critic));
         }
-        let in_keys = self
-            .accepted_keys()
+        let keys = self.accepted_keys();
+        let mut resolved = self.widths.resolve(&keys);
+        let in_keys = keys
             .into_iter()
-            .map(|k| KeyWidth {
-                width: self.widths.known.get(&k).copied(),
-                read_by: networks.iter().filter(|n| n.in_keys.contains(&k)).map(|n| n.role).collect(),
-                key: k,
+            .map(|k| {
+                let (width, width_source, open_because) = match resolved.remove(&k) {
+                    Some(Ok((w, s))) => (Some(w), Some(s), None),
+                    Some(Err(why)) => (None, None, Some(why)),
+                    None => (None, None, Some(OpenWidth::NoComponent)),
+                };
+                KeyWidth {
+                    width,
+                    width_source,
+                    open_because,
+                    read_by: networks.iter().filter(|n| n.in_keys.contains(&k)).map(|n| n.role).collect(),
+                    key: k,
+                }
             })
             .collect();
         let width_groups = self
@@ -235,7 +250,18 @@ impl fmt::Display for Description {
             } else {
                 k.read_by.join(", ")
             };
-            writeln!(f, "  {:<kw$}  {w:>5}  ({by})", k.key)?;
+            let from = match (&k.width_source, &k.open_because) {
+                (Some(WidthSource::Checkpoint), _) => "checkpoint".to_string(),
+                (Some(WidthSource::Given), _) => "given".to_string(),
+                (Some(WidthSource::CheckpointSum { module }), _) => format!("checkpoint sum of {module}"),
+                (Some(WidthSource::Config { component, function }), _) => {
+                    let f = function.rsplit('.').next().unwrap_or(function);
+                    format!("configs: {component} = {f}")
+                }
+                (None, Some(why)) => format!("open: {why}"),
+                (None, None) => "open".to_string(),
+            };
+            writeln!(f, "  {:<kw$}  {w:>5}  ({by}; {from})", k.key)?;
         }
         for g in &self.width_groups {
             writeln!(f, "  width sum: {} = {} ({})", g.keys.join(" + "), g.total, g.module)?;

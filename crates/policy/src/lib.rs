@@ -1,4 +1,7 @@
 #![doc = include_str!("../README.md")]
+// The README's examples are pasted into new crates: a warning there (an
+// unused import) is a failure here.
+#![doc(test(attr(deny(warnings))))]
 #![warn(missing_docs)]
 // unsafe only in kernels::dispatch (calls of #[target_feature] functions)
 #![deny(unsafe_code)]
@@ -17,6 +20,7 @@ pub mod mlp;
 mod model;
 pub mod module_ops;
 pub mod network;
+pub mod obs_widths;
 pub mod problem;
 pub mod sample;
 pub mod shapes;

@@ -139,6 +139,7 @@ impl Policy {
         vet_globals(&ckpt, GlobalRule::Checkpoint, opts, &mut allowed)?;
         let mut p = Policy::from_parts(model, &ckpt, device)?;
         p.config_file = Some(config_path.display().to_string());
+        p.widths.components = crate::obs_widths::observation_widths(&configs);
         p.allowed_globals = allowed;
         Ok(p)
     }

@@ -5,11 +5,18 @@
 //! module's input width (its normalizer's or first Linear's), hence the sum
 //! of its in_keys' widths; keys solve out where a module reads a single
 //! unknown key (smpl tracker: only the sum 358 + 576 + 69 = 1003 is known).
+//! Where the checkpoint leaves a key open, [`Widths::resolve`] takes the
+//! width the resolved configs give its observation component
+//! ([`crate::obs_widths`]), checked against every sum the checkpoint fixes.
 
 use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::Serialize;
 
 use crate::module_ops::ModuleOp;
 use crate::network::{Leaf, Network};
+use crate::obs_widths::{ComponentWidth, Unsized, COMPONENTS};
 
 /// A module's input constraint: these keys' widths sum to `total`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -35,7 +42,83 @@ pub struct Widths {
     pub known: BTreeMap<String, usize>,
     /// One per leaf whose input width is determined.
     pub groups: Vec<WidthGroup>,
+    /// The configs' observation components with their widths (empty when
+    /// the policy was built without a configs file), for the keys the
+    /// checkpoint leaves open: see [`Widths::resolve`].
+    pub components: Vec<ComponentWidth>,
 }
+
+/// Where a key's width comes from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "from", rename_all = "snake_case")]
+pub enum WidthSource {
+    /// The checkpoint alone: a first layer or normalizer reads the key
+    /// alone, or with keys of known widths.
+    Checkpoint,
+    /// Given by the caller ([`Widths::resolve_with`]).
+    Given,
+    /// A sum the checkpoint fixes, less the widths the configs give for
+    /// the module's other keys.
+    CheckpointSum {
+        /// The module whose sum it is.
+        module: String,
+    },
+    /// The configs' observation component of that name, sized from the
+    /// robot and environment (only where the checkpoint leaves it open,
+    /// and only when it fits every sum the checkpoint fixes).
+    Config {
+        /// The component (`env.observation_components.<component>`).
+        component: String,
+        /// Its compute function.
+        function: String,
+    },
+}
+
+/// Why a key's width stays open.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OpenWidth {
+    /// The checkpoint fixes only a sum with other keys, and the configs
+    /// have no observation component of that name.
+    NoComponent,
+    /// No network reads the key (the config lists it), and the configs
+    /// have no observation component of that name.
+    Unread,
+    /// The configs' component could not be sized.
+    Unsized(Unsized),
+    /// The configs' width does not fit a sum the checkpoint fixes.
+    Contradicts {
+        /// The width the configs give.
+        config: usize,
+    },
+}
+
+impl fmt::Display for OpenWidth {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            OpenWidth::NoComponent => write!(
+                f,
+                "the checkpoint fixes only a sum with other keys, and {COMPONENTS} has no component of this name"
+            ),
+            OpenWidth::Unread => {
+                write!(f, "{COMPONENTS} has no component of this name")
+            }
+            OpenWidth::Unsized(u) => write!(f, "the checkpoint fixes only a sum with other keys, and {u}"),
+            OpenWidth::Contradicts { config } => {
+                write!(f, "the configs' width {config} does not fit the sums the checkpoint fixes")
+            }
+        }
+    }
+}
+
+/// Serializes with Display (the reason in words).
+impl Serialize for OpenWidth {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+/// A key's width and its source, or why it is open.
+pub type Resolved = Result<(usize, WidthSource), OpenWidth>;
 
 impl Widths {
     /// Analyses the networks in forward order.
@@ -84,6 +167,110 @@ impl Widths {
             }
         }
         w
+    }
+}
+
+impl Widths {
+    /// The width of each of `keys`: the checkpoint's where it fixes one;
+    /// else the configs' observation component's, taken key by key in the
+    /// configs' order where it fits every sum the checkpoint fixes (given
+    /// the widths taken before), each taken width solving the sums it
+    /// leaves with one open key.
+    pub fn resolve(&self, keys: &[String]) -> BTreeMap<String, Resolved> {
+        self.resolve_with(keys, &BTreeMap::new())
+    }
+
+    /// [`Widths::resolve`] with widths `given` besides the checkpoint's
+    /// (a server's `--width` pins, already checked against the sums): the
+    /// configs fill only what both leave open.
+    pub fn resolve_with(&self, keys: &[String], given: &BTreeMap<String, usize>) -> BTreeMap<String, Resolved> {
+        let mut w = self.known.clone();
+        w.extend(given.iter().map(|(k, &v)| (k.clone(), v)));
+        let mut src: BTreeMap<String, WidthSource> = BTreeMap::new();
+        let mut rejected: BTreeMap<&str, usize> = BTreeMap::new();
+        for c in &self.components {
+            let Ok(width) = c.width else { continue };
+            if !keys.contains(&c.component) || self.known.contains_key(&c.component) || given.contains_key(&c.component)
+            {
+                continue;
+            }
+            if let Some(&solved) = w.get(&c.component) {
+                // solved from a sum before: the configs agree, or the sum wins
+                if solved == width {
+                    src.insert(
+                        c.component.clone(),
+                        WidthSource::Config { component: c.component.clone(), function: c.function.clone() },
+                    );
+                }
+                continue;
+            }
+            let mut trial = w.clone();
+            trial.insert(c.component.clone(), width);
+            match solve_groups(&self.groups, &mut trial) {
+                Some(solved) => {
+                    w = trial;
+                    src.insert(
+                        c.component.clone(),
+                        WidthSource::Config { component: c.component.clone(), function: c.function.clone() },
+                    );
+                    for (k, module) in solved {
+                        src.insert(k, WidthSource::CheckpointSum { module });
+                    }
+                }
+                None => {
+                    rejected.insert(&c.component, width);
+                }
+            }
+        }
+        keys.iter()
+            .map(|k| {
+                let r = match (self.known.get(k), w.get(k), src.get(k)) {
+                    (Some(&v), _, _) => Ok((v, WidthSource::Checkpoint)),
+                    (None, Some(&v), None) if given.contains_key(k) => Ok((v, WidthSource::Given)),
+                    (None, Some(&v), Some(s)) => Ok((v, s.clone())),
+                    _ => Err(match (rejected.get(k.as_str()), self.components.iter().find(|c| &c.component == k)) {
+                        (Some(&config), _) => OpenWidth::Contradicts { config },
+                        (None, Some(ComponentWidth { width: Err(u), .. })) => OpenWidth::Unsized(u.clone()),
+                        _ if self.groups.iter().any(|g| g.keys.contains(k)) => OpenWidth::NoComponent,
+                        _ => OpenWidth::Unread,
+                    }),
+                };
+                (k.clone(), r)
+            })
+            .collect()
+    }
+}
+
+/// Solves `groups` over the widths in `w`: a sum with one open key (maybe
+/// repeated) gives that key; the keys solved with their module, or `None`
+/// where a sum cannot hold (too large, or an open key without a column).
+fn solve_groups(groups: &[WidthGroup], w: &mut BTreeMap<String, usize>) -> Option<Vec<(String, String)>> {
+    let mut solved = Vec::new();
+    loop {
+        let mut progress = false;
+        for g in groups {
+            let open: Vec<&String> = g.keys.iter().filter(|k| !w.contains_key(*k)).collect();
+            let fixed = g.keys.iter().filter_map(|k| w.get(k)).try_fold(0usize, |s, &v| s.checked_add(v))?;
+            if open.is_empty() {
+                if fixed != g.total {
+                    return None;
+                }
+            } else if fixed.checked_add(open.len())? > g.total {
+                return None;
+            } else if open.iter().all(|k| *k == open[0]) {
+                let rest = g.total - fixed;
+                if !rest.is_multiple_of(open.len()) {
+                    return None;
+                }
+                let k = open[0].clone();
+                w.insert(k.clone(), rest / open.len());
+                solved.push((k, g.path.clone()));
+                progress = true;
+            }
+        }
+        if !progress {
+            return Some(solved);
+        }
     }
 }
 

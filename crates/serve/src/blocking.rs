@@ -15,6 +15,9 @@ use crate::signals::Signals;
 pub struct Stopped {
     /// The signal that stopped it (2 SIGINT, 15 SIGTERM), if one did.
     pub signal: Option<i32>,
+    /// The second signal, when one came while the drain waited and
+    /// stopped the server without waiting (requests in flight dropped).
+    pub forced_by: Option<i32>,
 }
 
 /// Starts a server with `opts` and serves until SIGINT or SIGTERM has
@@ -37,18 +40,14 @@ pub fn serve_until_signalled(
         // a signal during start-up stops at once: the load is left behind
         let server = tokio::select! {
             started = Server::start(opts, events) => started?,
-            signal = signals.stopping() => return Ok(Stopped { signal: Some(signal) }),
+            signal = signals.stopping() => return Ok(Stopped { signal: Some(signal), forced_by: None }),
         };
-        let signals = tokio::spawn(signals.serve(server.handle()));
+        let log = std::sync::Arc::new(crate::signals::SignalLog::default());
+        let signals = tokio::spawn(signals.serve(server.handle(), log.clone()));
         server.wait().await.map_err(StartError::Runtime)?;
-        // the server stopped: by a signal (the task has returned) or otherwise
-        let signal = if signals.is_finished() {
-            signals.await.ok().flatten()
-        } else {
-            signals.abort();
-            None
-        };
-        Ok(Stopped { signal })
+        // the server stopped: by signals (recorded in the log) or otherwise
+        signals.abort();
+        Ok(Stopped { signal: log.first(), forced_by: log.second() })
     });
     // a load abandoned by a signal at start-up may still run on a blocking
     // thread: dropping the runtime would wait for it, this does not

@@ -95,6 +95,11 @@ impl Registry {
         self.lock().open.len()
     }
 
+    /// Requests being handled, over all connections.
+    fn busy(&self) -> usize {
+        self.lock().open.values().map(|c| c.busy).sum()
+    }
+
     /// Whether connection `id`, asked to close, should: not when a request
     /// began on it meanwhile (it may be asked again once idle).
     fn should_close(&self, id: u64) -> bool {
@@ -164,16 +169,29 @@ fn is_connection_error(e: &std::io::Error) -> bool {
     )
 }
 
+/// How often a drain says what it still waits for.
+const DRAIN_REPORT_EVERY: Duration = Duration::from_secs(5);
+
+/// What a drain waits for: open connections and the requests on them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DrainWait {
+    /// Connections still open (idle ones close at once).
+    pub connections: usize,
+    /// Requests being handled on them.
+    pub requests: usize,
+}
+
 /// Serves `app` on `listener` until `stop` turns true; then calls
-/// `on_stop`, stops accepting, closes the idle connections, lets every
-/// other finish the request it is handling (hyper's graceful shutdown) and
-/// returns once all are closed.
+/// `on_drain` with what it waits for, stops accepting, closes the idle
+/// connections, lets every other finish the request it is handling
+/// (hyper's graceful shutdown), calls `on_drain` again every
+/// [`DRAIN_REPORT_EVERY`] while some are open, and returns once all are closed.
 pub async fn serve(
     listener: TcpListener,
     app: Router,
     state: Arc<AppState>,
     mut stop: watch::Receiver<bool>,
-    on_stop: impl FnOnce(),
+    on_drain: impl Fn(DrainWait),
 ) -> std::io::Result<()> {
     let limits = state.limits;
     let reg = Arc::new(Registry {
@@ -226,9 +244,16 @@ pub async fn serve(
             }
         }
     }
-    on_stop();
+    let waiting = || DrainWait { connections: reg.count(), requests: reg.busy() };
+    on_drain(waiting());
     drop(listener);
-    while tasks.join_next().await.is_some() {}
+    let mut report = tokio::time::interval_at(tokio::time::Instant::now() + DRAIN_REPORT_EVERY, DRAIN_REPORT_EVERY);
+    loop {
+        tokio::select! {
+            done = tasks.join_next() => if done.is_none() { break },
+            _ = report.tick() => on_drain(waiting()),
+        }
+    }
     Ok(())
 }
 

@@ -427,9 +427,13 @@ mod tests {
     use crate::model::LoadedModel;
     use serde_json::{json, Value};
 
+    fn variant(name: &str, pins: &[(String, usize)]) -> LoadedModel {
+        let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/policy").join(name);
+        LoadedModel::load(&dir.join("last.ckpt"), None, &candle_core::Device::Cpu, pins, 1).expect(name)
+    }
+
     fn tracker(pins: &[(String, usize)]) -> LoadedModel {
-        let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/policy/smpl_tracker");
-        LoadedModel::load(&dir.join("last.ckpt"), None, &candle_core::Device::Cpu, pins, 1).expect("the tracker")
+        variant("smpl_tracker", pins)
     }
 
     /// A JSON request of zeros with these (key, rows, width) inputs and extra fields.
@@ -463,17 +467,22 @@ mod tests {
         assert_eq!(ok.outputs.iter().map(|o| o.name).collect::<Vec<_>>(), ["mean_action", "value", "std", "norm_obs"]);
 
         let split = [("max_coords_obs", 2, 357), ("mimic_target_poses", 2, 577), ("previous_actions", 2, 69)];
-        // open widths: a split that adds up is taken; pinned: refused by key and width
-        assert!(decode(&body(&split, json!({})), None, &expect(&open, 256)).is_ok());
-        let e = decode(&body(&split, json!({})), None, &expect(&pinned, 256)).unwrap_err();
-        assert!(
-            matches!(&e, RequestError::BadInput(InputError::Width { input, width: 357, expected: 358 }) if input == "max_coords_obs"),
-            "{e}"
-        );
+        // the tracker's widths, pinned or from its configs: another split is refused by key and width
+        for m in [&open, &pinned] {
+            let e = decode(&body(&split, json!({})), None, &expect(m, 256)).unwrap_err();
+            assert!(
+                matches!(&e, RequestError::BadInput(InputError::Width { input, width: 357, expected: 358 }) if input == "max_coords_obs"),
+                "{e}"
+            );
+        }
+        // open widths (a synthetic policy: only obs_a + obs_b + obs_c = 18 is known): a split that adds up is taken
+        let sum_only = variant("layernorm_activations", &[]);
+        let split = [("obs_a", 2, 6), ("obs_b", 2, 6), ("obs_c", 2, 6)];
+        assert!(decode(&body(&split, json!({})), None, &expect(&sum_only, 256)).is_ok());
         // widths that do not add up
-        let short = [("max_coords_obs", 2, 357), ("mimic_target_poses", 2, 576), ("previous_actions", 2, 69)];
-        let e = decode(&body(&short, json!({})), None, &expect(&open, 256)).unwrap_err();
-        assert!(matches!(&e, RequestError::BadInput(InputError::WidthSum { sum: 1002, total: 1003, .. })), "{e}");
+        let short = [("obs_a", 2, 6), ("obs_b", 2, 6), ("obs_c", 2, 5)];
+        let e = decode(&body(&short, json!({})), None, &expect(&sum_only, 256)).unwrap_err();
+        assert!(matches!(&e, RequestError::BadInput(InputError::WidthSum { sum: 17, total: 18, .. })), "{e}");
         // more rows than max_batch
         let e = decode(&body(&TRACKER, json!({})), None, &expect(&open, 1)).unwrap_err();
         assert!(matches!(&e, RequestError::BadInput(InputError::Batch { rows: 2, max_batch: 1, .. })), "{e}");

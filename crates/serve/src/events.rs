@@ -55,8 +55,30 @@ pub enum Event {
         /// `module.name`.
         global: String,
     },
-    /// Shutdown began: no new connections, requests in flight finish.
-    Draining,
+    /// Shutdown began: no new connections, requests in flight finish
+    /// (within `timeout_seconds`; a second SIGINT/SIGTERM stops at once).
+    Draining {
+        /// Connections open (idle ones close at once).
+        connections: usize,
+        /// Requests being handled: what the drain waits for.
+        requests: usize,
+        /// The drain timeout: how long it waits at most.
+        timeout_seconds: f64,
+    },
+    /// The drain still waits (every few seconds while it does).
+    DrainWaiting {
+        /// Connections still open.
+        connections: usize,
+        /// Requests still being handled.
+        requests: usize,
+        /// Seconds left before the drain timeout stops the server anyway.
+        seconds_left: f64,
+    },
+    /// A second SIGINT/SIGTERM during the drain: stopped without waiting.
+    DrainForced {
+        /// The signal (2 SIGINT, 15 SIGTERM).
+        signal: i32,
+    },
     /// Requests still running when the drain timeout passed were dropped.
     DrainTimedOut {
         /// The timeout in seconds.
@@ -89,10 +111,30 @@ impl std::fmt::Display for Event {
             Event::GlobalAllowed { file, key, global } => {
                 write!(f, "warning: {file}: loading the global {global} at {key} (--allow-unsafe-globals)")
             }
-            Event::Draining => write!(f, "shutting down: finishing the requests in flight"),
+            Event::Draining { connections, requests, timeout_seconds } => write!(
+                f,
+                "shutting down: waiting for {requests} request(s) in flight on {connections} connection(s), \
+                 at most {timeout_seconds} s (--drain-timeout); a second Ctrl-C stops now"
+            ),
+            Event::DrainWaiting { connections, requests, seconds_left } => write!(
+                f,
+                "still waiting for {requests} request(s) on {connections} connection(s); stopping anyway in {seconds_left:.1} s"
+            ),
+            Event::DrainForced { signal } => {
+                write!(f, "second signal ({}): stopping without waiting for the drain", signal_name(*signal))
+            }
             Event::DrainTimedOut { seconds } => write!(f, "drain timeout of {seconds} s passed: stopping anyway"),
             Event::Stopped => write!(f, "stopped"),
         }
+    }
+}
+
+/// `SIGINT` for 2, `SIGTERM` for 15.
+fn signal_name(n: i32) -> String {
+    match n {
+        2 => "SIGINT".into(),
+        15 => "SIGTERM".into(),
+        n => format!("signal {n}"),
     }
 }
 

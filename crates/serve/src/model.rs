@@ -231,7 +231,9 @@ fn per_row_norm_width(d: &Description) -> Option<usize> {
 }
 
 /// Per-key widths: the checkpoint's, then the pins (checked against it),
-/// then keys that the pins leave as the single unknown of a width sum.
+/// then keys that the pins leave as the single unknown of a width sum,
+/// then the resolved configs' widths for the rest, where they fit the sums
+/// ([`pmstate_policy::shapes::Widths::resolve_with`]).
 fn resolve_widths(policy: &Policy, pins: &[(String, usize)]) -> Result<BTreeMap<String, usize>, LoadError> {
     let keys = policy.in_keys();
     let mut w: BTreeMap<String, usize> =
@@ -295,6 +297,12 @@ fn resolve_widths(policy: &Policy, pins: &[(String, usize)]) -> Result<BTreeMap<
         }
         if !progress {
             break;
+        }
+    }
+    // what checkpoint and pins leave open, the resolved configs' observation components fill
+    for (k, r) in policy.widths().resolve_with(&keys, &w) {
+        if let Ok((v, _)) = r {
+            w.entry(k).or_insert(v);
         }
     }
     Ok(w)

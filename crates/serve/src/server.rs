@@ -36,6 +36,8 @@ type ReloadFn = Arc<dyn Fn() + Send + Sync>;
 pub struct ServerHandle {
     state: Arc<AppState>,
     stop: Arc<watch::Sender<bool>>,
+    /// Turned true (with the signal) to stop without waiting for the drain.
+    force: Arc<watch::Sender<Option<i32>>>,
     reload: Option<ReloadFn>,
     events: EventSink,
 }
@@ -44,6 +46,14 @@ impl ServerHandle {
     /// Begins a graceful shutdown.
     pub fn shutdown(&self) {
         self.stop.send_replace(true);
+    }
+
+    /// Stops now, without waiting for the drain: what a second SIGINT or
+    /// SIGTERM (`signal`) does. The connections still open are closed
+    /// unanswered, as when the drain timeout passes.
+    pub fn stop_now(&self, signal: i32) {
+        self.stop.send_replace(true);
+        self.force.send_replace(Some(signal));
     }
 
     /// Reloads the checkpoint now (what SIGHUP does); the outcome is an event.
@@ -197,9 +207,25 @@ impl Server {
         let app = crate::routes::router(state.clone());
         let st = state.clone();
         let ev = events.clone();
-        let serve = tokio::spawn(crate::conns::serve(listener, app, state.clone(), stop_rx, move || {
-            st.draining.store(true, std::sync::atomic::Ordering::Relaxed);
-            ev(&Event::Draining);
+        let began = std::sync::OnceLock::new();
+        let serve = tokio::spawn(crate::conns::serve(listener, app, state.clone(), stop_rx, move |w| {
+            let timeout = limits.drain_timeout;
+            match began.get() {
+                None => {
+                    let _ = began.set(std::time::Instant::now());
+                    st.draining.store(true, std::sync::atomic::Ordering::Relaxed);
+                    ev(&Event::Draining {
+                        connections: w.connections,
+                        requests: w.requests,
+                        timeout_seconds: timeout.as_secs_f64(),
+                    });
+                }
+                Some(t) => ev(&Event::DrainWaiting {
+                    connections: w.connections,
+                    requests: w.requests,
+                    seconds_left: timeout.saturating_sub(t.elapsed()).as_secs_f64(),
+                }),
+            }
         }));
         let listening = match listening {
             Event::Listening { model, version, checkpoint, sha256, .. } => {
@@ -208,7 +234,8 @@ impl Server {
             e => e,
         };
         events(&listening);
-        let handle = ServerHandle { state, stop: Arc::new(stop_tx), reload: reload_fn, events };
+        let force = Arc::new(watch::Sender::new(None));
+        let handle = ServerHandle { state, stop: Arc::new(stop_tx), force, reload: reload_fn, events };
         Ok(Server { addr, handle, serve, reloader, limits })
     }
 
@@ -227,8 +254,15 @@ impl Server {
     pub async fn wait(self) -> std::io::Result<()> {
         let Server { handle, mut serve, reloader, limits, .. } = self;
         let mut stop = handle.stop.subscribe();
+        let mut force = handle.force.subscribe();
         let result = tokio::select! {
             r = &mut serve => r,
+            signal = force.wait_for(|f| f.is_some()) => {
+                serve.abort();
+                let signal = signal.ok().and_then(|s| *s).unwrap_or(2);
+                (handle.events)(&Event::DrainForced { signal });
+                Ok(Ok(()))
+            }
             _ = async {
                 let _ = stop.wait_for(|s| *s).await;
                 tokio::time::sleep(limits.drain_timeout).await;

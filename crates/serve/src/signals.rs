@@ -1,11 +1,15 @@
 //! Unix signals for a server run from the command line: SIGINT and
-//! SIGTERM drain and stop it, SIGHUP reloads the checkpoint.
+//! SIGTERM drain and stop it (a second one while the drain waits stops at
+//! once), SIGHUP reloads the checkpoint.
 //!
 //! The handlers are installed ([`Signals::install`]) before the server
 //! starts and says where it listens: a supervisor that sends SIGTERM as
 //! soon as it reads the address must get a drain, not the default action;
 //! and one that sends it while the model is still loading gets a prompt
 //! exit ([`Signals::stopping`]), whatever the load is doing.
+
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::Arc;
 
 use crate::server::ServerHandle;
 
@@ -58,24 +62,70 @@ impl Signals {
         2
     }
 
-    /// Acts on signals for `handle` until one stops the server; returns
-    /// its number (2 SIGINT, 15 SIGTERM).
+    /// Acts on signals for `handle`: SIGHUP reloads, the first SIGINT or
+    /// SIGTERM drains (recorded in `log`), a second one while the drain
+    /// waits stops at once ([`ServerHandle::stop_now`]). Returns after the
+    /// second; the caller drops it once the server has stopped.
     #[cfg(unix)]
-    pub async fn serve(mut self, handle: ServerHandle) -> Option<i32> {
-        loop {
+    pub async fn serve(mut self, handle: ServerHandle, log: Arc<SignalLog>) {
+        let first = loop {
             tokio::select! {
-                _ = self.int.recv() => { handle.shutdown(); return Some(2); }
-                _ = self.term.recv() => { handle.shutdown(); return Some(15); }
+                _ = self.int.recv() => break 2,
+                _ = self.term.recv() => break 15,
                 _ = self.hup.recv() => handle.reload(),
             }
-        }
+        };
+        log.first.store(first, Ordering::SeqCst);
+        handle.shutdown();
+        let second = loop {
+            tokio::select! {
+                _ = self.int.recv() => break 2,
+                _ = self.term.recv() => break 15,
+                // nothing to reload while draining
+                _ = self.hup.recv() => {}
+            }
+        };
+        log.second.store(second, Ordering::SeqCst);
+        handle.stop_now(second);
     }
 
-    /// Acts on Ctrl-C for `handle` (no SIGHUP off Unix).
+    /// Acts on Ctrl-C for `handle` (no SIGHUP off Unix): the first drains,
+    /// a second stops at once.
     #[cfg(not(unix))]
-    pub async fn serve(self, handle: ServerHandle) -> Option<i32> {
-        tokio::signal::ctrl_c().await.ok()?;
+    pub async fn serve(self, handle: ServerHandle, log: Arc<SignalLog>) {
+        if tokio::signal::ctrl_c().await.is_err() {
+            return;
+        }
+        log.first.store(2, Ordering::SeqCst);
         handle.shutdown();
-        Some(2)
+        if tokio::signal::ctrl_c().await.is_ok() {
+            log.second.store(2, Ordering::SeqCst);
+            handle.stop_now(2);
+        }
+    }
+}
+
+/// The signals [`Signals::serve`] acted on (0: none).
+#[derive(Debug, Default)]
+pub struct SignalLog {
+    /// The one that began the drain.
+    pub first: AtomicI32,
+    /// The one that stopped it without waiting.
+    pub second: AtomicI32,
+}
+
+impl SignalLog {
+    fn get(v: &AtomicI32) -> Option<i32> {
+        Some(v.load(Ordering::SeqCst)).filter(|&s| s != 0)
+    }
+
+    /// The signal that began the drain, if one did.
+    pub fn first(&self) -> Option<i32> {
+        Self::get(&self.first)
+    }
+
+    /// The signal that forced the stop, if one did.
+    pub fn second(&self) -> Option<i32> {
+        Self::get(&self.second)
     }
 }

@@ -31,13 +31,36 @@ fn interpret(path: &str, value: Value, form: PidForm, declared: &mut Declared) -
     }
 }
 
-/// The zip-bomb budget: what all compressed records may inflate to.
-struct InflateBudget {
+/// The zip-bomb budget: what all compressed records may inflate to; and
+/// what they have inflated to so far, for progress reports.
+struct InflateBudget<'a> {
     left: u64,
     limit: u64,
+    inflated: Inflated<'a>,
 }
 
-impl InflateBudget {
+/// Bytes inflated between two progress reports.
+const INFLATE_CHUNK: u64 = 4 << 20;
+
+/// Reports the inflating of compressed records: (bytes inflated so far,
+/// bytes all compressed records declare).
+pub(crate) type InflateProgress<'a> = &'a dyn Fn(u64, u64);
+
+/// Inflated bytes so far, against what every compressed record declares.
+struct Inflated<'a> {
+    done: u64,
+    total: u64,
+    report: InflateProgress<'a>,
+}
+
+impl Inflated<'_> {
+    fn add(&mut self, n: u64) {
+        self.done = self.done.saturating_add(n);
+        (self.report)(self.done, self.total);
+    }
+}
+
+impl InflateBudget<'_> {
     fn take(&mut self, path: &str, record: &str, n: u64) -> Result<()> {
         if n > self.left {
             return Err(CkptError::InflateLimit {
@@ -54,7 +77,12 @@ impl InflateBudget {
 }
 
 /// Reads a torch zip archive.
-pub(crate) fn read_zip(path: &str, src: &Arc<Source>, opts: &ReadOptions) -> Result<Parsed> {
+pub(crate) fn read_zip(
+    path: &str,
+    src: &Arc<Source>,
+    opts: &ReadOptions,
+    progress: InflateProgress<'_>,
+) -> Result<Parsed> {
     let zerr = |e: zip::result::ZipError| CkptError::Zip { path: path.to_owned(), source: Box::new(e) };
     let entry_err = |entry: &str, problem| CkptError::Entry { path: path.to_owned(), entry: entry.to_owned(), problem };
     let mut za = zip::ZipArchive::new(Cursor::new(src)).map_err(zerr)?;
@@ -107,7 +135,12 @@ pub(crate) fn read_zip(path: &str, src: &Arc<Source>, opts: &ReadOptions) -> Res
         return Err(CkptError::TorchScript { path: path.to_owned() });
     }
     let limit = opts.max_inflated_bytes.unwrap_or(src.len().saturating_mul(32).saturating_add(64 << 20));
-    let mut budget = InflateBudget { left: limit, limit };
+    let total = records
+        .values()
+        .filter(|r| r.compression != CompressionMethod::Stored)
+        .fold(0u64, |s, r| s.saturating_add(r.size));
+    let inflated = Inflated { done: 0, total, report: progress };
+    let mut budget = InflateBudget { left: limit, limit, inflated };
     let mut read = |name: &str, rec: &Record, limit: u64, budget: &mut InflateBudget| -> Result<Vec<u8>> {
         read_record(path, src, &mut za, name, rec, limit, budget)
     };
@@ -271,7 +304,7 @@ fn read_record(
     name: &str,
     rec: &Record,
     limit: u64,
-    budget: &mut InflateBudget,
+    budget: &mut InflateBudget<'_>,
 ) -> Result<Vec<u8>> {
     if rec.size > limit {
         return Err(CkptError::Limit {
@@ -288,11 +321,18 @@ fn read_record(
     let f = za.by_index(rec.index).map_err(|e| CkptError::Zip { path: path.to_owned(), source: Box::new(e) })?;
     let mut out = Vec::with_capacity(usize::try_from(rec.size).unwrap_or(0));
     // Read one byte past the declared size: a record that inflates to more than it declares is refused.
-    f.take(rec.size + 1).read_to_end(&mut out).map_err(|source| CkptError::Inflate {
-        path: path.to_owned(),
-        record: name.to_owned(),
-        source,
-    })?;
+    let mut f = f.take(rec.size.saturating_add(1));
+    loop {
+        let n = (&mut f).take(INFLATE_CHUNK).read_to_end(&mut out).map_err(|source| CkptError::Inflate {
+            path: path.to_owned(),
+            record: name.to_owned(),
+            source,
+        })?;
+        if n == 0 {
+            break;
+        }
+        budget.inflated.add(n as u64);
+    }
     if out.len() as u64 != rec.size {
         return Err(CkptError::RecordSize {
             path: path.to_owned(),

@@ -29,7 +29,7 @@ pub fn run(a: Args, g: Global) -> Result<ExitCode, CliError> {
     let key_text = key.unwrap_or("");
     let value = ckpt
         .config_json(key_text)
-        .ok_or_else(|| CliError::Usage(format!("{}: no key {key_text}", a.file.display())))?;
+        .ok_or_else(|| CliError::NoKey { file: a.file.display().to_string(), key: key_text.to_owned() })?;
     match g.format() {
         OutputFormat::Json => output::json_line(&value)?,
         OutputFormat::Text => {

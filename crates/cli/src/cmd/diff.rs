@@ -3,9 +3,10 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use pmstate_ckpt::{diff, Checkpoint, Difference, Tolerance};
+use pmstate_ckpt::{diff_with_progress, tensor_bytes, Difference, Tolerance};
 use serde::Serialize;
 
+use crate::progress::Progress;
 use crate::{output, CliError, Global};
 
 /// `pmstate diff [--rtol R] [--atol A] A B`
@@ -35,11 +36,14 @@ struct Report<'a> {
 
 /// Runs the command: exit 0 equal, 1 different.
 pub fn run(args: Args, g: Global) -> Result<ExitCode, CliError> {
-    let a = Checkpoint::open(&args.a)?;
-    let b = Checkpoint::open(&args.b)?;
+    let a = crate::progress::open_checkpoint(&args.a, g)?;
+    let b = crate::progress::open_checkpoint(&args.b, g)?;
     let tol = Tolerance { rtol: args.rtol, atol: args.atol };
     crate::test_pause::point();
-    let diffs = diff(&a, &b, tol)?;
+    // a bar over A's tensor bytes (large files only, never with --json or --quiet)
+    let bar = Progress::new(tensor_bytes(&a), "comparing", g);
+    let diffs = diff_with_progress(&a, &b, tol, &|done| bar.update(done))?;
+    bar.finish();
     // The tensors were read after the structure: a file rewritten meanwhile
     // (a training job saving over it) would make the comparison meaningless.
     a.check_unchanged()?;

@@ -91,7 +91,7 @@ fn distinct(flagged: &[(String, String)]) -> Vec<DistinctGlobal<'_>> {
 /// Runs the command.
 pub fn run(a: Args, g: Global) -> Result<ExitCode, CliError> {
     let t0 = Instant::now();
-    let ckpt = Checkpoint::open(&a.file)?;
+    let ckpt = crate::progress::open_checkpoint(&a.file, g)?;
     crate::test_pause::point();
     let tensors = ckpt.tensors();
     let (normalizers, lazy) = normalizer_report(&ckpt)?;

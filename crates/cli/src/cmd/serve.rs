@@ -61,8 +61,9 @@ pub struct Args {
     #[arg(long, default_value_t = 1.0, value_parser = crate::args::positive_seconds, requires = "watch")]
     watch_interval: f64,
     /// Pin the width of an observation key the checkpoint leaves open
-    /// (KEY=N, repeatable): model metadata then says [-1, N] and requests
-    /// of another width are refused.
+    /// (KEY=N, repeatable; it takes precedence over the width the resolved
+    /// configs give): model metadata then says [-1, N] and requests of
+    /// another width are refused.
     #[arg(long = "width", value_parser = width_pin)]
     widths: Vec<(String, usize)>,
     /// Refuse requests holding NaN or infinite inputs (400) instead of running them.
@@ -140,7 +141,9 @@ fn width_pin(s: &str) -> Result<(String, usize), String> {
 
 /// Serves until SIGINT or SIGTERM; each event is a line (or, with
 /// `--json`, an object with an `event` field: listening, reloaded,
-/// reload_failed, draining, drain_timed_out, stopped).
+/// reload_failed, draining, drain_waiting, drain_forced, drain_timed_out,
+/// stopped). Exit 0 after a drain; a second SIGINT/SIGTERM while the drain
+/// waits stops at once, exit 130 (SIGINT) or 143 (SIGTERM).
 pub fn run(a: Args, g: Global) -> Result<ExitCode, CliError> {
     let (device, _) = a.device.open()?;
     let source = if a.pipeline {
@@ -180,9 +183,13 @@ pub fn run(a: Args, g: Global) -> Result<ExitCode, CliError> {
             output::line(e);
         }
     });
-    // a drain on SIGINT/SIGTERM is the normal way to stop a server: exit 0
-    pmstate_serve::serve_until_signalled(opts, events, None)?;
-    Ok(ExitCode::SUCCESS)
+    // a drain on SIGINT/SIGTERM is the normal way to stop a server: exit 0;
+    // a second signal during the drain drops what was in flight: 128 + its number, as a shell reports a kill
+    let stopped = pmstate_serve::serve_until_signalled(opts, events, None)?;
+    match stopped.forced_by {
+        Some(sig) => Ok(ExitCode::from(u8::try_from(128 + sig).unwrap_or(1))),
+        None => Ok(ExitCode::SUCCESS),
+    }
 }
 
 #[cfg(test)]

@@ -25,15 +25,13 @@ async fn health_and_metadata() {
     let m = c.get("/v2/models/policy").await.unwrap().json();
     assert_eq!(m["name"], "policy");
     assert_eq!(m["versions"], json!(["1"]));
-    // the smpl tracker fixes only 358 + 576 + 69 = 1003: each width is open (-1)
-    assert_eq!(
-        m["inputs"],
-        json!([
-            {"name": "max_coords_obs", "datatype": "FP32", "shape": [-1, -1]},
-            {"name": "mimic_target_poses", "datatype": "FP32", "shape": [-1, -1]},
-            {"name": "previous_actions", "datatype": "FP32", "shape": [-1, -1]},
-        ])
-    );
+    // the smpl tracker's checkpoint fixes only 358 + 576 + 69 = 1003; the resolved configs'
+    // observation components give each width (those record_policy.py recorded the observations with)
+    let want: Vec<serde_json::Value> = recorded_widths("smpl_tracker")
+        .into_iter()
+        .map(|(k, w)| json!({"name": k, "datatype": "FP32", "shape": [-1, w]}))
+        .collect();
+    assert_eq!(m["inputs"], json!(want));
     let outs: Vec<(String, serde_json::Value)> = m["outputs"]
         .as_array()
         .unwrap()
@@ -58,7 +56,9 @@ async fn health_and_metadata() {
     // the configuration: Triton's fields, and the details beyond the protocol
     let cfg = c.get("/v2/models/policy/config").await.unwrap().json();
     assert_eq!(cfg["max_batch_size"], 256);
-    assert_eq!(cfg["input"][0], json!({"name": "max_coords_obs", "data_type": "TYPE_FP32", "dims": [-1]}));
+    let dims: Vec<_> = cfg["input"].as_array().unwrap().iter().map(|i| i["dims"].clone()).collect();
+    let want: Vec<_> = recorded_widths("smpl_tracker").into_iter().map(|(_, w)| json!([w])).collect();
+    assert_eq!(dims, want);
     let p = &cfg["pmstate"];
     assert_eq!(p["version"], "1");
     assert_eq!(p["provenance"]["device"], "cpu");
@@ -210,12 +210,61 @@ async fn pinned_widths_are_in_the_metadata_and_refuse_another_split() {
     s.server.handle().shutdown();
     s.server.wait().await.unwrap();
 
-    // without the pins the same split is accepted (only the sum is known): the pins are what refuse it
-    let s = start(options(ckpt)).await;
+    // without pins the resolved configs' widths refuse it the same way
+    let s = start(options(ckpt.clone())).await;
+    let reply = infer(&s.client, body.clone()).await;
+    assert_eq!(reply.status, 400);
+    assert_eq!(reply.json()["error"], "input max_coords_obs: width 357, expected 358");
+    s.server.handle().shutdown();
+    s.server.wait().await.unwrap();
+
+    // pins take precedence over the configs: pinned to that split, it is accepted
+    let mut opts = options(ckpt);
+    opts.widths = vec![("max_coords_obs".into(), 357), ("mimic_target_poses".into(), 577)];
+    let s = start(opts).await;
+    let m = s.client.get("/v2/models/policy").await.unwrap().json();
+    assert_eq!(m["inputs"][2], json!({"name": "previous_actions", "datatype": "FP32", "shape": [-1, 69]}));
     let reply = infer(&s.client, body).await;
     assert_eq!(outputs(&reply)["mean_action"].0, [2, 69]);
     s.server.handle().shutdown();
     s.server.wait().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metadata_gives_every_bundled_policys_input_widths_where_derivable() {
+    // every input of the real-config policies has its width: the checkpoint's, or the configs' where it
+    // leaves one open; the synthetic policies' keys (obs_a, ...) are no observation component of their
+    // configs, so where the checkpoint fixes only their sum they stay -1
+    for v in ["smpl_tracker", "g1_amp_deploy", "container_obsprocessor", "module_ops_amp", "layernorm_activations"] {
+        let s = start_variant(v).await;
+        let m = s.client.get("/v2/models/policy").await.unwrap().json();
+        let recorded = recorded_widths(v);
+        for input in m["inputs"].as_array().unwrap() {
+            let name = input["name"].as_str().unwrap();
+            let want = recorded.iter().find(|(k, _)| k == name).map(|(_, w)| *w as i64).unwrap();
+            let got = input["shape"][1].as_i64().unwrap();
+            if v == "layernorm_activations" {
+                assert_eq!(got, -1, "{v} {name}");
+            } else {
+                assert_eq!(got, want, "{v} {name}");
+            }
+        }
+        s.server.handle().shutdown();
+        s.server.wait().await.unwrap();
+    }
+}
+
+/// The widths record_policy.py recorded a variant's observations with, in the
+/// manifest's order (manifest.json `obs_widths`).
+fn recorded_widths(variant: &str) -> Vec<(String, usize)> {
+    let text = std::fs::read_to_string(testdata(variant).join("../manifest.json")).unwrap();
+    let m: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let v = m["variants"].as_array().unwrap().iter().find(|x| x["name"] == variant).unwrap();
+    let order =
+        v["model_in_keys"].as_array().map(|a| a.iter().map(|k| k.as_str().unwrap().to_owned()).collect::<Vec<_>>());
+    let w = v["obs_widths"].as_object().unwrap();
+    let keys = order.unwrap_or_else(|| w.keys().cloned().collect());
+    keys.into_iter().filter_map(|k| w.get(&k).and_then(|x| x.as_u64()).map(|x| (k, x as usize))).collect()
 }
 
 /// The `count` buffer of a normalizer, read from the checkpoint itself (through pmstate-ckpt's safetensors export).

@@ -21,7 +21,7 @@ async fn shutdown_drains_the_requests_in_flight() {
     until("3 queued", || metric(&handle.metrics_text(), "pmstate_queue_depth") == 3.0).await;
 
     handle.shutdown();
-    until("draining", || s.events.all().iter().any(|e| matches!(e, Event::Draining))).await;
+    until("draining", || s.events.all().iter().any(|e| matches!(e, Event::Draining { .. }))).await;
     // no new connections once draining (the listener closes soon after the
     // event; a slow machine may take a while: the watchdog is generous)
     let addr = s.addr;

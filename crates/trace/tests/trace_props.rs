@@ -2,10 +2,10 @@
 //! free-mode bound against a float32 reduction, hostile bytes.
 
 use candle_core::{Device, Tensor};
-use pmstate::trace::{
+use pmstate_norm::{Direction, Moments, NormConfig, RunningMeanStd};
+use pmstate_trace::{
     read_bytes, replay, to_bytes, Mode, ModuleClass, ModuleSpec, Op, Recorder, ReplayOptions, Trace, UpdateResult,
 };
-use pmstate::{Direction, Moments, NormConfig, RunningMeanStd};
 use proptest::prelude::*;
 
 fn data(seed: u64, n: usize, scale: f64, offset: f64) -> Vec<f32> {
@@ -203,7 +203,7 @@ proptest! {
 
     #[test]
     fn the_reader_never_panics_on_damaged_traces(cut in any::<prop::sample::Index>(), flips in proptest::collection::vec((any::<prop::sample::Index>(), 0u8..8), 0..4)) {
-        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/testdata/traces/dist_w3_welford.pmtrace.safetensors");
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../testdata/traces/dist_w3_welford.pmtrace.safetensors");
         let mut b = std::fs::read(path).unwrap();
         for (i, bit) in flips {
             let i = i.index(b.len());
@@ -220,7 +220,7 @@ proptest! {
 
 #[test]
 fn replays_of_a_tampered_trace_fail() {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/testdata/traces/fixed_clamp.pmtrace.safetensors");
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../testdata/traces/fixed_clamp.pmtrace.safetensors");
     let mut t = read_bytes(&std::fs::read(path).unwrap()).unwrap();
     if let Op::RecordMoments { result: Some(u), .. } = &mut t.steps[0].op {
         let m = &u.state.mean;
