@@ -530,11 +530,14 @@ fn sub3(a: Vec3, b: Vec3) -> Vec3 {
 
 /// The 0-based positions a selection picks (all of them without one).
 /// Widths were checked when the pipeline was built, so the selection fits.
-fn positions(steps: Option<&Steps>, available: usize) -> Vec<usize> {
-    match steps {
-        None => (0..available).collect(),
-        Some(s) => s.positions(available).unwrap_or_default(),
-    }
+/// (An iterator, not a Vec: a control step allocates nothing.)
+fn positions(steps: Option<&Steps>, available: usize) -> impl Iterator<Item = usize> + '_ {
+    let (first, picked) = match steps {
+        None => (available, None),
+        Some(Steps::First(n)) => ((*n).min(available), None),
+        Some(Steps::Indices(v)) => (0, Some(v.iter().map(|s| s.saturating_sub(1)).filter(move |&p| p < available))),
+    };
+    (0..first).chain(picked.into_iter().flatten())
 }
 
 fn quat(s: &[f32], i: usize) -> Quat {

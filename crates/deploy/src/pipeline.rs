@@ -83,10 +83,20 @@ impl Outputs {
     }
 }
 
+/// The buffers of one control step, kept by the [`crate::Tracker`].
+#[derive(Debug, Default)]
+pub(crate) struct StepScratch {
+    obs: Vec<Vec<f32>>,
+    actor: pmstate_policy::ActorScratch,
+    mean: Vec<f32>,
+}
+
 /// A deployable tracker: observations, actor, action function.
 #[derive(Debug)]
 pub struct Pipeline {
     policy: Policy,
+    /// For each of the actor's keys ([`Policy::actor_keys`]), its observation's index.
+    actor_obs: Vec<usize>,
     dims: Dims,
     inputs: Vec<Input>,
     observations: Vec<Observation>,
@@ -262,7 +272,17 @@ impl Pipeline {
                 action: &action,
             },
         )?;
-        Ok(Pipeline { policy, dims, inputs, observations, action, contract })
+        // every actor key has an observation (checked above, MissingObservation)
+        let actor_obs = policy
+            .actor_keys()
+            .iter()
+            .map(|k| observations.iter().position(|o| &o.key == k))
+            .collect::<Option<Vec<usize>>>()
+            .ok_or_else(|| DeployError::MissingObservation {
+                file: c.file.clone(),
+                key: policy.actor_keys().join(", "),
+            })?;
+        Ok(Pipeline { policy, actor_obs, dims, inputs, observations, action, contract })
     }
 
     /// The inputs, in the graph's order.
@@ -364,6 +384,42 @@ impl Pipeline {
     pub fn forward(&self, inputs: &HashMap<String, Tensor>) -> Result<Outputs> {
         let (batch, flat) = self.check_inputs(inputs)?;
         self.forward_flat(batch, &flat)
+    }
+
+    /// One row through the pipeline in the caller's buffers (`flat`: the
+    /// inputs in input order, one row each): observations, the actor's mean
+    /// action (allocation-free for a flat actor, see
+    /// [`Policy::mean_action_into`]), the action function. Once `scratch`
+    /// has grown, a step allocates nothing when the actor is flat; otherwise
+    /// it runs [`Pipeline::forward_flat`] and copies.
+    pub(crate) fn step_into(
+        &self,
+        flat: &[Vec<f32>],
+        scratch: &mut StepScratch,
+        actions: &mut [f32],
+        targets: &mut [f32],
+    ) -> Result<()> {
+        let StepScratch { obs, actor, mean } = scratch;
+        obs.resize_with(self.observations.len(), Vec::new);
+        for (o, buf) in self.observations.iter().zip(obs.iter_mut()) {
+            buf.clear();
+            buf.resize(o.width, 0.0);
+            let arg = |name: &str| -> Option<&[f32]> {
+                let (_, idx) = o.args.iter().find(|(a, _)| *a == name)?;
+                flat.get((*idx)?).map(Vec::as_slice)
+            };
+            o.compute.compute_row(&self.dims, &arg, buf);
+        }
+        let obs: &[Vec<f32>] = obs;
+        let ran = self.policy.mean_action_into(1, &|i| obs[self.actor_obs[i]].as_slice(), actor, mean)?;
+        if ran {
+            actions.copy_from_slice(mean);
+        } else {
+            let out = self.forward_flat(1, flat)?;
+            actions.copy_from_slice(&out.actions.flatten_all()?.to_vec1::<f32>()?);
+        }
+        self.action.targets(actions, targets);
+        Ok(())
     }
 
     /// [`Pipeline::forward`] on inputs already checked and flattened, in

@@ -14,7 +14,7 @@ use crate::context::Feedback;
 use crate::contract::Contract;
 use crate::error::{DeployError, Result, SensorProblem};
 use crate::motion::MotionPlayer;
-use crate::pipeline::Pipeline;
+use crate::pipeline::{Pipeline, StepScratch};
 use crate::rotations::{cross, dot3, Quat, Vec3};
 
 /// One control step's sensor readings (the robot's state, xyzw quaternions).
@@ -266,6 +266,7 @@ pub struct Tracker {
     prev_prev: Vec<f32>,
     /// How many of `prev`, `prev_prev` hold a step (0 to 2).
     clamp_history: usize,
+    scratch: StepScratch,
     out: PdTargets,
 }
 
@@ -313,6 +314,7 @@ impl Tracker {
             prev: vec![0.0; nd],
             prev_prev: vec![0.0; nd],
             clamp_history: 0,
+            scratch: StepScratch::default(),
             out: PdTargets {
                 actions: vec![0.0; nd],
                 joint_pos_targets: vec![0.0; nd],
@@ -464,41 +466,52 @@ impl Tracker {
                 }
             }
         }
-        let out = self.pipeline.forward_flat(1, &self.buffers)?;
-        let actions = out.actions.flatten_all()?.to_vec1::<f32>()?;
-        let mut pd = out.joint_pos_targets.flatten_all()?.to_vec1::<f32>()?;
-        self.filter(&mut pd);
+        let PdTargets { actions, joint_pos_targets: pd, .. } = &mut self.out;
+        self.pipeline.step_into(&self.buffers, &mut self.scratch, actions, pd)?;
+        Self::filter(
+            &self.options,
+            &mut self.prev,
+            &mut self.prev_prev,
+            &mut self.clamp_history,
+            &mut self.ema_prev,
+            pd,
+        );
         let nd = pd.len();
         if self.history > 0 {
             // newest first: step 1 (the previous control step) at index 0
             self.fed_targets.copy_within(..(self.history - 1) * nd, nd);
-            self.fed_targets[..nd].copy_from_slice(&pd);
+            self.fed_targets[..nd].copy_from_slice(pd);
             self.fed_actions.copy_within(..(self.history - 1) * nd, nd);
-            self.fed_actions[..nd].copy_from_slice(&actions);
+            self.fed_actions[..nd].copy_from_slice(actions);
         }
-        self.out.actions.copy_from_slice(&actions);
-        self.out.joint_pos_targets.copy_from_slice(&pd);
         self.frame = self.frame.saturating_add(1);
         Ok(&self.out)
     }
 
     /// The acceleration clamp, then the EMA filter, in NumPy float32 as the
     /// deployment loop computes them (Python floats rounded to float32).
-    fn filter(&mut self, pd: &mut [f32]) {
-        if let (Some(max), 2) = (self.options.pd_target_max_accel, self.clamp_history) {
+    fn filter(
+        options: &TrackerOptions,
+        prev: &mut Vec<f32>,
+        prev_prev: &mut Vec<f32>,
+        clamp_history: &mut usize,
+        ema_prev: &mut Option<Vec<f32>>,
+        pd: &mut [f32],
+    ) {
+        if let (Some(max), 2) = (options.pd_target_max_accel, *clamp_history) {
             let m = max as f32;
-            for ((x, p), pp) in pd.iter_mut().zip(&self.prev).zip(&self.prev_prev) {
+            for ((x, p), pp) in pd.iter_mut().zip(prev.iter()).zip(prev_prev.iter()) {
                 let delta = *x - p;
                 let prev_delta = p - pp;
                 *x = p + prev_delta + clip(delta - prev_delta, -m, m);
             }
         }
-        std::mem::swap(&mut self.prev, &mut self.prev_prev);
-        self.prev.copy_from_slice(pd);
-        self.clamp_history = (self.clamp_history + 1).min(2);
-        let alpha = self.options.action_ema_alpha;
+        std::mem::swap(prev, prev_prev);
+        prev.copy_from_slice(pd);
+        *clamp_history = (*clamp_history + 1).min(2);
+        let alpha = options.action_ema_alpha;
         if alpha < 1.0 {
-            let prev = self.ema_prev.get_or_insert_with(|| pd.to_vec());
+            let prev = ema_prev.get_or_insert_with(|| pd.to_vec());
             let (a, b) = (alpha as f32, (1.0 - alpha) as f32);
             for (x, p) in pd.iter_mut().zip(prev.iter_mut()) {
                 *x = a * *x + b * *p;

@@ -140,6 +140,11 @@ impl RunningMeanStd {
         self.stats.as_ref().map(|s| NormState { mean: s.mean.clone(), var: s.var.clone(), count: s.count })
     }
 
+    /// `mean.float()`, F32: what normalize subtracts.
+    pub fn mean_f32(&self) -> Option<&Tensor> {
+        self.stats.as_ref().map(|s| &s.mean_f32)
+    }
+
     /// `torch.sqrt(var.float() + epsilon)`, correctly rounded, F32.
     pub fn std_f32(&self) -> Option<&Tensor> {
         self.stats.as_ref().map(|s| &s.std_f32)

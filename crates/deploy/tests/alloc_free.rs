@@ -1,0 +1,90 @@
+//! A control step allocates nothing once the tracker has run one: every
+//! allocation of this process is counted (a global allocator wrapping the
+//! system's), and 200 steps of the g1 tracker after a warm-up must make
+//! none. The test binary holds only this test, so no other thread allocates
+//! while it counts.
+// A GlobalAlloc is unsafe to implement; it forwards to the system allocator.
+#![allow(unsafe_code)]
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use candle_core::Device;
+use pmstate_deploy::{MotionClip, MotionPlayer, Pipeline, Sensors, Tracker, TrackerOptions};
+
+struct Counting;
+
+static ALLOCATIONS: AtomicUsize = AtomicUsize::new(0);
+
+// SAFETY: every call forwards to `System` with the caller's arguments, so
+// the GlobalAlloc contract holds exactly as for the system allocator; the
+// counter is an atomic.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: forwarded as received.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: forwarded as received.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: forwarded as received.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static COUNTING: Counting = Counting;
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+#[test]
+fn a_step_allocates_nothing_after_the_first() {
+    let pipeline = Pipeline::load(root().join("testdata/policy/g1_amp_deploy/last.ckpt"), None).expect("load");
+    let clip = MotionClip::load(root().join("testdata/deploy/synthetic.motion")).expect("clip");
+    let player = MotionPlayer::new(&clip, pipeline.contract().dt).expect("player");
+    let mut opts = TrackerOptions::from_contract(pipeline.contract());
+    // the filters on too: their buffers are allocated at the first step
+    opts.action_ema_alpha = 0.8;
+    opts.pd_target_max_accel = Some(50.0);
+    let mut t = Tracker::new(pipeline, player, opts).expect("tracker");
+    let s =
+        candle_core::safetensors::load(root().join("testdata/deploy/g1_amp_deploy/sensors.safetensors"), &Device::Cpu)
+            .expect("sensors");
+    let col = |k: &str| s[k].flatten_all().and_then(|t| t.to_vec1::<f32>()).expect("f32");
+    let (dp, dv, ar, av) = (col("dof_pos"), col("dof_vel"), col("anchor_rot"), col("root_local_ang_vel"));
+    let steps = s["dof_pos"].dims()[0];
+    let nd = dp.len() / steps;
+    let step = |t: &mut Tracker, k: usize| {
+        let k = k % steps;
+        let sensors = Sensors {
+            dof_pos: &dp[k * nd..(k + 1) * nd],
+            dof_vel: &dv[k * nd..(k + 1) * nd],
+            anchor_rot: [ar[4 * k], ar[4 * k + 1], ar[4 * k + 2], ar[4 * k + 3]],
+            root_local_ang_vel: [av[3 * k], av[3 * k + 1], av[3 * k + 2]],
+            anchor_pos: None,
+            bodies: None,
+        };
+        let out = t.step(&sensors).expect("step");
+        out.joint_pos_targets[0]
+    };
+    for k in 0..3 {
+        step(&mut t, k);
+    }
+    let before = ALLOCATIONS.load(Ordering::Relaxed);
+    let mut sum = 0.0;
+    for k in 3..203 {
+        sum += step(&mut t, k);
+    }
+    let made = ALLOCATIONS.load(Ordering::Relaxed) - before;
+    assert!(sum.is_finite());
+    assert_eq!(made, 0, "200 steps made {made} allocations");
+}
