@@ -379,6 +379,23 @@ def v_soma_tracker(root):
     )
 
 
+def v_soma_fsq_tracker(root):
+    rel = "data/pretrained_models/motion_tracker/soma_bones_fsq/experiment_config.py"
+    cfgs, mod, args = build_configs(root, rel, "soma23", "soma_fsq_tracker")
+    model = cfgs["agent"].model
+    fsq = model.actor.mu_model
+    shrink_units(fsq.encoder, {1024: 16, 512: 12, 256: 8})
+    shrink_units(fsq.decoder, {1024: 16, 512: 12, 256: 8})
+    shrink_units(model.critic, {1024: 16})
+    widths = real_obs_widths(cfgs["env"], cfgs["robot"])
+    return dict(
+        cfgs=cfgs, inference_cfgs=inference_configs(cfgs, mod, args),
+        widths={k: widths[k] for k in model.in_keys}, n_iters=300, batch=16, seed=9, source=rel,
+        shrunk="hidden units 1024/512/256 -> 16/12/8 (encoder, decoder, critic); 9 levels x 40 FSQ scalars, "
+               "observation widths and action size as in the real config",
+    )
+
+
 def _synthetic_base(root, which):
     if which == "ppo":
         rel = "data/pretrained_models/motion_tracker/smpl/experiment_config.py"
@@ -532,6 +549,11 @@ VARIANTS = [
                      "(soma23 robot, 66 actions, max_coords_obs + mimic_target_poses + previous_actions, "
                      "normalized_pd_fixed_gains_action with tanh)",
      v_soma_tracker),
+    ("soma_fsq_tracker", "PPO FSQ tracker built from the shipped soma_bones_fsq experiment config "
+                         "(actor mu_model FSQAutoEncoder: MLPWithConcat encoder over mimic_target_poses -> "
+                         "40 scalars, tanh bound, round to 9 levels, decoder over max_coords_obs + codes; "
+                         "Muon actor optimizer)",
+     v_soma_fsq_tracker),
     ("layernorm_activations", "PPO: use_layer_norm on several layers (only layer 0 gets one), every "
                               "activation name get_activation_func accepts, mixed case, tanh/elu output "
                               "activations, learnable std moved off its init, EMA 0.99",
@@ -678,6 +700,18 @@ def eval_outputs(agent, obs):
             def hook(m, inp, out, path=path):
                 captured[path] = (inp[0].detach().clone(), out.detach().clone())
             handles.append(mod.register_forward_hook(hook))
+    fsq = {}
+    for path, mod in model.named_modules():
+        if type(mod).__name__ == "FSQAutoEncoder":
+            # the encoder's raw output and the codes the decoder reads (the
+            # TensorDict key is overwritten in place, so both are cloned here)
+            def enc_hook(m, inp, out, path=path, ae=mod):
+                fsq[f"fsq.{path}.encoder_out"] = out[ae.encoder_out_keys[0]].detach().clone()
+
+            def dec_pre_hook(m, args, path=path, ae=mod):
+                fsq[f"fsq.{path}.codes"] = args[0][ae.latent_key].detach().clone()
+            handles.append(mod.encoder.register_forward_hook(enc_hook))
+            handles.append(mod.decoder.register_forward_pre_hook(dec_pre_hook))
     try:
         td = agent.obs_dict_to_tensordict({k: v.clone() for k, v in obs.items()})
         torch.manual_seed(EVAL_SEED)
@@ -705,6 +739,18 @@ def eval_outputs(agent, obs):
             continue
         res[f"td.{k}"] = out[k].detach().clone()
     mods = dict(model.named_modules())
+    for k in sorted(fsq):
+        if k.endswith(".codes"):
+            continue
+        ae = mods[k[len("fsq."):-len(".encoder_out")]]
+        res[k] = fsq[k]
+        # the bounded latent (tanh(e) * half_L) the rounding sees, and the
+        # non-persistent buffer it is scaled by
+        res[k.replace(".encoder_out", ".bounded")] = ae.bound(fsq[k]).detach().clone()
+        res[k.replace(".encoder_out", ".half_L")] = ae.half_L.detach().clone()
+    actor_codes = [k for k in sorted(fsq) if k.startswith("fsq._actor.") and k.endswith(".codes")]
+    if actor_codes:
+        res["latent_codes"] = fsq[actor_codes[0]]
     actor_norms = [p for p in captured if p.startswith("_actor.")]
     if actor_norms:
         res["norm_obs"] = captured[actor_norms[0]][1]
