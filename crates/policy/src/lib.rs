@@ -11,6 +11,7 @@ mod config_object;
 pub mod describe;
 pub mod discriminator;
 mod error;
+pub mod fsq;
 pub mod kernels;
 mod load;
 pub mod mlp;
@@ -29,4 +30,4 @@ pub use load::{find_config, read_model_config, AllowedGlobal, Globals, LoadOptio
 pub use mlp::CpuKernels;
 pub use model::{AmpNetworks, DiscOutputs, Outputs, Part, Policy, Sampled};
 pub use network::TensorMap;
-pub use problem::{ExprProblem, FieldProblem, GraphProblem, OpProblem};
+pub use problem::{ExprProblem, FieldProblem, FsqKeyRole, GraphProblem, OpProblem};
