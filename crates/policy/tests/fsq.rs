@@ -146,3 +146,25 @@ fn fsq_settings_not_implemented_are_refused_naming_the_field() {
         "{e}"
     );
 }
+
+#[test]
+fn the_amp_fsq_tracker_has_its_discriminator_and_surface_input() {
+    let p = Policy::load(data("soma_fsq_amp/last.ckpt"), None, &Device::Cpu).unwrap();
+    let d = p.describe().unwrap();
+    let roles: Vec<&str> = d.networks.iter().map(|n| n.role).collect();
+    assert_eq!(roles, ["actor", "critic", "discriminator", "disc_critic"]);
+    assert_eq!(d.networks[0].in_keys, ["mimic_target_poses", "max_coords_obs", "nearest_surface"]);
+    assert_eq!(d.networks[0].quantizers.len(), 1);
+    assert!(d.networks[2].quantizers.is_empty());
+    // the decoder reads two observations beside the codes: only their sum is fixed
+    let g = d.width_groups.iter().find(|g| g.module == "agent.model.actor.mu_model.decoder").unwrap();
+    assert_eq!(g.keys, ["max_coords_obs", "nearest_surface", "latent"]);
+    assert_eq!(g.total, 401);
+    let obs = candle_core::safetensors::load(data("soma_fsq_amp/obs.safetensors"), &Device::Cpu).unwrap();
+    let w = |k: &str| obs[k].dims()[1];
+    assert_eq!(w("max_coords_obs") + w("nearest_surface") + 40, 401);
+    // the discriminator runs on its own keys; the actor's codes do not depend on it
+    let disc = p.discriminate(&obs).unwrap();
+    assert_eq!(disc.disc_logits.dims(), [8, 1]);
+    assert!(p.forward(&obs).unwrap().latent_codes.is_some());
+}

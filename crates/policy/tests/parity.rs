@@ -18,7 +18,7 @@ use pmstate_policy::{Part, Policy};
 /// some columns, which moves a quotient by up to 2 ulps ([`sqrt_ulps`]).
 const NORM_ULPS: u32 = 2;
 
-const VARIANTS: [&str; 9] = [
+const VARIANTS: [&str; 10] = [
     "smpl_tracker",
     "g1_amp_deploy",
     "layernorm_activations",
@@ -28,6 +28,7 @@ const VARIANTS: [&str; 9] = [
     "module_ops_amp",
     "soma_tracker",
     "soma_fsq_tracker",
+    "soma_fsq_amp",
 ];
 
 fn dir(v: &str) -> PathBuf {
