@@ -247,7 +247,8 @@ impl Network {
                     problem: GraphProblem::Unwritten { key: f.latent_key.clone() },
                 })?;
                 let width = latent.dims().last().copied().unwrap_or(0);
-                if latent.rank() != 2 || width != f.quantizer.scalars {
+                // half_L.unsqueeze(0) broadcasts over the last dim, whatever the rank
+                if width != f.quantizer.scalars {
                     return Err(PolicyError::BadField {
                         path: f.path.clone(),
                         field: "num_fsq_scalars".into(),
