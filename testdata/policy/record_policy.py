@@ -266,6 +266,14 @@ def _fake_context_tensor(path, n, b, d, f, h, c, a, g):
         return quat(n)
     if leaf in ("anchor_pos", "root_local_ang_vel"):
         return rn(n, 3)
+    # nearest_surface: the terrain and scene inputs are optional and do not
+    # change its width (one vector per selected body)
+    if path.startswith(("terrain.", "scene.")):
+        return None
+    if leaf == "root_pos":
+        return rn(n, 3)
+    if leaf == "root_rot":
+        return quat(n)
     raise KeyError(f"no stand-in for context path {path}")
 
 
@@ -376,6 +384,47 @@ def v_soma_tracker(root):
         cfgs=cfgs, inference_cfgs=inference_configs(cfgs, mod, args),
         widths={k: widths[k] for k in model.in_keys}, n_iters=300, batch=16, seed=8, source=rel,
         shrunk="hidden units 1024 -> 16; observation widths and action size as in the real config",
+    )
+
+
+def v_soma_fsq_tracker(root):
+    rel = "data/pretrained_models/motion_tracker/soma_bones_fsq/experiment_config.py"
+    cfgs, mod, args = build_configs(root, rel, "soma23", "soma_fsq_tracker")
+    model = cfgs["agent"].model
+    fsq = model.actor.mu_model
+    shrink_units(fsq.encoder, {1024: 16, 512: 12, 256: 8})
+    shrink_units(fsq.decoder, {1024: 16, 512: 12, 256: 8})
+    shrink_units(model.critic, {1024: 16})
+    widths = real_obs_widths(cfgs["env"], cfgs["robot"])
+    return dict(
+        cfgs=cfgs, inference_cfgs=inference_configs(cfgs, mod, args),
+        widths={k: widths[k] for k in model.in_keys}, n_iters=300, batch=16, seed=9, source=rel,
+        shrunk="hidden units 1024/512/256 -> 16/12/8 (encoder, decoder, critic); 9 levels x 40 FSQ scalars, "
+               "observation widths and action size as in the real config",
+    )
+
+
+def v_soma_fsq_amp(root):
+    rel = "data/pretrained_models/motion_tracker/soma_bones_fsq_amp_muon/experiment_config.py"
+    cfgs, mod, args = build_configs(root, rel, "soma23", "soma_fsq_amp")
+    model = cfgs["agent"].model
+    fsq = model.actor.mu_model
+    shrink_units(fsq.encoder, {1024: 16, 512: 12, 256: 8})
+    shrink_units(fsq.decoder, {1024: 16, 512: 12, 256: 8})
+    shrink_units(model.critic, {1024: 16})
+    shrink_units(model.discriminator.models[0], {1024: 16, 512: 12})
+    shrink_units(model.disc_critic.models[0], {512: 12, 256: 8})
+    real = real_obs_widths(cfgs["env"], cfgs["robot"])
+    # the actor's inputs keep their real widths; the discriminators'
+    # (historical_max_coords_obs) is cut to keep the files small
+    small = {"historical_max_coords_obs": 56}
+    widths = {k: small.get(k, real[k]) for k in model.in_keys}
+    return dict(
+        cfgs=cfgs, inference_cfgs=inference_configs(cfgs, mod, args),
+        widths=widths, real_widths={k: real[k] for k in model.in_keys}, n_iters=300, batch=16, seed=10,
+        source=rel,
+        shrunk="hidden units 1024/512/256 -> 16/12/8 (encoder, decoder, critic, discriminator, disc critic); "
+               "9 levels x 40 FSQ scalars; width of historical_max_coords_obs cut (real_widths has the real one)",
     )
 
 
@@ -532,6 +581,15 @@ VARIANTS = [
                      "(soma23 robot, 66 actions, max_coords_obs + mimic_target_poses + previous_actions, "
                      "normalized_pd_fixed_gains_action with tanh)",
      v_soma_tracker),
+    ("soma_fsq_tracker", "PPO FSQ tracker built from the shipped soma_bones_fsq experiment config "
+                         "(actor mu_model FSQAutoEncoder: MLPWithConcat encoder over mimic_target_poses -> "
+                         "40 scalars, tanh bound, round to 9 levels, decoder over max_coords_obs + codes; "
+                         "Muon actor optimizer)",
+     v_soma_fsq_tracker),
+    ("soma_fsq_amp", "AMP FSQ tracker built from the shipped soma_bones_fsq_amp_muon experiment config "
+                     "(FSQAutoEncoder actor over max_coords_obs + nearest_surface + codes, discriminator and "
+                     "disc critic containers over historical_max_coords_obs)",
+     v_soma_fsq_amp),
     ("layernorm_activations", "PPO: use_layer_norm on several layers (only layer 0 gets one), every "
                               "activation name get_activation_func accepts, mixed case, tanh/elu output "
                               "activations, learnable std moved off its init, EMA 0.99",
@@ -678,6 +736,18 @@ def eval_outputs(agent, obs):
             def hook(m, inp, out, path=path):
                 captured[path] = (inp[0].detach().clone(), out.detach().clone())
             handles.append(mod.register_forward_hook(hook))
+    fsq = {}
+    for path, mod in model.named_modules():
+        if type(mod).__name__ == "FSQAutoEncoder":
+            # the encoder's raw output and the codes the decoder reads (the
+            # TensorDict key is overwritten in place, so both are cloned here)
+            def enc_hook(m, inp, out, path=path, ae=mod):
+                fsq[f"fsq.{path}.encoder_out"] = out[ae.encoder_out_keys[0]].detach().clone()
+
+            def dec_pre_hook(m, args, path=path, ae=mod):
+                fsq[f"fsq.{path}.codes"] = args[0][ae.latent_key].detach().clone()
+            handles.append(mod.encoder.register_forward_hook(enc_hook))
+            handles.append(mod.decoder.register_forward_pre_hook(dec_pre_hook))
     try:
         td = agent.obs_dict_to_tensordict({k: v.clone() for k, v in obs.items()})
         torch.manual_seed(EVAL_SEED)
@@ -705,6 +775,18 @@ def eval_outputs(agent, obs):
             continue
         res[f"td.{k}"] = out[k].detach().clone()
     mods = dict(model.named_modules())
+    for k in sorted(fsq):
+        if k.endswith(".codes"):
+            continue
+        ae = mods[k[len("fsq."):-len(".encoder_out")]]
+        res[k] = fsq[k]
+        # the bounded latent (tanh(e) * half_L) the rounding sees, and the
+        # non-persistent buffer it is scaled by
+        res[k.replace(".encoder_out", ".bounded")] = ae.bound(fsq[k]).detach().clone()
+        res[k.replace(".encoder_out", ".half_L")] = ae.half_L.detach().clone()
+    actor_codes = [k for k in sorted(fsq) if k.startswith("fsq._actor.") and k.endswith(".codes")]
+    if actor_codes:
+        res["latent_codes"] = fsq[actor_codes[0]]
     actor_norms = [p for p in captured if p.startswith("_actor.")]
     if actor_norms:
         res["norm_obs"] = captured[actor_norms[0]][1]

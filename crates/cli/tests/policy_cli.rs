@@ -769,5 +769,40 @@ fn json_errors_are_one_object_on_stderr_naming_kind_file_and_key() {
         } else {
             assert_eq!(plain.trim_end(), format!("pmstate: error: {message}"), "{args:?}");
         }
+
+#[test]
+fn policy_run_on_the_fsq_trackers_writes_torchs_codes() {
+    // mean_action, value, norm_obs (and for AMP the discriminator's outputs) within
+    // their bounds of torch's (check_cli_run), and latent_codes: the codes the decoder
+    // consumed, the library's, and torch's where the rounding is certain
+    // (tests/parity.rs in pmstate-policy derives which)
+    let tmp = tempfile::tempdir().unwrap();
+    for v in ["soma_fsq_tracker", "soma_fsq_amp"] {
+        let got = check_cli_run(v, "last.ckpt", None, tmp.path());
+        let exp = load(&data(&format!("{v}/expected.safetensors")));
+        let obs = load(&data(&format!("{v}/obs.safetensors")));
+        let policy = Policy::load(data(&format!("{v}/last.ckpt")), None, &Device::Cpu).unwrap();
+        let lib = policy.forward(&obs).unwrap();
+        let bits = |t: &Tensor| flat(t).into_iter().map(f32::to_bits).collect::<Vec<_>>();
+        assert_eq!(got["latent_codes"].dims(), [8, 40], "{v}");
+        assert_eq!(bits(&got["latent_codes"]), bits(lib.latent_codes.as_ref().unwrap()), "{v}");
+        let stage = &policy.reference(&obs).unwrap().fsq[0];
+        let mut certain = 0;
+        for (i, ((a, b), bound)) in
+            flat(&got["latent_codes"]).iter().zip(flat(&exp["latent_codes"])).zip(&stage.codes.bound).enumerate()
+        {
+            if *bound == 0.0 {
+                assert_eq!(a.to_bits(), b.to_bits(), "{v}: latent_codes[{i}] {a} vs torch {b}");
+                certain += 1;
+            }
+        }
+        assert!(certain >= 160, "{v}: {certain} certain codes");
+        let out = pmstate(&["policy", "describe", &data(&format!("{v}/last.ckpt"))]);
+        assert!(out.status.success(), "{}", text(&out));
+        assert!(
+            text(&out).contains("FSQ quantizer agent.model.actor.mu_model: 40 scalars x 9 levels"),
+            "{}",
+            text(&out)
+        );
     }
 }

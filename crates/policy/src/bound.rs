@@ -19,6 +19,18 @@
 //!   `|g_i| gamma(2n + 8) (1 + |x~_i|) (1 + mean|x| / s)`.
 //! - **sphere projection** `x / ||x||`: `e_i = (1 + |y_i| sqrt(n)) / ||x|| max_j e_j + gamma(n + 3) |y_i|`.
 //! - shape operations move errors with their elements.
+//! - **FSQ** `codes = round(tanh(e) * h)` (h = `half_L`): the bounded latent
+//!   `b = tanh(e) h` gets `e_b = h (s e_e + r_tanh(e)) + u |b|`, with `s` the
+//!   largest slope of tanh within `e_e` of `e` and `r_tanh` its rounding.
+//!   Rounding is not continuous, so the codes' bound is not `e_b`: where `b`
+//!   lies farther than `e_b` from every rounding boundary `k + 1/2`, both
+//!   float32 forwards round to the same integer and the code is exact
+//!   (`bound 0`); where it lies within `e_b` of one, either neighbour may be
+//!   picked, and the code's bound is the distance to the farthest integer
+//!   rounding can reach (`round(b ± e_b)`, at least 1). The decoder then
+//!   propagates that bound like any input error, so the mean action's bound
+//!   stays valid, only loose, when a code may flip. [`FsqStage`] keeps each
+//!   element's distance to its nearest boundary for reports.
 //!
 //! Inside an MLP that layer-by-layer bound grows with the product of the
 //! `|W|` row sums (signs that cancel are counted as adding up), so for each
@@ -41,8 +53,8 @@ use crate::error::{PolicyError, Result};
 use crate::mlp::{Linear, Mlp, LAYER_NORM_EPS};
 use crate::model::Policy;
 use crate::module_ops::ModuleOp;
-use crate::network::{Leaf, Network, ObsNormalizer, TensorMap};
-use crate::problem::{GraphProblem, OpProblem};
+use crate::network::{FsqNetwork, Leaf, Network, ObsNormalizer, TensorMap};
+use crate::problem::{FieldProblem, GraphProblem, OpProblem};
 
 pub use crate::activation::U;
 
@@ -491,6 +503,73 @@ pub struct Reference {
     pub values: std::collections::HashMap<String, Bounded>,
     /// Normalizer outputs (2-D, as the normalizer saw them) by state-dict module path.
     pub normalized: Vec<(String, Bounded)>,
+    /// Each FSQ quantizer's stages, in forward order.
+    pub fsq: Vec<FsqStage>,
+}
+
+/// One FSQ quantizer in the reference forward.
+#[derive(Debug, Clone)]
+pub struct FsqStage {
+    /// State-dict module path (`_actor.mu`).
+    pub module_path: String,
+    /// The bounded latent `tanh(e) * half_L` with its bound.
+    pub bounded: Bounded,
+    /// The codes (bound 0 where the rounding is certain).
+    pub codes: Bounded,
+    /// Per element, the distance from the bounded latent to its nearest rounding boundary.
+    pub boundary_distance: Vec<f64>,
+}
+
+impl FsqStage {
+    /// Elements whose code may differ between two float32 forwards (the
+    /// bounded latent lies within its bound of a rounding boundary).
+    pub fn uncertain(&self) -> usize {
+        self.codes.bound.iter().filter(|b| **b > 0.0).count()
+    }
+
+    /// The smallest margin `distance - bound` over the elements (negative:
+    /// some code may flip).
+    pub fn min_margin(&self) -> f64 {
+        self.boundary_distance.iter().zip(&self.bounded.bound).map(|(d, b)| d - b).fold(f64::INFINITY, f64::min)
+    }
+}
+
+fn quantize(f: &FsqNetwork, e: &Bounded) -> Result<FsqStage> {
+    let w = e.last();
+    let h = f.quantizer.half_l.clone();
+    if w != h.len() {
+        return Err(PolicyError::BadField {
+            path: f.path.clone(),
+            field: "num_fsq_scalars".into(),
+            problem: FieldProblem::FsqScalars { encoder: w, scalars: h.len() },
+        });
+    }
+    let tanh = Activation::Tanh;
+    let bounded = e.map_rows(w, |xv, xe, yv, ye| {
+        for j in 0..w {
+            let hj = h[j] as f64;
+            let t = xv[j].tanh();
+            // tanh' = 1 - tanh^2 is largest where |e| is smallest
+            let near = (xv[j].abs() - xe[j]).max(0.0);
+            let slope = 1.0 - near.tanh().powi(2);
+            yv[j] = t * hj;
+            ye[j] = hj * (slope * xe[j] + tanh.rounding(xv[j])) + U * yv[j].abs();
+        }
+    });
+    let mut codes = Bounded::exact(bounded.shape.clone(), vec![0.0; bounded.value.len()]);
+    let mut dist = Vec::with_capacity(bounded.value.len());
+    for (i, (&b, &eb)) in bounded.value.iter().zip(&bounded.bound).enumerate() {
+        let c = crate::fsq::round_half_even_f64(b);
+        let d = crate::fsq::boundary_distance(b);
+        codes.value[i] = c;
+        if d <= eb {
+            let lo = crate::fsq::round_half_even_f64(b - eb);
+            let hi = crate::fsq::round_half_even_f64(b + eb);
+            codes.bound[i] = (hi - c).max(c - lo).max(1.0);
+        }
+        dist.push(d);
+    }
+    Ok(FsqStage { module_path: f.module_path.clone(), bounded, codes, boundary_distance: dist })
 }
 
 fn leaf(l: &Leaf, r: &mut Reference) -> Result<()> {
@@ -549,10 +628,21 @@ fn leaf(l: &Leaf, r: &mut Reference) -> Result<()> {
 }
 
 fn network(n: &Network, r: &mut Reference) -> Result<()> {
-    for l in n.leaves() {
-        leaf(l, r)?;
+    match n {
+        Network::Leaf(l) => leaf(l, r),
+        Network::Container { models, .. } => models.iter().try_for_each(|m| network(m, r)),
+        Network::Fsq(f) => {
+            network(&f.encoder, r)?;
+            let e = r.values.get(&f.latent_key).ok_or_else(|| PolicyError::Graph {
+                path: f.path.clone(),
+                problem: GraphProblem::Unwritten { key: f.latent_key.clone() },
+            })?;
+            let stage = quantize(f, e)?;
+            r.values.insert(f.latent_key.clone(), stage.codes.clone());
+            r.fsq.push(stage);
+            network(&f.decoder, r)
+        }
     }
-    Ok(())
 }
 
 impl Policy {

@@ -17,7 +17,7 @@ use crate::activation::Activation;
 use crate::config_object::Obj;
 use crate::error::{PolicyError, Result};
 use crate::module_ops::ModuleOp;
-use crate::problem::FieldProblem;
+use crate::problem::{FieldProblem, FsqKeyRole};
 
 /// `_target_` of a PPO model.
 pub const PPO_MODEL: &str = "protomotions.agents.ppo.model.PPOModel";
@@ -33,11 +33,14 @@ pub const OBS_PROCESSOR: &str = "protomotions.agents.common.common.ObsProcessor"
 pub const MODULE_CONTAINER: &str = "protomotions.agents.common.common.ModuleContainer";
 /// `_target_` of the AMP discriminator (a container).
 pub const DISCRIMINATOR: &str = "protomotions.agents.amp.model.Discriminator";
+/// `_target_` of the finite-scalar-quantized autoencoder (FSQ trackers' `mu_model`).
+pub const FSQ_AUTOENCODER: &str = "protomotions.agents.common.fsq.FSQAutoEncoder";
 
 /// Model families built here.
 pub const SUPPORTED_MODELS: [&str; 2] = [PPO_MODEL, AMP_MODEL];
 /// Modules built here (actor `mu_model`, critic, discriminator parts).
-pub const SUPPORTED_MODULES: [&str; 4] = [MLP_WITH_CONCAT, OBS_PROCESSOR, MODULE_CONTAINER, DISCRIMINATOR];
+pub const SUPPORTED_MODULES: [&str; 5] =
+    [MLP_WITH_CONCAT, OBS_PROCESSOR, MODULE_CONTAINER, DISCRIMINATOR, FSQ_AUTOENCODER];
 
 /// The whole model: `agent.model` of a resolved-configs file.
 #[derive(Debug, Clone, Serialize)]
@@ -106,6 +109,8 @@ pub enum ModuleConfig {
     ObsProcessor(ObsProcessorConfig),
     /// `ModuleContainer` or `Discriminator`: models run in order on one TensorDict.
     Container(ContainerConfig),
+    /// `FSQAutoEncoder`: encoder, finite scalar quantizer, decoder.
+    Fsq(Box<FsqConfig>),
 }
 
 impl ModuleConfig {
@@ -115,6 +120,7 @@ impl ModuleConfig {
             ModuleConfig::Mlp(m) => &m.in_keys,
             ModuleConfig::ObsProcessor(o) => &o.in_keys,
             ModuleConfig::Container(c) => &c.in_keys,
+            ModuleConfig::Fsq(f) => &f.in_keys,
         }
     }
 
@@ -124,6 +130,7 @@ impl ModuleConfig {
             ModuleConfig::Mlp(m) => &m.out_key,
             ModuleConfig::ObsProcessor(o) => &o.out_key,
             ModuleConfig::Container(c) => c.models.last().map_or("", |m| m.out_key()),
+            ModuleConfig::Fsq(f) => f.decoder.out_key(),
         }
     }
 }
@@ -231,6 +238,26 @@ pub struct ContainerConfig {
     pub models: Vec<ModuleConfig>,
 }
 
+/// `FSQAutoEncoderConfig`: `AutoEncoder.forward` runs the encoder, bounds
+/// and rounds `encoder_out_keys[0]` to codes, writes them to `latent_key`
+/// and runs the decoder on the same TensorDict.
+#[derive(Debug, Clone, Serialize)]
+pub struct FsqConfig {
+    /// What `AutoEncoder.__init__` computes: the encoder's in_keys, then the
+    /// decoder's that are not the latent.
+    pub in_keys: Vec<String>,
+    /// The encoder.
+    pub encoder: ModuleConfig,
+    /// The decoder (reads the codes under `latent_key`).
+    pub decoder: ModuleConfig,
+    /// `latent_key` (here always the encoder's output key: the codes replace it).
+    pub latent_key: String,
+    /// `num_fsq_levels`: odd, at least 3.
+    pub num_fsq_levels: usize,
+    /// `num_fsq_scalars`: the encoder's output width.
+    pub num_fsq_scalars: usize,
+}
+
 // ------------------------------------------------------------------ parsing
 
 impl Obj<'_> {
@@ -313,6 +340,7 @@ impl ModuleConfig {
             MLP_WITH_CONCAT => ModuleConfig::Mlp(MlpConfig::parse(&o)?),
             OBS_PROCESSOR => ModuleConfig::ObsProcessor(ObsProcessorConfig::parse(&o)?),
             MODULE_CONTAINER | DISCRIMINATOR => ModuleConfig::Container(ContainerConfig::parse(&o)?),
+            FSQ_AUTOENCODER => ModuleConfig::Fsq(Box::new(FsqConfig::parse(&o)?)),
             _ => {
                 return Err(PolicyError::UnsupportedClass {
                     path: path.to_owned(),
@@ -408,5 +436,61 @@ impl ContainerConfig {
             return Err(o.bad("models", FieldProblem::Empty { needs: "the container computes nothing without one" }));
         }
         Ok(ContainerConfig { in_keys: o.strings("in_keys")?, out_keys: o.strings("out_keys")?, models })
+    }
+}
+
+impl FsqConfig {
+    fn parse(o: &Obj<'_>) -> Result<Self> {
+        // AutoEncoder.__init__ recomputes in_keys and out_keys from its parts
+        o.get("in_keys");
+        o.get("out_keys");
+        let encoder = ModuleConfig::from_node(o.req("encoder")?, &o.sub("encoder"))?;
+        let decoder = ModuleConfig::from_node(o.req("decoder")?, &o.sub("decoder"))?;
+        // `encoder_out_keys or encoder.out_keys`: [0] is what is quantized
+        let encoder_out = match o.strings("encoder_out_keys")?.into_iter().next() {
+            Some(k) => k,
+            None => encoder.out_key().to_owned(),
+        };
+        if encoder_out != encoder.out_key() {
+            return Err(
+                o.bad("encoder_out_keys", FieldProblem::FsqKey { key: encoder_out, role: FsqKeyRole::EncoderOut })
+            );
+        }
+        // decoder_out_keys only names the model's out_keys; the decoder writes its own
+        let decoder_out = o.strings("decoder_out_keys")?;
+        if let Some(k) = decoder_out.first() {
+            if k != decoder.out_key() {
+                return Err(
+                    o.bad("decoder_out_keys", FieldProblem::FsqKey { key: k.clone(), role: FsqKeyRole::DecoderOut })
+                );
+            }
+        }
+        let latent_key = match o.get("latent_key") {
+            None => "latent".to_owned(),
+            Some(_) => o.string("latent_key")?,
+        };
+        if latent_key != encoder_out {
+            // a separate latent key would leave the raw encoder output in the
+            // TensorDict beside the codes: not implemented
+            return Err(o.bad("latent_key", FieldProblem::FsqKey { key: latent_key, role: FsqKeyRole::Latent }));
+        }
+        let num_fsq_levels = match o.get("num_fsq_levels") {
+            None => 7,
+            Some(_) => o.count("num_fsq_levels")?,
+        };
+        if num_fsq_levels % 2 == 0 || num_fsq_levels < 3 {
+            return Err(o.bad("num_fsq_levels", FieldProblem::FsqLevels { levels: num_fsq_levels }));
+        }
+        let num_fsq_scalars = match o.get("num_fsq_scalars") {
+            None => 24,
+            Some(_) => o.count("num_fsq_scalars")?,
+        };
+        let mut in_keys: Vec<String> = Vec::new();
+        for k in encoder.in_keys().iter().chain(decoder.in_keys().iter().filter(|k| **k != latent_key)) {
+            if !in_keys.contains(k) {
+                in_keys.push(k.clone());
+            }
+        }
+        Ok(FsqConfig { in_keys, encoder, decoder, latent_key, num_fsq_levels, num_fsq_scalars })
     }
 }

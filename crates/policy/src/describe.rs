@@ -78,6 +78,26 @@ pub struct NetworkDesc {
     pub out_key: String,
     /// Its leaf modules.
     pub modules: Vec<ModuleDesc>,
+    /// Its FSQ quantizers (between an encoder's leaves and a decoder's).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub quantizers: Vec<QuantizerDesc>,
+}
+
+/// An `FSQAutoEncoder`'s quantizer.
+#[derive(Debug, Clone, Serialize)]
+pub struct QuantizerDesc {
+    /// Config path of the autoencoder.
+    pub path: String,
+    /// The key the encoder writes and the codes replace.
+    pub latent_key: String,
+    /// `num_fsq_levels`.
+    pub levels: usize,
+    /// `num_fsq_scalars`.
+    pub scalars: usize,
+    /// The (recomputed, non-persistent) `half_L`: `codes = round(tanh(latent) * half_L)`.
+    pub half_l: f32,
+    /// Codes lie in `[-half_width, half_width]`.
+    pub half_width: f32,
 }
 
 /// A leaf module.
@@ -167,6 +187,18 @@ fn network_desc(role: &'static str, n: &Network) -> NetworkDesc {
         in_keys: n.external_keys(),
         out_key: n.out_key().to_owned(),
         modules: n.leaves().into_iter().map(leaf_desc).collect(),
+        quantizers: n
+            .fsq_modules()
+            .into_iter()
+            .map(|f| QuantizerDesc {
+                path: f.path.clone(),
+                latent_key: f.latent_key.clone(),
+                levels: f.quantizer.levels,
+                scalars: f.quantizer.scalars,
+                half_l: f.quantizer.half_l.first().copied().unwrap_or(0.0),
+                half_width: f.quantizer.half_width,
+            })
+            .collect(),
     }
 }
 
@@ -272,6 +304,9 @@ impl fmt::Display for Description {
             for m in &n.modules {
                 write!(f, "\n{m}")?;
             }
+            for q in &n.quantizers {
+                write!(f, "\n{q}")?;
+            }
         }
         Ok(())
     }
@@ -294,6 +329,24 @@ impl fmt::Display for ModuleDesc {
             Some(nd) => write!(f, "\n      normalizer {nd}"),
             None => write!(f, "\n      normalizer: none"),
         }
+    }
+}
+
+/// `FSQ quantizer PATH: S scalars x L levels, ...` (indented four spaces).
+impl fmt::Display for QuantizerDesc {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "    FSQ quantizer {}: {} scalars x {} levels, {} = round_half_even(tanh({}) * {}), codes in [-{}, {}]",
+            self.path,
+            self.scalars,
+            self.levels,
+            self.latent_key,
+            self.latent_key,
+            self.half_l,
+            self.half_width,
+            self.half_width
+        )
     }
 }
 

@@ -15,6 +15,7 @@ pub mod describe;
 pub mod discriminator;
 mod error;
 mod flat;
+pub mod fsq;
 pub mod kernels;
 mod load;
 pub mod mlp;
@@ -35,4 +36,4 @@ pub use load::{find_config, read_model_config, AllowedGlobal, Globals, LoadOptio
 pub use mlp::CpuKernels;
 pub use model::{AmpNetworks, DiscOutputs, Outputs, Part, Policy, Sampled};
 pub use network::TensorMap;
-pub use problem::{ExprProblem, FieldProblem, GraphProblem, OpProblem};
+pub use problem::{ExprProblem, FieldProblem, FsqKeyRole, GraphProblem, OpProblem};

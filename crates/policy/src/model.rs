@@ -53,6 +53,10 @@ pub struct Outputs {
     pub norm_obs: Option<Tensor>,
     /// Every normalizer output of actor and critic, by state-dict module path (`_critic`).
     pub normalized: Vec<(String, Tensor)>,
+    /// The codes the actor's (first) `FSQAutoEncoder` hands its decoder,
+    /// `[B, num_fsq_scalars]` (integers in `[-levels/2, levels/2]` as f32);
+    /// `None` for an actor without one.
+    pub latent_codes: Option<Tensor>,
 }
 
 /// What [`Policy::sample`] adds.
@@ -363,9 +367,10 @@ impl Policy {
             problem: GraphProblem::Unwritten { key: self.critic.out_key().to_owned() },
         })?;
         let norm_obs = actor_trace.norm_outputs.first().map(|(_, t)| t.clone());
+        let latent_codes = actor_trace.latent_codes.into_iter().next().map(|(_, t)| t);
         let mut normalized = actor_trace.norm_outputs;
         normalized.extend(critic_trace.norm_outputs);
-        Ok(Outputs { mean_action, std: self.actor.std.clone(), value, norm_obs, normalized })
+        Ok(Outputs { mean_action, std: self.actor.std.clone(), value, norm_obs, normalized, latent_codes })
     }
 
     /// [`Policy::forward`] plus an action drawn around the mean with the

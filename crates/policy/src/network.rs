@@ -1,6 +1,6 @@
-//! ProtoMotions' TensorDict modules: `MLPWithConcat`, `ObsProcessor` and
-//! containers (`ModuleContainer`, `Discriminator`), each reading named
-//! tensors and writing one, with its own normalizer.
+//! ProtoMotions' TensorDict modules: `MLPWithConcat`, `ObsProcessor`,
+//! containers (`ModuleContainer`, `Discriminator`) and the `FSQAutoEncoder`,
+//! each reading named tensors and writing one, with its own normalizer.
 
 use std::collections::HashMap;
 
@@ -11,6 +11,7 @@ use pmstate_norm::{Direction, NormConfig, RunningMeanStd};
 use crate::activation::Activation;
 use crate::config::{ModuleConfig, NormSettings};
 use crate::error::{PolicyError, Result};
+use crate::fsq::Quantizer;
 use crate::mlp::Mlp;
 use crate::module_ops::{ApplyError, ModuleOp};
 use crate::problem::{FieldProblem, GraphProblem};
@@ -71,13 +72,36 @@ pub enum Network {
         /// The models.
         models: Vec<Network>,
     },
+    /// `FSQAutoEncoder`: encoder, quantizer, decoder.
+    Fsq(Box<FsqNetwork>),
 }
 
-/// What a forward records besides the TensorDict: each normalizer's output by module path.
+/// An `FSQAutoEncoder`: the encoder writes `latent_key`, the quantizer
+/// replaces it by its codes, the decoder reads them (`AutoEncoder.forward`).
+#[derive(Debug, Clone)]
+pub struct FsqNetwork {
+    /// Config path (`agent.model.actor.mu_model`).
+    pub path: String,
+    /// State-dict path (`_actor.mu`).
+    pub module_path: String,
+    /// `encoder` (state dict `<module_path>.encoder`).
+    pub encoder: Network,
+    /// `quantizer` (no state: its buffers are not persistent).
+    pub quantizer: Quantizer,
+    /// The key the encoder writes and the codes replace.
+    pub latent_key: String,
+    /// `decoder` (state dict `<module_path>.decoder`).
+    pub decoder: Network,
+}
+
+/// What a forward records besides the TensorDict: each normalizer's output
+/// and each FSQ quantizer's codes, by module path.
 #[derive(Debug, Default, Clone)]
 pub struct Trace {
     /// `(module_path, normalized input)` in the order they ran.
     pub norm_outputs: Vec<(String, Tensor)>,
+    /// `(module_path, codes)` of each `FSQAutoEncoder`, in the order they ran.
+    pub latent_codes: Vec<(String, Tensor)>,
 }
 
 impl Network {
@@ -109,6 +133,44 @@ impl Network {
                     })
                     .collect::<Result<Vec<_>>>()?;
                 Ok(Network::Container { path: path.to_owned(), in_keys: c.in_keys.clone(), models })
+            }
+            ModuleConfig::Fsq(f) => {
+                let encoder = Network::load(
+                    &f.encoder,
+                    ckpt,
+                    dict,
+                    &format!("{module_path}.encoder"),
+                    &format!("{path}.encoder"),
+                    dev,
+                )?;
+                let decoder = Network::load(
+                    &f.decoder,
+                    ckpt,
+                    dict,
+                    &format!("{module_path}.decoder"),
+                    &format!("{path}.decoder"),
+                    dev,
+                )?;
+                // FSQAutoEncoder._validate_encoder_output_dim, from the weights
+                let widths = crate::shapes::Widths::analyse(&[&encoder]);
+                if let Some(&w) = widths.known.get(&f.latent_key) {
+                    if w != f.num_fsq_scalars {
+                        return Err(PolicyError::BadField {
+                            path: path.to_owned(),
+                            field: "num_fsq_scalars".into(),
+                            problem: FieldProblem::FsqScalars { encoder: w, scalars: f.num_fsq_scalars },
+                        });
+                    }
+                }
+                let quantizer = Quantizer::new(f.num_fsq_levels, f.num_fsq_scalars, dev)?;
+                Ok(Network::Fsq(Box::new(FsqNetwork {
+                    path: path.to_owned(),
+                    module_path: module_path.to_owned(),
+                    encoder,
+                    quantizer,
+                    latent_key: f.latent_key.clone(),
+                    decoder,
+                })))
             }
             ModuleConfig::Mlp(m) => {
                 let has_forward = m.module_operations.contains(&ModuleOp::Forward);
@@ -178,6 +240,26 @@ impl Network {
                 td.insert(l.out_key.clone(), y);
                 Ok(())
             }
+            Network::Fsq(f) => {
+                f.encoder.forward(td, trace)?;
+                let latent = td.get(&f.latent_key).ok_or_else(|| PolicyError::Graph {
+                    path: f.path.clone(),
+                    problem: GraphProblem::Unwritten { key: f.latent_key.clone() },
+                })?;
+                let width = latent.dims().last().copied().unwrap_or(0);
+                // half_L.unsqueeze(0) broadcasts over the last dim, whatever the rank
+                if width != f.quantizer.scalars {
+                    return Err(PolicyError::BadField {
+                        path: f.path.clone(),
+                        field: "num_fsq_scalars".into(),
+                        problem: FieldProblem::FsqScalars { encoder: width, scalars: f.quantizer.scalars },
+                    });
+                }
+                let codes = f.quantizer.quantize(latent)?;
+                trace.latent_codes.push((f.module_path.clone(), codes.clone()));
+                td.insert(f.latent_key.clone(), codes);
+                f.decoder.forward(td, trace)
+            }
         }
     }
 
@@ -189,6 +271,10 @@ impl Network {
                 None => Ok(()),
             },
             Network::Container { models, .. } => models.iter_mut().try_for_each(|m| m.set_cpu_kernels(kernels)),
+            Network::Fsq(f) => {
+                f.encoder.set_cpu_kernels(kernels)?;
+                f.decoder.set_cpu_kernels(kernels)
+            }
         }
     }
 
@@ -197,11 +283,28 @@ impl Network {
         match self {
             Network::Leaf(l) => vec![l],
             Network::Container { models, .. } => models.iter().flat_map(|m| m.leaves()).collect(),
+            Network::Fsq(f) => f.encoder.leaves().into_iter().chain(f.decoder.leaves()).collect(),
+        }
+    }
+
+    /// Every FSQ autoencoder in it, in forward order.
+    pub fn fsq_modules(&self) -> Vec<&FsqNetwork> {
+        match self {
+            Network::Leaf(_) => vec![],
+            Network::Container { models, .. } => models.iter().flat_map(|m| m.fsq_modules()).collect(),
+            Network::Fsq(f) => {
+                let mut v = f.encoder.fsq_modules();
+                v.push(f);
+                v.extend(f.decoder.fsq_modules());
+                v
+            }
         }
     }
 
     /// The keys it reads from outside.
     pub fn external_keys(&self) -> Vec<String> {
+        // leaves in forward order; the latent key is written by the
+        // encoder's last leaf, so it counts as produced before the decoder
         let mut produced: Vec<&str> = Vec::new();
         let mut out: Vec<String> = Vec::new();
         for l in self.leaves() {
@@ -220,6 +323,7 @@ impl Network {
         match self {
             Network::Leaf(l) => &l.out_key,
             Network::Container { models, .. } => models.last().map_or("", |m| m.out_key()),
+            Network::Fsq(f) => f.decoder.out_key(),
         }
     }
 
@@ -228,6 +332,7 @@ impl Network {
         match self {
             Network::Leaf(l) => &l.path,
             Network::Container { path, .. } => path,
+            Network::Fsq(f) => &f.path,
         }
     }
 }

@@ -45,6 +45,45 @@ pub enum FieldProblem {
         /// The element, in short form.
         found: String,
     },
+    /// An FSQ key this crate does not wire as the reference would.
+    #[error("{key}: must be {role}")]
+    FsqKey {
+        /// The key found.
+        key: String,
+        /// Which key it is, and what it must be.
+        role: FsqKeyRole,
+    },
+    /// FSQ levels that are even (the reference raises "FSQ requires an odd
+    /// number of quantization levels") or 1 (its scale is 0/0).
+    #[error("{levels}: FSQ needs an odd number of quantization levels, at least 3")]
+    FsqLevels {
+        /// The value.
+        levels: usize,
+    },
+    /// The encoder's output width differs from `num_fsq_scalars`.
+    #[error("FSQAutoEncoder encoder output dim ({encoder}) must match num_fsq_scalars ({scalars})")]
+    FsqScalars {
+        /// The encoder's output width.
+        encoder: usize,
+        /// `num_fsq_scalars`.
+        scalars: usize,
+    },
+}
+
+/// Which of an `FSQAutoEncoder`'s keys [`FieldProblem::FsqKey`] is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum FsqKeyRole {
+    /// `encoder_out_keys[0]`: what is quantized.
+    #[error("the key the encoder writes")]
+    EncoderOut,
+    /// `decoder_out_keys[0]`: the model's output.
+    #[error("the key the decoder writes")]
+    DecoderOut,
+    /// `latent_key`: where the codes go (a separate key, which would leave
+    /// the raw encoder output beside the codes, is not implemented).
+    #[error("encoder_out_keys[0], the key the encoder writes (the codes replace the encoder output)")]
+    Latent,
 }
 
 /// Why modules do not fit together, or a network computes nothing usable

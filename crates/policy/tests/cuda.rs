@@ -2,7 +2,8 @@
 //! (within twice the float32 bound, as torch is: different kernels, same
 //! error model), element by element for the mean action, the value, every
 //! normalizer output (`norm_obs` included) and, for AMP, the
-//! discriminator's logits, reward and value. Skips, saying why, when built
+//! discriminator's logits, reward and value, and an FSQ actor's codes
+//! wherever their rounding is certain. Skips, saying why, when built
 //! without `--features cuda` or run without a GPU.
 
 #[test]
@@ -45,7 +46,7 @@ fn on_gpu() {
         }
     };
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata/policy");
-    for v in ["smpl_tracker", "g1_amp_deploy", "layernorm_activations", "module_ops_amp"] {
+    for v in ["smpl_tracker", "g1_amp_deploy", "layernorm_activations", "module_ops_amp", "soma_fsq_amp"] {
         let d = root.join(v);
         let cpu = Policy::load(d.join("last.ckpt"), None, &Device::Cpu).unwrap();
         let cuda = Policy::load(d.join("last.ckpt"), None, &gpu).unwrap();
@@ -57,6 +58,16 @@ fn on_gpu() {
         normalized(v, &r, &out.normalized);
         let norm_obs = out.norm_obs.as_ref().expect("the actor normalizes");
         assert_eq!(host(norm_obs), host(&out.normalized[0].1), "{v}: norm_obs is the actor's first normalizer output");
+        // FSQ codes: exactly the reference's wherever the rounding is certain
+        if let Some(stage) = r.fsq.first() {
+            let codes = host(out.latent_codes.as_ref().expect("an FSQ actor has codes"));
+            assert_eq!(codes.len(), stage.codes.value.len(), "{v}: latent_codes size");
+            for (i, ((c, want), bound)) in codes.iter().zip(&stage.codes.value).zip(&stage.codes.bound).enumerate() {
+                if *bound == 0.0 {
+                    assert_eq!(f64::from(*c), *want, "{v}: latent_codes[{i}] on CUDA");
+                }
+            }
+        }
         // exp of the same float32 logstd: within one ulp of the CPU's
         for (g, w) in host(&out.std).iter().zip(host(&cpu.forward(&obs).unwrap().std)) {
             assert!((g - w).abs() <= w.abs() * f32::EPSILON, "{v}: std {g} on CUDA vs {w} on CPU");

@@ -18,7 +18,7 @@ use pmstate_policy::{Part, Policy};
 /// some columns, which moves a quotient by up to 2 ulps ([`sqrt_ulps`]).
 const NORM_ULPS: u32 = 2;
 
-const VARIANTS: [&str; 8] = [
+const VARIANTS: [&str; 10] = [
     "smpl_tracker",
     "g1_amp_deploy",
     "layernorm_activations",
@@ -27,6 +27,8 @@ const VARIANTS: [&str; 8] = [
     "module_ops_ppo",
     "module_ops_amp",
     "soma_tracker",
+    "soma_fsq_tracker",
+    "soma_fsq_amp",
 ];
 
 fn dir(v: &str) -> PathBuf {
@@ -92,6 +94,11 @@ fn check_variant(v: &str, ckpt_name: &str) {
         let vmax = mu.value.iter().map(|v| v.abs()).fold(0.0, f64::max);
         eprintln!("{v}: mean_action max |torch - ours| {diff:.2e}, max bound {bmax:.2e}, max |value| {vmax:.2e}, worst diff/bound {ratio:.3}");
     }
+    if exp.contains_key("latent_codes") {
+        check_fsq(v, &policy, &out, &exp, &reference);
+    } else {
+        assert!(out.latent_codes.is_none(), "{v}: codes without an FSQ autoencoder");
+    }
     let val = &reference.values[policy.critic().out_key()];
     assert_within("value (torch)", v, &exp["value"], val, 2.0);
     assert_within("value", v, &out.value, val, 1.0);
@@ -127,6 +134,84 @@ fn check_variant(v: &str, ckpt_name: &str) {
     }
 }
 
+/// The FSQ actor: the recomputed `half_L` is torch's buffer bit for bit;
+/// our rounding of torch's own bounded latent gives torch's codes bit for
+/// bit (round half to even); the bounded latents (ours and torch's) lie
+/// within the bound of the reference; every code whose bounded latent lies
+/// farther than its bound from a rounding boundary is exact, ours and
+/// torch's, and the others (none in the recorded batch, asserted) within
+/// their bound. Prints the smallest distance to a boundary and the margin.
+fn check_fsq(
+    v: &str,
+    policy: &Policy,
+    out: &pmstate_policy::Outputs,
+    exp: &HashMap<String, Tensor>,
+    reference: &pmstate_policy::bound::Reference,
+) {
+    let fsq = policy.actor().mu.fsq_modules();
+    let [f] = fsq.as_slice() else { panic!("{v}: {} FSQ autoencoders in the actor, one expected", fsq.len()) };
+    let stage = reference.fsq.first().unwrap_or_else(|| panic!("{v}: no FSQ stage in the reference"));
+    let p = &stage.module_path;
+    assert_eq!(p, &f.module_path);
+    // the non-persistent buffer, recomputed
+    let torch_half_l = flat(&exp[&format!("fsq.{p}.half_L")]);
+    let bits = |xs: &[f32]| xs.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&f.quantizer.half_l), bits(&torch_half_l), "{v}: half_L differs from torch's buffer");
+    // our straight-through rounding of torch's bounded latent is torch's, bit for bit (-0 included)
+    let torch_bounded = &exp[&format!("fsq.{p}.bounded")];
+    let torch_codes = flat(&exp["latent_codes"]);
+    let rounded = flat(&pmstate_policy::fsq::round_ste(torch_bounded).unwrap());
+    assert_eq!(bits(&rounded), bits(&torch_codes), "{v}: round_ste(torch's bounded latent) != torch's codes");
+    // the bounded latents within the bound
+    assert_within("bounded latent (torch)", v, torch_bounded, &stage.bounded, 2.0);
+    let ours_bounded = f.quantizer.bound(&exp[&format!("fsq.{p}.encoder_out")]).unwrap();
+    let e_ours = flat(&ours_bounded);
+    let e_torch = flat(torch_bounded);
+    // codes: exact where the rounding is certain
+    let ours = flat(out.latent_codes.as_ref().unwrap_or_else(|| panic!("{v}: no latent_codes")));
+    assert_eq!(ours.len(), torch_codes.len(), "{v}: latent_codes size");
+    let mut uncertain = 0;
+    for (i, ((&a, &b), (&c, &bd))) in
+        ours.iter().zip(&torch_codes).zip(stage.codes.value.iter().zip(&stage.codes.bound)).enumerate()
+    {
+        if bd == 0.0 {
+            assert_eq!(a.to_bits(), b.to_bits(), "{v}: code {i}: ours {a}, torch's {b}");
+            assert_eq!(a as f64, c, "{v}: code {i}: ours {a}, reference {c}");
+            assert_eq!(b as f64, c, "{v}: code {i}: torch's {b}, reference {c}");
+        } else {
+            uncertain += 1;
+            assert!(((a - b).abs() as f64) <= 2.0 * bd, "{v}: code {i}: ours {a}, torch's {b}, bound {bd}");
+        }
+    }
+    assert_eq!(uncertain, stage.uncertain());
+    let agree = ours.iter().zip(&torch_codes).filter(|(a, b)| a.to_bits() == b.to_bits()).count();
+    let dev = e_ours.iter().zip(&e_torch).map(|(a, b)| (a - b).abs() as f64).fold(0.0, f64::max);
+    eprintln!(
+        "{v}: FSQ {p}: {} codes, {} certain (exact, asserted), {uncertain} within their bound of a rounding \
+         boundary (equal to torch's anyway: {}); bounded latent max |torch - ours| {dev:.2e} (ours from torch's \
+         encoder output)",
+        ours.len(),
+        ours.len() - uncertain,
+        agree == ours.len()
+    );
+    let w = f.quantizer.scalars;
+    for r in 0..ours.len() / w {
+        let rows = r * w..(r + 1) * w;
+        let dmin = stage.boundary_distance[rows.clone()].iter().cloned().fold(f64::INFINITY, f64::min);
+        let bmax = stage.bounded.bound[rows.clone()].iter().cloned().fold(0.0, f64::max);
+        let flips = stage.codes.bound[rows].iter().filter(|b| **b > 0.0).count();
+        eprintln!(
+            "{v}:   row {r}: nearest rounding boundary {dmin:.3e} away, largest bound on the bounded latent {bmax:.3e}, \
+             {flips} codes uncertain"
+        );
+        // rows drawn from the training distribution (0..4) keep every code certain:
+        // the bound is not vacuous where the policy runs
+        if r < 4 {
+            assert_eq!(flips, 0, "{v}: row {r}: {flips} codes uncertain");
+        }
+    }
+}
+
 /// Every normalizer output (`normalized`: the actor's and critic's, or the
 /// discriminator's and its critic's) against torch's recorded one. Where
 /// the normalizer sees torch's own input (observations, only reshaped), it
@@ -150,7 +235,7 @@ fn check_normalizers(
         assert_within(&format!("normalizer {path}"), v, t, r, 1.0);
         let leaf = leaf(policy, path);
         if !sees_torchs_input(leaf, obs) {
-            eprintln!("{v}: normalizer {path}: its input is computed (sphere projection): within the bound");
+            eprintln!("{v}: normalizer {path}: its input is computed (sphere projection, FSQ codes): within the bound");
             continue;
         }
         let torch_std = exact_given_torch_sqrt(v, leaf, obs, exp);
@@ -263,4 +348,5 @@ fn every_recorded_variant_matches_torch() {
 #[test]
 fn inference_checkpoint_matches_too() {
     check_variant("welford_clamps", "inference_last.ckpt");
+    check_variant("soma_fsq_tracker", "inference_last.ckpt");
 }

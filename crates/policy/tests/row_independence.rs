@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use candle_core::{Device, Tensor};
 use pmstate_policy::{Part, Policy};
 
-const VARIANTS: [&str; 8] = [
+const VARIANTS: [&str; 10] = [
     "smpl_tracker",
     "g1_amp_deploy",
     "layernorm_activations",
@@ -21,6 +21,8 @@ const VARIANTS: [&str; 8] = [
     "module_ops_ppo",
     "module_ops_amp",
     "soma_tracker",
+    "soma_fsq_tracker",
+    "soma_fsq_amp",
 ];
 
 fn dir(v: &str) -> PathBuf {
@@ -55,6 +57,9 @@ fn outputs(p: &Policy, obs: &HashMap<String, Tensor>) -> Outputs {
         if n.dims()[0] == s.outputs.mean_action.dims()[0] {
             out.push(("norm_obs", rows(n)));
         }
+    }
+    if let Some(c) = &s.outputs.latent_codes {
+        out.push(("latent_codes", rows(c)));
     }
     if p.amp().is_some() && p.required_keys(Part::Discriminator).iter().all(|k| obs.contains_key(k)) {
         let d = p.discriminate(obs).unwrap();

@@ -25,8 +25,8 @@ enum PolicyCommand {
     Describe(describe::Args),
     /// Run the eval-mode forward on observations: OBS holds one f32 [B, D]
     /// tensor per in_key; OUT gets mean_action, value, std, norm_obs (and
-    /// action, neglogp with --sample; disc_logits, disc_reward, disc_value
-    /// with --discriminator).
+    /// latent_codes for an FSQ actor; action, neglogp with --sample;
+    /// disc_logits, disc_reward, disc_value with --discriminator).
     Run(run::Args),
 }
 

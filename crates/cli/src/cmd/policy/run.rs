@@ -63,6 +63,9 @@ pub fn run(a: Args, g: Global) -> Result<ExitCode, CliError> {
     if let Some(n) = outputs.norm_obs {
         tensors.push(("norm_obs".into(), n));
     }
+    if let Some(c) = outputs.latent_codes {
+        tensors.push(("latent_codes".into(), c));
+    }
     if a.discriminator {
         let d = policy.discriminate(&obs)?;
         tensors.push(("disc_logits".into(), d.disc_logits));
