@@ -769,6 +769,8 @@ fn json_errors_are_one_object_on_stderr_naming_kind_file_and_key() {
         } else {
             assert_eq!(plain.trim_end(), format!("pmstate: error: {message}"), "{args:?}");
         }
+    }
+}
 
 #[test]
 fn policy_run_on_the_fsq_trackers_writes_torchs_codes() {
