@@ -231,6 +231,16 @@ fn rule(function: &str, env: &Env, p: &Params) -> Result<usize, Unsized> {
             ])?;
             mul(future()?, per)
         }
+        // the vector to the nearest terrain or object surface (3) per observed body:
+        // `body_ids` when given, else every body
+        "compute_nearest_surface_vectors" => {
+            let bodies = match p.get("body_ids") {
+                None | Some(Node::None) => env.bodies()?,
+                Some(Node::List(l) | Node::Tuple(l)) => l.len(),
+                Some(_) => return Err(field(&p.path("body_ids"), "a list of body indices")),
+            };
+            mul(3, bodies)
+        }
         _ => Err(Unsized::NoRule { function: function.to_owned() }),
     }
 }
