@@ -15,7 +15,7 @@ use crate::contract::Contract;
 use crate::error::{DeployError, Result, SensorProblem};
 use crate::motion::MotionPlayer;
 use crate::pipeline::{Pipeline, StepScratch};
-use crate::rotations::{cross, dot3, Quat, Vec3};
+use crate::rotations::{Quat, Vec3};
 
 /// One control step's sensor readings (the robot's state, xyzw quaternions).
 #[derive(Debug, Clone, Copy)]
@@ -192,14 +192,10 @@ pub fn quat_mul_np(a: Quat, b: Quat) -> Quat {
     ]
 }
 
-/// `quat_rotate_np`: `a + b + c` as `rotations.quat_rotate` writes it.
+/// `quat_rotate_np`: NumPy's copy of `rotations.quat_rotate`, the same
+/// formula in the same order, so [`crate::rotations::quat_rotate`] itself.
 pub fn quat_rotate_np(q: Quat, v: Vec3) -> Vec3 {
-    let u = [q[0], q[1], q[2]];
-    let w = q[3];
-    let s = 2.0 * (w * w) - 1.0;
-    let c = cross(u, v);
-    let d = dot3(u, v);
-    std::array::from_fn(|i| v[i] * s + c[i] * w * 2.0 + u[i] * d * 2.0)
+    crate::rotations::quat_rotate(q, v)
 }
 
 /// `_extract_yaw_quat_np`: the rotation about z by the yaw of `q`.

@@ -348,8 +348,8 @@ impl<const W: usize> Panels<W> {
     }
 
     /// [`Panels::narrow`] on this thread, in the caller's buffers: the same
-    /// blocks in the same order per tile, so the same bits; nothing
-    /// allocated once the buffers have grown to the layer's size.
+    /// tiles ([`Panels::tile`]), so the same bits; nothing allocated once the
+    /// buffers have grown to the layer's size.
     #[allow(clippy::too_many_arguments)]
     fn narrow_seq(
         &self,
@@ -362,29 +362,50 @@ impl<const W: usize> Panels<W> {
         a: &mut Vec<f32>,
         tiles: &mut Vec<Cols<W>>,
     ) {
-        let (k, n) = (self.k, self.n);
-        let p = n.div_ceil(W);
-        let full = kernel(&pick, m, g);
-        let single = kernel(&pick, m, 1);
-        interleave_rows_into(x, m, k, a);
+        let (full, single) = (kernel(&pick, m, g), kernel(&pick, m, 1));
+        interleave_rows_into(x, m, self.k, a);
         tiles.clear();
-        tiles.resize(p.div_ceil(g) * g * m, Cols::ZERO);
-        let mut spare = [Cols::<W>::ZERO; MR_WIDE];
+        tiles.resize(self.n.div_ceil(W).div_ceil(g) * g * m, Cols::ZERO);
         for (gi, tile) in tiles.chunks_mut(m * g).enumerate() {
-            let p0 = gi * g;
-            if p0 + g <= p {
-                full.run(a, self.panels_from(p0), k, &self.bias[p0..p0 + g], tile, Start::Bias, epilogue);
-            } else {
-                let one = &mut spare[..m];
-                for (j, pi) in (p0..p).enumerate() {
-                    single.run(a, self.panels_from(pi), k, &self.bias[pi..pi + 1], one, Start::Bias, epilogue);
-                    for (r, c) in one.iter().enumerate() {
-                        tile[r * g + j] = *c;
-                    }
+            self.tile(a, m, g, gi, full, single, tile, epilogue);
+        }
+        self.scatter(tiles, m, g, y);
+    }
+
+    /// Group `gi` of `g` panels for the `m` interleaved rows `a`: one block
+    /// of `full`, or for the last, partial group its panels one at a time.
+    #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
+    fn tile(
+        &self,
+        a: &[f32],
+        m: usize,
+        g: usize,
+        gi: usize,
+        full: Kernel<W>,
+        single: Kernel<W>,
+        tile: &mut [Cols<W>],
+        epilogue: Epilogue,
+    ) {
+        let (k, p) = (self.k, self.n.div_ceil(W));
+        let p0 = gi * g;
+        if p0 + g <= p {
+            full.run(a, self.panels_from(p0), k, &self.bias[p0..p0 + g], tile, Start::Bias, epilogue);
+        } else {
+            let mut spare = [Cols::<W>::ZERO; MR_WIDE];
+            let one = &mut spare[..m];
+            for (j, pi) in (p0..p).enumerate() {
+                single.run(a, self.panels_from(pi), k, &self.bias[pi..pi + 1], one, Start::Bias, epilogue);
+                for (r, c) in one.iter().enumerate() {
+                    tile[r * g + j] = *c;
                 }
             }
         }
-        for (r, dst) in y.chunks_mut(n).enumerate() {
+    }
+
+    /// The tiles' columns into the rows of `y`.
+    fn scatter(&self, tiles: &[Cols<W>], m: usize, g: usize, y: &mut [f32]) {
+        for (r, dst) in y.chunks_mut(self.n).enumerate() {
             for (pi, cols) in dst.chunks_mut(W).enumerate() {
                 let t = &tiles[(pi / g) * g * m + r * g + pi % g];
                 cols.copy_from_slice(&t.0[..cols.len()]);
@@ -396,35 +417,16 @@ impl<const W: usize> Panels<W> {
     /// panels at a time, groups of panels in parallel; every weight is
     /// read once for all rows.
     fn narrow(&self, x: &[f32], m: usize, epilogue: Epilogue, g: usize, pick: impl Pick<W>, y: &mut [f32]) {
-        let (k, n) = (self.k, self.n);
-        let p = n.div_ceil(W);
-        let full = kernel(&pick, m, g);
-        let single = kernel(&pick, m, 1);
+        let (full, single) = (kernel(&pick, m, g), kernel(&pick, m, 1));
         // the rows interleaved by k (a copy of x itself for one row)
-        let a = interleave_rows(x, m, k);
+        let a = interleave_rows(x, m, self.k);
         // each group's tile: [m][g]
-        let mut tiles = vec![Cols::ZERO; p.div_ceil(g) * g * m];
-        tiles.par_chunks_mut(m * g).enumerate().for_each(|(gi, tile)| {
-            let p0 = gi * g;
-            if p0 + g <= p {
-                full.run(&a, self.panels_from(p0), k, &self.bias[p0..p0 + g], tile, Start::Bias, epilogue);
-            } else {
-                // the last, partial group: its panels one at a time
-                let mut one = vec![Cols::ZERO; m];
-                for (j, pi) in (p0..p).enumerate() {
-                    single.run(&a, self.panels_from(pi), k, &self.bias[pi..pi + 1], &mut one, Start::Bias, epilogue);
-                    for (r, c) in one.iter().enumerate() {
-                        tile[r * g + j] = *c;
-                    }
-                }
-            }
-        });
-        for (r, dst) in y.chunks_mut(n).enumerate() {
-            for (pi, cols) in dst.chunks_mut(W).enumerate() {
-                let t = &tiles[(pi / g) * g * m + r * g + pi % g];
-                cols.copy_from_slice(&t.0[..cols.len()]);
-            }
-        }
+        let mut tiles = vec![Cols::ZERO; self.n.div_ceil(W).div_ceil(g) * g * m];
+        tiles
+            .par_chunks_mut(m * g)
+            .enumerate()
+            .for_each(|(gi, tile)| self.tile(&a, m, g, gi, full, single, tile, epilogue));
+        self.scatter(&tiles, m, g, y);
     }
 
     /// Row blocks in parallel; each task packs its rows, then goes panel by
@@ -534,15 +536,8 @@ fn interleave_rows_into(x: &[f32], m: usize, k: usize, a: &mut Vec<f32>) {
 }
 
 fn interleave_rows(x: &[f32], m: usize, k: usize) -> Vec<f32> {
-    if m == 1 {
-        return x.to_vec();
-    }
-    let mut a = vec![0f32; m * k];
-    for (r, row) in x.chunks_exact(k).enumerate() {
-        for (d, &v) in a[r..].iter_mut().step_by(m).zip(row) {
-            *d = v;
-        }
-    }
+    let mut a = Vec::new();
+    interleave_rows_into(x, m, k, &mut a);
     a
 }
 
