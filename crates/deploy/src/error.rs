@@ -142,6 +142,11 @@ pub enum DeployError {
     Candle(#[from] candle_core::Error),
 }
 
+/// Dimensions as `1, 3, 29` (for messages: no Debug formatting).
+pub(crate) fn join(dims: &[usize]) -> String {
+    dims.iter().map(usize::to_string).collect::<Vec<_>>().join(", ")
+}
+
 fn shape_str(s: &[String]) -> String {
     format!("[{}]", s.join(", "))
 }
@@ -196,7 +201,7 @@ pub enum MotionProblem {
     #[error("fps {0}: expected a positive number")]
     Fps(f64),
     /// A tensor of another shape than the others imply.
-    #[error("{key} has shape {shape:?}, which does not fit dof_pos and rigid_body_pos")]
+    #[error("{key} has shape [{}], which does not fit dof_pos and rigid_body_pos", join(shape))]
     Shape {
         /// The key.
         key: &'static str,

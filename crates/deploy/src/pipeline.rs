@@ -337,7 +337,7 @@ impl Pipeline {
                 return Err(DeployError::InputShape {
                     name: i.name.clone(),
                     expected: i.shape_names(),
-                    found: format!("{} {:?}", t.dtype().as_str(), dims),
+                    found: format!("{} [{}]", t.dtype().as_str(), crate::error::join(dims)),
                 });
             }
             match batch {
