@@ -31,3 +31,33 @@ def reference_commit(root, given=None):
                                        stderr=subprocess.DEVNULL).strip()
     except Exception:
         raise SystemExit(f"{root} is not a git work tree: pass --reference-commit")
+
+
+ST_DTYPES = {"torch.float32": "F32", "torch.float64": "F64", "torch.int64": "I64", "torch.int32": "I32",
+             "torch.uint8": "U8", "torch.bool": "BOOL"}
+
+
+def write_safetensors(torch, path, tensors):
+    """Deterministic safetensors: no __metadata__, tensors sorted by element
+    size (largest first, so every tensor is aligned) then name, header padded
+    with spaces to a multiple of 8."""
+    import json
+    names = sorted(tensors, key=lambda k: (-tensors[k].element_size(), k))
+    header, blobs, offset = {}, [], 0
+    for k in names:
+        t = tensors[k].detach().cpu().contiguous()
+        flat = t.reshape(-1)
+        if t.dtype == torch.bool:
+            flat = flat.to(torch.uint8)
+        data = flat.view(torch.uint8).numpy().tobytes()
+        header[k] = {"dtype": ST_DTYPES[str(t.dtype)], "shape": list(t.shape),
+                     "data_offsets": [offset, offset + len(data)]}
+        blobs.append(data)
+        offset += len(data)
+    h = json.dumps(header, separators=(",", ":")).encode()
+    h += b" " * (-len(h) % 8)
+    with open(path, "wb") as f:
+        f.write(len(h).to_bytes(8, "little"))
+        f.write(h)
+        for b in blobs:
+            f.write(b)

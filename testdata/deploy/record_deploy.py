@@ -94,7 +94,7 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.dirname(HERE))
-from pm_reference import reference_commit  # noqa: E402
+from pm_reference import reference_commit, write_safetensors  # noqa: E402
 
 VARIANTS = {
     "g1_amp_deploy": "testdata/policy/g1_amp_deploy/last.ckpt",
@@ -125,28 +125,6 @@ def reexec_deterministic():
     env = dict(os.environ)
     env.update(want)
     os.execve(sys.executable, [sys.executable] + sys.argv, env)
-
-
-ST_DTYPES = {"torch.float32": "F32", "torch.float64": "F64", "torch.int64": "I64"}
-
-
-def write_safetensors(torch, path, tensors):
-    names = sorted(tensors, key=lambda k: (-tensors[k].element_size(), k))
-    header, blobs, offset = {}, [], 0
-    for k in names:
-        t = tensors[k].detach().cpu().contiguous()
-        data = t.reshape(-1).view(torch.uint8).numpy().tobytes()
-        header[k] = {"dtype": ST_DTYPES[str(t.dtype)], "shape": list(t.shape),
-                     "data_offsets": [offset, offset + len(data)]}
-        blobs.append(data)
-        offset += len(data)
-    h = json.dumps(header, separators=(",", ":")).encode()
-    h += b" " * (-len(h) % 8)
-    with open(path, "wb") as f:
-        f.write(len(h).to_bytes(8, "little"))
-        f.write(h)
-        for b in blobs:
-            f.write(b)
 
 
 def special_quats(torch):

@@ -3,29 +3,17 @@
 //! against torch (the module the exporter exports) and onnxruntime (the
 //! exported graph).
 
-use std::collections::HashMap;
-use std::path::{Path, PathBuf};
-
-use candle_core::{Device, Tensor};
 use pmstate_deploy::actions::{ActionFunction, Transform};
 use pmstate_deploy::observations::Function;
 use pmstate_deploy::Pipeline;
 
+#[path = "common/data.rs"]
+mod data;
+use data::{flat, load, root};
+
 #[path = "common/heading.rs"]
 mod heading;
 use heading::{heading_error, HEADING_TOL};
-
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-fn load(p: &Path) -> HashMap<String, Tensor> {
-    candle_core::safetensors::load(p, &Device::Cpu).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
-}
-
-fn flat(t: &Tensor) -> Vec<f32> {
-    t.flatten_all().and_then(|t| t.to_vec1::<f32>()).expect("f32 tensor")
-}
 
 /// Largest |a - b| / (1 + |b|) and the largest difference in ulps.
 fn worst(a: &[f32], b: &[f32]) -> (f64, u32) {

@@ -3,23 +3,11 @@
 //! test_tracker_mujoco.py) over the recorded sensor stream
 //! (testdata/deploy/record_deploy.py).
 
-use std::collections::HashMap;
-use std::path::{Path, PathBuf};
-
-use candle_core::{Device, Tensor};
 use pmstate_deploy::{MotionClip, MotionPlayer, Pipeline, Sensors, Tracker, TrackerOptions};
 
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-fn load(p: &Path) -> HashMap<String, Tensor> {
-    candle_core::safetensors::load(p, &Device::Cpu).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
-}
-
-fn flat(t: &Tensor) -> Vec<f32> {
-    t.flatten_all().and_then(|t| t.to_vec1::<f32>()).expect("f32 tensor")
-}
+#[path = "common/data.rs"]
+mod data;
+use data::{flat, load, root};
 
 /// Largest |a - b| and the largest difference in ulps.
 fn worst(a: &[f32], b: &[f32]) -> (f32, u32) {
