@@ -47,7 +47,11 @@ written here in the `.motion` format: a torch.save dict of fps, dof_pos,
 dof_vel, rigid_body_*), because the clips ProtoMotions ships are retargeted
 from motion-capture datasets whose licences forbid redistribution here; it
 has 30 fps source frames (resampled to 50 Hz), a slerp across a sign flip
-(q and -q) and a near-identical pair. The sensors (`sensors.safetensors`:
+(q and -q) and a near-identical pair. With `--runtime-clip PATH --out DIR`
+the same is recorded on another clip (ProtoMotions' own
+examples/data/g1_crouch_to_run.motion) into a scratch folder, not committed:
+crates/deploy/tests/replay.rs runs this when PMSTATE_PYTHON and
+PMSTATE_PROTOMOTIONS are set and compares pmstate with it. The sensors (`sensors.safetensors`:
 dof_pos, dof_vel, anchor_rot, root_local_ang_vel, anchor_pos, each [T, ...])
 follow the reference with noise, from a start heading 1 rad away and a start
 position elsewhere, so the start-of-motion alignment matters. Recorded
@@ -414,9 +418,12 @@ def record_runtime(args, torch, unified, contract, outdir, runtime_onnx):
     anchor = contract["robot"]["anchor_body_index"]
     steps = contract["motion"]["future_step_indices"]
     dt = contract["dt"]
-    clip = synthetic_clip(torch, nd, nb)
-    clip_path = os.path.join(os.path.dirname(outdir), "synthetic.motion")
-    torch.save(clip, clip_path)
+    if args.runtime_clip:
+        clip_path = args.runtime_clip
+    else:
+        clip = synthetic_clip(torch, nd, nb)
+        clip_path = os.path.join(os.path.dirname(outdir), "synthetic.motion")
+        torch.save(clip, clip_path)
     player = MotionPlayer(clip_path, control_dt=dt)
     T = player.total_frames
     g = np.random.default_rng(5)
@@ -493,7 +500,7 @@ def record_runtime(args, torch, unified, contract, outdir, runtime_onnx):
     write_safetensors(torch, os.path.join(outdir, "sensors.safetensors"),
                       {k: torch.from_numpy(v) for k, v in sensors.items()})
     write_safetensors(torch, os.path.join(outdir, "replay.safetensors"), out)
-    return {"clip": os.path.relpath(clip_path, ROOT), "frames": T, "control_dt": dt, "ema_alpha": 0.8,
+    return {"clip": clip_path if args.runtime_clip else os.path.relpath(clip_path, ROOT), "frames": T, "control_dt": dt, "ema_alpha": 0.8,
             "torch_cpu_capability": torch.backends.cpu.get_cpu_capability()}
 
 
@@ -503,7 +510,13 @@ def main():
     ap.add_argument("--out", default=HERE)
     ap.add_argument("--reference-commit")
     ap.add_argument("--only", nargs="*", default=None, help="record these variants, keep the others' entries")
+    ap.add_argument("--runtime-clip", help="record g1's runtime on this .motion clip instead of the synthetic one; "
+                    "needs --out (a scratch folder: recordings of a clip we do not ship are not committed)")
     args = ap.parse_args()
+    if args.runtime_clip and os.path.abspath(args.out) == HERE:
+        raise SystemExit("--runtime-clip records into a scratch folder: pass --out")
+    if args.runtime_clip:
+        args.only = ["g1_amp_deploy"]
     reexec_deterministic()
     if os.path.abspath(os.getcwd()) != ROOT:
         raise SystemExit(f"run from the repository root ({ROOT}): the YAML records the checkpoint path")
@@ -522,7 +535,7 @@ def main():
     }
     manifest_path = os.path.join(args.out, "manifest.json")
     old = {}
-    if args.only and os.path.exists(manifest_path):
+    if args.only and os.path.exists(manifest_path) and not args.runtime_clip:
         with open(manifest_path) as f:
             old = json.load(f)["variants"]
     for name, ckpt in VARIANTS.items():

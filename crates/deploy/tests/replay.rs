@@ -3,6 +3,8 @@
 //! test_tracker_mujoco.py) over the recorded sensor stream
 //! (testdata/deploy/record_deploy.py).
 
+use std::path::PathBuf;
+
 use pmstate_deploy::{MotionClip, MotionPlayer, Pipeline, Sensors, Tracker, TrackerOptions};
 
 #[path = "common/data.rs"]
@@ -18,8 +20,21 @@ fn worst(a: &[f32], b: &[f32]) -> (f32, u32) {
     })
 }
 
-fn player() -> MotionPlayer {
-    let clip = MotionClip::load(root().join("testdata/deploy/synthetic.motion")).expect("clip");
+/// The committed recording: the synthetic clip and what the loop did on it.
+struct Recording {
+    clip: PathBuf,
+    dir: PathBuf,
+}
+
+fn committed() -> Recording {
+    Recording {
+        clip: root().join("testdata/deploy/synthetic.motion"),
+        dir: root().join("testdata/deploy/g1_amp_deploy"),
+    }
+}
+
+fn player(r: &Recording) -> MotionPlayer {
+    let clip = MotionClip::load(&r.clip).expect("clip");
     MotionPlayer::new(&clip, 0.02).expect("player")
 }
 
@@ -33,8 +48,12 @@ const ROTATION_TOLERANCE: f32 = 3.0e-7;
 /// multiply-adds, calc_frame_blend, interpolate_pos): bit for bit.
 #[test]
 fn player_resamples_as_motion_player_does() {
-    let p = player();
-    let rec = load(&root().join("testdata/deploy/g1_amp_deploy/replay.safetensors"));
+    check_player(&committed());
+}
+
+fn check_player(r: &Recording) {
+    let p = player(r);
+    let rec = load(&r.dir.join("replay.safetensors"));
     assert_eq!(p.total_frames(), rec["player.dof_pos"].dims()[0]);
     let a = p.arrays();
     for (name, got) in [
@@ -55,12 +74,12 @@ fn player_resamples_as_motion_player_does() {
     }
 }
 
-fn run(alpha: f64) -> Vec<Vec<f32>> {
+fn run(r: &Recording, alpha: f64) -> Vec<Vec<f32>> {
     let pipeline = Pipeline::load(root().join("testdata/policy/g1_amp_deploy/last.ckpt"), None).expect("load");
     let mut opts = TrackerOptions::from_contract(pipeline.contract());
     opts.action_ema_alpha = alpha;
-    let mut t = Tracker::new(pipeline, player(), opts).expect("tracker");
-    let s = load(&root().join("testdata/deploy/g1_amp_deploy/sensors.safetensors"));
+    let mut t = Tracker::new(pipeline, player(r), opts).expect("tracker");
+    let s = load(&r.dir.join("sensors.safetensors"));
     let (dp, dv, ar, av, ap) = (
         flat(&s["dof_pos"]),
         flat(&s["dof_vel"]),
@@ -70,7 +89,7 @@ fn run(alpha: f64) -> Vec<Vec<f32>> {
     );
     let steps = s["dof_pos"].dims()[0];
     let nd = dp.len() / steps;
-    let rec = load(&root().join("testdata/deploy/g1_amp_deploy/replay.safetensors"));
+    let rec = load(&r.dir.join("replay.safetensors"));
     let names: Vec<String> = t.pipeline().inputs().iter().map(|i| i.name.clone()).collect();
     let mut out = Vec::new();
     for k in 0..steps {
@@ -113,15 +132,52 @@ const LOOP_TOLERANCE: f32 = 2.0e-6;
 /// off (the contract's alpha 1) and at 0.8.
 #[test]
 fn tracker_replays_the_deployment_loop() {
-    let rec = load(&root().join("testdata/deploy/g1_amp_deploy/replay.safetensors"));
+    check_loop(&committed());
+}
+
+fn check_loop(r: &Recording) {
+    let rec = load(&r.dir.join("replay.safetensors"));
     for (alpha, key) in
         [(1.0, "torch.joint_pos_targets"), (1.0, "ort.joint_pos_targets"), (0.8, "ema.torch.joint_pos_targets")]
     {
-        let got = run(alpha);
+        let got = run(r, alpha);
         let want = flat(&rec[key]);
         let all: Vec<f32> = got.concat();
         let (d, u) = worst(&all, &want);
         eprintln!("{key}: max |diff| {d:e}, {u} ulps");
         assert!(d <= LOOP_TOLERANCE, "{key}: max |diff| {d:e}");
     }
+}
+
+/// The same on ProtoMotions' own clip (examples/data/g1_crouch_to_run.motion,
+/// retargeted motion capture we do not redistribute, nor recordings made
+/// from it): testdata/deploy/record_deploy.py records the Python loop on it
+/// into a scratch folder, then the player and the loop are checked as
+/// above. Needs PMSTATE_PYTHON (a python with torch, onnxruntime and
+/// ProtoMotions' dependencies) and PMSTATE_PROTOMOTIONS (a checkout);
+/// skips, saying so, without them.
+#[test]
+fn the_loop_on_protomotions_own_clip() {
+    let (Some(python), Some(pm)) = (std::env::var_os("PMSTATE_PYTHON"), std::env::var_os("PMSTATE_PROTOMOTIONS"))
+    else {
+        eprintln!("SKIPPED: set PMSTATE_PYTHON and PMSTATE_PROTOMOTIONS to record and check the loop on g1_crouch_to_run.motion");
+        return;
+    };
+    let clip = PathBuf::from(&pm).join("examples/data/g1_crouch_to_run.motion");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let rec = std::process::Command::new(python)
+        .current_dir(root())
+        .arg("testdata/deploy/record_deploy.py")
+        .arg("--protomotions")
+        .arg(&pm)
+        .arg("--runtime-clip")
+        .arg(&clip)
+        .arg("--out")
+        .arg(dir.path())
+        .output()
+        .expect("run record_deploy.py");
+    assert!(rec.status.success(), "record_deploy.py: {}", String::from_utf8_lossy(&rec.stderr));
+    let r = Recording { clip, dir: dir.path().join("g1_amp_deploy") };
+    check_player(&r);
+    check_loop(&r);
 }
