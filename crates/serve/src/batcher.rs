@@ -493,6 +493,10 @@ impl Worker {
             Some(n) if n.dims().first() == Some(&rows) && n.rank() == 2 => Some((host(n)?, n.dims()[1])),
             _ => None,
         };
+        let codes = match &o.latent_codes {
+            Some(c) if c.dims().first() == Some(&rows) && c.rank() == 2 => Some((host(c)?, c.dims()[1])),
+            _ => None,
+        };
         let mut off = 0;
         for &i in idx {
             let r = jobs[i].req.rows;
@@ -509,6 +513,11 @@ impl Worker {
                     "norm_obs" => {
                         if let Some((n, nw)) = &norm {
                             o.insert("norm_obs", (vec![r, *nw], n[off * nw..(off + r) * nw].to_vec()));
+                        }
+                    }
+                    "latent_codes" => {
+                        if let Some((c, cw)) = &codes {
+                            o.insert("latent_codes", (vec![r, *cw], c[off * cw..(off + r) * cw].to_vec()));
                         }
                     }
                     _ => {}

@@ -114,8 +114,16 @@ impl Interface {
             OutputSpec { name: "value", shape: vec![-1, value], source: Source::ActorCritic },
             OutputSpec { name: "std", shape: vec![a], source: Source::ActorCritic },
         ];
-        if let Some(w) = per_row_norm_width(&policy.describe()?) {
+        let description = policy.describe()?;
+        if let Some(w) = per_row_norm_width(&description) {
             outputs.push(OutputSpec { name: "norm_obs", shape: vec![-1, w as i64], source: Source::ActorCritic });
+        }
+        if let Some(scalars) = actor_fsq_scalars(&description) {
+            outputs.push(OutputSpec {
+                name: "latent_codes",
+                shape: vec![-1, scalars as i64],
+                source: Source::ActorCritic,
+            });
         }
         outputs.push(OutputSpec { name: "action", shape: vec![-1, a], source: Source::Sample });
         outputs.push(OutputSpec { name: "neglogp", shape: vec![-1], source: Source::Sample });
@@ -228,6 +236,13 @@ fn per_row_norm_width(d: &Description) -> Option<usize> {
     let actor = d.networks.iter().find(|n| n.role == "actor")?;
     let m = actor.modules.iter().find(|m| m.normalizer.is_some())?;
     (m.module_operations == ["Forward"]).then(|| m.normalizer.as_ref().map(|n| n.width)).flatten()
+}
+
+/// The codes per row of an FSQ actor's quantizer (`num_fsq_scalars`), when
+/// the actor has one: `latent_codes` is then an output.
+fn actor_fsq_scalars(d: &Description) -> Option<usize> {
+    let actor = d.networks.iter().find(|n| n.role == "actor")?;
+    actor.quantizers.first().map(|q| q.scalars)
 }
 
 /// Per-key widths: the checkpoint's, then the pins (checked against it),

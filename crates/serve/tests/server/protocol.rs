@@ -373,3 +373,31 @@ async fn metrics_count_requests_by_outcome_latency_and_forwards() {
     s.server.handle().shutdown();
     s.server.wait().await.unwrap();
 }
+
+/// An FSQ tracker's server lists `latent_codes` among its outputs and
+/// answers with the codes the decoder consumed, bit for bit the library's,
+/// row by row across a batch; a tracker without a quantizer has no such output.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_fsq_tracker_serves_its_latent_codes() {
+    let s = start_variant("soma_fsq_tracker").await;
+    let m = s.client.get("/v2/models/policy").await.unwrap().json();
+    let codes = m["outputs"].as_array().unwrap().iter().find(|o| o["name"] == "latent_codes").cloned();
+    assert_eq!(codes, Some(json!({"name": "latent_codes", "datatype": "FP32", "shape": [-1, 40]})), "{m}");
+    let o = obs("soma_fsq_tracker");
+    let policy = Policy::load(testdata("soma_fsq_tracker").join("last.ckpt"), None, &Device::Cpu).unwrap();
+    let want = policy.forward(&o).unwrap().latent_codes.unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+    let idx: Vec<usize> = (0..8).collect();
+    let (body, _) = row_request(&o, &idx, json!({"outputs": [{"name": "latent_codes"}, {"name": "mean_action"}]}));
+    let got = outputs(&infer(&s.client, body).await);
+    let (shape, values) = &got["latent_codes"];
+    assert_eq!(shape, &vec![8, 40]);
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(values), bits(&want));
+    s.server.handle().shutdown();
+    s.server.wait().await.unwrap();
+    let s = start_variant("smpl_tracker").await;
+    let m = s.client.get("/v2/models/policy").await.unwrap().json();
+    assert!(m["outputs"].as_array().unwrap().iter().all(|o| o["name"] != "latent_codes"), "{m}");
+    s.server.handle().shutdown();
+    s.server.wait().await.unwrap();
+}
