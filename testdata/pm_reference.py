@@ -3,6 +3,7 @@ and benchmark scripts (nothing of it is copied into this repository)."""
 import importlib.util
 import os
 import subprocess
+import sys
 
 
 class Fabric1:
@@ -61,3 +62,14 @@ def write_safetensors(torch, path, tensors):
         f.write(h)
         for b in blobs:
             f.write(b)
+
+
+def reexec_deterministic():
+    """Re-executes the script with one thread and a fixed hash seed (what
+    makes a recording reproducible), unless already so."""
+    want = {"PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    if all(os.environ.get(k) == v for k, v in want.items()):
+        return
+    env = dict(os.environ)
+    env.update(want)
+    os.execve(sys.executable, [sys.executable] + sys.argv, env)

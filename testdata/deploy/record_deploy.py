@@ -98,7 +98,7 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.dirname(HERE))
-from pm_reference import reference_commit, write_safetensors  # noqa: E402
+from pm_reference import reexec_deterministic, reference_commit, write_safetensors  # noqa: E402
 
 VARIANTS = {
     "g1_amp_deploy": "testdata/policy/g1_amp_deploy/last.ckpt",
@@ -120,15 +120,6 @@ EXTRA_DESCRIPTORS = {
     "ground_heights": ("ground_height", None),
 }
 CASES = {"b1": (1, 11), "b16": (16, 12)}
-
-
-def reexec_deterministic():
-    want = {"PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    if all(os.environ.get(k) == v for k, v in want.items()):
-        return
-    env = dict(os.environ)
-    env.update(want)
-    os.execve(sys.executable, [sys.executable] + sys.argv, env)
 
 
 def special_quats(torch):

@@ -76,7 +76,7 @@ from types import SimpleNamespace
 # testdata/pm_reference.py: the helpers the recording scripts share
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import pm_reference  # noqa: E402
-from pm_reference import reference_commit  # noqa: E402
+from pm_reference import reexec_deterministic, reference_commit  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REFERENCE_COMMIT = "607ca7a0bb92e261120bcab8d9f97f28b3130ffc"
@@ -95,15 +95,6 @@ FIXED_RUN_START_TIME = 1767225600.0  # 2026-01-01T00:00:00Z, instead of time.tim
 
 torch = None  # imported after the re-exec
 PM = SimpleNamespace()  # ProtoMotions modules
-
-
-def reexec_deterministic():
-    want = {"PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    if all(os.environ.get(k) == v for k, v in want.items()):
-        return
-    env = dict(os.environ)
-    env.update(want)
-    os.execve(sys.executable, [sys.executable] + sys.argv, env)
 
 
 def import_reference(root):
@@ -338,18 +329,24 @@ def shrink_units(mlp_cfg, mapping):
 #   cfgs (7 configs), widths {key: width} for every model in_key,
 #   [real_widths], [inference_cfgs], n_iters, batch, seed, source.
 
-def v_smpl_tracker(root):
-    rel = "data/pretrained_models/motion_tracker/smpl/experiment_config.py"
-    cfgs, mod, args = build_configs(root, rel, "smpl", "smpl_tracker")
+def shipped_ppo_tracker(root, rel, robot, name, seed):
+    """A PPO tracker from a shipped experiment config, hidden units shrunk,
+    observation widths and action size as in the real config."""
+    cfgs, mod, args = build_configs(root, rel, robot, name)
     model = cfgs["agent"].model
     shrink_units(model.actor.mu_model, {1024: 16})
     shrink_units(model.critic, {1024: 16})
     widths = real_obs_widths(cfgs["env"], cfgs["robot"])
     return dict(
         cfgs=cfgs, inference_cfgs=inference_configs(cfgs, mod, args),
-        widths={k: widths[k] for k in model.in_keys}, n_iters=300, batch=16, seed=1, source=rel,
+        widths={k: widths[k] for k in model.in_keys}, n_iters=300, batch=16, seed=seed, source=rel,
         shrunk="hidden units 1024 -> 16; observation widths and action size as in the real config",
     )
+
+
+def v_smpl_tracker(root):
+    return shipped_ppo_tracker(root, "data/pretrained_models/motion_tracker/smpl/experiment_config.py",
+                               "smpl", "smpl_tracker", seed=1)
 
 
 def v_g1_amp_deploy(root):
@@ -375,17 +372,8 @@ def v_g1_amp_deploy(root):
 
 
 def v_soma_tracker(root):
-    rel = "data/pretrained_models/motion_tracker/soma-bones/experiment_config.py"
-    cfgs, mod, args = build_configs(root, rel, "soma23", "soma_tracker")
-    model = cfgs["agent"].model
-    shrink_units(model.actor.mu_model, {1024: 16})
-    shrink_units(model.critic, {1024: 16})
-    widths = real_obs_widths(cfgs["env"], cfgs["robot"])
-    return dict(
-        cfgs=cfgs, inference_cfgs=inference_configs(cfgs, mod, args),
-        widths={k: widths[k] for k in model.in_keys}, n_iters=300, batch=16, seed=8, source=rel,
-        shrunk="hidden units 1024 -> 16; observation widths and action size as in the real config",
-    )
+    return shipped_ppo_tracker(root, "data/pretrained_models/motion_tracker/soma-bones/experiment_config.py",
+                               "soma23", "soma_tracker", seed=8)
 
 
 def v_soma_fsq_tracker(root):
