@@ -280,6 +280,37 @@ fn bench_policy_json_records_have_their_fields() {
 }
 
 #[test]
+fn bench_serve_answers_json_and_binary_clients_and_splits_the_cpu_time() {
+    // two clients per encoding, batching on and off: every request answered
+    // 200 (errors count the others), the clients' and the forward's CPU
+    // time parts of the process's
+    let args = ["bench-serve", "--json", "--clients", "2", "--seconds", "0.2", "--max-batch", "2", "--threads", "1"];
+    let out = pmstate(&args);
+    assert!(out.status.success(), "{}", text(&out));
+    let records: Vec<J> =
+        String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let loads: Vec<&J> = records.iter().filter(|r| r["record"] == "load").collect();
+    let seen: Vec<(String, bool)> =
+        loads.iter().map(|r| (r["encoding"].as_str().unwrap().to_owned(), r["batching"].as_bool().unwrap())).collect();
+    let want = [("json", true), ("json", false), ("binary", true), ("binary", false)];
+    assert_eq!(seen, want.map(|(e, b)| (e.to_owned(), b)), "{records:?}");
+    for r in &loads {
+        assert_eq!(r["clients"], 2, "{r}");
+        assert_eq!(r["errors"], 0, "{r}");
+        assert!(r["requests"].as_u64().unwrap() > 0, "{r}");
+        if let Some(all) = r["cpu_seconds_per_row"].as_f64() {
+            let (client, fwd) =
+                (r["client_cpu_seconds_per_row"].as_f64().unwrap(), r["forward_cpu_seconds_per_row"].as_f64().unwrap());
+            assert!(client > 0.0 && fwd > 0.0 && client + fwd <= all, "{r}");
+        }
+    }
+    for e in ["json", "binary"] {
+        let goals = records.iter().filter(|r| r["record"] == "goal" && r["encoding"] == e).count();
+        assert_eq!(goals, 2, "{e}: {records:?}");
+    }
+}
+
+#[test]
 fn every_cpu_instruction_set_gives_the_same_outputs_bit_for_bit() {
     // PMSTATE_CPU_ISA forces the kernels' instruction set (the normalizer
     // kernels' selection): the portable path, AVX2 and AVX-512 give the

@@ -26,8 +26,12 @@ pub struct LoadPlan {
     pub seconds: f64,
     /// Seconds of unmeasured load before each level.
     pub warmup: f64,
-    /// The request body (JSON) every client sends.
+    /// The request body every client sends (JSON, or a JSON header and
+    /// binary tensor data: see `headers`).
     pub body: Bytes,
+    /// The request's headers (`content-type`, and for the binary tensor
+    /// extension `Inference-Header-Content-Length`).
+    pub headers: Vec<(&'static str, String)>,
     /// Rows in one request.
     pub rows_per_request: usize,
 }
@@ -58,15 +62,43 @@ pub struct LoadResult {
     /// thread) per row answered; time other processes take from the cores
     /// does not count. None off Linux.
     pub cpu_seconds_per_row: Option<f64>,
+    /// The part of `cpu_seconds_per_row` the load generator's own threads
+    /// took (its clients run on a runtime of their own, threads named
+    /// `pmstate-client`): what a deployment's clients spend on other
+    /// machines. None off Linux.
+    pub client_cpu_seconds_per_row: Option<f64>,
+    /// The part of `cpu_seconds_per_row` the server's forward threads
+    /// (`pmstate-forward`) took: the forward under load, beside the
+    /// in-process one. None off Linux.
+    pub forward_cpu_seconds_per_row: Option<f64>,
 }
+
+/// The prefix of the server's forward threads' names (see server.rs).
+const FORWARD_THREAD: &str = "pmstate-forward";
+
+/// The name of the load generator's client threads.
+const CLIENT_THREAD: &str = "pmstate-client";
 
 /// CPU seconds used so far by every thread of this process (Linux:
 /// /proc/self/task/*/schedstat); None elsewhere. On a shared machine the
 /// CPU time a piece of work takes moves far less than its wall time.
 pub fn process_cpu_seconds() -> Option<f64> {
+    threads_cpu_seconds(|_| true)
+}
+
+/// CPU seconds used so far by the threads of this process whose name
+/// (`/proc/self/task/*/comm`) `take` accepts (Linux); None elsewhere.
+/// Threads that have exited no longer count.
+fn threads_cpu_seconds(take: impl Fn(&str) -> bool) -> Option<f64> {
     let mut total = 0u64;
     for task in std::fs::read_dir("/proc/self/task").ok()? {
-        let stat = std::fs::read_to_string(task.ok()?.path().join("schedstat")).ok()?;
+        let dir = task.ok()?.path();
+        // a thread that exits between the listing and the read is skipped
+        let Ok(comm) = std::fs::read_to_string(dir.join("comm")) else { continue };
+        if !take(comm.trim_end()) {
+            continue;
+        }
+        let Ok(stat) = std::fs::read_to_string(dir.join("schedstat")) else { continue };
         total = total.saturating_add(stat.split_whitespace().next()?.parse::<u64>().ok()?);
     }
     Some(total as f64 * 1e-9)
@@ -91,15 +123,21 @@ fn quantile(v: &[f64], q: f64) -> f64 {
 }
 
 /// Runs `plan` against a server started with `opts` (on a runtime of its
-/// own), then shuts the server down.
+/// own; the clients on another, so that their CPU time can be told apart),
+/// then shuts the server down.
 pub fn run_load(opts: ServeOptions, plan: &LoadPlan) -> Result<Vec<LoadResult>, StartError> {
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(StartError::Runtime)?;
+    let clients = tokio::runtime::Builder::new_multi_thread()
+        .thread_name(CLIENT_THREAD)
+        .enable_all()
+        .build()
+        .map_err(StartError::Runtime)?;
     rt.block_on(async {
         let server = Server::start(opts, ignore_events()).await?;
         let handle = server.handle();
         let mut results = Vec::new();
         for &n in &plan.clients {
-            results.push(level(&server, plan, n).await);
+            results.push(level(&server, clients.handle(), plan, n).await);
         }
         handle.shutdown();
         server.wait().await.map_err(StartError::Runtime)?;
@@ -107,7 +145,7 @@ pub fn run_load(opts: ServeOptions, plan: &LoadPlan) -> Result<Vec<LoadResult>, 
     })
 }
 
-async fn level(server: &Server, plan: &LoadPlan, n: usize) -> LoadResult {
+async fn level(server: &Server, clients: &tokio::runtime::Handle, plan: &LoadPlan, n: usize) -> LoadResult {
     let measuring = Arc::new(AtomicBool::new(false));
     let stop = Arc::new(AtomicBool::new(false));
     let mut tasks = Vec::with_capacity(n);
@@ -115,12 +153,13 @@ async fn level(server: &Server, plan: &LoadPlan, n: usize) -> LoadResult {
         // one client (one pooled connection) per simulated caller
         let c = Client::new(server.addr());
         let (body, measuring, stop) = (plan.body.clone(), measuring.clone(), stop.clone());
-        tasks.push(tokio::spawn(async move {
+        let headers = plan.headers.clone();
+        tasks.push(clients.spawn(async move {
             let (mut lat, mut errors) = (Vec::new(), 0u64);
             while !stop.load(Ordering::Relaxed) {
                 let t = Instant::now();
                 let ok = matches!(
-                    c.post("/v2/models/policy/infer", body.clone(), &[("content-type", "application/json".into())]).await,
+                    c.post("/v2/models/policy/infer", body.clone(), &headers).await,
                     Ok(r) if r.status == 200
                 );
                 if measuring.load(Ordering::Relaxed) {
@@ -139,12 +178,17 @@ async fn level(server: &Server, plan: &LoadPlan, n: usize) -> LoadResult {
     let (before, fwd_before) =
         (histogram(&text, "pmstate_batch_rows"), histogram(&text, "pmstate_forward_duration_seconds"));
     let cpu_before = process_cpu_seconds();
+    let client_cpu_before = threads_cpu_seconds(|name| name == CLIENT_THREAD);
+    let forward_cpu_before = threads_cpu_seconds(|name| name.starts_with(FORWARD_THREAD));
     measuring.store(true, Ordering::Relaxed);
     let start = Instant::now();
     tokio::time::sleep(Duration::from_secs_f64(plan.seconds)).await;
     measuring.store(false, Ordering::Relaxed);
     let seconds = start.elapsed().as_secs_f64();
     let cpu = cpu_before.zip(process_cpu_seconds()).map(|(a, b)| b - a);
+    let client_cpu = client_cpu_before.zip(threads_cpu_seconds(|name| name == CLIENT_THREAD)).map(|(a, b)| b - a);
+    let forward_cpu =
+        forward_cpu_before.zip(threads_cpu_seconds(|name| name.starts_with(FORWARD_THREAD))).map(|(a, b)| b - a);
     let text = server.handle().metrics_text();
     let (after, fwd_after) =
         (histogram(&text, "pmstate_batch_rows"), histogram(&text, "pmstate_forward_duration_seconds"));
@@ -169,6 +213,8 @@ async fn level(server: &Server, plan: &LoadPlan, n: usize) -> LoadResult {
         rows_per_forward: if forwards > 0.0 { (after.0 - before.0) / forwards } else { f64::NAN },
         forward_seconds: if forwards > 0.0 { (fwd_after.0 - fwd_before.0) / forwards } else { f64::NAN },
         cpu_seconds_per_row: cpu.map(|c| c / (lat.len() * plan.rows_per_request).max(1) as f64),
+        client_cpu_seconds_per_row: client_cpu.map(|c| c / (lat.len() * plan.rows_per_request).max(1) as f64),
+        forward_cpu_seconds_per_row: forward_cpu.map(|c| c / (lat.len() * plan.rows_per_request).max(1) as f64),
     }
 }
 

@@ -1,9 +1,10 @@
 //! `pmstate bench-serve`: the inference server under load, on the
 //! full-size smpl tracker of `bench-policy`: throughput and client-side
 //! p50/p99 latency for 1, 16 and 256 concurrent clients sending one row
-//! each (JSON), with dynamic batching on and with `--max-batch 1`, beside
-//! the in-process forward at batch 1 and at the largest batch, and the
-//! issue's three goals checked against them.
+//! each (JSON, or the binary tensor extension that `tritonclient` uses by
+//! default), with dynamic batching on and with `--max-batch 1`, beside the
+//! in-process forward at batch 1 and at the largest batch, and the issue's
+//! goals checked against them, per encoding.
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -35,6 +36,30 @@ pub struct Args {
     /// --max-wait-us of the batching mode.
     #[arg(long, default_value_t = 0)]
     max_wait_us: u64,
+    /// How the clients encode tensors (repeatable; default both, JSON first).
+    #[arg(long = "encoding", value_enum)]
+    encodings: Vec<Encoding>,
+}
+
+impl Encoding {
+    /// The name `--encoding` takes.
+    fn label(self) -> &'static str {
+        match self {
+            Encoding::Json => "json",
+            Encoding::Binary => "binary",
+        }
+    }
+}
+
+/// How a client sends its row and asks for the answer.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Encoding {
+    /// Every float as JSON text, both ways (`binary_data=False`).
+    Json,
+    /// The binary tensor data extension both ways: a JSON header, then the
+    /// raw little-endian floats (`tritonclient`'s default, `binary_data=True`).
+    Binary,
 }
 
 /// One line of `--json` output.
@@ -46,14 +71,17 @@ enum Record {
     Forward { batch: usize, seconds: f64, rows_per_s: f64, cpu_seconds_per_row: Option<f64> },
     /// A load level: `batching` true for --max-batch N, false for --max-batch 1.
     Load {
+        encoding: Encoding,
         batching: bool,
         #[serde(flatten)]
         result: LoadResult,
     },
-    /// A measured bound that explains a goal (e.g. the most batching can give here).
-    Bound { what: &'static str, value: f64 },
-    /// A goal of the issue, met or missed, measured against its target (in its unit).
-    Goal { goal: &'static str, measured: f64, target: f64, met: bool },
+    /// A measured bound that explains a goal (e.g. the most batching can
+    /// give here), for one encoding or for all.
+    Bound { encoding: Option<Encoding>, what: &'static str, value: f64 },
+    /// A goal of the issue, met or missed, measured against its target (in
+    /// its unit), with the clients' encoding.
+    Goal { encoding: Encoding, goal: &'static str, measured: f64, target: f64, met: bool },
 }
 
 /// The JSON request every client sends: one row per key, mean_action asked
@@ -73,6 +101,34 @@ fn body_of(rows: &[(String, usize, Vec<f32>)]) -> Vec<u8> {
     }
     out.extend_from_slice(b"],\"outputs\":[{\"name\":\"mean_action\"}]}");
     out
+}
+
+/// The same request with the binary tensor data extension: a JSON header
+/// naming each input's `binary_data_size` and asking for `mean_action` in
+/// binary, then the floats (little-endian, in the header's order). Returns
+/// the body and the header's length (`Inference-Header-Content-Length`).
+fn binary_body_of(rows: &[(String, usize, Vec<f32>)]) -> (Vec<u8>, usize) {
+    let inputs: Vec<_> = rows
+        .iter()
+        .map(|(k, w, v)| {
+            serde_json::json!({
+                "name": k, "shape": [1, w], "datatype": "FP32",
+                "parameters": {"binary_data_size": v.len() * 4},
+            })
+        })
+        .collect();
+    let header = serde_json::json!({
+        "inputs": inputs,
+        "outputs": [{"name": "mean_action", "parameters": {"binary_data": true}}],
+    });
+    let mut out = header.to_string().into_bytes();
+    let header_len = out.len();
+    for (_, _, v) in rows {
+        for x in v {
+            out.extend_from_slice(&x.to_le_bytes());
+        }
+    }
+    (out, header_len)
 }
 
 /// The benchmark policy of `bench-policy` (deterministic weights).
@@ -106,7 +162,7 @@ fn median(mut f: impl FnMut() -> Result<(), CliError>) -> Result<(f64, Option<f6
 /// Runs the benchmark: a table and the goals, or (`--json`) one record per line.
 pub fn run(a: Args, g: Global) -> Result<ExitCode, CliError> {
     let threads = a.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-    let clients = if a.clients.is_empty() { vec![1, 16, 256] } else { a.clients };
+    let clients = if a.clients.is_empty() { vec![1, 16, 256] } else { a.clients.clone() };
     let mut records = vec![];
 
     // the in-process forward: batch 1, and the batching mode's largest batch
@@ -141,13 +197,53 @@ pub fn run(a: Args, g: Global) -> Result<ExitCode, CliError> {
         .iter()
         .map(|(k, w)| Ok((k.to_string(), *w, obs[*k].flatten_all()?.to_vec1::<f32>()?)))
         .collect::<Result<_, CliError>>()?;
-    let plan = LoadPlan {
-        clients: clients.clone(),
-        seconds: a.seconds,
-        warmup: a.seconds / 4.0,
-        body: body_of(&rows).into(),
-        rows_per_request: 1,
-    };
+    let encodings = if a.encodings.is_empty() { vec![Encoding::Json, Encoding::Binary] } else { a.encodings.clone() };
+    for &encoding in &encodings {
+        let (body, headers) = match encoding {
+            Encoding::Json => (body_of(&rows), vec![("content-type", "application/json".to_string())]),
+            Encoding::Binary => {
+                let (body, header_len) = binary_body_of(&rows);
+                let headers = vec![
+                    ("content-type", "application/octet-stream".to_string()),
+                    ("inference-header-content-length", header_len.to_string()),
+                ];
+                (body, headers)
+            }
+        };
+        let plan = LoadPlan {
+            clients: clients.clone(),
+            seconds: a.seconds,
+            warmup: a.seconds / 4.0,
+            body: body.into(),
+            headers,
+            rows_per_request: 1,
+        };
+        load_both_modes(&a, threads, &clients, &plan, encoding, &mut records)?;
+        goals(&mut records, encoding, &clients, a.max_batch);
+    }
+    if let (Some((_, f1)), Some((_, fb))) = (forward(&records, 1), forward(&records, a.max_batch)) {
+        // what batching can give at most on this machine: batch-1 forwards
+        // stream the weights once per row, batched ones are compute-bound
+        records.push(Record::Bound {
+            encoding: None,
+            what: "in-process rows/s at the largest batch / at batch 1",
+            value: fb / f1,
+        });
+    }
+    print(&records, g, threads)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The load levels of `plan` against a server with batching on and with
+/// `--max-batch 1`.
+fn load_both_modes(
+    a: &Args,
+    threads: usize,
+    clients: &[usize],
+    plan: &LoadPlan,
+    encoding: Encoding,
+    records: &mut Vec<Record>,
+) -> Result<(), CliError> {
     for batching in [true, false] {
         let mut opts = ServeOptions::new(ModelSource::Policy {
             policy: Box::new(policy()?),
@@ -161,26 +257,31 @@ pub fn run(a: Args, g: Global) -> Result<ExitCode, CliError> {
             max_wait: Duration::from_micros(a.max_wait_us),
             queue: clients.iter().sum::<usize>().max(1024),
         };
-        for result in run_load(opts, &plan)? {
-            records.push(Record::Load { batching, result });
+        for result in run_load(opts, plan)? {
+            records.push(Record::Load { encoding, batching, result });
         }
     }
-    goals(&mut records, &clients, a.max_batch);
-    print(&records, g, threads)?;
-    Ok(ExitCode::SUCCESS)
+    Ok(())
 }
 
-/// The issue's goals, from the records.
-fn goals(records: &mut Vec<Record>, clients: &[usize], max_batch: usize) {
-    let forward = |b: usize| {
-        records.iter().find_map(|r| match r {
-            Record::Forward { batch, seconds, rows_per_s, .. } if *batch == b => Some((*seconds, *rows_per_s)),
-            _ => None,
-        })
-    };
+/// The in-process forward at `b` rows: (median seconds, rows/s).
+fn forward(records: &[Record], b: usize) -> Option<(f64, f64)> {
+    records.iter().find_map(|r| match r {
+        Record::Forward { batch, seconds, rows_per_s, .. } if *batch == b => Some((*seconds, *rows_per_s)),
+        _ => None,
+    })
+}
+
+/// The issue's goals for one encoding, from the records.
+fn goals(records: &mut Vec<Record>, encoding: Encoding, clients: &[usize], max_batch: usize) {
+    let forward = |b: usize| forward(records, b);
     let load = |batching: bool, n: usize| {
         records.iter().find_map(|r| match r {
-            Record::Load { batching: b, result } if *b == batching && result.clients == n => Some(result.clone()),
+            Record::Load { encoding: e, batching: b, result }
+                if *e == encoding && *b == batching && result.clients == n =>
+            {
+                Some(result.clone())
+            }
             _ => None,
         })
     };
@@ -188,6 +289,7 @@ fn goals(records: &mut Vec<Record>, clients: &[usize], max_batch: usize) {
     if let (Some((f1, _)), Some(l)) = (forward(1), load(true, 1)) {
         let added = (l.p50 - f1) * 1e6;
         out.push(Record::Goal {
+            encoding,
             goal: "1 client: server adds <= 200 us (p50 - in-process forward median at batch 1)",
             measured: added,
             target: 200.0,
@@ -202,6 +304,7 @@ fn goals(records: &mut Vec<Record>, clients: &[usize], max_batch: usize) {
         if let (Some(c_in), Some(c_srv)) = (cpu_in, l.cpu_seconds_per_row) {
             let added = (c_srv - c_in) * 1e6;
             out.push(Record::Goal {
+                encoding,
                 goal: "1 client: server and client add <= 200 us of CPU per request (vs in-process forward at batch 1)",
                 measured: added,
                 target: 200.0,
@@ -213,25 +316,37 @@ fn goals(records: &mut Vec<Record>, clients: &[usize], max_batch: usize) {
     if let (Some(on), Some(off)) = (load(true, top), load(false, top)) {
         let x = on.rows_per_s / off.rows_per_s;
         out.push(Record::Goal {
+            encoding,
             goal: "most clients: batching >= 5x the throughput of --max-batch 1",
             measured: x,
             target: 5.0,
             met: x >= 5.0,
         });
     }
-    if let (Some((_, f1)), Some((_, fb))) = (forward(1), forward(max_batch)) {
-        // what batching can give at most on this machine: batch-1 forwards
-        // stream the weights once per row, batched ones are compute-bound
-        out.push(Record::Bound { what: "in-process rows/s at the largest batch / at batch 1", value: fb / f1 });
-    }
     if let (Some((_, fb)), Some(on)) = (forward(max_batch), load(true, top)) {
         let x = on.rows_per_s / fb;
         out.push(Record::Goal {
+            encoding,
             goal: "most clients: batching >= 0.8 x the in-process batched forward's rows/s",
             measured: x,
             target: 0.8,
             met: x >= 0.8,
         });
+        // the same ratio in CPU time with the clients' own threads left
+        // out: the rows/s the server would reach with its clients on other
+        // machines, as deployed (the forward's share of the serving CPU)
+        let forward_cpu = records.iter().find_map(|r| match r {
+            Record::Forward { batch, cpu_seconds_per_row, .. } if *batch == max_batch => *cpu_seconds_per_row,
+            _ => None,
+        });
+        if let (Some(f), Some(all), Some(client)) = (forward_cpu, on.cpu_seconds_per_row, on.client_cpu_seconds_per_row)
+        {
+            out.push(Record::Bound {
+                encoding: Some(encoding),
+                what: "most clients: in-process forward CPU per row / the server's CPU per row (clients' threads left out)",
+                value: f / (all - client),
+            });
+        }
     }
     records.extend(out);
 }
@@ -251,8 +366,9 @@ fn print(records: &[Record], g: Global, threads: usize) -> Result<(), CliError> 
                 seconds * 1e6,
                 cpu_seconds_per_row.unwrap_or(f64::NAN) * 1e6
             )),
-            Record::Load { batching, result: l } => output::line(format!(
-                "serve {:<11} {:>4} clients: {:>8.0} rows/s  p50 {:>9.1} us  p99 {:>9.1} us  {:>6.1} rows/fwd  fwd {:>9.1} us  {:>8.1} cpu us/row  {} errors",
+            Record::Load { encoding, batching, result: l } => output::line(format!(
+                "serve {:<6} {:<11} {:>4} clients: {:>8.0} rows/s  p50 {:>9.1} us  p99 {:>9.1} us  {:>6.1} rows/fwd  fwd {:>9.1} us  {:>8.1} cpu us/row ({:.1} forward, {:.1} clients')  {} errors",
+                encoding.label(),
                 if *batching { "batching" } else { "max-batch 1" },
                 l.clients,
                 l.rows_per_s,
@@ -261,12 +377,18 @@ fn print(records: &[Record], g: Global, threads: usize) -> Result<(), CliError> 
                 l.rows_per_forward,
                 l.forward_seconds * 1e6,
                 l.cpu_seconds_per_row.unwrap_or(f64::NAN) * 1e6,
+                l.forward_cpu_seconds_per_row.unwrap_or(f64::NAN) * 1e6,
+                l.client_cpu_seconds_per_row.unwrap_or(f64::NAN) * 1e6,
                 l.errors
             )),
-            Record::Bound { what, value } => output::line(format!("bound: {what}: {value:.2}")),
-            Record::Goal { goal, measured, target, met } => output::line(format!(
-                "goal {}: {goal}: measured {measured:.2}, target {target}",
-                if *met { "met" } else { "MISSED" }
+            Record::Bound { encoding, what, value } => output::line(format!(
+                "bound{}: {what}: {value:.2}",
+                encoding.map(|e| format!(" ({})", e.label())).unwrap_or_default()
+            )),
+            Record::Goal { encoding, goal, measured, target, met } => output::line(format!(
+                "goal {} ({}): {goal}: measured {measured:.2}, target {target}",
+                if *met { "met" } else { "MISSED" },
+                encoding.label()
             )),
         }
     }
