@@ -178,12 +178,14 @@ fn shaped(name: &str, shape: &[u64], row: &[usize], max_rows: usize) -> Result<(
 /// after the header (taking `binary_data_size` bytes off the front of `binary`).
 fn values_of(
     name: &str,
+    shape: &[u64],
     (r, d): (usize, usize),
     binary_size: Option<&ParamValue>,
     data: Option<&RawValue>,
     binary: &mut &[u8],
 ) -> Result<Vec<f32>, InputError> {
     let input = || name.to_owned();
+    let dims = || Dims(shape.to_vec());
     let count = r
         .checked_mul(d)
         .ok_or_else(|| InputError::TooLarge { input: input(), shape: Dims(vec![r as u64, d as u64]) })?;
@@ -192,15 +194,14 @@ fn values_of(
         (None, None) => Err(InputError::NoData { input: input() }),
         (None, Some(raw)) => {
             let data = read_data(raw, count).map_err(|e| match e {
-                DataError::TooMany => InputError::DataOverflow { input: input(), rows: r, width: d, needed: count },
+                DataError::TooMany => InputError::DataOverflow { input: input(), shape: dims(), needed: count },
                 DataError::Json(e) => InputError::Data { input: input(), reason: e.to_string() },
             })?;
             if data.len() != count {
                 return Err(InputError::DataLength {
                     input: input(),
                     values: data.len(),
-                    rows: r,
-                    width: d,
+                    shape: dims(),
                     needed: count,
                 });
             }
@@ -213,7 +214,7 @@ fn values_of(
                 .ok_or_else(|| InputError::BinarySizeValue { input: input(), size: size.to_string() })?;
             if Some(size) != count.checked_mul(4) {
                 let needed = count.saturating_mul(4);
-                return Err(InputError::BinarySize { input: input(), size, rows: r, width: d, needed });
+                return Err(InputError::BinarySize { input: input(), size, shape: dims(), needed });
             }
             if size > binary.len() {
                 return Err(InputError::BinaryShort { input: input(), size, left: binary.len() });
@@ -249,7 +250,7 @@ pub fn decode_input(
         Some(row) => shaped(&name, &inp.shape.0, row, expect.max_rows)?,
         None => shape_of(&name, &inp.shape.0, spec.and_then(|s| s.width), expect.max_rows)?,
     };
-    let values = values_of(&name, (r, d), inp.parameters.get("binary_data_size"), inp.data, binary)?;
+    let values = values_of(&name, &inp.shape.0, (r, d), inp.parameters.get("binary_data_size"), inp.data, binary)?;
     if non_finite == NonFinite::Reject {
         if let Some(i) = values.iter().position(|v| !v.is_finite()) {
             return Err(RequestError::NonFinite { input: name, row: i / d, column: i % d, value: values[i] });

@@ -449,16 +449,14 @@ pub enum InputError {
         input: String,
     },
     /// JSON data that does not fill the shape.
-    #[error("input {input}: {values} values, but shape [{rows}, {width}] needs {needed}")]
+    #[error("input {input}: {values} values, but shape {shape} needs {needed}")]
     DataLength {
         /// The input.
         input: String,
         /// Values sent.
         values: usize,
-        /// Rows of its shape.
-        rows: usize,
-        /// Width of its shape.
-        width: usize,
+        /// Its shape as sent (any rank: a pipeline's inputs have more than two dims).
+        shape: Dims,
         /// Values the shape needs.
         needed: usize,
     },
@@ -471,16 +469,14 @@ pub enum InputError {
         size: String,
     },
     /// A `binary_data_size` that does not match the shape.
-    #[error("input {input}: binary_data_size {size}, but FP32 shape [{rows}, {width}] needs {needed} bytes")]
+    #[error("input {input}: binary_data_size {size}, but FP32 shape {shape} needs {needed} bytes")]
     BinarySize {
         /// The input.
         input: String,
         /// The size sent.
         size: usize,
-        /// Rows of its shape.
-        rows: usize,
-        /// Width of its shape.
-        width: usize,
+        /// Its shape as sent (any rank: a pipeline's inputs have more than two dims).
+        shape: Dims,
         /// Bytes the shape needs.
         needed: usize,
     },
@@ -565,14 +561,12 @@ pub enum InputError {
         reason: String,
     },
     /// JSON data with more values than the shape holds (refused when one more is read).
-    #[error("input {input}: more values than shape [{rows}, {width}] holds ({needed})")]
+    #[error("input {input}: more values than shape {shape} holds ({needed})")]
     DataOverflow {
         /// The input.
         input: String,
-        /// Rows of its shape.
-        rows: usize,
-        /// Width of its shape.
-        width: usize,
+        /// Its shape as sent (any rank: a pipeline's inputs have more than two dims).
+        shape: Dims,
         /// Values the shape needs.
         needed: usize,
     },

@@ -273,6 +273,23 @@ async fn a_missing_input_or_a_wrong_shape_is_a_400_naming_the_input_and_its_shap
     let (body, n) = binary_body(&reshaped("mimic_future_dof_pos", &[1, 29, 4]));
     let e = refusal(&infer_binary(&s.client, body, n).await);
     assert!(e.starts_with("input mimic_future_dof_pos: shape [1, 29, 4], expected [rows, 4, 29]"), "{e}");
+    // data that does not fill the shape, or overflows it: named with the shape as sent
+    let mut short = one.clone();
+    for (k, _, v) in short.iter_mut() {
+        if k == "mimic_future_dof_pos" {
+            v.pop();
+        }
+    }
+    let e = refusal(&infer(&s.client, json_body(&short)).await);
+    assert_eq!(e, "input mimic_future_dof_pos: 115 values, but shape [1, 4, 29] needs 116");
+    let mut long = one.clone();
+    for (k, _, v) in long.iter_mut() {
+        if k == "mimic_future_dof_pos" {
+            v.push(0.0);
+        }
+    }
+    let e = refusal(&infer(&s.client, json_body(&long)).await);
+    assert_eq!(e, "input mimic_future_dof_pos: more values than shape [1, 4, 29] holds (116)");
     // an input the graph does not take
     let mut extra = one.clone();
     extra.push(("mimic_future_dof_acc".into(), vec![1, 4, 29], vec![0.0; 116]));
@@ -280,7 +297,7 @@ async fn a_missing_input_or_a_wrong_shape_is_a_400_naming_the_input_and_its_shap
     assert!(e.starts_with("unexpected input mimic_future_dof_acc: the model's inputs are current_anchor_rot"), "{e}");
 
     let text = s.server.handle().metrics_text();
-    assert_eq!(metric(&text, "pmstate_infer_errors_total{kind=\"bad_input\"}"), 8.0);
+    assert_eq!(metric(&text, "pmstate_infer_errors_total{kind=\"bad_input\"}"), 10.0);
     assert_eq!(metric(&text, "pmstate_batch_rows_count"), 0.0);
     s.server.handle().shutdown();
     s.server.wait().await.unwrap();
