@@ -808,3 +808,68 @@ fn policy_run_on_the_fsq_trackers_writes_torchs_codes() {
         );
     }
 }
+
+#[test]
+fn masked_mimic_runs_and_describes_with_its_optional_noise() {
+    use pmstate_policy::MaskedMimic;
+    let tmp = tempfile::tempdir().unwrap();
+    let ckpt = data("masked_mimic/last.ckpt");
+    let obs_path = data("masked_mimic/obs.safetensors");
+    let model = MaskedMimic::load(&ckpt, None, &Device::Cpu).unwrap();
+    let mut obs = load(&obs_path);
+    // with the recorded vae_noise: bit for bit the library's
+    let out_path = tmp.path().join("mm.safetensors").display().to_string();
+    let out = pmstate(&["policy", "run", &ckpt, "--obs", &obs_path, "--out", &out_path]);
+    assert!(out.status.success(), "{}", text(&out));
+    let got = load(&out_path);
+    let lib = model.forward(&obs).unwrap();
+    for (k, t) in [
+        ("mean_action", &lib.mean_action),
+        ("latent_mu", &lib.latent_mu),
+        ("latent_logvar", &lib.latent_logvar),
+        ("latent", &lib.latent),
+    ] {
+        assert_eq!(flat(&got[k]), flat(t), "{k}");
+    }
+    let mut names: Vec<&String> = got.keys().collect();
+    names.sort();
+    assert_eq!(names, ["latent", "latent_logvar", "latent_mu", "mean_action"]);
+    // without it: the prior mean
+    obs.remove("vae_noise");
+    let quiet_obs = tmp.path().join("quiet.safetensors");
+    candle_core::safetensors::save(&obs, &quiet_obs).unwrap();
+    let quiet_out = tmp.path().join("quiet_out.safetensors").display().to_string();
+    let out = pmstate(&["policy", "run", &ckpt, "--obs", quiet_obs.to_str().unwrap(), "--out", &quiet_out]);
+    assert!(out.status.success(), "{}", text(&out));
+    let quiet = load(&quiet_out);
+    assert_eq!(flat(&quiet["latent"]), flat(&quiet["latent_mu"]));
+    assert_eq!(flat(&quiet["mean_action"]), flat(&model.forward(&obs).unwrap().mean_action));
+    // --sample has no meaning here: refused, exit 2, naming the flag
+    let out = pmstate(&["policy", "run", &ckpt, "--obs", &obs_path, "--out", &out_path, "--sample"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(text(&out).contains("--sample"), "{}", text(&out));
+    // a noise of the wrong width is refused naming the key and the width
+    let mut bad = load(&obs_path);
+    bad.insert("vae_noise".into(), Tensor::zeros((8, 3), candle_core::DType::F32, &Device::Cpu).unwrap());
+    let bad_path = tmp.path().join("bad.safetensors");
+    candle_core::safetensors::save(&bad, &bad_path).unwrap();
+    let out = pmstate(&["policy", "run", &ckpt, "--obs", bad_path.to_str().unwrap(), "--out", &out_path]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(text(&out).contains("vae_noise") && text(&out).contains('8'), "{}", text(&out));
+    // describe: the transformer, the optional input, JSON too
+    let out = pmstate(&["policy", "describe", &ckpt]);
+    assert!(out.status.success(), "{}", text(&out));
+    let t = text(&out);
+    assert!(
+        t.contains("Transformer agent.model.prior.models.7") && t.contains("4 heads") && t.contains("2 layers"),
+        "{t}"
+    );
+    assert!(t.contains("vae_noise") && t.contains("(optional)"), "{t}");
+    let out = pmstate(&["policy", "describe", "--json", &ckpt]);
+    assert!(out.status.success(), "{}", text(&out));
+    let j = stdout_json(&out);
+    assert_eq!(j["action_size"], 69);
+    assert_eq!(j["latent_dim"], 8);
+    assert_eq!(j["transformers"][0]["d_model"], 32);
+    assert_eq!(j["transformers"][0]["masks"][0][1], "masked_mimic_target_poses_masks");
+}

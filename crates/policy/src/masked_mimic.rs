@@ -44,6 +44,17 @@ pub enum VaeNoiseType {
     Zeros,
 }
 
+impl VaeNoiseType {
+    /// The config's spelling (`normal`, `uniform`, `zeros`).
+    pub fn name(self) -> &'static str {
+        match self {
+            VaeNoiseType::Normal => "normal",
+            VaeNoiseType::Uniform => "uniform",
+            VaeNoiseType::Zeros => "zeros",
+        }
+    }
+}
+
 /// `MaskedMimicModelConfig`.
 #[derive(Debug, Clone, Serialize)]
 pub struct MaskedMimicConfig {
