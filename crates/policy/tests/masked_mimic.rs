@@ -225,3 +225,60 @@ fn config_values_it_cannot_run_are_refused_naming_the_field() {
     assert!(matches!(&e, PolicyError::UnsupportedClass { .. }), "{e}");
     assert!(e.to_string().contains("protomotions.agents.supervised.model.Other"), "{e}");
 }
+
+/// `Transformer.forward`'s mask rules: a mask wider than its tokens pads
+/// every token only where all its entries are 0 (`mask.all(-1)`, then
+/// expanded); a `[B]` mask covers every token; both as the reference
+/// computes them, checked against the `[B, 5]` mask they amount to.
+#[test]
+fn wide_and_one_dimensional_masks_reduce_as_the_reference_does() {
+    let m = model();
+    let base = load("obs.safetensors");
+    let key = "masked_mimic_target_poses_masks";
+    let run = |mask: Tensor| {
+        let mut obs = base.clone();
+        obs.insert(key.into(), mask);
+        flat(&m.forward(&obs).unwrap().mean_action)
+    };
+    let dev = Device::Cpu;
+    // rows: all valid, all masked, one valid entry of ten, the last entry valid
+    let mut wide = vec![0f32; 8 * 10];
+    for c in 0..10 {
+        wide[c] = 1.0;
+    }
+    wide[2 * 10 + 3] = 1.0;
+    wide[3 * 10 + 9] = 1.0;
+    for r in 4..8 {
+        for c in 0..10 {
+            wide[r * 10 + c] = ((r + c) % 3 == 0) as u8 as f32;
+        }
+    }
+    // what all(-1) of "padded" makes of each row: valid everywhere unless the row is all zeros
+    let mut same = vec![0f32; 8 * 5];
+    for r in 0..8 {
+        let any = wide[r * 10..(r + 1) * 10].iter().any(|&v| v != 0.0);
+        for c in 0..5 {
+            same[r * 5 + c] = any as u8 as f32;
+        }
+    }
+    assert_eq!(
+        run(Tensor::from_vec(wide, (8, 10), &dev).unwrap()),
+        run(Tensor::from_vec(same.clone(), (8, 5), &dev).unwrap())
+    );
+    // and row 1 (all zeros) really is masked: it differs from all valid
+    let ones = run(Tensor::ones((8, 5), DType::F32, &dev).unwrap());
+    let zeros = run(Tensor::zeros((8, 5), DType::F32, &dev).unwrap());
+    assert_ne!(ones[69..138], zeros[69..138]);
+    // a [B, 1] mask covers the row's every token
+    let col: Vec<f32> = (0..8).map(|r| (r % 2) as f32).collect();
+    let spread: Vec<f32> = (0..8).flat_map(|r| [(r % 2) as f32; 5]).collect();
+    assert_eq!(run(Tensor::from_vec(col, (8, 1), &dev).unwrap()), run(Tensor::from_vec(spread, (8, 5), &dev).unwrap()));
+    // a mask narrower than its tokens (but not 1) is refused naming it
+    let mut obs = base.clone();
+    obs.insert(key.into(), Tensor::ones((8, 3), DType::F32, &dev).unwrap());
+    let e = m.forward(&obs).unwrap_err();
+    assert!(
+        matches!(&e, PolicyError::Attention { problem: pmstate_policy::AttentionProblem::MaskShape { key: k, tokens: 5, .. }, .. } if k == key),
+        "{e}"
+    );
+}
