@@ -243,9 +243,7 @@ fn wide_and_one_dimensional_masks_reduce_as_the_reference_does() {
     let dev = Device::Cpu;
     // rows: all valid, all masked, one valid entry of ten, the last entry valid
     let mut wide = vec![0f32; 8 * 10];
-    for c in 0..10 {
-        wide[c] = 1.0;
-    }
+    wide[..10].fill(1.0);
     wide[2 * 10 + 3] = 1.0;
     wide[3 * 10 + 9] = 1.0;
     for r in 4..8 {
