@@ -280,6 +280,44 @@ fn bench_policy_json_records_have_their_fields() {
 }
 
 #[test]
+fn bench_policy_times_masked_mimic_at_the_published_sizes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let w = tmp.path().join("mm.safetensors").display().to_string();
+    let out = pmstate(&[
+        "bench-policy",
+        "--family",
+        "masked-mimic",
+        "--json",
+        "--batch",
+        "2",
+        "--min-time",
+        "0",
+        "--threads",
+        "1",
+        "--write-weights",
+        &w,
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    let records: Vec<J> =
+        String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(records.len(), 1, "{records:?}");
+    assert_eq!((records[0]["op"].as_str(), records[0]["batch"].as_u64()), (Some("forward"), Some(2)));
+    // the weights carry ProtoMotions' names at the published sizes: 4 layers of d = 512, ff 1024
+    let weights = load(&w);
+    for i in 0..4 {
+        let k = format!("_prior.models.7.seqTransEncoder.layers.{i}.self_attn.in_proj_weight");
+        assert_eq!(weights[&k].dims(), [1536, 512], "{k}");
+        let k = format!("_prior.models.7.seqTransEncoder.layers.{i}.linear1.weight");
+        assert_eq!(weights[&k].dims(), [1024, 512], "{k}");
+    }
+    assert!(!weights.keys().any(|k| k.contains("layers.4")));
+    assert_eq!(weights["_trunk.models.2.mlp.6.weight"].dims(), [69, 1024]);
+    // the speed gate is the tracker's only
+    let out = pmstate(&["bench-policy", "--family", "masked-mimic", "--check"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+}
+
+#[test]
 fn every_cpu_instruction_set_gives_the_same_outputs_bit_for_bit() {
     // PMSTATE_CPU_ISA forces the kernels' instruction set (the normalizer
     // kernels' selection): the portable path, AVX2 and AVX-512 give the
