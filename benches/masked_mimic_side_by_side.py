@@ -54,6 +54,29 @@ def median_seconds(fn, min_time):
     return statistics.median(samples), min(samples), (time.process_time() - cpu0) / len(samples)
 
 
+def check_outputs(args, torch, model, cfgs, o, tmp):
+    """The same model in both: `pmstate policy run` on a checkpoint of the
+    torch model's state dict and its resolved configs, against torch's
+    forward_inference in float32 and float64. Returns (|pmstate - f64|,
+    |torch - f64|, scale) on mean_action."""
+    import copy
+    from tensordict import TensorDict
+    from safetensors.torch import save_file, load_file
+    torch.save({"model": model.state_dict()}, os.path.join(tmp, "last.ckpt"))
+    torch.save({k: cfgs[k] for k in ("robot", "simulator", "terrain", "scene_lib", "motion_lib", "env", "agent")},
+               os.path.join(tmp, "resolved_configs.pt"))
+    save_file({k: v.contiguous() for k, v in o.items()}, os.path.join(tmp, "obs.safetensors"))
+    subprocess.run([args.pmstate, "policy", "run", os.path.join(tmp, "last.ckpt"), "--obs",
+                    os.path.join(tmp, "obs.safetensors"), "--out", os.path.join(tmp, "out.safetensors")],
+                   check=True, capture_output=True)
+    ours = load_file(os.path.join(tmp, "out.safetensors"))["mean_action"].double()
+    with torch.inference_mode():
+        t32 = model.forward_inference(TensorDict(dict(o), batch_size=[8]))["action"].double()
+        m64 = copy.deepcopy(model).double()
+        t64 = m64.forward_inference(TensorDict({k: v.double() for k, v in o.items()}, batch_size=[8]))["action"]
+    return float((ours - t64).abs().max()), float((t32 - t64).abs().max()), float(t64.abs().max())
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--protomotions", required=True)
@@ -116,6 +139,7 @@ def main():
                 missing, unexpected = model.load_state_dict(sd, strict=False)
                 assert not unexpected, unexpected
                 assert all(k.startswith("_encoder.") for k in missing), [k for k in missing if not k.startswith("_encoder.")]
+                parity = check_outputs(args, torch, model, cfgs, obs(8), tmp)
             for b in batches:
                 td_obs = obs(b)
 
@@ -126,6 +150,8 @@ def main():
                 best = records.setdefault(("torch", b), [float("inf"), float("inf")])
                 best[0] = min(best[0], mn)
                 best[1] = min(best[1], cpu)
+    print(f"same model: |pmstate - torch float64| = {parity[0]:.3g}, |torch float32 - torch float64| = "
+          f"{parity[1]:.3g} on mean_action (largest |value| {parity[2]:.3g}), 8 rows\n")
     print(f"MaskedMimic forward_inference, published smpl sizes, {args.threads} thread(s), fastest call of "
           f"{args.rounds} rounds (CPU s per call in parentheses)\n")
     print("| batch | pmstate | torch eager | torch / pmstate |")
