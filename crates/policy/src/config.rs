@@ -163,6 +163,17 @@ impl ModuleConfig {
         }
     }
 
+    /// Its `out_keys` as the config lists them (a leaf's: its one key).
+    pub fn out_keys(&self) -> &[String] {
+        match self {
+            ModuleConfig::Mlp(m) => std::slice::from_ref(&m.out_key),
+            ModuleConfig::ObsProcessor(o) => std::slice::from_ref(&o.out_key),
+            ModuleConfig::Container(c) => &c.out_keys,
+            ModuleConfig::Fsq(f) => f.decoder.out_keys(),
+            ModuleConfig::Transformer(t) => std::slice::from_ref(&t.out_key),
+        }
+    }
+
     /// The key it writes last (`out_keys[0]`; a container's last model's).
     pub fn out_key(&self) -> &str {
         match self {

@@ -90,13 +90,14 @@ impl MaskedMimicConfig {
         let prior = ModuleConfig::from_node(o.req("prior")?, &o.sub("prior"))?;
         let trunk = ModuleConfig::from_node(o.req("trunk")?, &o.sub("trunk"))?;
         let encoder = ModuleConfig::from_node(o.req("encoder")?, &o.sub("encoder"))?;
-        let prior_out = match &prior {
-            ModuleConfig::Container(c) if c.out_keys.len() == 2 => (c.out_keys[0].clone(), c.out_keys[1].clone()),
-            _ => {
+        let needs = "the prior names two out_keys: mu, then logvar";
+        let prior_out = match prior.out_keys() {
+            [mu, logvar] => (mu.clone(), logvar.clone()),
+            other => {
                 return Err(PolicyError::BadField {
                     path: o.sub("prior"),
                     field: "out_keys".into(),
-                    problem: FieldProblem::Empty { needs: "the prior names two out_keys: mu, then logvar" },
+                    problem: FieldProblem::Count { found: other.len(), needs },
                 })
             }
         };

@@ -60,6 +60,14 @@ pub enum FieldProblem {
         /// The value.
         levels: usize,
     },
+    /// A list with the wrong number of entries.
+    #[error("{found} entries: {needs}")]
+    Count {
+        /// How many it has.
+        found: usize,
+        /// What it needs.
+        needs: &'static str,
+    },
     /// A key the field names is not one of the module's in_keys.
     #[error("{key} is not one of in_keys ({needs})")]
     NotAnInKey {
@@ -306,6 +314,12 @@ pub enum AttentionProblem {
         d_model: usize,
         /// `nhead`.
         heads: usize,
+    },
+    /// `3 * latent_dim` (the stacked q, k, v projection) does not fit in memory sizes.
+    #[error("latent_dim {d_model} is too large (3 x it overflows)")]
+    TooWide {
+        /// `d_model`.
+        d_model: usize,
     },
     /// The tokens are not `[B, S, d_model]`.
     #[error("tokens of shape {}, expected [B, S, d_model]", Dims(shape))]

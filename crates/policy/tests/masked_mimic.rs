@@ -280,3 +280,15 @@ fn wide_and_one_dimensional_masks_reduce_as_the_reference_does() {
         "{e}"
     );
 }
+
+#[test]
+fn a_prior_without_two_out_keys_is_refused_naming_the_field() {
+    let e = refused(|m| {
+        let prior = fields(m).get_mut("prior").unwrap();
+        *fields(prior).get_mut("out_keys").unwrap() = Node::List(vec![Node::Str("prior_mu".into())]);
+    });
+    assert!(
+        matches!(&e, PolicyError::BadField { path, field, problem: FieldProblem::Count { found: 1, .. } } if path == "agent.model.prior" && field == "out_keys"),
+        "{e}"
+    );
+}
