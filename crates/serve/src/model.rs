@@ -622,7 +622,10 @@ impl LoadedModel {
         version: u64,
     ) -> Result<LoadedModel, LoadError> {
         if let Some((k, _)) = pins.first() {
-            return Err(LoadError::Pin { key: k.clone(), problem: PinProblem::NotAnInput { inputs: m.in_keys() } });
+            return Err(LoadError::Pin {
+                key: k.clone(),
+                problem: PinProblem::NotPinnable { model: pmstate_policy::config::MASKED_MIMIC_MODEL },
+            });
         }
         let interface = Interface::of_masked_mimic(&m);
         let description = ModelDescription::MaskedMimic(Box::new(m.describe()));
@@ -722,6 +725,21 @@ mod tests {
 
     fn pins(p: &[(&str, usize)]) -> Vec<(String, usize)> {
         p.iter().map(|&(k, w)| (k.to_owned(), w)).collect()
+    }
+
+    #[test]
+    fn a_masked_mimic_model_takes_no_width_pins() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata/policy/masked_mimic");
+        let e = LoadedModel::load(&dir.join("last.ckpt"), None, &Device::Cpu, &pins(&[("max_coords_obs", 24)]), 1)
+            .err()
+            .unwrap();
+        assert!(
+            matches!(&e, LoadError::Pin { key, problem: PinProblem::NotPinnable { .. } } if key == "max_coords_obs"),
+            "{e}"
+        );
+        let ok = LoadedModel::load(&dir.join("last.ckpt"), None, &Device::Cpu, &[], 1).unwrap();
+        assert!(ok.policy.is_none() && ok.masked_mimic.is_some());
+        assert_eq!(ok.interface.input("vae_noise").map(|i| (i.optional, i.width)), Some((true, Some(8))));
     }
 
     fn pin_problem(policy: &Policy, p: &[(&str, usize)]) -> (String, PinProblem) {
