@@ -27,7 +27,16 @@ pub enum KernelsArg {
     Candle,
 }
 
-/// `pmstate bench-policy [--threads N] [--batch B]... [--kernels packed|candle] [--write-weights P] [--min-time S] [--check]`
+/// Which model family to time.
+#[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
+pub enum FamilyArg {
+    /// The full-size smpl PPO tracker (actor and critic).
+    Tracker,
+    /// MaskedMimic at the published smpl model's sizes (`forward_inference`: prior with its transformer, trunk).
+    MaskedMimic,
+}
+
+/// `pmstate bench-policy [--family tracker|masked-mimic] [--threads N] [--batch B]... [--kernels packed|candle] [--write-weights P] [--min-time S] [--check]`
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// Worker threads for the matrix products and the normalizer (default: all cores).
@@ -49,8 +58,12 @@ pub struct Args {
     /// takes more than 3x the time to read the weights once, or the packed
     /// kernels more than 1.5x candle's matmul at batch 1, 2, 3, 4 or 8
     /// (fastest calls, ratios within this run, on this CPU's instruction set).
-    #[arg(long, conflicts_with_all = ["batches", "kernels"])]
+    #[arg(long, conflicts_with_all = ["batches", "kernels", "family"])]
     check: bool,
+    /// Which model: the smpl tracker, or MaskedMimic at its published sizes
+    /// (default batches 1 and 256 there; the --write-weights state dict uses ProtoMotions' names).
+    #[arg(long, value_enum)]
+    family: Option<FamilyArg>,
 }
 
 /// Runs the benchmark: a table, or (`--json`) one object per line with op,
@@ -65,7 +78,12 @@ pub fn run(a: Args, g: Global) -> Result<ExitCode, CliError> {
         .num_threads(threads)
         .build()
         .map_err(|e| CliError::Usage(format!("--threads {threads}: {e}")))?;
-    let batches = if a.batches.is_empty() { BENCH_BATCHES.to_vec() } else { a.batches };
+    let family = a.family.unwrap_or(FamilyArg::Tracker);
+    let batches = match (a.batches.is_empty(), family) {
+        (false, _) => a.batches,
+        (true, FamilyArg::Tracker) => BENCH_BATCHES.to_vec(),
+        (true, FamilyArg::MaskedMimic) => vec![1, 256],
+    };
     let kernels = match a.kernels {
         KernelsArg::Packed => pmstate_policy::CpuKernels::Packed,
         KernelsArg::Candle => pmstate_policy::CpuKernels::Candle,
@@ -74,6 +92,8 @@ pub fn run(a: Args, g: Global) -> Result<ExitCode, CliError> {
     let format = g.format();
     if a.check {
         pool.install(|| check(&opts, format))
+    } else if family == FamilyArg::MaskedMimic {
+        pool.install(|| bench_masked_mimic(&opts, format))
     } else {
         pool.install(|| bench(&opts, format))
     }
@@ -110,7 +130,7 @@ pub struct BenchRecord {
     pub weight_bytes: usize,
 }
 
-fn xorshift(seed: u64) -> impl FnMut() -> f32 {
+pub(crate) fn xorshift(seed: u64) -> impl FnMut() -> f32 {
     let mut s = seed | 1;
     move || {
         s ^= s << 13;
@@ -331,6 +351,31 @@ fn time_forward(policy: &Policy, b: usize, opts: &BenchOptions, weight_bytes: us
     })
 }
 
+/// `pmstate bench-policy --family masked-mimic`: `MaskedMimic::forward`
+/// (with a `vae_noise`) per batch size.
+pub fn bench_masked_mimic(opts: &BenchOptions, format: OutputFormat) -> Result<ExitCode, CliError> {
+    let (model, weight_bytes) = super::bench_masked_mimic::load(opts.write_weights.as_deref())?;
+    let mut records = Vec::new();
+    for &b in &opts.batches {
+        let obs = super::bench_masked_mimic::obs(b)?;
+        let s = median_seconds(opts.min_time, || {
+            std::hint::black_box(model.forward(&obs)?);
+            Ok(())
+        })?;
+        records.push(BenchRecord {
+            op: "forward",
+            batch: b,
+            threads: opts.threads,
+            seconds: s.0,
+            min_seconds: s.1,
+            cpu_seconds: s.2,
+            rows_per_s: b as f64 / s.0,
+            weight_bytes,
+        });
+    }
+    print_records(&records, weight_bytes, opts, format)
+}
+
 /// `pmstate bench-policy`.
 pub fn bench(opts: &BenchOptions, format: OutputFormat) -> Result<ExitCode, CliError> {
     let loaded = Loaded::new(opts)?;
@@ -340,9 +385,18 @@ pub fn bench(opts: &BenchOptions, format: OutputFormat) -> Result<ExitCode, CliE
     for &b in &opts.batches {
         records.push(time_forward(&policy, b, opts, weight_bytes)?);
     }
+    print_records(&records, weight_bytes, opts, format)
+}
+
+fn print_records(
+    records: &[BenchRecord],
+    weight_bytes: usize,
+    opts: &BenchOptions,
+    format: OutputFormat,
+) -> Result<ExitCode, CliError> {
     match format {
         OutputFormat::Json => {
-            for r in &records {
+            for r in records {
                 output::json_line(r)?;
             }
         }
@@ -351,7 +405,7 @@ pub fn bench(opts: &BenchOptions, format: OutputFormat) -> Result<ExitCode, CliE
                 "{:<8} {:>6} {:>3} {:>12} {:>12} {:>12} {:>12}",
                 "op", "batch", "thr", "median µs", "min µs", "cpu µs", "rows/s"
             ));
-            for r in &records {
+            for r in records {
                 output::line(format!(
                     "{:<8} {:>6} {:>3} {:>12.1} {:>12.1} {:>12.1} {:>12.0}",
                     r.op,
@@ -363,11 +417,15 @@ pub fn bench(opts: &BenchOptions, format: OutputFormat) -> Result<ExitCode, CliE
                     r.rows_per_s
                 ));
             }
-            output::line(format!(
-                "weights {:.1} MB; stream = reading them once with {} threads",
-                weight_bytes as f64 / 1e6,
-                opts.threads
-            ));
+            if records.iter().any(|r| r.op == "stream") {
+                output::line(format!(
+                    "weights {:.1} MB; stream = reading them once with {} threads",
+                    weight_bytes as f64 / 1e6,
+                    opts.threads
+                ));
+            } else {
+                output::line(format!("weights {:.1} MB", weight_bytes as f64 / 1e6));
+            }
         }
     }
     Ok(ExitCode::SUCCESS)

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use pmstate_policy::{Globals, LoadOptions, Policy};
+use pmstate_policy::{Globals, LoadOptions, MaskedMimic, Policy};
 
 use crate::{output, CliError, Global};
 
@@ -26,7 +26,9 @@ enum PolicyCommand {
     /// Run the eval-mode forward on observations: OBS holds one f32 [B, D]
     /// tensor per in_key; OUT gets mean_action, value, std, norm_obs (and
     /// latent_codes for an FSQ actor; action, neglogp with --sample;
-    /// disc_logits, disc_reward, disc_value with --discriminator).
+    /// disc_logits, disc_reward, disc_value with --discriminator). For a
+    /// MaskedMimic model OBS may also hold vae_noise [B, latent] (zero when
+    /// absent) and OUT gets mean_action, latent_mu, latent_logvar, latent.
     Run(run::Args),
 }
 
@@ -58,6 +60,20 @@ impl PolicyFiles {
             ));
         }
         Ok(policy)
+    }
+
+    /// Whether the configs name a MaskedMimic model (loaded with
+    /// [`PolicyFiles::load_masked_mimic`], not as a PPO/AMP [`Policy`]).
+    pub fn is_masked_mimic(&self) -> Result<bool, CliError> {
+        let path = pmstate_policy::find_config(&self.checkpoint, self.config.as_deref())?;
+        let configs = pmstate_ckpt::Checkpoint::open(&path)?;
+        Ok(pmstate_policy::model_target(&configs)? == pmstate_policy::config::MASKED_MIMIC_MODEL)
+    }
+
+    /// Loads a MaskedMimic model under the same rules for globals.
+    pub fn load_masked_mimic(&self, device: &candle_core::Device) -> Result<MaskedMimic, CliError> {
+        let globals = if self.allow_unsafe_globals { Globals::Allow } else { Globals::Refuse };
+        Ok(MaskedMimic::load_with(&self.checkpoint, self.config.as_deref(), device, &LoadOptions { globals })?)
     }
 
     /// Loads the deployment pipeline (observations, actor, action function)
