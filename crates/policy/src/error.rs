@@ -4,7 +4,7 @@
 
 use pmstate_norm::Dims;
 
-use crate::problem::{FieldProblem, GraphProblem, OpProblem};
+use crate::problem::{AttentionProblem, FieldProblem, GraphProblem, OpProblem};
 
 /// What can stop a policy from loading or running.
 #[derive(Debug, thiserror::Error)]
@@ -232,6 +232,14 @@ pub enum PolicyError {
         op: &'static str,
         /// What is wrong.
         problem: OpProblem,
+    },
+    /// A transformer refused its config or its tokens/masks.
+    #[error("{path}: {problem}")]
+    Attention {
+        /// Config path of the transformer.
+        path: String,
+        /// What is wrong.
+        problem: AttentionProblem,
     },
     /// A normalizer could not be built or applied.
     #[error("{path}: {source}")]

@@ -26,6 +26,7 @@ pub mod obs_widths;
 pub mod problem;
 pub mod sample;
 pub mod shapes;
+pub mod transformer;
 
 pub use activation::Activation;
 pub use config::{ModelConfig, ModuleConfig, Number};
@@ -36,4 +37,4 @@ pub use load::{find_config, read_model_config, AllowedGlobal, Globals, LoadOptio
 pub use mlp::CpuKernels;
 pub use model::{AmpNetworks, DiscOutputs, Outputs, Part, Policy, Sampled};
 pub use network::TensorMap;
-pub use problem::{ExprProblem, FieldProblem, FsqKeyRole, GraphProblem, OpProblem};
+pub use problem::{AttentionProblem, ExprProblem, FieldProblem, FsqKeyRole, GraphProblem, OpProblem};

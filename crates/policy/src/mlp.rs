@@ -273,7 +273,7 @@ pub(crate) fn load_f32(ckpt: &Checkpoint, dict: &str, key: &str, path: &str, dev
     Ok(x.to_dtype(DType::F32)?)
 }
 
-fn load_vec(ckpt: &Checkpoint, dict: &str, key: &str, n: usize, path: &str, dev: &Device) -> Result<Tensor> {
+pub(crate) fn load_vec(ckpt: &Checkpoint, dict: &str, key: &str, n: usize, path: &str, dev: &Device) -> Result<Tensor> {
     let t = load_f32(ckpt, dict, key, path, dev)?;
     if t.dims() != [n] {
         return Err(PolicyError::WeightShape {
@@ -286,7 +286,7 @@ fn load_vec(ckpt: &Checkpoint, dict: &str, key: &str, n: usize, path: &str, dev:
     Ok(t)
 }
 
-fn load_linear(
+pub(crate) fn load_linear(
     ckpt: &Checkpoint,
     dict: &str,
     key: &str,
@@ -295,7 +295,25 @@ fn load_linear(
     path: &str,
     dev: &Device,
 ) -> Result<Linear> {
-    let weight = load_f32(ckpt, dict, &format!("{key}.weight"), path, dev)?;
+    let mut l = load_linear_keys(ckpt, dict, &format!("{key}.weight"), &format!("{key}.bias"), out, inp, path, dev)?;
+    l.key = key.to_owned();
+    Ok(l)
+}
+
+/// A Linear whose weight and bias have their own names (`in_proj_weight`,
+/// `in_proj_bias`); its `key` is the weight's name.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn load_linear_keys(
+    ckpt: &Checkpoint,
+    dict: &str,
+    weight_key: &str,
+    bias_key: &str,
+    out: Option<usize>,
+    inp: Option<usize>,
+    path: &str,
+    dev: &Device,
+) -> Result<Linear> {
+    let weight = load_f32(ckpt, dict, weight_key, path, dev)?;
     let dims = weight.dims().to_vec();
     let ok = dims.len() == 2 && out.is_none_or(|o| dims[0] == o) && inp.is_none_or(|i| dims[1] == i) && dims[1] > 0;
     if !ok {
@@ -303,13 +321,13 @@ fn load_linear(
         let i = inp.map_or("in".into(), |i| i.to_string());
         return Err(PolicyError::WeightShape {
             file: ckpt.path_str().to_owned(),
-            key: full_key(dict, &format!("{key}.weight")),
+            key: full_key(dict, weight_key),
             got: dims,
             expected: format!("[{o}, {i}] (from the config's layer widths)"),
         });
     }
-    let bias = load_vec(ckpt, dict, &format!("{key}.bias"), dims[0], path, dev)?;
+    let bias = load_vec(ckpt, dict, bias_key, dims[0], path, dev)?;
     let weight_t = weight.t()?.contiguous()?;
     let packed = if dev.is_cpu() { Some(pack(&weight, &bias)?) } else { None };
-    Ok(Linear { weight, weight_t, bias, key: key.to_owned(), packed })
+    Ok(Linear { weight, weight_t, bias, key: weight_key.to_owned(), packed })
 }

@@ -262,3 +262,45 @@ pub enum ExprProblem {
 fn int_list(xs: &[i64]) -> String {
     format!("[{}]", xs.iter().map(i64::to_string).collect::<Vec<_>>().join(", "))
 }
+
+/// What is wrong with a transformer's configuration or inputs.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum AttentionProblem {
+    /// `num_heads` must divide `latent_dim` (torch asserts it).
+    #[error("num_heads {heads} does not divide latent_dim {d_model}")]
+    HeadsDivide {
+        /// `d_model`.
+        d_model: usize,
+        /// `nhead`.
+        heads: usize,
+    },
+    /// The tokens are not `[B, S, d_model]`.
+    #[error("tokens of shape {}, expected [B, S, d_model]", Dims(shape))]
+    InputShape {
+        /// What was given.
+        shape: Vec<usize>,
+    },
+    /// The key-padding mask is not a `[B, S]` bool.
+    #[error("key-padding mask of shape {} ({dtype}), expected bool [{batch}, {seq}]", Dims(shape))]
+    KeyPaddingMask {
+        /// What was given.
+        shape: Vec<usize>,
+        /// Its dtype.
+        dtype: &'static str,
+        /// The tokens' batch.
+        batch: usize,
+        /// The tokens' sequence length.
+        seq: usize,
+    },
+    /// The additive mask is not a float `[S, S]`.
+    #[error("additive attention mask of shape {} ({dtype}), expected float [{seq}, {seq}]", Dims(shape))]
+    AdditiveMask {
+        /// What was given.
+        shape: Vec<usize>,
+        /// Its dtype.
+        dtype: &'static str,
+        /// The tokens' sequence length.
+        seq: usize,
+    },
+}

@@ -1,0 +1,172 @@
+//! `TransformerEncoder` against torch's `nn.TransformerEncoder` as
+//! ProtoMotions' `Transformer` builds it (testdata/policy/transformer_encoder,
+//! written by testdata/policy/record_transformer.py): 2 post-norm layers,
+//! d = 16, 4 heads, ff 24, relu and gelu, with no mask, a key-padding
+//! mask (one row fully padded), a 0/-inf causal mask with a context prefix,
+//! both, and a mask with finite entries.
+//!
+//! The bound (see the module docs of `pmstate_policy::transformer` and
+//! docs/numerics.md): every output lies within `MARGIN * e` of the float64
+//! forward, `e = max(observed torch float32 error, u * scale)` over the case
+//! (`u = 2^-24`, `scale` = the largest |output|): empirical times margin.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use candle_core::{DType, Device, Tensor};
+use pmstate_ckpt::Checkpoint;
+use pmstate_policy::transformer::{zero_padded_positions, AttentionMasks, TransformerEncoder, TransformerSpec};
+use pmstate_policy::{Activation, AttentionProblem, PolicyError};
+
+/// The margin over torch's own float32 error (see the module docs).
+const MARGIN: f64 = 8.0;
+const U: f64 = 1.0 / (1u64 << 24) as f64;
+
+fn data(rel: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata/policy/transformer_encoder").join(rel)
+}
+
+fn cases() -> HashMap<String, Tensor> {
+    candle_core::safetensors::load(data("cases.safetensors"), &Device::Cpu).unwrap()
+}
+
+fn spec(activation: Activation) -> TransformerSpec {
+    TransformerSpec { d_model: 16, heads: 4, ff: 24, layers: 2, activation }
+}
+
+fn encoder(act: &str, activation: Activation) -> TransformerEncoder {
+    let ckpt = Checkpoint::open(data("weights.safetensors")).unwrap();
+    TransformerEncoder::load(&ckpt, "", act, spec(activation), "test.transformer", &Device::Cpu).unwrap()
+}
+
+fn flat(t: &Tensor) -> Vec<f64> {
+    t.to_dtype(DType::F64).unwrap().flatten_all().unwrap().to_vec1::<f64>().unwrap()
+}
+
+fn masks<'a>(c: &'a HashMap<String, Tensor>, case: &str) -> AttentionMasks<'a> {
+    let pad = Some(&c["key_padding"]);
+    match case {
+        "none" => AttentionMasks::default(),
+        "pad" => AttentionMasks { key_padding: pad, additive: None },
+        "add" => AttentionMasks { key_padding: None, additive: Some(&c["additive"]) },
+        "both" => AttentionMasks { key_padding: pad, additive: Some(&c["additive"]) },
+        "soft" => AttentionMasks { key_padding: None, additive: Some(&c["additive_soft"]) },
+        other => panic!("{other}"),
+    }
+}
+
+#[test]
+fn every_position_matches_torchs_slow_path_within_the_bound() {
+    let c = cases();
+    for (act, activation) in [("relu", Activation::Relu), ("gelu", Activation::Gelu)] {
+        let enc = encoder(act, activation);
+        for case in ["none", "pad", "add", "both", "soft"] {
+            let got = flat(&enc.forward(&c["x"], &masks(&c, case)).unwrap());
+            let torch = flat(&c[&format!("{act}.{case}.slow")]);
+            let f64_ref = flat(&c[&format!("{act}.{case}.f64")]);
+            let scale = f64_ref.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+            let torch_err = torch.iter().zip(&f64_ref).fold(0.0f64, |m, (a, b)| m.max((a - b).abs()));
+            let bound = MARGIN * torch_err.max(U * scale);
+            assert!(got.iter().all(|v| v.is_finite()), "{act}/{case}: non-finite output");
+            let ours = got.iter().zip(&f64_ref).fold(0.0f64, |m, (a, b)| m.max((a - b).abs()));
+            assert!(ours <= bound, "{act}/{case}: |ours - f64| = {ours:e} > bound {bound:e}");
+            let vs_torch = got.iter().zip(&torch).fold(0.0f64, |m, (a, b)| m.max((a - b).abs()));
+            assert!(vs_torch <= bound + torch_err, "{act}/{case}: |ours - torch| = {vs_torch:e}");
+        }
+    }
+}
+
+#[test]
+fn the_fast_path_zeros_padded_positions_and_agrees_elsewhere() {
+    let c = cases();
+    let pad = &c["key_padding"];
+    let pad_rows: Vec<Vec<u8>> = pad.to_vec2::<u8>().unwrap();
+    for (act, activation) in [("relu", Activation::Relu), ("gelu", Activation::Gelu)] {
+        let enc = encoder(act, activation);
+        for case in ["pad", "both"] {
+            let out = enc.forward(&c["x"], &masks(&c, case)).unwrap();
+            let zeroed = zero_padded_positions(&out, pad).unwrap().to_vec3::<f32>().unwrap();
+            let fast = c[&format!("{act}.{case}.fast")].to_vec3::<f32>().unwrap();
+            let slow = c[&format!("{act}.{case}.slow")].to_vec3::<f32>().unwrap();
+            for (b, row) in pad_rows.iter().enumerate() {
+                if row.iter().all(|&p| p != 0) {
+                    // every key padded: torch's fast path gives 0 (nested
+                    // tensor) or NaN (with an additive mask); the slow path,
+                    // which this module follows, gives finite values
+                    assert!(fast[b].iter().flatten().all(|v| *v == 0.0 || v.is_nan()), "{act}/{case} row {b}");
+                    assert!(zeroed[b].iter().flatten().all(|v| *v == 0.0));
+                    assert!(slow[b].iter().flatten().all(|v| v.is_finite()));
+                    continue;
+                }
+                for (s, &p) in row.iter().enumerate() {
+                    for (j, (&z, &f)) in zeroed[b][s].iter().zip(&fast[b][s]).enumerate() {
+                        if p != 0 && case == "pad" {
+                            assert_eq!(f, 0.0, "{act}/{case} [{b},{s},{j}]: the fast path zeros padded positions");
+                            assert_eq!(z, 0.0);
+                        } else if p == 0 {
+                            assert!((z - f).abs() <= 1e-5, "{act}/{case} [{b},{s},{j}]: {z} vs {f}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn token_zero_of_a_fully_padded_row_is_finite_as_in_torchs_slow_path() {
+    // row 3 masks every key: torch >= 2.5 gives zero attention weights
+    let c = cases();
+    let enc = encoder("relu", Activation::Relu);
+    let got = enc.forward(&c["x"], &masks(&c, "pad")).unwrap().to_vec3::<f32>().unwrap();
+    let want = c["relu.pad.slow"].to_vec3::<f32>().unwrap();
+    for (g, w) in got[3].iter().flatten().zip(want[3].iter().flatten()) {
+        assert!((g - w).abs() <= 1e-5, "{g} vs {w}");
+    }
+}
+
+#[test]
+fn masks_and_tokens_of_the_wrong_shape_are_refused() {
+    let c = cases();
+    let enc = encoder("relu", Activation::Relu);
+    let x = &c["x"];
+    let short_pad = c["key_padding"].narrow(1, 0, 6).unwrap();
+    let e = enc.forward(x, &AttentionMasks { key_padding: Some(&short_pad), additive: None }).unwrap_err();
+    assert!(
+        matches!(&e, PolicyError::Attention { path, problem: AttentionProblem::KeyPaddingMask { shape, batch: 4, seq: 7, .. } } if path == "test.transformer" && shape == &[4, 6]),
+        "{e}"
+    );
+    let float_pad = c["key_padding"].to_dtype(DType::F32).unwrap();
+    let e = enc.forward(x, &AttentionMasks { key_padding: Some(&float_pad), additive: None }).unwrap_err();
+    assert!(matches!(e, PolicyError::Attention { problem: AttentionProblem::KeyPaddingMask { dtype: "f32", .. }, .. }));
+    let bad_add = c["additive"].narrow(0, 0, 3).unwrap();
+    let e = enc.forward(x, &AttentionMasks { key_padding: None, additive: Some(&bad_add) }).unwrap_err();
+    assert!(matches!(e, PolicyError::Attention { problem: AttentionProblem::AdditiveMask { seq: 7, .. }, .. }), "{e}");
+    let narrow = x.narrow(2, 0, 8).unwrap();
+    let e = enc.forward(&narrow, &AttentionMasks::default()).unwrap_err();
+    assert!(matches!(e, PolicyError::Attention { problem: AttentionProblem::InputShape { .. }, .. }), "{e}");
+    assert!(e.to_string().contains("test.transformer"), "{e}");
+}
+
+#[test]
+fn heads_that_do_not_divide_the_width_and_wrong_weights_are_refused() {
+    let ckpt = Checkpoint::open(data("weights.safetensors")).unwrap();
+    let mut s = spec(Activation::Relu);
+    s.heads = 3;
+    let e = TransformerEncoder::load(&ckpt, "", "relu", s, "p", &Device::Cpu).unwrap_err();
+    assert!(matches!(
+        e,
+        PolicyError::Attention { problem: AttentionProblem::HeadsDivide { d_model: 16, heads: 3 }, .. }
+    ));
+    let mut s = spec(Activation::Relu);
+    s.ff = 32;
+    let e = TransformerEncoder::load(&ckpt, "", "relu", s, "p", &Device::Cpu).unwrap_err();
+    assert!(matches!(&e, PolicyError::WeightShape { key, .. } if key == "relu.layers.0.linear1.weight"), "{e}");
+    let mut s = spec(Activation::Relu);
+    s.layers = 3;
+    let e = TransformerEncoder::load(&ckpt, "", "relu", s, "p", &Device::Cpu).unwrap_err();
+    assert!(
+        matches!(&e, PolicyError::MissingWeight { key, .. } if key == "relu.layers.2.self_attn.in_proj_weight"),
+        "{e}"
+    );
+}
