@@ -1086,7 +1086,41 @@ def gpc_eval(model, obs, tokens, gen_seed):
     res["generate.tokens"] = g["latent"].detach().clone()
     res["generate.logits"] = g["latent_logits"].detach().clone()
     res["generate.mean_action"] = g["mean_action"].detach().clone()
+    res.update(gpc_f64(model, obs, tokens))
     return res
+
+
+def gpc_f64(model, obs, tokens):
+    """The same teacher-forced stages in float64 (a double copy of the model;
+    its float32 one-hot and mask made double): the reference the error
+    bounds of the tests are measured against."""
+    md = copy.deepcopy(model).double()
+    md.eval()
+    prior = md.prior
+    vocab = prior.vocab_size
+    one_hot = lambda t: torch.nn.functional.one_hot(t.long(), vocab).double()  # noqa: E731
+    md.latent_tokenization.one_hot_prior_tokens = one_hot
+    prior._one_hot_tokens = lambda t: one_hot(t) if t.dim() == 2 else t.double()  # noqa: E731
+    n = tokens.shape[1]
+    prior._causal_masks = {(n, torch.device("cpu")): prior._mask(n, torch.device("cpu")).double()}
+    layers = {}
+    hs = [layer.register_forward_hook(lambda m, i, o, k=k: layers.__setitem__(k, o.detach().clone()))
+          for k, layer in enumerate(prior._transformer.layers)]
+    try:
+        with torch.no_grad():
+            td = TensorDictCls({k: v.double() for k, v in obs.items()}, batch_size=tokens.shape[0])
+            td["target_latent"] = tokens.clone()
+            out = md(td)
+            ptd = md._prior_tensordict(td, tokens)
+            context = prior.encode_context(ptd)
+    finally:
+        for h in hs:
+            h.remove()
+    res = {"f64.logits": out["latent_logits"], "f64.mean_action": out["mean_action"],
+           "f64.context_embedding": context}
+    for k in sorted(layers):
+        res[f"f64.layer.{k}"] = layers[k]
+    return {k: v.detach().clone() for k, v in res.items()}
 
 
 def run_gpc_prior(fabric, root, out_dir, name, desc, builder, verify):

@@ -126,9 +126,9 @@ impl PriorModelConfig {
             None => 1,
             Some(_) => o.count("fsq_scalars_per_prior_token")?,
         };
-        let tokenization = Tokenization::new(decoder.num_fsq_levels, decoder.num_fsq_scalars, per_token)
-            .ok_or_else(|| {
-                let problem = if per_token == 0 || decoder.num_fsq_scalars % per_token != 0 {
+        let tokenization =
+            Tokenization::new(decoder.num_fsq_levels, decoder.num_fsq_scalars, per_token).ok_or_else(|| {
+                let problem = if per_token == 0 || !decoder.num_fsq_scalars.is_multiple_of(per_token) {
                     PriorProblem::ScalarsPerToken { per_token, scalars: decoder.num_fsq_scalars }
                 } else {
                     PriorProblem::VocabTooLarge { levels: decoder.num_fsq_levels, per_token }
@@ -136,7 +136,7 @@ impl PriorModelConfig {
                 prior_err(&o.sub("fsq_scalars_per_prior_token"), problem)
             })?;
         let temperature = float(&o, "temperature", 1.0)?;
-        if !(temperature > 0.0) || !temperature.is_finite() {
+        if temperature.is_nan() || temperature <= 0.0 || temperature.is_infinite() {
             return Err(prior_err(&o.sub("temperature"), PriorProblem::Temperature { value: temperature }));
         }
         let top_p = float(&o, "top_p", 0.9)?;
@@ -167,10 +167,7 @@ impl PriorModelConfig {
 /// config embedded, no checkpoint path.
 fn parse_decoder(node: &Node, path: &str) -> Result<FsqConfig> {
     let o = Obj::new(node, path)?;
-    let checkpoint_path = match o.opt_string("checkpoint_path")? {
-        Some(s) => s,
-        None => String::new(),
-    };
+    let checkpoint_path = o.opt_string("checkpoint_path")?.unwrap_or_default();
     // how a module would be found in another checkpoint: unused with module_config
     for f in ["module_path", "module_config_path", "config_path", "state_dict_key", "strict", "freeze"] {
         o.get(f);

@@ -90,7 +90,9 @@ pub enum PriorProblem {
         value: f64,
     },
     /// `_pos_emb` is not `[1, max_seq_len, d_model]` or too short for the context and every token.
-    #[error("_pos_emb has shape {shape:?}: expected [1, L, {d_model}] with L >= {needed} (the context and every token)")]
+    #[error(
+        "_pos_emb has shape {shape:?}: expected [1, L, {d_model}] with L >= {needed} (the context and every token)"
+    )]
     Positions {
         /// Its shape.
         shape: Vec<usize>,

@@ -27,7 +27,7 @@ impl Tokenization {
     /// `None` when `per_token` is zero or does not divide `scalars`, or the
     /// vocabulary overflows (the caller names the field).
     pub fn new(levels: usize, scalars: usize, per_token: usize) -> Option<Self> {
-        if per_token == 0 || scalars % per_token != 0 {
+        if per_token == 0 || !scalars.is_multiple_of(per_token) {
             return None;
         }
         let vocab = levels.checked_pow(u32::try_from(per_token).ok()?)?;
