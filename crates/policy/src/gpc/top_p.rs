@@ -106,9 +106,10 @@ mod tests {
 
     #[test]
     fn first_token_always_kept_and_cutoff_shifted_by_one() {
-        // 0.5 alone does not pass 0.4, but it is kept; 0.3 is kept because
-        // the sum before it (0.5) is what the shifted cutoff looks at
-        assert_eq!(keep_mask(&[0.2, 0.5, 0.3], 0.4), vec![false, true, true]);
+        // 0.5 alone passes 0.4: it is kept (the first always is), the rest cut
+        assert_eq!(keep_mask(&[0.2, 0.5, 0.3], 0.4), vec![false, true, false]);
+        // 0.3 is kept because the sum before it (0.5) does not pass 0.6,
+        // though the sum with it does: the cutoff is shifted by one
         assert_eq!(keep_mask(&[0.2, 0.5, 0.3], 0.6), vec![false, true, true]);
         assert_eq!(keep_mask(&[0.2, 0.5, 0.3], 0.85), vec![true, true, true]);
         assert_eq!(keep_mask(&[0.2, 0.5, 0.3], 0.0), vec![false, true, false]);
