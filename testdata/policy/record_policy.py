@@ -1221,6 +1221,7 @@ def run_gpc_prior(fabric, root, out_dir, name, desc, builder, verify):
         "model_class": f"{type(model).__module__}.{type(model).__name__}",
         "model_in_keys": list(model.in_keys),
         "obs_widths": {"max_coords_obs": spec["widths"]["max_coords_obs"]},
+        "modules": describe_modules(model, spec["widths"], {}, {}),
         "num_prior_tokens": n_tok,
         "vocab_size": vocab,
         "temperature": model.temperature,

@@ -22,6 +22,7 @@
 //! temperature and top-p, [`top_p`]).
 
 pub mod config;
+pub mod describe;
 pub mod problem;
 pub mod tokens;
 pub mod top_p;
@@ -511,7 +512,8 @@ impl LatentPrior {
     pub fn teacher_forced_stages(&self, obs: &HashMap<String, Tensor>) -> Result<PriorStages> {
         let b = self.check_obs(obs)?;
         let key = self.token_key();
-        let t = obs.get(key).ok_or_else(|| PolicyError::MissingObs { key: key.to_owned(), width: None })?;
+        let tokens = self.config.tokenization.tokens;
+        let t = obs.get(key).ok_or_else(|| prior_err(key, PriorProblem::NoTokens { tokens }))?;
         let rows = self.check_tokens(t, b)?;
         let mut td = self.obs_map(obs)?;
         let (context, trace) = self.encode_context(&mut td)?;

@@ -101,6 +101,14 @@ pub enum PriorProblem {
         /// `num_tokens + 1`.
         needed: usize,
     },
+    /// Teacher forcing without tokens.
+    #[error(
+        "no tokens: teacher forcing reads int64 [B, {tokens}] tokens here (generation, `--sample`, draws its own)"
+    )]
+    NoTokens {
+        /// Tokens per row.
+        tokens: usize,
+    },
     /// The token input is not an int64 tensor.
     #[error("prior tokens must be int64 [B, {tokens}], got {dtype}")]
     TokensDtype {
