@@ -43,6 +43,11 @@ use crate::problem::GraphProblem;
 use crate::shapes::Widths;
 use crate::transformer::{TransformerEncoder, TransformerSpec};
 
+/// The most elements of a one-hot token tensor built for a token encoder
+/// that is not a plain table (2^26 f32: 256 MiB). The published prior's
+/// encoder is a table and never builds one.
+pub const MAX_ONE_HOT_ELEMENTS: usize = 1 << 26;
+
 /// How the token encoder turns tokens into embeddings.
 #[derive(Debug, Clone)]
 enum TokenEncoder {
@@ -436,8 +441,9 @@ impl LatentPrior {
             }
             TokenEncoder::Module(net) => {
                 let v = self.config.tokenization.vocab;
-                let n = b.checked_mul(k).and_then(|x| x.checked_mul(v)).ok_or_else(|| {
-                    prior_err(self.token_key(), PriorProblem::VocabTooLarge { levels: v, per_token: k })
+                let n = b.checked_mul(k).and_then(|x| x.checked_mul(v)).filter(|&n| n <= MAX_ONE_HOT_ELEMENTS);
+                let n = n.ok_or_else(|| {
+                    prior_err(self.token_key(), PriorProblem::OneHotTooLarge { batch: b, tokens: k, vocab: v })
                 })?;
                 let mut one_hot = vec![0f32; n];
                 for (i, &t) in flat.iter().enumerate() {
@@ -643,4 +649,44 @@ fn table_encoder(net: &Network, token_key: &str) -> Option<TokenEncoder> {
         return None;
     }
     Some(TokenEncoder::Table { table: mlp.out.weight_t.clone(), bias: mlp.out.bias.clone() })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dir() -> std::path::PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata/policy/gpc_prior")
+    }
+
+    /// The one-hot path (for token encoders that are not a table) and the
+    /// table give the same embeddings on the recorded prior.
+    #[test]
+    fn one_hot_module_path_agrees_with_the_table() {
+        let mut p =
+            LatentPrior::load_with(dir().join("inference_last.ckpt"), None, &Device::Cpu, &LoadOptions::default())
+                .unwrap();
+        assert!(matches!(p.token_encoder, TokenEncoder::Table { .. }));
+        let rows = vec![vec![0i64, 5, 80, 41], vec![80, 0, 1, 2]];
+        let table = p.encode_tokens(&rows, 4).unwrap();
+        let ckpt = Checkpoint::open(dir().join("inference_last.ckpt")).unwrap();
+        let net = Network::load(
+            &p.config.prior.token_encoder,
+            &ckpt,
+            "model",
+            "prior._token_encoder",
+            "agent.model.prior.token_encoder",
+            &Device::Cpu,
+        )
+        .unwrap();
+        p.token_encoder = TokenEncoder::Module(net);
+        let module = p.encode_tokens(&rows, 4).unwrap();
+        let a = table.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        let b = module.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        assert_eq!(a, b);
+        // over the limit: refused before anything is allocated
+        let big = vec![vec![0i64; 4]; MAX_ONE_HOT_ELEMENTS / (4 * 81) + 1];
+        let e = p.encode_tokens(&big, 4).unwrap_err();
+        assert!(matches!(e, PolicyError::Prior { problem: PriorProblem::OneHotTooLarge { .. }, .. }), "{e}");
+    }
 }

@@ -101,6 +101,20 @@ pub enum PriorProblem {
         /// `num_tokens + 1`.
         needed: usize,
     },
+    /// A token encoder that is not a plain table would need a one-hot tensor over the limit.
+    #[error(
+        "the token encoder is not a plain Linear over the one-hot tokens: its one-hot input of {batch} x {tokens} x \
+         {vocab} values is over the limit of {} (a smaller batch fits)",
+        super::MAX_ONE_HOT_ELEMENTS
+    )]
+    OneHotTooLarge {
+        /// Batch rows.
+        batch: usize,
+        /// Tokens per row.
+        tokens: usize,
+        /// Vocabulary.
+        vocab: usize,
+    },
     /// Teacher forcing without tokens.
     #[error(
         "no tokens: teacher forcing reads int64 [B, {tokens}] tokens here (generation, `--sample`, draws its own)"
