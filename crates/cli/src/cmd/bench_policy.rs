@@ -27,7 +27,16 @@ pub enum KernelsArg {
     Candle,
 }
 
-/// `pmstate bench-policy [--threads N] [--batch B]... [--kernels packed|candle] [--write-weights P] [--min-time S] [--check]`
+/// Which model `bench-policy` times.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum FamilyArg {
+    /// The full-size smpl tracker (PPO actor and critic).
+    Tracker,
+    /// The GPC prior at the published size (teacher forced and generating).
+    GpcPrior,
+}
+
+/// `pmstate bench-policy [--family tracker|gpc-prior] [--threads N] [--batch B]... [--kernels packed|candle] [--write-weights P] [--min-time S] [--check]`
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// Worker threads for the matrix products and the normalizer (default: all cores).
@@ -49,8 +58,12 @@ pub struct Args {
     /// takes more than 3x the time to read the weights once, or the packed
     /// kernels more than 1.5x candle's matmul at batch 1, 2, 3, 4 or 8
     /// (fastest calls, ratios within this run, on this CPU's instruction set).
-    #[arg(long, conflicts_with_all = ["batches", "kernels"])]
+    #[arg(long, conflicts_with_all = ["batches", "kernels", "family"])]
     check: bool,
+    /// Which model: the smpl tracker, or the GPC prior at its published size
+    /// (batches 1 and 256 unless --batch is given).
+    #[arg(long, value_enum, default_value = "tracker")]
+    family: FamilyArg,
 }
 
 /// Runs the benchmark: a table, or (`--json`) one object per line with op,
@@ -65,14 +78,20 @@ pub fn run(a: Args, g: Global) -> Result<ExitCode, CliError> {
         .num_threads(threads)
         .build()
         .map_err(|e| CliError::Usage(format!("--threads {threads}: {e}")))?;
-    let batches = if a.batches.is_empty() { BENCH_BATCHES.to_vec() } else { a.batches };
+    let batches = match (a.batches.is_empty(), a.family) {
+        (false, _) => a.batches,
+        (true, FamilyArg::Tracker) => BENCH_BATCHES.to_vec(),
+        (true, FamilyArg::GpcPrior) => super::bench_gpc::GPC_BATCHES.to_vec(),
+    };
     let kernels = match a.kernels {
         KernelsArg::Packed => pmstate_policy::CpuKernels::Packed,
         KernelsArg::Candle => pmstate_policy::CpuKernels::Candle,
     };
     let opts = BenchOptions { threads, min_time: a.min_time, batches, write_weights: a.write_weights, kernels };
     let format = g.format();
-    if a.check {
+    if a.family == FamilyArg::GpcPrior {
+        pool.install(|| super::bench_gpc::bench(&opts, format))
+    } else if a.check {
         pool.install(|| check(&opts, format))
     } else {
         pool.install(|| bench(&opts, format))
