@@ -876,6 +876,22 @@ fn gpc_prior_run_and_describe() {
     assert!(!r.status.success());
     assert!(text(&r).contains("prior_tokens: prior tokens must be int64 [B, 20], got f32"), "{}", text(&r));
 
+    // int64 tokens whose offsets hold only 4 bytes per element: refused before reading
+    let obs_bytes = 343 * 4;
+    let header = format!(
+        "{{\"max_coords_obs\":{{\"dtype\":\"F32\",\"shape\":[1,343],\"data_offsets\":[0,{obs_bytes}]}},\
+         \"prior_tokens\":{{\"dtype\":\"I64\",\"shape\":[1,20],\"data_offsets\":[{obs_bytes},{}]}}}}",
+        obs_bytes + 80
+    );
+    let mut raw = (header.len() as u64).to_le_bytes().to_vec();
+    raw.extend_from_slice(header.as_bytes());
+    raw.resize(raw.len() + obs_bytes + 80, 0);
+    std::fs::write(&ctx_path, raw).unwrap();
+    let r = pmstate(&["policy", "run", &ckpt, "--obs", ctx_path.to_str().unwrap(), "--out", out.to_str().unwrap()]);
+    assert_eq!(r.status.code(), Some(2), "{}", text(&r));
+    assert!(text(&r).contains("tensor prior_tokens: data offsets"), "{}", text(&r));
+    assert!(text(&r).contains("do not hold its 160 bytes"), "{}", text(&r));
+
     let j = stdout_json(&pmstate(&["policy", "describe", "--json", &ckpt]));
     assert_eq!(j["class"], "protomotions.agents.supervised.latent_prior_model.DiscreteAutoregressiveLatentPriorModel");
     assert_eq!(j["in_keys"][0]["key"], "max_coords_obs");

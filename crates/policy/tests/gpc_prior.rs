@@ -312,3 +312,19 @@ fn configs_it_cannot_run_are_refused_naming_the_field() {
         other => panic!("{other}"),
     }
 }
+
+#[test]
+fn a_batch_whose_logits_pass_the_limit_is_refused_before_any_work() {
+    // 8 rows x 20 tokens x 81 = 12960 logits
+    let p = load().with_max_logits(12_959);
+    let (path, pr) = prior_problem(p.teacher_forced(&obs()).unwrap_err());
+    assert_eq!(path, "prior_tokens");
+    assert_eq!(pr, PriorProblem::TooManyLogits { batch: 8, per_row: 1620, limit: 12_959 });
+    let mut o = obs();
+    o.remove("prior_tokens");
+    assert!(matches!(prior_problem(p.generate(&o, p.sampling(1)).unwrap_err()).1, PriorProblem::TooManyLogits { .. }));
+    let p = p.with_max_logits(12_960);
+    assert_eq!(p.teacher_forced(&obs()).unwrap().logits.dims(), [8, 20, 81]);
+    // the published sizes: 568 rows fit
+    assert_eq!(pmstate_policy::gpc::MAX_LOGITS_ELEMENTS / (8 * 59049), 568);
+}

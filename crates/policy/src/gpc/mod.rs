@@ -48,6 +48,11 @@ use crate::transformer::{TransformerEncoder, TransformerSpec};
 /// encoder is a table and never builds one.
 pub const MAX_ONE_HOT_ELEMENTS: usize = 1 << 26;
 
+/// The most logits one call returns (`B x tokens x vocab` float32 values:
+/// 2^28, 1 GiB). The published prior's 8 x 59049 logits per row make a
+/// batch of 568 rows at most; a larger batch is refused before any work.
+pub const MAX_LOGITS_ELEMENTS: usize = 1 << 28;
+
 /// How the token encoder turns tokens into embeddings.
 #[derive(Debug, Clone)]
 enum TokenEncoder {
@@ -76,6 +81,8 @@ pub struct LatentPrior {
     decoder: Network,
     decoder_latent_key: String,
     widths: Widths,
+    /// See [`MAX_LOGITS_ELEMENTS`].
+    max_logits: usize,
     device: Device,
     checkpoint: String,
     config_file: Option<String>,
@@ -264,6 +271,7 @@ impl LatentPrior {
             output_head,
             decoder,
             widths,
+            max_logits: MAX_LOGITS_ELEMENTS,
             device: dev.clone(),
             checkpoint: ckpt.path_str().to_owned(),
             config_file: None,
@@ -517,6 +525,7 @@ impl LatentPrior {
     /// and the tokens under the token key.
     pub fn teacher_forced_stages(&self, obs: &HashMap<String, Tensor>) -> Result<PriorStages> {
         let b = self.check_obs(obs)?;
+        self.check_logits(b)?;
         let key = self.token_key();
         let tokens = self.config.tokenization.tokens;
         let t = obs.get(key).ok_or_else(|| prior_err(key, PriorProblem::NoTokens { tokens }))?;
@@ -543,6 +552,29 @@ impl LatentPrior {
     /// Teacher-forced forward: the logits of the given tokens and their action.
     pub fn teacher_forced(&self, obs: &HashMap<String, Tensor>) -> Result<PriorOutputs> {
         Ok(self.teacher_forced_stages(obs)?.outputs)
+    }
+
+    /// Another limit on the logits of one call than [`MAX_LOGITS_ELEMENTS`].
+    pub fn with_max_logits(mut self, elements: usize) -> Self {
+        self.max_logits = elements;
+        self
+    }
+
+    /// Refuses a batch whose logits would pass the limit.
+    fn check_logits(&self, batch: usize) -> Result<()> {
+        let t = &self.config.tokenization;
+        let n = batch.checked_mul(t.tokens).and_then(|x| x.checked_mul(t.vocab));
+        match n {
+            Some(n) if n <= self.max_logits => Ok(()),
+            _ => Err(prior_err(
+                self.token_key(),
+                PriorProblem::TooManyLogits {
+                    batch,
+                    per_row: t.tokens.saturating_mul(t.vocab),
+                    limit: self.max_logits,
+                },
+            )),
+        }
     }
 
     /// The config's sampling settings with `seed`.
@@ -587,6 +619,7 @@ impl LatentPrior {
             ));
         }
         let b = self.check_obs(obs)?;
+        self.check_logits(b)?;
         if obs.contains_key(self.token_key()) {
             // generation draws its own tokens
             return Err(PolicyError::ExtraObs { key: self.token_key().to_owned(), expected: self.obs_keys() });

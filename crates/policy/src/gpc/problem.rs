@@ -115,6 +115,16 @@ pub enum PriorProblem {
         /// Vocabulary.
         vocab: usize,
     },
+    /// A batch whose logits pass the limit.
+    #[error("a batch of {batch} rows would return {per_row} logits per row, over the limit of {limit} in one call: split it")]
+    TooManyLogits {
+        /// Rows.
+        batch: usize,
+        /// `tokens x vocab`.
+        per_row: usize,
+        /// The limit.
+        limit: usize,
+    },
     /// Teacher forcing without tokens.
     #[error(
         "no tokens: teacher forcing reads int64 [B, {tokens}] tokens here (generation, `--sample`, draws its own)"
