@@ -560,6 +560,208 @@ def v_module_ops_amp(root):
 
 
 
+# ------------------------------------------------------------- MaskedMimic
+
+MM_WIDTHS = {
+    # per future / historical step x steps (5 each, as the experiment), shrunk per step
+    "max_coords_obs": 24, "masked_mimic_target_poses": 5 * 10, "masked_mimic_target_masks": 5 * 3,
+    "masked_mimic_target_times": 5, "masked_mimic_target_poses_masks": 5, "historical_pose_obs": 5 * 6,
+    "previous_actions": 69,
+    # the privileged encoder's (training only)
+    "mimic_target_poses": 40, "masked_mimic_target_bodies_masks": 5 * 3,
+}
+MM_MASK_KEYS = ["masked_mimic_target_masks", "masked_mimic_target_poses_masks", "masked_mimic_target_bodies_masks"]
+
+
+def v_masked_mimic(root):
+    """MaskedMimic from the shipped experiment (examples/experiments/masked_mimic/transformer.py),
+    widths shrunk; trained a few steps with its own loss terms (see run_masked_mimic)."""
+    rel = "examples/experiments/masked_mimic/transformer.py"
+    cfgs, mod, args = build_configs(root, rel, "smpl", "masked_mimic")
+    m = cfgs["agent"].model
+    units = {1024: 24, 256: 16, 128: 12}
+    for container in (m.encoder, m.prior, m.trunk):
+        for sub in container.models:
+            if hasattr(sub, "layers"):
+                shrink_units(sub, units)
+            if getattr(sub, "num_out", None) == 512:
+                sub.num_out = 32
+            if getattr(sub, "num_out", None) == 64:
+                sub.num_out = 8
+            if type(sub).__name__ == "TransformerConfig":
+                sub.transformer_token_size = 32
+                sub.latent_dim = 32
+                sub.ff_size = 48
+                sub.num_layers = 2
+    m.vae.vae_latent_dim = 8
+    try:
+        inf = inference_configs(cfgs, mod, args)
+    except Exception as e:  # noqa: BLE001 (the eval overrides need a motion file)
+        print(f"   no inference configs: {type(e).__name__}: {e}")
+        inf = None
+    return dict(cfgs=cfgs, inference_cfgs=inf, widths=dict(MM_WIDTHS), n_iters=40, batch=16, seed=22,
+                source=rel, kind="masked_mimic",
+                shrunk="tokens 512 -> 32, ff 1024 -> 48, 4 -> 2 layers (4 heads kept), hidden units "
+                       "1024/256/128 -> 24/16/12, latent 64 -> 8; observation widths chosen here "
+                       "(5 future and 5 historical steps as the experiment, fewer values per step)")
+
+
+def mm_masks(g, n, rows_fixed=False):
+    """0/1 float masks: random, or for the eval batch one pattern per row
+    (all valid, all masked, alternating, random...)."""
+    out = {}
+    for k in MM_MASK_KEYS:
+        w = MM_WIDTHS[k]
+        m = (torch.rand(n, w, generator=g) < 0.6).float()
+        if rows_fixed:
+            m[0] = 1.0
+            m[1] = 0.0
+            m[2] = torch.tensor([float(i % 2 == 0) for i in range(w)])
+            m[3, : w // 2] = 0.0
+        out[k] = m
+    return out
+
+
+def run_masked_mimic(fabric, root, out_dir, name, desc, spec, verify):
+    """MaskedMimicModel built by its own class from the experiment's config,
+    trained `n_iters` Adam steps in train mode (normalizers record moments)
+    on MaskedMimicModel's own training loss terms (MSE of `privileged_action`
+    against a fixed synthetic target, plus the KL term at the experiment's
+    initial coefficient): there is no expert tracker here, so the targets
+    are synthetic, not SupervisedAgent's expert actions. Saved as
+    BaseAgent.save lays out the model (`{"model": state_dict, ...}`)."""
+    from tensordict import TensorDict
+    cfgs = spec["cfgs"]
+    torch.manual_seed(spec["seed"])
+    vdir = os.path.join(out_dir, name)
+    if os.path.isdir(vdir):
+        shutil.rmtree(vdir)
+    os.makedirs(vdir)
+    mcfg = cfgs["agent"].model
+    model = PM.get_class(mcfg._target_)(config=mcfg)
+    source = ObsSource({k: w for k, w in MM_WIDTHS.items() if k not in MM_MASK_KEYS}, spec["seed"])
+    g = torch.Generator().manual_seed(6000 + spec["seed"])
+    latent = mcfg.vae.vae_latent_dim
+    n_act = MM_WIDTHS["previous_actions"]
+    proj = torch.randn(MM_WIDTHS["max_coords_obs"], n_act, generator=g) * 0.3
+
+    def batch(n):
+        obs = source.sample(n)
+        obs.update(mm_masks(g, n))
+        return obs
+
+    # first forward materializes the lazy normalizers; then Adam
+    model.train()
+    with torch.no_grad():
+        model(TensorDict({**batch(spec["batch"]), "vae_noise": torch.randn(spec["batch"], latent, generator=g)},
+                         batch_size=[spec["batch"]]))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    for _ in range(spec["n_iters"]):
+        obs = batch(spec["batch"])
+        td = TensorDict({**obs, "vae_noise": torch.randn(spec["batch"], latent, generator=g)},
+                        batch_size=[spec["batch"]])
+        out = model(td)
+        target = torch.tanh(obs["max_coords_obs"] @ proj)
+        loss = (out["privileged_action"] - target).pow(2).mean()
+        loss = loss + 1e-4 * model.kl_loss(out).sum(-1).mean()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    model.eval()
+    torch.save({"model": model.state_dict(), "epoch": spec["n_iters"]}, os.path.join(vdir, "last.ckpt"))
+    save_resolved_configs(cfgs, os.path.join(vdir, "resolved_configs.pt"))
+    if spec.get("inference_cfgs") is not None:
+        save_resolved_configs(spec["inference_cfgs"], os.path.join(vdir, "resolved_configs_inference.pt"))
+
+    # eval batch: inference keys only
+    inf_keys = model.get_inference_in_keys()
+    ev = source.eval_batch()
+    ev.update(mm_masks(torch.Generator().manual_seed(3001), 8, rows_fixed=True))
+    obs = {k: ev[k] for k in inf_keys}
+    noise = torch.randn(8, latent, generator=torch.Generator().manual_seed(3002))
+    noise[6] = 0.0
+
+    def infer(m, o, nz):
+        captured = {}
+        handles = []
+        for path, mod in m.named_modules():
+            if isinstance(mod, PM.NormObsBase) and mod.config.normalize_obs:
+                def hook(_m, inp, out, path=path):
+                    captured[path] = out.detach().clone()
+                handles.append(mod.register_forward_hook(hook))
+        try:
+            td = TensorDict({**{k: v.clone() for k, v in o.items()}, "vae_noise": nz.clone()},
+                            batch_size=[nz.shape[0]])
+            with torch.no_grad():
+                out = m.forward_inference(td)
+        finally:
+            for h in handles:
+                h.remove()
+        res = {}
+        for k in sorted(out.keys()):
+            if k in o or k == "vae_noise" or k.startswith("norm_"):
+                continue
+            res[k] = out[k].detach().clone()
+        for p, v in captured.items():
+            res[f"norm.{p}.out"] = v
+        return res
+
+    expected = infer(model, obs, noise)
+    zero = infer(model, obs, torch.zeros_like(noise))
+    expected["zero_noise.action"] = zero["action"]
+    expected["zero_noise.latent"] = zero["latent"]
+    m64 = copy.deepcopy(model).double()
+    e64 = infer(m64, {k: v.double() for k, v in obs.items()}, noise.double())
+    for k, v in e64.items():
+        expected[f"f64.{k}"] = v
+    write_safetensors(os.path.join(vdir, "obs.safetensors"), {**obs, "vae_noise": noise})
+    write_safetensors(os.path.join(vdir, "expected.safetensors"), expected)
+
+    verified = []
+    if verify:
+        loaded = torch.load(os.path.join(vdir, "resolved_configs.pt"), map_location="cpu", weights_only=False)
+        torch.manual_seed(999)
+        again = PM.get_class(loaded["agent"].model._target_)(config=loaded["agent"].model)
+        with torch.no_grad():  # materialize the lazy normalizers before load_state_dict
+            again.train()
+            again(TensorDict({**batch(2), "vae_noise": torch.zeros(2, latent)}, batch_size=[2]))
+        ck = torch.load(os.path.join(vdir, "last.ckpt"), map_location="cpu", weights_only=False)
+        again.load_state_dict(ck["model"])
+        again.eval()
+        got = infer(again, obs, noise)
+        for k, v in got.items():
+            if not torch.equal(v, expected[k]):
+                raise SystemExit(f"{name}: {k} differs after load_state_dict")
+        verified.append("last.ckpt (load_state_dict into a fresh MaskedMimicModel)")
+    files = {}
+    for f in sorted(os.listdir(vdir)):
+        p = os.path.join(vdir, f)
+        files[f] = {"bytes": os.path.getsize(p), "sha256": sha256(p)}
+    return {
+        "name": name,
+        "description": desc,
+        "source": spec["source"],
+        "shrunk": spec["shrunk"],
+        "agent_target": cfgs["agent"]._target_,
+        "model_target": mcfg._target_,
+        # chosen here, not the env config's component widths (its compute functions need
+        # masked-mimic context stand-ins real_obs_widths does not make)
+        "chosen_obs_widths": dict(MM_WIDTHS),
+        "inference_in_keys": list(inf_keys),
+        "saved_with": "torch.save({'model': model.state_dict(), 'epoch': n}) (BaseAgent.save's model layout; "
+                      "no SupervisedAgent: no expert tracker here)",
+        "train": {"iters": spec["n_iters"], "batch": spec["batch"], "seed": spec["seed"],
+                  "loss": "MSE(privileged_action, tanh(max_coords_obs @ fixed random)) + 1e-4 * KL; Adam lr 1e-3"},
+        "eval": {"rows": EVAL_ROWS, "masks": "row 0 all valid, 1 all masked, 2 alternating, 3 first half masked, "
+                                             "others random", "vae_noise": "seeded normal, row 6 zero",
+                 "mode": "model.eval(), torch.no_grad(), forward_inference; f64.*: the same in float64"},
+        "expected": {k: {"shape": list(v.shape), "dtype": str(v.dtype).replace("torch.", "")}
+                     for k, v in sorted(expected.items())},
+        "verified_reload": verified,
+        "files": files,
+    }
+
+
 def v_gpc_prior(root):
     """The GPC prior from the shipped gpc_prior/soma_bones experiment config,
     over the frozen FSQ tracker recorded as soma_fsq_tracker (its last.ckpt
@@ -635,6 +837,9 @@ VARIANTS = [
     ("module_ops_amp", "AMP: per-token reshape, permute, sphere projection, expand; discriminator with "
                        "LayerNorm and a Welford normalizer with clamp 3.5; reward normalizers on",
      v_module_ops_amp),
+    ("masked_mimic", "MaskedMimic (VAE prior with a transformer over the current state, 5 masked future "
+                     "target poses and 5 historical poses; trunk MLP over the latent), from the shipped "
+                     "masked_mimic/transformer.py experiment, shrunk", v_masked_mimic),
     ("gpc_prior", "GPC prior (DiscreteAutoregressiveLatentPriorModel) built from the shipped gpc_prior/soma_bones "
                   "experiment config over the frozen soma_fsq_tracker decoder: context MLP (gelu, normalized) as "
                   "the sequence prefix, one-hot token Linear, learned positions, post-norm gelu transformer under "
@@ -933,6 +1138,8 @@ def norm_pre_clamp(captured, model):
 
 def run_variant(fabric, root, out_dir, name, desc, builder, verify):
     spec = builder(root)
+    if spec.get("kind") == "masked_mimic":
+        return run_masked_mimic(fabric, root, out_dir, name, desc, spec, verify)
     cfgs = spec["cfgs"]
     torch.manual_seed(spec["seed"])
     vdir = os.path.join(out_dir, name)

@@ -69,6 +69,10 @@ fn check_normalizer_settings_in(file: &str) -> usize {
         if !std::path::Path::new(&cfg).exists() {
             continue;
         }
+        // MaskedMimic's entry records no module list (its test: masked_mimic_runs_and_describes...)
+        if v["model_target"] == pmstate_policy::config::MASKED_MIMIC_MODEL {
+            continue;
+        }
         for m in v["modules"].as_array().unwrap() {
             if m.get("normalize_obs").is_none() {
                 continue;
@@ -286,6 +290,44 @@ fn bench_policy_json_records_have_their_fields() {
 }
 
 #[test]
+fn bench_policy_times_masked_mimic_at_the_published_sizes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let w = tmp.path().join("mm.safetensors").display().to_string();
+    let out = pmstate(&[
+        "bench-policy",
+        "--family",
+        "masked-mimic",
+        "--json",
+        "--batch",
+        "2",
+        "--min-time",
+        "0",
+        "--threads",
+        "1",
+        "--write-weights",
+        &w,
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    let records: Vec<J> =
+        String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(records.len(), 1, "{records:?}");
+    assert_eq!((records[0]["op"].as_str(), records[0]["batch"].as_u64()), (Some("forward"), Some(2)));
+    // the weights carry ProtoMotions' names at the published sizes: 4 layers of d = 512, ff 1024
+    let weights = load(&w);
+    for i in 0..4 {
+        let k = format!("_prior.models.7.seqTransEncoder.layers.{i}.self_attn.in_proj_weight");
+        assert_eq!(weights[&k].dims(), [1536, 512], "{k}");
+        let k = format!("_prior.models.7.seqTransEncoder.layers.{i}.linear1.weight");
+        assert_eq!(weights[&k].dims(), [1024, 512], "{k}");
+    }
+    assert!(!weights.keys().any(|k| k.contains("layers.4")));
+    assert_eq!(weights["_trunk.models.2.mlp.6.weight"].dims(), [69, 1024]);
+    // the speed gate is the tracker's only
+    let out = pmstate(&["bench-policy", "--family", "masked-mimic", "--check"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+}
+
+#[test]
 fn every_cpu_instruction_set_gives_the_same_outputs_bit_for_bit() {
     // PMSTATE_CPU_ISA forces the kernels' instruction set (the normalizer
     // kernels' selection): the portable path, AVX2 and AVX-512 give the
@@ -431,8 +473,9 @@ fn describe_gives_every_input_width_or_says_why_it_is_open() {
     let mut derived_from_configs = 0;
     for v in m["variants"].as_array().unwrap() {
         let name = v["name"].as_str().unwrap();
-        if name == "gpc_prior" {
-            // its own description: gpc_prior_run_and_describe
+        if name == "gpc_prior" || v["model_target"] == pmstate_policy::config::MASKED_MIMIC_MODEL {
+            // their own descriptions: gpc_prior_run_and_describe; widths chosen by the
+            // recording, not the env's (masked_mimic_runs_and_describes...)
             continue;
         }
         let recorded = &v["obs_widths"];
@@ -900,4 +943,69 @@ fn gpc_prior_run_and_describe() {
     assert_eq!(j["action_size"], 66);
     let t = text(&pmstate(&["policy", "describe", &ckpt]));
     assert!(t.contains("vocabulary 81 = 9^2 (40 FSQ scalars of 9 levels)"), "{t}");
+}
+
+#[test]
+fn masked_mimic_runs_and_describes_with_its_optional_noise() {
+    use pmstate_policy::MaskedMimic;
+    let tmp = tempfile::tempdir().unwrap();
+    let ckpt = data("masked_mimic/last.ckpt");
+    let obs_path = data("masked_mimic/obs.safetensors");
+    let model = MaskedMimic::load(&ckpt, None, &Device::Cpu).unwrap();
+    let mut obs = load(&obs_path);
+    // with the recorded vae_noise: bit for bit the library's
+    let out_path = tmp.path().join("mm.safetensors").display().to_string();
+    let out = pmstate(&["policy", "run", &ckpt, "--obs", &obs_path, "--out", &out_path]);
+    assert!(out.status.success(), "{}", text(&out));
+    let got = load(&out_path);
+    let lib = model.forward(&obs).unwrap();
+    for (k, t) in [
+        ("mean_action", &lib.mean_action),
+        ("latent_mu", &lib.latent_mu),
+        ("latent_logvar", &lib.latent_logvar),
+        ("latent", &lib.latent),
+    ] {
+        assert_eq!(flat(&got[k]), flat(t), "{k}");
+    }
+    let mut names: Vec<&String> = got.keys().collect();
+    names.sort();
+    assert_eq!(names, ["latent", "latent_logvar", "latent_mu", "mean_action"]);
+    // without it: the prior mean
+    obs.remove("vae_noise");
+    let quiet_obs = tmp.path().join("quiet.safetensors");
+    candle_core::safetensors::save(&obs, &quiet_obs).unwrap();
+    let quiet_out = tmp.path().join("quiet_out.safetensors").display().to_string();
+    let out = pmstate(&["policy", "run", &ckpt, "--obs", quiet_obs.to_str().unwrap(), "--out", &quiet_out]);
+    assert!(out.status.success(), "{}", text(&out));
+    let quiet = load(&quiet_out);
+    assert_eq!(flat(&quiet["latent"]), flat(&quiet["latent_mu"]));
+    assert_eq!(flat(&quiet["mean_action"]), flat(&model.forward(&obs).unwrap().mean_action));
+    // --sample has no meaning here: refused, exit 2, naming the flag
+    let out = pmstate(&["policy", "run", &ckpt, "--obs", &obs_path, "--out", &out_path, "--sample"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(text(&out).contains("--sample"), "{}", text(&out));
+    // a noise of the wrong width is refused naming the key and the width
+    let mut bad = load(&obs_path);
+    bad.insert("vae_noise".into(), Tensor::zeros((8, 3), candle_core::DType::F32, &Device::Cpu).unwrap());
+    let bad_path = tmp.path().join("bad.safetensors");
+    candle_core::safetensors::save(&bad, &bad_path).unwrap();
+    let out = pmstate(&["policy", "run", &ckpt, "--obs", bad_path.to_str().unwrap(), "--out", &out_path]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(text(&out).contains("vae_noise") && text(&out).contains('8'), "{}", text(&out));
+    // describe: the transformer, the optional input, JSON too
+    let out = pmstate(&["policy", "describe", &ckpt]);
+    assert!(out.status.success(), "{}", text(&out));
+    let t = text(&out);
+    assert!(
+        t.contains("Transformer agent.model.prior.models.7") && t.contains("4 heads") && t.contains("2 layers"),
+        "{t}"
+    );
+    assert!(t.contains("vae_noise") && t.contains("(optional)"), "{t}");
+    let out = pmstate(&["policy", "describe", "--json", &ckpt]);
+    assert!(out.status.success(), "{}", text(&out));
+    let j = stdout_json(&out);
+    assert_eq!(j["action_size"], 69);
+    assert_eq!(j["latent_dim"], 8);
+    assert_eq!(j["transformers"][0]["d_model"], 32);
+    assert_eq!(j["transformers"][0]["masks"][0][1], "masked_mimic_target_poses_masks");
 }

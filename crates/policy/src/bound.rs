@@ -642,6 +642,12 @@ fn network(n: &Network, r: &mut Reference) -> Result<()> {
             r.fsq.push(stage);
             network(&f.decoder, r)
         }
+        // attention has no derived bound here: tests/masked_mimic.rs and
+        // tests/transformer.rs bound it empirically (docs/numerics.md)
+        Network::Transformer(t) => Err(PolicyError::Graph {
+            path: t.path.clone(),
+            problem: GraphProblem::NoDerivedBound { class: "Transformer" },
+        }),
     }
 }
 

@@ -36,11 +36,17 @@ pub const DISCRIMINATOR: &str = "protomotions.agents.amp.model.Discriminator";
 /// `_target_` of the finite-scalar-quantized autoencoder (FSQ trackers' `mu_model`).
 pub const FSQ_AUTOENCODER: &str = "protomotions.agents.common.fsq.FSQAutoEncoder";
 
-/// Model families built here.
+/// `_target_` of ProtoMotions' transformer over tokens (MaskedMimic's prior).
+pub const TRANSFORMER: &str = "protomotions.agents.common.transformer.Transformer";
+/// `_target_` of the MaskedMimic VAE student ([`crate::masked_mimic`]).
+pub const MASKED_MIMIC_MODEL: &str = "protomotions.agents.supervised.masked_mimic_model.MaskedMimicModel";
+
+/// Model families [`crate::Policy`] builds (MaskedMimic has its own type,
+/// [`crate::masked_mimic::MaskedMimic`]: [`crate::model_target`] tells which to load).
 pub const SUPPORTED_MODELS: [&str; 2] = [PPO_MODEL, AMP_MODEL];
 /// Modules built here (actor `mu_model`, critic, discriminator parts).
-pub const SUPPORTED_MODULES: [&str; 5] =
-    [MLP_WITH_CONCAT, OBS_PROCESSOR, MODULE_CONTAINER, DISCRIMINATOR, FSQ_AUTOENCODER];
+pub const SUPPORTED_MODULES: [&str; 6] =
+    [MLP_WITH_CONCAT, OBS_PROCESSOR, MODULE_CONTAINER, DISCRIMINATOR, FSQ_AUTOENCODER, TRANSFORMER];
 
 /// The whole model: `agent.model` of a resolved-configs file.
 #[derive(Debug, Clone, Serialize)]
@@ -111,6 +117,38 @@ pub enum ModuleConfig {
     Container(ContainerConfig),
     /// `FSQAutoEncoder`: encoder, finite scalar quantizer, decoder.
     Fsq(Box<FsqConfig>),
+    /// `Transformer`: tokens and masks through a `TransformerEncoder`, token 0 out.
+    Transformer(Box<TransformerConfig>),
+}
+
+/// `TransformerConfig` (`agents/common/transformer.py`).
+#[derive(Debug, Clone, Serialize)]
+pub struct TransformerConfig {
+    /// Its in_keys: tokens (`[B, d]` or `[B, S, d]`) and mask keys.
+    pub in_keys: Vec<String>,
+    /// `out_keys[0]`: token 0 of the output, after `output_activation`.
+    pub out_key: String,
+    /// `input_and_mask_mapping`: token key -> mask key (nonzero = valid), in config order.
+    pub masks: Vec<(String, String)>,
+    /// `latent_dim`: the token width.
+    pub latent_dim: usize,
+    /// `num_heads`.
+    pub num_heads: usize,
+    /// `ff_size`.
+    pub ff_size: usize,
+    /// `num_layers`.
+    pub num_layers: usize,
+    /// `activation` of the feed-forward.
+    pub activation: Activation,
+    /// `output_activation`, applied to token 0.
+    pub output_activation: Option<Activation>,
+}
+
+impl TransformerConfig {
+    /// The in_keys that are tokens (not masks), in order (`_token_input_keys`).
+    pub fn token_keys(&self) -> Vec<&String> {
+        self.in_keys.iter().filter(|k| !self.masks.iter().any(|(_, m)| m == *k)).collect()
+    }
 }
 
 impl ModuleConfig {
@@ -121,6 +159,18 @@ impl ModuleConfig {
             ModuleConfig::ObsProcessor(o) => &o.in_keys,
             ModuleConfig::Container(c) => &c.in_keys,
             ModuleConfig::Fsq(f) => &f.in_keys,
+            ModuleConfig::Transformer(t) => &t.in_keys,
+        }
+    }
+
+    /// Its `out_keys` as the config lists them (a leaf's: its one key).
+    pub fn out_keys(&self) -> &[String] {
+        match self {
+            ModuleConfig::Mlp(m) => std::slice::from_ref(&m.out_key),
+            ModuleConfig::ObsProcessor(o) => std::slice::from_ref(&o.out_key),
+            ModuleConfig::Container(c) => &c.out_keys,
+            ModuleConfig::Fsq(f) => f.decoder.out_keys(),
+            ModuleConfig::Transformer(t) => std::slice::from_ref(&t.out_key),
         }
     }
 
@@ -131,6 +181,7 @@ impl ModuleConfig {
             ModuleConfig::ObsProcessor(o) => &o.out_key,
             ModuleConfig::Container(c) => c.models.last().map_or("", |m| m.out_key()),
             ModuleConfig::Fsq(f) => f.decoder.out_key(),
+            ModuleConfig::Transformer(t) => &t.out_key,
         }
     }
 }
@@ -341,6 +392,7 @@ impl ModuleConfig {
             OBS_PROCESSOR => ModuleConfig::ObsProcessor(ObsProcessorConfig::parse(&o)?),
             MODULE_CONTAINER | DISCRIMINATOR => ModuleConfig::Container(ContainerConfig::parse(&o)?),
             FSQ_AUTOENCODER => ModuleConfig::Fsq(Box::new(FsqConfig::parse(&o)?)),
+            TRANSFORMER => ModuleConfig::Transformer(Box::new(TransformerConfig::parse(&o)?)),
             _ => {
                 return Err(PolicyError::UnsupportedClass {
                     path: path.to_owned(),
@@ -505,5 +557,91 @@ impl FsqConfig {
             }
         }
         Ok(FsqConfig { in_keys, encoder, decoder, latent_key, num_fsq_levels, num_fsq_scalars })
+    }
+}
+
+impl TransformerConfig {
+    fn parse(o: &Obj<'_>) -> Result<Self> {
+        let in_keys = o.strings("in_keys")?;
+        let out_key = o.first_out_key()?;
+        let mut masks = Vec::new();
+        if let Some(n) = o.get("input_and_mask_mapping") {
+            match n {
+                Node::None => {}
+                Node::Dict(d) => {
+                    for (k, v) in d.entries() {
+                        match (k, v) {
+                            (Node::Str(k), Node::Str(v)) => masks.push((k.clone(), v.clone())),
+                            _ => return Err(o.wrong_type("input_and_mask_mapping", "a dict of key names", n)),
+                        }
+                    }
+                }
+                other => return Err(o.wrong_type("input_and_mask_mapping", "a dict of key names", other)),
+            }
+        }
+        for (tok, mask) in &masks {
+            for k in [tok, mask] {
+                if !in_keys.contains(k) {
+                    return Err(o.bad(
+                        "input_and_mask_mapping",
+                        FieldProblem::NotAnInKey { key: k.clone(), needs: "the mask mapping names in_keys" },
+                    ));
+                }
+            }
+        }
+        let field = |name: &str, default: usize| -> Result<usize> {
+            match o.get(name) {
+                None => Ok(default),
+                Some(_) => o.count(name),
+            }
+        };
+        let latent_dim = field("latent_dim", 512)?;
+        let token_size = field("transformer_token_size", 512)?;
+        if token_size != latent_dim {
+            // the tokens enter the encoder as they are: their width is latent_dim
+            return Err(o.bad(
+                "transformer_token_size",
+                FieldProblem::Mismatch { value: token_size, other: "latent_dim", other_value: latent_dim },
+            ));
+        }
+        let num_heads = field("num_heads", 4)?;
+        if !latent_dim.is_multiple_of(num_heads) {
+            return Err(o.bad(
+                "num_heads",
+                FieldProblem::Mismatch {
+                    value: num_heads,
+                    other: "latent_dim (must divide it)",
+                    other_value: latent_dim,
+                },
+            ));
+        }
+        let ff_size = field("ff_size", 1024)?;
+        let num_layers = field("num_layers", 4)?;
+        // dropout: eval mode ignores it (the reference's model.eval())
+        match o.number("dropout", None)? {
+            Some(d) if !(0.0..=1.0).contains(&d.as_f64()) => {
+                return Err(o.bad("dropout", FieldProblem::OutOfRange { value: d.to_string(), range: "[0, 1]" }))
+            }
+            _ => {}
+        }
+        let activation = match o.opt_string("activation")? {
+            Some(a) => Activation::parse(&a, &o.sub("activation"))?,
+            None => Activation::Relu,
+        };
+        let output_activation = match o.opt_string("output_activation")? {
+            Some(a) => Some(Activation::parse(&a, &o.sub("output_activation"))?),
+            None => None,
+        };
+        Ok(TransformerConfig {
+            in_keys,
+            out_key,
+            masks,
+            latent_dim,
+            num_heads,
+            ff_size,
+            num_layers,
+            activation,
+            output_activation,
+        })
     }
 }

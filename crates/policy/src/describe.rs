@@ -9,7 +9,7 @@ use crate::config::{Family, Number};
 use crate::error::Result;
 use crate::model::Policy;
 use crate::network::{Leaf, Network};
-use crate::shapes::{OpenWidth, WidthSource};
+use crate::shapes::{OpenWidth, WidthSource, Widths};
 
 /// A policy in words and numbers.
 #[derive(Debug, Clone, Serialize)]
@@ -202,6 +202,176 @@ fn network_desc(role: &'static str, n: &Network) -> NetworkDesc {
     }
 }
 
+/// Each key with its width and where the width comes from, and which of `networks` read it.
+fn key_widths(widths: &Widths, keys: Vec<String>, networks: &[NetworkDesc]) -> Vec<KeyWidth> {
+    let mut resolved = widths.resolve(&keys);
+    keys.into_iter()
+        .map(|k| {
+            let (width, width_source, open_because) = match resolved.remove(&k) {
+                Some(Ok((w, s))) => (Some(w), Some(s), None),
+                Some(Err(why)) => (None, None, Some(why)),
+                None => (None, None, Some(OpenWidth::NoComponent)),
+            };
+            KeyWidth {
+                width,
+                width_source,
+                open_because,
+                read_by: networks.iter().filter(|n| n.in_keys.contains(&k)).map(|n| n.role).collect(),
+                key: k,
+            }
+        })
+        .collect()
+}
+
+fn width_groups(widths: &Widths) -> Vec<Group> {
+    widths
+        .groups
+        .iter()
+        .filter(|g| g.keys.len() > 1)
+        .map(|g| Group { module: g.path.clone(), keys: g.keys.clone(), total: g.total })
+        .collect()
+}
+
+/// A `Transformer` module.
+#[derive(Debug, Clone, Serialize)]
+pub struct TransformerDesc {
+    /// Config path.
+    pub path: String,
+    /// The token inputs, in sequence order.
+    pub tokens: Vec<String>,
+    /// `token key -> mask key` (mask nonzero = the token is attended to).
+    pub masks: Vec<(String, String)>,
+    /// The key token 0 is written to.
+    pub out_key: String,
+    /// `latent_dim`.
+    pub d_model: usize,
+    /// `num_heads`.
+    pub heads: usize,
+    /// `ff_size`.
+    pub ff: usize,
+    /// `num_layers`.
+    pub layers: usize,
+    /// The feed-forward activation.
+    pub activation: &'static str,
+    /// Applied to token 0.
+    pub output_activation: Option<&'static str>,
+}
+
+/// A MaskedMimic model in words and numbers (`pmstate policy describe`).
+#[derive(Debug, Clone, Serialize)]
+pub struct MaskedMimicDescription {
+    /// The checkpoint.
+    pub checkpoint: String,
+    /// `_target_` of the model.
+    pub model: &'static str,
+    /// The observations it reads, with widths.
+    pub in_keys: Vec<KeyWidth>,
+    /// Sums the checkpoint fixes where single widths are open.
+    pub width_groups: Vec<Group>,
+    /// The optional noise input and its width (`vae_noise`, `vae_latent_dim`).
+    pub optional_inputs: Vec<(String, usize)>,
+    /// Number of actions, when the weights fix it.
+    pub action_size: Option<usize>,
+    /// `vae_latent_dim`.
+    pub latent_dim: usize,
+    /// How ProtoMotions draws the noise in a rollout (here: an input, zero when absent).
+    pub vae_noise_type: crate::masked_mimic::VaeNoiseType,
+    /// prior and trunk.
+    pub networks: Vec<NetworkDesc>,
+    /// The prior's transformers.
+    pub transformers: Vec<TransformerDesc>,
+}
+
+impl crate::masked_mimic::MaskedMimic {
+    /// Describes the model.
+    pub fn describe(&self) -> MaskedMimicDescription {
+        let networks = vec![network_desc("prior", &self.prior), network_desc("trunk", &self.trunk)];
+        let transformers = self
+            .prior
+            .transformers()
+            .into_iter()
+            .chain(self.trunk.transformers())
+            .map(|t| TransformerDesc {
+                path: t.path.clone(),
+                tokens: t.config.token_keys().into_iter().cloned().collect(),
+                masks: t.config.masks.clone(),
+                out_key: t.config.out_key.clone(),
+                d_model: t.config.latent_dim,
+                heads: t.config.num_heads,
+                ff: t.config.ff_size,
+                layers: t.config.num_layers,
+                activation: t.config.activation.name(),
+                output_activation: t.config.output_activation.map(|a| a.name()),
+            })
+            .collect();
+        MaskedMimicDescription {
+            checkpoint: self.checkpoint_path().to_owned(),
+            model: crate::config::MASKED_MIMIC_MODEL,
+            in_keys: key_widths(&self.widths, self.in_keys(), &networks),
+            width_groups: width_groups(&self.widths),
+            optional_inputs: vec![(crate::masked_mimic::VAE_NOISE_KEY.to_owned(), self.config.latent_dim)],
+            action_size: self.action_size(),
+            latent_dim: self.config.latent_dim,
+            vae_noise_type: self.config.noise_type,
+            networks,
+            transformers,
+        }
+    }
+}
+
+impl fmt::Display for MaskedMimicDescription {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "checkpoint: {}", self.checkpoint)?;
+        writeln!(f, "model: {} (MaskedMimic, inference: prior -> latent -> trunk)", self.model)?;
+        let a = self.action_size.map_or("?".to_string(), |a| a.to_string());
+        writeln!(f, "actions: {a}")?;
+        writeln!(
+            f,
+            "latent: {} = latent_mu + exp(0.5 * latent_logvar) * vae_noise (vae_noise optional, zero when absent; \
+             ProtoMotions draws it {} per episode)",
+            self.latent_dim,
+            self.vae_noise_type.name()
+        )?;
+        writeln!(f, "in_keys:")?;
+        let kw = self.in_keys.iter().map(|k| k.key.len()).max().unwrap_or(0);
+        for k in &self.in_keys {
+            let w = k.width.map_or("?".to_string(), |w| w.to_string());
+            writeln!(f, "  {:<kw$}  {w:>5}  ({})", k.key, k.read_by.join(", "))?;
+        }
+        for (k, w) in &self.optional_inputs {
+            writeln!(f, "  {k:<kw$}  {w:>5}  (optional)")?;
+        }
+        for g in &self.width_groups {
+            writeln!(f, "  width sum: {} = {} ({})", g.keys.join(" + "), g.total, g.module)?;
+        }
+        write!(f, "networks:")?;
+        for n in &self.networks {
+            write!(f, "\n  {}: {} -> {}", n.role, n.path, n.out_key)?;
+            for m in &n.modules {
+                write!(f, "\n{m}")?;
+            }
+            for t in self.transformers.iter().filter(|t| t.path.starts_with(&n.path)) {
+                let masks: Vec<String> = t.masks.iter().map(|(k, m)| format!("{k} masked by {m}")).collect();
+                write!(
+                    f,
+                    "\n    Transformer {} [{}] -> {} (token 0): d {}, {} heads, ff {}, {} layers, {}{}{}",
+                    t.path,
+                    t.tokens.join(", "),
+                    t.out_key,
+                    t.d_model,
+                    t.heads,
+                    t.ff,
+                    t.layers,
+                    t.activation,
+                    t.output_activation.map_or(String::new(), |a| format!(", output activation {a}")),
+                    if masks.is_empty() { String::new() } else { format!("; {}", masks.join(", ")) }
+                )?;
+            }
+        }
+        Ok(())
+    }
+}
+
 impl Policy {
     /// Describes the policy.
     pub fn describe(&self) -> Result<Description> {
@@ -210,32 +380,8 @@ impl Policy {
             networks.push(network_desc("discriminator", &a.discriminator));
             networks.push(network_desc("disc_critic", &a.disc_critic));
         }
-        let keys = self.accepted_keys();
-        let mut resolved = self.widths.resolve(&keys);
-        let in_keys = keys
-            .into_iter()
-            .map(|k| {
-                let (width, width_source, open_because) = match resolved.remove(&k) {
-                    Some(Ok((w, s))) => (Some(w), Some(s), None),
-                    Some(Err(why)) => (None, None, Some(why)),
-                    None => (None, None, Some(OpenWidth::NoComponent)),
-                };
-                KeyWidth {
-                    width,
-                    width_source,
-                    open_because,
-                    read_by: networks.iter().filter(|n| n.in_keys.contains(&k)).map(|n| n.role).collect(),
-                    key: k,
-                }
-            })
-            .collect();
-        let width_groups = self
-            .widths
-            .groups
-            .iter()
-            .filter(|g| g.keys.len() > 1)
-            .map(|g| Group { module: g.path.clone(), keys: g.keys.clone(), total: g.total })
-            .collect();
+        let in_keys = key_widths(&self.widths, self.accepted_keys(), &networks);
+        let width_groups = width_groups(&self.widths);
         let std = self.actor.std.to_device(&candle_core::Device::Cpu)?.to_vec1::<f32>()?;
         let std_mean = std.iter().map(|&s| s as f64).sum::<f64>() / std.len().max(1) as f64;
         Ok(Description {

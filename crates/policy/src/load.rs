@@ -31,15 +31,36 @@ pub fn find_config(checkpoint: &Path, config: Option<&Path>) -> Result<PathBuf> 
 /// The model config of a configs file: `agent.model` of a resolved-configs
 /// file, or the root when the file holds a model config itself.
 pub fn read_model_config(configs: &Checkpoint) -> Result<ModelConfig> {
+    let (node, path) = model_node(configs)?;
+    ModelConfig::from_node(node, &path)
+}
+
+/// The model config object of a resolved-configs file and its config path.
+pub(crate) fn model_node(configs: &Checkpoint) -> Result<(&Node, String)> {
     for key in ["agent.model", "model"] {
         if let Some(node @ Node::Object(_)) = configs.get(key) {
-            return ModelConfig::from_node(node, key);
+            return Ok((node, key.to_owned()));
         }
     }
     match configs.root() {
-        node @ Node::Object(_) => ModelConfig::from_node(node, "agent.model"),
+        node @ Node::Object(_) => Ok((node, "agent.model".to_owned())),
         _ => Err(PolicyError::NoModelConfig { file: configs.path_str().to_owned(), path: "agent.model".into() }),
     }
+}
+
+/// The `_target_` of the model config of a resolved-configs file (which
+/// family to load it as).
+pub fn model_target(configs: &Checkpoint) -> Result<String> {
+    let (node, path) = model_node(configs)?;
+    let o = crate::config_object::Obj::new(node, &path)?;
+    o.string("_target_")
+}
+
+/// Refuses the file's unsafe (or foreign config) globals unless `opts` allows them.
+pub(crate) fn vet(ckpt: &Checkpoint, rule: GlobalRule, opts: &LoadOptions) -> Result<Vec<AllowedGlobal>> {
+    let mut allowed = Vec::new();
+    vet_globals(ckpt, rule, opts, &mut allowed)?;
+    Ok(allowed)
 }
 
 /// What to do with globals a checkpoint or its configs should not hold.

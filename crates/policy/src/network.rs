@@ -4,17 +4,18 @@
 
 use std::collections::HashMap;
 
-use candle_core::{Device, Tensor, D};
+use candle_core::{DType, Device, Tensor, D};
 use pmstate_ckpt::Checkpoint;
 use pmstate_norm::{Direction, NormConfig, RunningMeanStd};
 
 use crate::activation::Activation;
-use crate::config::{ModuleConfig, NormSettings};
+use crate::config::{ModuleConfig, NormSettings, TransformerConfig};
 use crate::error::{PolicyError, Result};
 use crate::fsq::Quantizer;
 use crate::mlp::Mlp;
 use crate::module_ops::{ApplyError, ModuleOp};
-use crate::problem::{FieldProblem, GraphProblem};
+use crate::problem::{AttentionProblem, FieldProblem, GraphProblem};
+use crate::transformer::{AttentionMasks, TransformerEncoder, TransformerSpec};
 
 /// The reference's `RunningMeanStd` epsilon (`NormObsBase` never passes one).
 pub const NORM_EPSILON: f64 = 1e-5;
@@ -74,6 +75,25 @@ pub enum Network {
     },
     /// `FSQAutoEncoder`: encoder, quantizer, decoder.
     Fsq(Box<FsqNetwork>),
+    /// `Transformer`: tokens through a [`TransformerEncoder`], token 0 out.
+    Transformer(Box<TransformerNetwork>),
+}
+
+/// ProtoMotions' `Transformer` module: concatenates its token inputs along
+/// the sequence (a `[B, d]` input is one token), builds the key-padding
+/// mask from `input_and_mask_mapping` (the observation's mask is nonzero
+/// for valid tokens; other tokens are never padded), runs the encoder and
+/// writes token 0 (then `output_activation`) to `out_key`.
+#[derive(Debug, Clone)]
+pub struct TransformerNetwork {
+    /// Config path (`agent.model.prior.models.7`).
+    pub path: String,
+    /// State-dict path (`_prior.models.7`); the encoder is `<module_path>.seqTransEncoder`.
+    pub module_path: String,
+    /// Its config.
+    pub config: TransformerConfig,
+    /// The encoder.
+    pub encoder: TransformerEncoder,
 }
 
 /// An `FSQAutoEncoder`: the encoder writes `latent_key`, the quantizer
@@ -172,6 +192,23 @@ impl Network {
                     decoder,
                 })))
             }
+            ModuleConfig::Transformer(t) => {
+                let spec = TransformerSpec {
+                    d_model: t.latent_dim,
+                    heads: t.num_heads,
+                    ff: t.ff_size,
+                    layers: t.num_layers,
+                    activation: t.activation,
+                };
+                let encoder =
+                    TransformerEncoder::load(ckpt, dict, &format!("{module_path}.seqTransEncoder"), spec, path, dev)?;
+                Ok(Network::Transformer(Box::new(TransformerNetwork {
+                    path: path.to_owned(),
+                    module_path: module_path.to_owned(),
+                    config: (**t).clone(),
+                    encoder,
+                })))
+            }
             ModuleConfig::Mlp(m) => {
                 let has_forward = m.module_operations.contains(&ModuleOp::Forward);
                 if m.norm.normalize_obs && !has_forward {
@@ -260,6 +297,11 @@ impl Network {
                 td.insert(f.latent_key.clone(), codes);
                 f.decoder.forward(td, trace)
             }
+            Network::Transformer(t) => {
+                let y = t.forward(td)?;
+                td.insert(t.config.out_key.clone(), y);
+                Ok(())
+            }
         }
     }
 
@@ -275,6 +317,8 @@ impl Network {
                 f.encoder.set_cpu_kernels(kernels)?;
                 f.decoder.set_cpu_kernels(kernels)
             }
+            // the encoder's Linears run through candle's matmul
+            Network::Transformer(_) => Ok(()),
         }
     }
 
@@ -284,13 +328,34 @@ impl Network {
             Network::Leaf(l) => vec![l],
             Network::Container { models, .. } => models.iter().flat_map(|m| m.leaves()).collect(),
             Network::Fsq(f) => f.encoder.leaves().into_iter().chain(f.decoder.leaves()).collect(),
+            Network::Transformer(_) => vec![],
+        }
+    }
+
+    /// Every transformer in it, in forward order.
+    pub fn transformers(&self) -> Vec<&TransformerNetwork> {
+        match self {
+            Network::Leaf(_) => vec![],
+            Network::Container { models, .. } => models.iter().flat_map(|m| m.transformers()).collect(),
+            Network::Fsq(f) => f.encoder.transformers().into_iter().chain(f.decoder.transformers()).collect(),
+            Network::Transformer(t) => vec![t],
+        }
+    }
+
+    /// `(in_keys, out_key)` of every leaf and transformer, in forward order.
+    fn io(&self) -> Vec<(&[String], &str)> {
+        match self {
+            Network::Leaf(l) => vec![(&l.in_keys, &l.out_key)],
+            Network::Container { models, .. } => models.iter().flat_map(|m| m.io()).collect(),
+            Network::Fsq(f) => f.encoder.io().into_iter().chain(f.decoder.io()).collect(),
+            Network::Transformer(t) => vec![(&t.config.in_keys, &t.config.out_key)],
         }
     }
 
     /// Every FSQ autoencoder in it, in forward order.
     pub fn fsq_modules(&self) -> Vec<&FsqNetwork> {
         match self {
-            Network::Leaf(_) => vec![],
+            Network::Leaf(_) | Network::Transformer(_) => vec![],
             Network::Container { models, .. } => models.iter().flat_map(|m| m.fsq_modules()).collect(),
             Network::Fsq(f) => {
                 let mut v = f.encoder.fsq_modules();
@@ -307,13 +372,13 @@ impl Network {
         // encoder's last leaf, so it counts as produced before the decoder
         let mut produced: Vec<&str> = Vec::new();
         let mut out: Vec<String> = Vec::new();
-        for l in self.leaves() {
-            for k in &l.in_keys {
+        for (in_keys, out_key) in self.io() {
+            for k in in_keys {
                 if !produced.contains(&k.as_str()) && !out.contains(k) {
                     out.push(k.clone());
                 }
             }
-            produced.push(&l.out_key);
+            produced.push(out_key);
         }
         out
     }
@@ -324,6 +389,7 @@ impl Network {
             Network::Leaf(l) => &l.out_key,
             Network::Container { models, .. } => models.last().map_or("", |m| m.out_key()),
             Network::Fsq(f) => f.decoder.out_key(),
+            Network::Transformer(t) => &t.config.out_key,
         }
     }
 
@@ -333,6 +399,7 @@ impl Network {
             Network::Leaf(l) => &l.path,
             Network::Container { path, .. } => path,
             Network::Fsq(f) => &f.path,
+            Network::Transformer(t) => &t.path,
         }
     }
 }
@@ -381,6 +448,76 @@ impl Leaf {
             Some(m) => m.forward(&x),
             None => Ok(x),
         }
+    }
+}
+
+impl TransformerNetwork {
+    fn err(&self, problem: AttentionProblem) -> PolicyError {
+        PolicyError::Attention { path: self.path.clone(), problem }
+    }
+
+    /// `Transformer.forward`: tokens, masks, encoder, token 0, activation.
+    fn forward(&self, td: &TensorMap) -> Result<Tensor> {
+        let get = |k: &String| {
+            td.get(k).ok_or_else(|| PolicyError::UnprovidedKey { path: self.path.clone(), key: k.clone() })
+        };
+        let d = self.config.latent_dim;
+        let mut tokens = Vec::new();
+        let mut masks = Vec::new();
+        for k in self.config.token_keys() {
+            let t = get(k)?;
+            let t = match t.dims() {
+                [_, w] if *w == d => t.unsqueeze(1)?,
+                [_, _, w] if *w == d => t.clone(),
+                other => {
+                    return Err(self.err(AttentionProblem::TokenShape { key: k.clone(), shape: other.to_vec(), d }))
+                }
+            };
+            let (b, seq, _) = t.dims3()?;
+            let padded = match self.config.masks.iter().find(|(tok, _)| tok == k) {
+                None => Tensor::zeros((b, seq), DType::U8, t.device())?,
+                Some((_, mask_key)) => {
+                    let raw = get(mask_key)?;
+                    // ProtoMotions' masks are 1 for valid: padded = logical_not
+                    let raw = match raw.rank() {
+                        1 => raw.unsqueeze(1)?,
+                        2 => raw.clone(),
+                        _ => {
+                            return Err(self.err(AttentionProblem::MaskShape {
+                                key: mask_key.clone(),
+                                shape: raw.dims().to_vec(),
+                                tokens: seq,
+                            }))
+                        }
+                    };
+                    let invalid = raw.eq(0f64)?;
+                    let m = invalid.dims()[1];
+                    if invalid.dims()[0] != b || (m < seq && m != 1) {
+                        return Err(self.err(AttentionProblem::MaskShape {
+                            key: mask_key.clone(),
+                            shape: raw.dims().to_vec(),
+                            tokens: seq,
+                        }));
+                    }
+                    if m > seq {
+                        // a token is padded only if every entry is (mask.all(-1))
+                        invalid.min_keepdim(1)?.broadcast_as((b, seq))?.contiguous()?
+                    } else {
+                        invalid.broadcast_as((b, seq))?.contiguous()?
+                    }
+                }
+            };
+            tokens.push(t);
+            masks.push(padded);
+        }
+        let tokens = Tensor::cat(&tokens, 1)?;
+        let padding = Tensor::cat(&masks, 1)?;
+        let out = self.encoder.forward(&tokens, &AttentionMasks { key_padding: Some(&padding), additive: None })?;
+        let first = out.narrow(1, 0, 1)?.squeeze(1)?;
+        Ok(match self.config.output_activation {
+            Some(a) => a.apply(&first)?,
+            None => first,
+        })
     }
 }
 

@@ -60,6 +60,40 @@ pub enum FieldProblem {
         /// The value.
         levels: usize,
     },
+    /// A list with the wrong number of entries.
+    #[error("{found} entries: {needs}")]
+    Count {
+        /// How many it has.
+        found: usize,
+        /// What it needs.
+        needs: &'static str,
+    },
+    /// A key the field names is not one of the module's in_keys.
+    #[error("{key} is not one of in_keys ({needs})")]
+    NotAnInKey {
+        /// The key.
+        key: String,
+        /// Why it must be.
+        needs: &'static str,
+    },
+    /// A size that must agree with another field's.
+    #[error("{value} does not fit {other} = {other_value}")]
+    Mismatch {
+        /// The value.
+        value: usize,
+        /// The other field.
+        other: &'static str,
+        /// Its value.
+        other_value: usize,
+    },
+    /// A value outside its range.
+    #[error("{value} is outside {range}")]
+    OutOfRange {
+        /// The value.
+        value: String,
+        /// The range.
+        range: &'static str,
+    },
     /// The encoder's output width differs from `num_fsq_scalars`.
     #[error("FSQAutoEncoder encoder output dim ({encoder}) must match num_fsq_scalars ({scalars})")]
     FsqScalars {
@@ -132,6 +166,12 @@ pub enum GraphProblem {
     Unwritten {
         /// The key.
         key: String,
+    },
+    /// The float64 reference forward with derived bounds does not cover this module.
+    #[error("no derived error bound for a {class} (its bound is empirical: docs/numerics.md)")]
+    NoDerivedBound {
+        /// The module's class.
+        class: &'static str,
     },
     /// A Linear run before its weights were packed (a bug in this crate).
     #[error("weights not packed")]
@@ -275,11 +315,37 @@ pub enum AttentionProblem {
         /// `nhead`.
         heads: usize,
     },
+    /// `3 * latent_dim` (the stacked q, k, v projection) does not fit in memory sizes.
+    #[error("latent_dim {d_model} is too large (3 x it overflows)")]
+    TooWide {
+        /// `d_model`.
+        d_model: usize,
+    },
     /// The tokens are not `[B, S, d_model]`.
     #[error("tokens of shape {}, expected [B, S, d_model]", Dims(shape))]
     InputShape {
         /// What was given.
         shape: Vec<usize>,
+    },
+    /// A token input is not `[B, d]` or `[B, S, d]` with `d` = `latent_dim`.
+    #[error("token {key} of shape {}, expected [B, {d}] or [B, S, {d}]", Dims(shape))]
+    TokenShape {
+        /// The token key.
+        key: String,
+        /// Its shape.
+        shape: Vec<usize>,
+        /// `latent_dim`.
+        d: usize,
+    },
+    /// A mask input does not fit its tokens (`[B]`, `[B, 1]`, or `[B, M]` with `M >= S`).
+    #[error("mask {key} of shape {}, expected [B], [B, 1] or [B, M >= {tokens}]", Dims(shape))]
+    MaskShape {
+        /// The mask key.
+        key: String,
+        /// Its shape.
+        shape: Vec<usize>,
+        /// How many tokens it masks.
+        tokens: usize,
     },
     /// The key-padding mask is not a `[B, S]` bool.
     #[error("key-padding mask of shape {} ({dtype}), expected bool [{batch}, {seq}]", Dims(shape))]

@@ -123,7 +123,7 @@ impl TransformerEncoder {
         let d = spec.d_model;
         let three_d = d.checked_mul(3).ok_or_else(|| PolicyError::Attention {
             path: path.to_owned(),
-            problem: AttentionProblem::HeadsDivide { d_model: d, heads: spec.heads },
+            problem: AttentionProblem::TooWide { d_model: d },
         })?;
         let key = |rest: String| if prefix.is_empty() { rest } else { format!("{prefix}.{rest}") };
         let mut layers = Vec::with_capacity(spec.layers);

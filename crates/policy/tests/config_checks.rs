@@ -76,10 +76,15 @@ fn the_recorded_configs_parse() {
 #[test]
 fn unsupported_families_name_the_class_and_what_is_supported() {
     let mut m = model("smpl_tracker");
-    fields_mut(&mut m, "actor.mu_model")
-        .insert("_target_", Node::Str("protomotions.agents.common.transformer.Transformer".into()));
+    fields_mut(&mut m, "actor.mu_model").insert(
+        "_target_",
+        Node::Str("protomotions.agents.common.autoregressive.DiscreteAutoregressiveTransformer".into()),
+    );
     let e = ModelConfig::from_node(&m, "agent.model").unwrap_err();
-    assert!(matches!(&e, PolicyError::UnsupportedClass { class, .. } if class.ends_with("Transformer")), "{e}");
+    assert!(
+        matches!(&e, PolicyError::UnsupportedClass { class, .. } if class.ends_with("DiscreteAutoregressiveTransformer")),
+        "{e}"
+    );
     let msg = e.to_string();
     assert!(
         msg.contains("agent.model.actor.mu_model") && msg.contains("MLPWithConcat") && msg.contains("ModuleContainer"),

@@ -95,3 +95,35 @@ fn a_row_gives_the_same_bits_alone_and_in_any_batch() {
         }
     }
 }
+
+/// The same promise for MaskedMimic (the transformer's Linears and
+/// attention run through candle's matmul): each output row alone and in
+/// batches of every kind.
+#[test]
+fn a_masked_mimic_row_gives_the_same_bits_alone_and_in_any_batch() {
+    let d = dir("masked_mimic");
+    let m = pmstate_policy::MaskedMimic::load(d.join("last.ckpt"), None, &Device::Cpu).unwrap();
+    let obs = candle_core::safetensors::load(d.join("obs.safetensors"), &Device::Cpu).unwrap();
+    let n = obs.values().next().unwrap().dims()[0] as u32;
+    let run = |o: &HashMap<String, Tensor>| {
+        let out = m.forward(o).unwrap();
+        [
+            ("mean_action", rows(&out.mean_action)),
+            ("latent", rows(&out.latent)),
+            ("latent_logvar", rows(&out.latent_logvar)),
+        ]
+    };
+    let alone: Vec<_> = (0..n).map(|i| run(&pick(&obs, &[i]))).collect();
+    for size in [2usize, 3, 5, 8, 13, 64, 300] {
+        let idx: Vec<u32> = (0..size).map(|j| ((j * 7 + size) as u32) % n).collect();
+        let batch = run(&pick(&obs, &idx));
+        for (j, &i) in idx.iter().enumerate() {
+            for ((name, got), (_, want)) in batch.iter().zip(&alone[i as usize]) {
+                assert_eq!(
+                    got[j], want[0],
+                    "{name} of row {i} at position {j} of a batch of {size} differs from the row alone"
+                );
+            }
+        }
+    }
+}

@@ -23,7 +23,7 @@ use std::time::Instant;
 
 use candle_core::{Device, Tensor};
 use pmstate_deploy::{DeployError, Pipeline};
-use pmstate_policy::{Part, Policy, PolicyError};
+use pmstate_policy::{MaskedMimic, Part, Policy, PolicyError};
 use tokio::sync::oneshot;
 
 use crate::decode::{Decoded, Wanted};
@@ -344,13 +344,17 @@ impl Worker {
         }
         let mut outs: Vec<Outs> = vec![HashMap::new(); jobs.len()];
         let result = (|| -> Result<(), PolicyError> {
+            if let Some(mm) = &model.masked_mimic {
+                return self.masked_mimic(model, mm, jobs, &mut outs);
+            }
+            let Some(policy) = &model.policy else { return Ok(()) };
             let ac: Vec<usize> = (0..jobs.len()).filter(|&i| jobs[i].req.actor_critic()).collect();
             if !ac.is_empty() {
-                self.actor_critic(model, jobs, &ac, &mut outs)?;
+                self.actor_critic(model, policy, jobs, &ac, &mut outs)?;
             }
             let disc: Vec<usize> = (0..jobs.len()).filter(|&i| jobs[i].req.discriminator()).collect();
             if !disc.is_empty() {
-                self.discriminator(model, jobs, &disc, &mut outs)?;
+                self.discriminator(model, policy, jobs, &disc, &mut outs)?;
             }
             Ok(())
         })();
@@ -452,13 +456,14 @@ impl Worker {
 
     /// The rows of `idx` merged, one forward `f` on the pool, its time and
     /// size observed: what both parts share. Returns `f`'s result and the rows.
-    fn forward<T: Send>(
+    fn forward<T: Send, M: Sync>(
         &self,
         model: &LoadedModel,
+        net: &M,
         jobs: &[Job],
         idx: &[usize],
         part: Part,
-        f: impl FnOnce(&Policy, &HashMap<String, Tensor>) -> Result<T, PolicyError> + Send,
+        f: impl FnOnce(&M, &HashMap<String, Tensor>) -> Result<T, PolicyError> + Send,
     ) -> Result<(T, usize), PolicyError> {
         let (obs, rows) = Self::merged(model, jobs, idx, part)?;
         #[cfg(test)]
@@ -467,7 +472,7 @@ impl Worker {
         let out = self.pool.install(|| {
             #[cfg(test)]
             injected(fault)?;
-            f(&model.policy, &obs)
+            f(net, &obs)
         })?;
         self.metrics.forward_seconds.observe(start.elapsed().as_secs_f64());
         self.metrics.batch_rows.observe(rows as f64);
@@ -475,15 +480,44 @@ impl Worker {
         Ok((out, rows))
     }
 
+    /// One MaskedMimic forward over every job of the group (same inputs:
+    /// all with `vae_noise` or none); each job gets its rows of each output.
+    fn masked_mimic(
+        &self,
+        model: &LoadedModel,
+        mm: &MaskedMimic,
+        jobs: &[Job],
+        outs: &mut [Outs],
+    ) -> Result<(), PolicyError> {
+        let idx: Vec<usize> = (0..jobs.len()).collect();
+        let (o, rows) = self.forward(model, mm, jobs, &idx, Part::ActorCritic, |m, obs| m.forward(obs))?;
+        for (name, t) in [
+            ("mean_action", &o.mean_action),
+            ("latent_mu", &o.latent_mu),
+            ("latent_logvar", &o.latent_logvar),
+            ("latent", &o.latent),
+        ] {
+            let v = host(t)?;
+            let w = v.len() / rows.max(1);
+            let mut off = 0;
+            for (j, out) in jobs.iter().zip(outs.iter_mut()) {
+                let r = j.req.rows;
+                out.insert(name, (vec![r, w], v[off * w..(off + r) * w].to_vec()));
+                off += r;
+            }
+        }
+        Ok(())
+    }
+
     fn actor_critic(
         &self,
         model: &LoadedModel,
+        p: &Policy,
         jobs: &[Job],
         idx: &[usize],
         outs: &mut [Outs],
     ) -> Result<(), PolicyError> {
-        let p = &model.policy;
-        let (o, rows) = self.forward(model, jobs, idx, Part::ActorCritic, |p, obs| p.forward(obs))?;
+        let (o, rows) = self.forward(model, p, jobs, idx, Part::ActorCritic, |p, obs| p.forward(obs))?;
         let a = model.interface.action_size;
         let mean = host(&o.mean_action)?;
         let value = host(&o.value)?;
@@ -539,11 +573,12 @@ impl Worker {
     fn discriminator(
         &self,
         model: &LoadedModel,
+        p: &Policy,
         jobs: &[Job],
         idx: &[usize],
         outs: &mut [Outs],
     ) -> Result<(), PolicyError> {
-        let (d, rows) = self.forward(model, jobs, idx, Part::Discriminator, |p, obs| p.discriminate(obs))?;
+        let (d, rows) = self.forward(model, p, jobs, idx, Part::Discriminator, |p, obs| p.discriminate(obs))?;
         for (name, t) in
             [("disc_logits", &d.disc_logits), ("disc_reward", &d.disc_reward), ("disc_value", &d.disc_value)]
         {

@@ -350,6 +350,9 @@ pub fn order_inputs(iface: &Interface, mut inputs: Vec<Input>, outputs: &[Wanted
     let mut ordered = Vec::with_capacity(inputs.len());
     for spec in iface.inputs.iter().filter(needed) {
         let Some(pos) = inputs.iter().position(|(n, _, _)| *n == spec.name) else {
+            if spec.optional {
+                continue;
+            }
             return Err(match &spec.row_shape {
                 Some(row) => InputError::MissingShaped { input: spec.name.clone(), expected: row.clone() },
                 None => InputError::MissingInput { input: spec.name.clone(), width: spec.width },

@@ -44,6 +44,13 @@ pub enum PinProblem {
         /// The model's inputs.
         inputs: Vec<String>,
     },
+    /// The model takes no pins (a MaskedMimic model: its open widths are
+    /// sequences its reshapes check, and the server does not pin them).
+    #[error("--width does not apply to a {model} (its inputs' widths are checked by its reshapes)")]
+    NotPinnable {
+        /// The model class.
+        model: &'static str,
+    },
     /// The checkpoint fixes another width for the key.
     #[error("{pinned}, but the checkpoint fixes {fixed}")]
     Contradicts {

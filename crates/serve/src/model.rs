@@ -12,7 +12,9 @@ use std::time::{Duration, Instant, SystemTime};
 use candle_core::Device;
 use pmstate_deploy::{Contract, Pipeline};
 use pmstate_policy::config::Family;
-use pmstate_policy::{Description, Part, Policy};
+use pmstate_policy::describe::MaskedMimicDescription;
+use pmstate_policy::masked_mimic::VAE_NOISE_KEY;
+use pmstate_policy::{Description, MaskedMimic, Part, Policy};
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
@@ -48,6 +50,8 @@ pub struct InputSpec {
     /// The shape of one row when the model fixes it whole (a pipeline's
     /// inputs: `[4]`, `[4, 29]`); `None` for a policy's `[rows, width]`.
     pub row_shape: Option<Vec<usize>>,
+    /// Whether a request may leave it out (MaskedMimic's `vae_noise`: zero then).
+    pub optional: bool,
 }
 
 impl InputSpec {
@@ -103,6 +107,7 @@ impl Interface {
                 discriminator: disc.contains(&k),
                 name: k,
                 row_shape: None,
+                optional: false,
             })
             .collect::<Vec<_>>();
         let ignored = policy.accepted_keys().into_iter().filter(|k| !inputs.iter().any(|i| &i.name == k)).collect();
@@ -160,6 +165,7 @@ impl Interface {
                 actor_critic: true,
                 discriminator: false,
                 row_shape: Some(i.row_shape.clone()),
+                optional: false,
             })
             .collect();
         let n = p.dims().num_dofs;
@@ -168,6 +174,48 @@ impl Interface {
             .map(|&name| OutputSpec { name, shape: vec![-1, n as i64], source: Source::Pipeline })
             .collect();
         Interface { inputs, ignored: Vec::new(), groups: Vec::new(), outputs, action_size: n, model: PIPELINE_MODEL }
+    }
+
+    /// The interface of a MaskedMimic model: its observations, then the
+    /// optional `vae_noise` `[-1, latent]`; outputs `mean_action`,
+    /// `latent_mu`, `latent_logvar`, `latent`, all from one forward.
+    pub fn of_masked_mimic(m: &MaskedMimic) -> Interface {
+        let mut inputs: Vec<InputSpec> = m
+            .in_keys()
+            .into_iter()
+            .map(|k| InputSpec {
+                width: m.widths.known.get(&k).copied(),
+                actor_critic: true,
+                discriminator: false,
+                name: k,
+                row_shape: None,
+                optional: false,
+            })
+            .collect();
+        let latent = m.config.latent_dim;
+        inputs.push(InputSpec {
+            name: VAE_NOISE_KEY.to_owned(),
+            width: Some(latent),
+            actor_critic: true,
+            discriminator: false,
+            row_shape: None,
+            optional: true,
+        });
+        let a = m.action_size().map_or(-1, |a| a as i64);
+        let l = latent as i64;
+        let outputs = [("mean_action", a), ("latent_mu", l), ("latent_logvar", l), ("latent", l)]
+            .into_iter()
+            .map(|(name, w)| OutputSpec { name, shape: vec![-1, w], source: Source::ActorCritic })
+            .collect();
+        let groups = m.widths.groups.iter().map(|g| (g.path.clone(), g.keys.clone(), g.total)).collect();
+        Interface {
+            inputs,
+            ignored: Vec::new(),
+            groups,
+            outputs,
+            action_size: m.action_size().unwrap_or(0),
+            model: pmstate_policy::config::MASKED_MIMIC_MODEL,
+        }
     }
 
     /// The input called `name`.
@@ -342,10 +390,22 @@ pub struct Provenance {
     pub device: String,
 }
 
+/// What `/v2/models/<name>/config` describes: a policy or a MaskedMimic model.
+#[derive(Debug, Clone, Serialize)]
+#[serde(untagged)]
+pub enum ModelDescription {
+    /// A PPO/AMP policy (also a pipeline's actor).
+    Policy(Box<Description>),
+    /// A MaskedMimic model.
+    MaskedMimic(Box<MaskedMimicDescription>),
+}
+
 /// A model ready to serve.
 pub struct LoadedModel {
-    /// The policy.
-    pub policy: Policy,
+    /// The policy (a pipeline's actor's); `None` for a MaskedMimic model.
+    pub policy: Option<Policy>,
+    /// The MaskedMimic model, when one is served.
+    pub masked_mimic: Option<MaskedMimic>,
     /// 1 for the first model, +1 per reload (the protocol's model version).
     pub version: u64,
     /// What clients send and get.
@@ -353,7 +413,7 @@ pub struct LoadedModel {
     /// Where it came from.
     pub provenance: Provenance,
     /// Layers, normalizers (settings and counts) and more.
-    pub description: Description,
+    pub description: ModelDescription,
     /// The deployment pipeline, when one is served (`policy` is then its actor's policy).
     pub pipeline: Option<Pipeline>,
 }
@@ -537,11 +597,47 @@ impl LoadedModel {
         cancel: &Cancel,
     ) -> Result<LoadedModel, LoadError> {
         let opts = pmstate_policy::LoadOptions { globals: files.globals };
-        let (policy, provenance) = load_checked(path, config, device, files, cancel, |config_path| {
+        let (built, provenance) = load_checked(path, config, device, files, cancel, |config_path| {
+            let configs = pmstate_ckpt::Checkpoint::open(config_path).map_err(|e| LoadError::Policy(e.into()))?;
+            if pmstate_policy::model_target(&configs)? == pmstate_policy::config::MASKED_MIMIC_MODEL {
+                drop(configs);
+                let m = MaskedMimic::load_with(path, Some(config_path), device, &opts)?;
+                return Ok((Some(config_path.display().to_string()), Err(Box::new(m))));
+            }
+            drop(configs);
             let policy = Policy::load_with(path, Some(config_path), device, &opts)?;
-            Ok((policy.config_path().map(str::to_owned), policy))
+            Ok((policy.config_path().map(str::to_owned), Ok(policy)))
         })?;
-        Self::from_policy(policy, provenance, pins, version)
+        match built {
+            Ok(policy) => Self::from_policy(policy, provenance, pins, version),
+            Err(m) => Self::from_masked_mimic(*m, provenance, pins, version),
+        }
+    }
+
+    /// A MaskedMimic model; `--width` pins do not apply (its widths are the checkpoint's).
+    fn from_masked_mimic(
+        m: MaskedMimic,
+        provenance: Provenance,
+        pins: &[(String, usize)],
+        version: u64,
+    ) -> Result<LoadedModel, LoadError> {
+        if let Some((k, _)) = pins.first() {
+            return Err(LoadError::Pin {
+                key: k.clone(),
+                problem: PinProblem::NotPinnable { model: pmstate_policy::config::MASKED_MIMIC_MODEL },
+            });
+        }
+        let interface = Interface::of_masked_mimic(&m);
+        let description = ModelDescription::MaskedMimic(Box::new(m.describe()));
+        Ok(LoadedModel {
+            policy: None,
+            masked_mimic: Some(m),
+            version,
+            interface,
+            provenance,
+            description,
+            pipeline: None,
+        })
     }
 
     /// Loads a checkpoint as a deployment pipeline ([`Pipeline::load_with`]),
@@ -562,8 +658,16 @@ impl LoadedModel {
         let interface = Interface::of_pipeline(&pipeline);
         // a clone shares the weights (candle tensors are reference counted)
         let policy = pipeline.policy().clone();
-        let description = policy.describe()?;
-        Ok(LoadedModel { policy, version, interface, provenance, description, pipeline: Some(pipeline) })
+        let description = ModelDescription::Policy(Box::new(policy.describe()?));
+        Ok(LoadedModel {
+            policy: Some(policy),
+            masked_mimic: None,
+            version,
+            interface,
+            provenance,
+            description,
+            pipeline: Some(pipeline),
+        })
     }
 
     /// The deployment contract, when a pipeline is served.
@@ -592,13 +696,21 @@ impl LoadedModel {
         version: u64,
     ) -> Result<LoadedModel, LoadError> {
         let interface = Interface::of(&policy, pins)?;
-        let description = policy.describe()?;
-        Ok(LoadedModel { policy, version, interface, provenance, description, pipeline: None })
+        let description = ModelDescription::Policy(Box::new(policy.describe()?));
+        Ok(LoadedModel {
+            policy: Some(policy),
+            masked_mimic: None,
+            version,
+            interface,
+            provenance,
+            description,
+            pipeline: None,
+        })
     }
 
-    /// The model's family.
-    pub fn family(&self) -> Family {
-        self.policy.family()
+    /// The policy's family (`None` for a MaskedMimic model).
+    pub fn family(&self) -> Option<Family> {
+        self.policy.as_ref().map(Policy::family)
     }
 }
 
@@ -613,6 +725,21 @@ mod tests {
 
     fn pins(p: &[(&str, usize)]) -> Vec<(String, usize)> {
         p.iter().map(|&(k, w)| (k.to_owned(), w)).collect()
+    }
+
+    #[test]
+    fn a_masked_mimic_model_takes_no_width_pins() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata/policy/masked_mimic");
+        let e = LoadedModel::load(&dir.join("last.ckpt"), None, &Device::Cpu, &pins(&[("max_coords_obs", 24)]), 1)
+            .err()
+            .unwrap();
+        assert!(
+            matches!(&e, LoadError::Pin { key, problem: PinProblem::NotPinnable { .. } } if key == "max_coords_obs"),
+            "{e}"
+        );
+        let ok = LoadedModel::load(&dir.join("last.ckpt"), None, &Device::Cpu, &[], 1).unwrap();
+        assert!(ok.policy.is_none() && ok.masked_mimic.is_some());
+        assert_eq!(ok.interface.input("vae_noise").map(|i| (i.optional, i.width)), Some((true, Some(8))));
     }
 
     fn pin_problem(policy: &Policy, p: &[(&str, usize)]) -> (String, PinProblem) {

@@ -390,6 +390,9 @@ pub struct ConfigTensor {
     pub data_type: &'static str,
     /// Shape without the rows (`-1`: open).
     pub dims: Vec<i64>,
+    /// Triton's `optional`: a request may leave the input out (written only when true).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub optional: bool,
 }
 
 /// Triton's `dynamic_batching` block.
@@ -439,7 +442,7 @@ pub struct PmstateDetails<'a> {
     /// Checkpoint, configs file, sha256, size, load time, device.
     pub provenance: &'a crate::model::Provenance,
     /// Model class, in_keys with widths, layers, normalizer settings and counts.
-    pub description: &'a pmstate_policy::Description,
+    pub description: &'a crate::model::ModelDescription,
     /// In_keys the config lists but no network reads: accepted and ignored.
     pub ignored_inputs: &'a [String],
     /// Width sums the checkpoint fixes (`module`, `keys`, `total`).
@@ -475,22 +478,23 @@ pub struct ReloadCounts {
 impl<'a> ModelConfigResponse<'a> {
     /// The configuration of `m` served as `name` with `batching`.
     pub fn of(name: &str, m: &'a LoadedModel, batching: &Batching, reloads: ReloadCounts) -> Self {
-        let tensor = |name: &str, shape: &[i64], rows: bool| ConfigTensor {
+        let tensor = |name: &str, shape: &[i64], rows: bool, optional: bool| ConfigTensor {
             name: name.to_owned(),
             data_type: "TYPE_FP32",
             dims: if rows { shape[1..].to_vec() } else { shape.to_vec() },
+            optional,
         };
         ModelConfigResponse {
             name: name.to_owned(),
             platform: PLATFORM,
             backend: "pmstate",
             max_batch_size: batching.max_batch,
-            input: m.interface.inputs.iter().map(|i| tensor(&i.name, &i.shape(), true)).collect(),
+            input: m.interface.inputs.iter().map(|i| tensor(&i.name, &i.shape(), true, i.optional)).collect(),
             output: m
                 .interface
                 .outputs
                 .iter()
-                .map(|o| tensor(o.name, &o.shape, o.shape.first() == Some(&-1)))
+                .map(|o| tensor(o.name, &o.shape, o.shape.first() == Some(&-1), false))
                 .collect(),
             dynamic_batching: DynamicBatching {
                 max_queue_delay_microseconds: batching.max_wait.as_micros() as u64,

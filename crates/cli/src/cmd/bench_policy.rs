@@ -27,16 +27,18 @@ pub enum KernelsArg {
     Candle,
 }
 
-/// Which model `bench-policy` times.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+/// Which model family to time.
+#[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
 pub enum FamilyArg {
-    /// The full-size smpl tracker (PPO actor and critic).
+    /// The full-size smpl PPO tracker (actor and critic).
     Tracker,
+    /// MaskedMimic at the published smpl model's sizes (`forward_inference`: prior with its transformer, trunk).
+    MaskedMimic,
     /// The GPC prior at the published size (teacher forced and generating).
     GpcPrior,
 }
 
-/// `pmstate bench-policy [--family tracker|gpc-prior] [--threads N] [--batch B]... [--kernels packed|candle] [--write-weights P] [--min-time S] [--check]`
+/// `pmstate bench-policy [--family tracker|masked-mimic|gpc-prior] [--threads N] [--batch B]... [--kernels packed|candle] [--write-weights P] [--min-time S] [--check]`
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// Worker threads for the matrix products and the normalizer (default: all cores).
@@ -60,10 +62,10 @@ pub struct Args {
     /// (fastest calls, ratios within this run, on this CPU's instruction set).
     #[arg(long, conflicts_with_all = ["batches", "kernels", "family"])]
     check: bool,
-    /// Which model: the smpl tracker, or the GPC prior at its published size
-    /// (batches 1 and 256 unless --batch is given).
-    #[arg(long, value_enum, default_value = "tracker")]
-    family: FamilyArg,
+    /// Which model: the smpl tracker, MaskedMimic or the GPC prior at their published sizes
+    /// (default batches 1 and 256 there; for MaskedMimic the --write-weights state dict uses ProtoMotions' names).
+    #[arg(long, value_enum)]
+    family: Option<FamilyArg>,
 }
 
 /// Runs the benchmark: a table, or (`--json`) one object per line with op,
@@ -78,9 +80,11 @@ pub fn run(a: Args, g: Global) -> Result<ExitCode, CliError> {
         .num_threads(threads)
         .build()
         .map_err(|e| CliError::Usage(format!("--threads {threads}: {e}")))?;
-    let batches = match (a.batches.is_empty(), a.family) {
+    let family = a.family.unwrap_or(FamilyArg::Tracker);
+    let batches = match (a.batches.is_empty(), family) {
         (false, _) => a.batches,
         (true, FamilyArg::Tracker) => BENCH_BATCHES.to_vec(),
+        (true, FamilyArg::MaskedMimic) => vec![1, 256],
         (true, FamilyArg::GpcPrior) => super::bench_gpc::GPC_BATCHES.to_vec(),
     };
     let kernels = match a.kernels {
@@ -89,10 +93,12 @@ pub fn run(a: Args, g: Global) -> Result<ExitCode, CliError> {
     };
     let opts = BenchOptions { threads, min_time: a.min_time, batches, write_weights: a.write_weights, kernels };
     let format = g.format();
-    if a.family == FamilyArg::GpcPrior {
+    if family == FamilyArg::GpcPrior {
         pool.install(|| super::bench_gpc::bench(&opts, format))
     } else if a.check {
         pool.install(|| check(&opts, format))
+    } else if family == FamilyArg::MaskedMimic {
+        pool.install(|| bench_masked_mimic(&opts, format))
     } else {
         pool.install(|| bench(&opts, format))
     }
@@ -129,7 +135,7 @@ pub struct BenchRecord {
     pub weight_bytes: usize,
 }
 
-fn xorshift(seed: u64) -> impl FnMut() -> f32 {
+pub(crate) fn xorshift(seed: u64) -> impl FnMut() -> f32 {
     let mut s = seed | 1;
     move || {
         s ^= s << 13;
@@ -350,6 +356,31 @@ fn time_forward(policy: &Policy, b: usize, opts: &BenchOptions, weight_bytes: us
     })
 }
 
+/// `pmstate bench-policy --family masked-mimic`: `MaskedMimic::forward`
+/// (with a `vae_noise`) per batch size.
+pub fn bench_masked_mimic(opts: &BenchOptions, format: OutputFormat) -> Result<ExitCode, CliError> {
+    let (model, weight_bytes) = super::bench_masked_mimic::load(opts.write_weights.as_deref())?;
+    let mut records = Vec::new();
+    for &b in &opts.batches {
+        let obs = super::bench_masked_mimic::obs(b)?;
+        let s = median_seconds(opts.min_time, || {
+            std::hint::black_box(model.forward(&obs)?);
+            Ok(())
+        })?;
+        records.push(BenchRecord {
+            op: "forward",
+            batch: b,
+            threads: opts.threads,
+            seconds: s.0,
+            min_seconds: s.1,
+            cpu_seconds: s.2,
+            rows_per_s: b as f64 / s.0,
+            weight_bytes,
+        });
+    }
+    print_records(&records, weight_bytes, opts, format)
+}
+
 /// `pmstate bench-policy`.
 pub fn bench(opts: &BenchOptions, format: OutputFormat) -> Result<ExitCode, CliError> {
     let loaded = Loaded::new(opts)?;
@@ -359,9 +390,18 @@ pub fn bench(opts: &BenchOptions, format: OutputFormat) -> Result<ExitCode, CliE
     for &b in &opts.batches {
         records.push(time_forward(&policy, b, opts, weight_bytes)?);
     }
+    print_records(&records, weight_bytes, opts, format)
+}
+
+fn print_records(
+    records: &[BenchRecord],
+    weight_bytes: usize,
+    opts: &BenchOptions,
+    format: OutputFormat,
+) -> Result<ExitCode, CliError> {
     match format {
         OutputFormat::Json => {
-            for r in &records {
+            for r in records {
                 output::json_line(r)?;
             }
         }
@@ -370,7 +410,7 @@ pub fn bench(opts: &BenchOptions, format: OutputFormat) -> Result<ExitCode, CliE
                 "{:<8} {:>6} {:>3} {:>12} {:>12} {:>12} {:>12}",
                 "op", "batch", "thr", "median µs", "min µs", "cpu µs", "rows/s"
             ));
-            for r in &records {
+            for r in records {
                 output::line(format!(
                     "{:<8} {:>6} {:>3} {:>12.1} {:>12.1} {:>12.1} {:>12.0}",
                     r.op,
@@ -382,11 +422,15 @@ pub fn bench(opts: &BenchOptions, format: OutputFormat) -> Result<ExitCode, CliE
                     r.rows_per_s
                 ));
             }
-            output::line(format!(
-                "weights {:.1} MB; stream = reading them once with {} threads",
-                weight_bytes as f64 / 1e6,
-                opts.threads
-            ));
+            if records.iter().any(|r| r.op == "stream") {
+                output::line(format!(
+                    "weights {:.1} MB; stream = reading them once with {} threads",
+                    weight_bytes as f64 / 1e6,
+                    opts.threads
+                ));
+            } else {
+                output::line(format!("weights {:.1} MB", weight_bytes as f64 / 1e6));
+            }
         }
     }
     Ok(ExitCode::SUCCESS)

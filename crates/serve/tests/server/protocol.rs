@@ -4,7 +4,7 @@
 //! same rows (the recorded smpl tracker and the AMP g1 policy).
 
 use crate::common::*;
-use candle_core::Device;
+use candle_core::{Device, Tensor};
 use pmstate_policy::Policy;
 use serde_json::json;
 
@@ -398,6 +398,63 @@ async fn an_fsq_tracker_serves_its_latent_codes() {
     let s = start_variant("smpl_tracker").await;
     let m = s.client.get("/v2/models/policy").await.unwrap().json();
     assert!(m["outputs"].as_array().unwrap().iter().all(|o| o["name"] != "latent_codes"), "{m}");
+    s.server.handle().shutdown();
+    s.server.wait().await.unwrap();
+}
+
+/// A MaskedMimic model: `vae_noise` an optional input of the metadata and
+/// the configuration, the four outputs, answers bit for bit the library's
+/// with the noise and without it (the prior mean), rows split across a
+/// request of several rows; a noise of the wrong width is refused by name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_masked_mimic_model_serves_with_an_optional_vae_noise() {
+    use pmstate_policy::MaskedMimic;
+    let s = start_variant("masked_mimic").await;
+    let m = s.client.get("/v2/models/policy").await.unwrap().json();
+    let noise = m["inputs"].as_array().unwrap().iter().find(|i| i["name"] == "vae_noise").cloned();
+    assert_eq!(noise, Some(json!({"name": "vae_noise", "datatype": "FP32", "shape": [-1, 8]})), "{m}");
+    let names: Vec<&str> = m["outputs"].as_array().unwrap().iter().map(|o| o["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["mean_action", "latent_mu", "latent_logvar", "latent"], "{m}");
+    let cfg = s.client.get("/v2/models/policy/config").await.unwrap().json();
+    let inputs = cfg["input"].as_array().unwrap();
+    assert!(inputs.iter().any(|i| i["name"] == "vae_noise" && i["optional"] == true), "{cfg}");
+    assert!(inputs.iter().filter(|i| i["name"] != "vae_noise").all(|i| i.get("optional").is_none()), "{cfg}");
+    assert_eq!(cfg["pmstate"]["description"]["transformers"][0]["heads"], 4, "{cfg}");
+
+    let model = MaskedMimic::load(testdata("masked_mimic").join("last.ckpt"), None, &Device::Cpu).unwrap();
+    let bits =
+        |t: &Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap().iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    let vbits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    let idx: Vec<usize> = (0..8).collect();
+    // with the noise
+    let o = obs("masked_mimic");
+    let want = model.forward(&o).unwrap();
+    let (body, _) = row_request(&o, &idx, json!({}));
+    let got = outputs(&infer(&s.client, body).await);
+    for (name, t) in [
+        ("mean_action", &want.mean_action),
+        ("latent_mu", &want.latent_mu),
+        ("latent_logvar", &want.latent_logvar),
+        ("latent", &want.latent),
+    ] {
+        assert_eq!(got[name].0, t.dims().to_vec(), "{name}");
+        assert_eq!(vbits(&got[name].1), bits(t), "{name}");
+    }
+    // without it: the library's zero-noise answer
+    let mut quiet = o.clone();
+    quiet.remove("vae_noise");
+    let want = model.forward(&quiet).unwrap();
+    let (body, _) = row_request(&quiet, &idx, json!({}));
+    let got = outputs(&infer(&s.client, body).await);
+    assert_eq!(vbits(&got["mean_action"].1), bits(&want.mean_action));
+    assert_eq!(vbits(&got["latent"].1), bits(&want.latent_mu));
+    // the wrong width is refused naming the input
+    let mut bad = o.clone();
+    bad.insert("vae_noise".into(), Tensor::zeros((8, 3), candle_core::DType::F32, &Device::Cpu).unwrap());
+    let (body, _) = row_request(&bad, &idx, json!({}));
+    let r = infer(&s.client, body).await;
+    assert_eq!(r.status, 400, "{}", String::from_utf8_lossy(&r.body));
+    assert!(String::from_utf8_lossy(&r.body).contains("vae_noise"), "{}", String::from_utf8_lossy(&r.body));
     s.server.handle().shutdown();
     s.server.wait().await.unwrap();
 }

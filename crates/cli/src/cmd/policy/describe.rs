@@ -17,6 +17,18 @@ pub struct Args {
 
 /// Prints the policy's [`pmstate_policy::Description`]: its text form, or the JSON object (`--json`).
 pub fn run(a: Args, g: Global) -> Result<ExitCode, CliError> {
+    if a.files.is_masked_mimic()? {
+        let d = a.files.load_masked_mimic(&Device::Cpu)?.describe();
+        match g.format() {
+            OutputFormat::Json => output::json_line(&d)?,
+            OutputFormat::Text => {
+                for l in d.to_string().lines() {
+                    output::line(l);
+                }
+            }
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
     let policy = match a.files.load_model(&Device::Cpu)? {
         super::Loaded::Policy(p) => p,
         super::Loaded::Prior(p) => {

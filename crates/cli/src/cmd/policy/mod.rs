@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use pmstate_policy::gpc::{is_latent_prior, LatentPrior};
-use pmstate_policy::{Globals, LoadOptions, Policy};
+use pmstate_policy::{Globals, LoadOptions, MaskedMimic, Policy};
 
 use crate::{output, CliError, Global};
 
@@ -30,7 +30,9 @@ enum PolicyCommand {
     /// disc_logits, disc_reward, disc_value with --discriminator). A GPC
     /// prior: OBS may hold int64 [B, T] prior_tokens (teacher forcing);
     /// OUT gets mean_action, logits, latent_codes, norm_obs; with --sample
-    /// the tokens are drawn (--seed) and written as prior_tokens.
+    /// the tokens are drawn (--seed) and written as prior_tokens; for a
+    /// MaskedMimic model OBS may also hold vae_noise [B, latent] (zero when
+    /// absent) and OUT gets mean_action, latent_mu, latent_logvar, latent.
     Run(run::Args),
 }
 
@@ -81,6 +83,20 @@ impl PolicyFiles {
             ));
         }
         Ok(Loaded::Prior(Box::new(prior)))
+    }
+
+    /// Whether the configs name a MaskedMimic model (loaded with
+    /// [`PolicyFiles::load_masked_mimic`], not as a PPO/AMP [`Policy`]).
+    pub fn is_masked_mimic(&self) -> Result<bool, CliError> {
+        let path = pmstate_policy::find_config(&self.checkpoint, self.config.as_deref())?;
+        let configs = pmstate_ckpt::Checkpoint::open(&path)?;
+        Ok(pmstate_policy::model_target(&configs)? == pmstate_policy::config::MASKED_MIMIC_MODEL)
+    }
+
+    /// Loads a MaskedMimic model under the same rules for globals.
+    pub fn load_masked_mimic(&self, device: &candle_core::Device) -> Result<MaskedMimic, CliError> {
+        let globals = if self.allow_unsafe_globals { Globals::Allow } else { Globals::Refuse };
+        Ok(MaskedMimic::load_with(&self.checkpoint, self.config.as_deref(), device, &LoadOptions { globals })?)
     }
 
     /// Loads the deployment pipeline (observations, actor, action function)

@@ -162,6 +162,49 @@ impl Schema for PolicySchema<'_> {
     }
 }
 
+/// `policy run --obs` for a MaskedMimic model: its observations and the
+/// optional `vae_noise`, each one f32 `[B, D]` tensor.
+struct MaskedMimicSchema<'a> {
+    model: &'a pmstate_policy::MaskedMimic,
+    accepted: Vec<String>,
+}
+
+impl Schema for MaskedMimicSchema<'_> {
+    fn flag(&self) -> &'static str {
+        "--obs"
+    }
+
+    fn check_entry(&self, key: &str, dtype: &str, dims: &[u64]) -> Result<(), CliError> {
+        let key = key.to_owned();
+        if !self.accepted.contains(&key) {
+            return Err(PolicyError::ExtraObs { key, expected: self.accepted.clone() }.into());
+        }
+        let width = if key == pmstate_policy::masked_mimic::VAE_NOISE_KEY {
+            Some(self.model.config.latent_dim)
+        } else {
+            self.model.widths.known.get(&key).copied()
+        };
+        if dtype != "F32" {
+            return Err(PolicyError::ObsDtype { key, dtype: dtype.to_lowercase(), width }.into());
+        }
+        if dims.len() != 2 {
+            let shape = dims.iter().map(|&d| usize::try_from(d).unwrap_or(usize::MAX)).collect();
+            return Err(PolicyError::ObsRank { key, shape, width }.into());
+        }
+        Ok(())
+    }
+}
+
+/// Reads a MaskedMimic model's observations (and `vae_noise`) as [`read_obs`] does.
+pub fn read_masked_mimic_obs(
+    path: &Path,
+    model: &pmstate_policy::MaskedMimic,
+) -> Result<HashMap<String, Tensor>, CliError> {
+    let mut accepted = model.in_keys();
+    accepted.push(pmstate_policy::masked_mimic::VAE_NOISE_KEY.to_owned());
+    read_tensors(path, &MaskedMimicSchema { model, accepted })
+}
+
 /// The accepted entries of a header, refused at the first bad one.
 struct Header<'a> {
     path: &'a Path,
