@@ -124,6 +124,10 @@ fn next_token_logits_match_torchs_generation_given_its_draws() {
         let d = max_diff(&got, &want);
         assert!(d <= bound, "step {k}: {d:e} > {bound:e}");
     }
+    // a prefix token outside the vocabulary is refused, naming it
+    let bad: Vec<Vec<i64>> = gen.iter().map(|r| vec![r[0], -1]).collect();
+    let (_, pr) = prior_problem(p.next_logits(&o, &bad).unwrap_err());
+    assert_eq!(pr, PriorProblem::TokenRange { row: 0, index: 1, value: -1, vocab: 81 });
     // and torch's generated tokens decode to its generated action
     let mut tf = obs();
     tf.insert("prior_tokens".into(), e["generate.tokens"].clone());

@@ -596,6 +596,12 @@ impl LatentPrior {
                 PriorProblem::TokensShape { shape, batch: b, tokens: self.config.tokenization.tokens },
             ));
         }
+        let vocab = self.config.tokenization.vocab;
+        for (row, r) in prefix.iter().enumerate() {
+            if let Some((index, &value)) = r.iter().enumerate().find(|(_, &v)| v < 0 || v as u64 >= vocab as u64) {
+                return Err(prior_err(self.token_key(), PriorProblem::TokenRange { row, index, value, vocab }));
+            }
+        }
         self.step_logits(&context, prefix, k)
     }
 

@@ -124,7 +124,6 @@ fn run_masked_mimic(a: Args, g: Global, device: &Device) -> Result<ExitCode, Cli
     write_report(&a.out, &tensors, g)
 }
 
-
 /// Writes `tensors` to `out` and prints what was written.
 fn write_report(out: &Path, tensors: &[(String, Tensor)], g: Global) -> Result<ExitCode, CliError> {
     let map: HashMap<String, Tensor> = tensors
