@@ -220,6 +220,15 @@ fn generation_is_seeded_stays_in_the_nucleus_and_decodes_its_tokens() {
         let keep = top_p::keep_mask(pr, p.config().top_p);
         assert!(keep[ta[i / 20][i % 20] as usize], "row {} step {}", i / 20, i % 20);
     }
+    // a row's draws depend on its index, not on the other rows: rows 2..5
+    // alone, and first in a batch with the others after them
+    let part: HashMap<String, Tensor> = o.iter().map(|(k, v)| (k.clone(), v.narrow(0, 2, 3).unwrap())).collect();
+    let alone = p.generate(&part, p.sampling(5)).unwrap().tokens.to_vec2::<i64>().unwrap();
+    let idx = Tensor::new(&[2u32, 3, 4, 0, 1, 5, 6, 7], &Device::Cpu).unwrap();
+    let reordered: HashMap<String, Tensor> =
+        o.iter().map(|(k, v)| (k.clone(), v.index_select(&idx, 0).unwrap())).collect();
+    let batched = p.generate(&reordered, p.sampling(5)).unwrap().tokens.to_vec2::<i64>().unwrap();
+    assert_eq!(alone, batched[..3].to_vec());
     // teacher forcing the drawn tokens gives the same action
     let mut tf = obs();
     tf.insert("prior_tokens".into(), a.tokens.clone());

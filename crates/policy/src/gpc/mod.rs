@@ -124,7 +124,7 @@ pub struct PriorStages {
 /// How [`LatentPrior::generate`] draws.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Sampling {
-    /// Seed of the uniform stream ([`top_p::Uniform`]).
+    /// Seed of the draws ([`top_p::draw`]: one per row and step).
     pub seed: u64,
     /// Softmax temperature (the config's by default).
     pub temperature: f64,
@@ -615,8 +615,8 @@ impl LatentPrior {
 
     /// Generation: `num_tokens` tokens drawn one at a time from the
     /// temperature / top-p distribution of each step's logits
-    /// ([`top_p::sample`], uniform draws from `sampling.seed`, step by
-    /// step, row by row), then decoded. `logits` holds each step's logits.
+    /// ([`top_p::sample`], the draw of each row and step from
+    /// `sampling.seed`: [`top_p::draw`]), then decoded. `logits` holds each step's logits.
     pub fn generate(&self, obs: &HashMap<String, Tensor>, sampling: Sampling) -> Result<PriorOutputs> {
         if sampling.temperature.is_nan() || sampling.temperature <= 0.0 || sampling.temperature.is_infinite() {
             return Err(prior_err(
@@ -635,14 +635,14 @@ impl LatentPrior {
         let n = self.config.tokenization.tokens;
         let mut rows: Vec<Vec<i64>> = vec![Vec::with_capacity(n); b];
         let mut all_logits = Vec::with_capacity(n);
-        let mut u = top_p::Uniform::new(sampling.seed);
         let temp = Tensor::new(sampling.temperature as f32, &self.device)?;
         for k in 0..n {
             let logits = self.step_logits(&context, &rows, k)?;
             let probs = crate::transformer::safe_softmax_last_dim(&logits.broadcast_div(&temp)?)?;
             let probs = probs.to_device(&Device::Cpu)?.to_vec2::<f32>()?;
-            for (row, p) in rows.iter_mut().zip(&probs) {
-                row.push(top_p::sample(p, sampling.top_p, u.next_f64()) as i64);
+            for (r, (row, p)) in rows.iter_mut().zip(&probs).enumerate() {
+                let u = top_p::draw(sampling.seed, r as u64, k as u64);
+                row.push(top_p::sample(p, sampling.top_p, u) as i64);
             }
             all_logits.push(logits);
         }

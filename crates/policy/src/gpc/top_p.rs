@@ -76,8 +76,23 @@ pub fn filtered_probs(probs: &[f32], p: f64) -> Vec<f64> {
     probs.iter().zip(&mask).map(|(&x, &k)| if k { x as f64 / total } else { 0.0 }).collect()
 }
 
-/// Uniform draws in `[0, 1)` from `seed` (SplitMix64, 53 bits): the
-/// documented stream of `--sample --seed`.
+/// The draw of generation step `step` of batch row `row` under `seed`:
+/// the first value of the [`Uniform`] stream seeded with
+/// `seed ^ mix((row << 32) | step)` (`mix`: SplitMix64's finalizer). A
+/// row's tokens depend on its seed, its index and its own logits only, not
+/// on the other rows of the batch.
+pub fn draw(seed: u64, row: u64, step: u64) -> f64 {
+    Uniform::new(seed ^ mix((row << 32) | (step & 0xffff_ffff))).next_f64()
+}
+
+fn mix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// Uniform draws in `[0, 1)` from `seed` (SplitMix64, 53 bits).
 #[derive(Debug, Clone)]
 pub struct Uniform {
     state: u64,
