@@ -762,6 +762,45 @@ def run_masked_mimic(fabric, root, out_dir, name, desc, spec, verify):
     }
 
 
+def v_gpc_prior(root):
+    """The GPC prior from the shipped gpc_prior/soma_bones experiment config,
+    over the frozen FSQ tracker recorded as soma_fsq_tracker (its last.ckpt
+    is the tracker checkpoint the experiment asks for)."""
+    rel = "data/pretrained_models/gpc_prior/soma_bones/experiment_config.py"
+    mod = load_experiment(root, rel)
+    args = experiment_args("soma23", "gpc_prior")
+    args.tracker_checkpoint = os.path.join(HERE, "soma_fsq_tracker", "last.ckpt")
+    cfgs = PM.build_standard_configs(
+        args=args,
+        terrain_config_fn=mod.terrain_config,
+        scene_lib_config_fn=mod.scene_lib_config,
+        motion_lib_config_fn=mod.motion_lib_config,
+        env_config_fn=mod.env_config,
+        configure_robot_and_simulator_fn=getattr(mod, "configure_robot_and_simulator", None),
+        agent_config_fn=mod.agent_config,
+    )
+    model = cfgs["agent"].model
+    prior = model.prior
+    prior.d_model = 16
+    prior.ff_size = 32
+    prior.num_layers = 2
+    shrink_units(prior.context_encoder.models[0], {1024: 16})
+    prior.context_encoder.models[0].num_out = 16
+    prior.token_encoder.models[0].num_out = 16
+    # 40 FSQ scalars of 9 levels, 2 per prior token: 20 tokens over a
+    # vocabulary of 81 (the published 5 per token gives 8 tokens of 9^5)
+    model.fsq_scalars_per_prior_token = 2
+    # a temperature other than 1 so that the division is exercised
+    model.temperature = 0.8
+    widths = {"max_coords_obs": 343, "mimic_target_poses": 3864}
+    return dict(
+        cfgs=cfgs, mod=mod, args=args, widths=widths, n_iters=40, batch=16, seed=11, source=rel,
+        shrunk="d_model 1024 -> 16, ff 4096 -> 32, 6 -> 2 layers (4 heads kept), context MLP 1024 -> 16; "
+               "fsq_scalars_per_prior_token 5 -> 2 (20 tokens, vocabulary 81); temperature 0.8 (top_p 0.9 kept); "
+               "the frozen decoder is soma_fsq_tracker's",
+    )
+
+
 VARIANTS = [
     ("smpl_tracker", "PPO motion tracker built from the shipped smpl experiment config "
                      "(3 in_keys, 69 actions, 6+4 relu layers, EMA 0.999 normalizers, int clamp 5, fixed std)",
@@ -801,6 +840,11 @@ VARIANTS = [
     ("masked_mimic", "MaskedMimic (VAE prior with a transformer over the current state, 5 masked future "
                      "target poses and 5 historical poses; trunk MLP over the latent), from the shipped "
                      "masked_mimic/transformer.py experiment, shrunk", v_masked_mimic),
+    ("gpc_prior", "GPC prior (DiscreteAutoregressiveLatentPriorModel) built from the shipped gpc_prior/soma_bones "
+                  "experiment config over the frozen soma_fsq_tracker decoder: context MLP (gelu, normalized) as "
+                  "the sequence prefix, one-hot token Linear, learned positions, post-norm gelu transformer under "
+                  "the context-prefix causal mask, logits head; mixed-radix tokens over 9 FSQ levels",
+     v_gpc_prior),
 ]
 
 
@@ -1178,6 +1222,240 @@ def run_variant(fabric, root, out_dir, name, desc, builder, verify):
     return entry
 
 
+
+# ------------------------------------------------------------ the GPC prior
+
+GPC_SAMPLING = [(0.9, 0.8), (0.5, 1.0), (0.99, 1.3)]  # (top_p, temperature) keep masks recorded
+
+
+def gpc_eval(model, obs, tokens, gen_seed):
+    """Teacher-forced eval forward with per-stage tensors, the keep masks of
+    the sampler on its logits, and one seeded generation."""
+    from protomotions.agents.common import autoregressive as AR
+    model.eval()
+    prior = model.prior
+    res = {}
+    captured = {}
+    handles = []
+    for path, m in model.named_modules():
+        if isinstance(m, PM.NormObsBase) and m.config.normalize_obs:
+            def hook(mm, inp, out, path=path):
+                captured[path] = out.detach().clone()
+            handles.append(m.register_forward_hook(hook))
+    layers = {}
+    for i, layer in enumerate(prior._transformer.layers):
+        def lhook(mm, inp, out, i=i):
+            layers[i] = out.detach().clone()
+        handles.append(layer.register_forward_hook(lhook))
+    try:
+        with torch.no_grad():
+            td = TensorDictCls({k: v.clone() for k, v in obs.items()}, batch_size=tokens.shape[0])
+            td["target_latent"] = tokens.clone()
+            torch.manual_seed(EVAL_SEED)
+            out = model(td)
+            # the same stages again, one by one, with the model's own methods
+            ptd = model._prior_tensordict(td, tokens)
+            context = prior.encode_context(ptd)
+            token_emb = prior.encode_tokens(ptd[prior.token_key])
+            seq = prior.add_positions(torch.cat([context.unsqueeze(1), token_emb], dim=1))
+            fsq_indices = model.latent_tokenization.prior_tokens_to_fsq_indices(tokens)
+            fsq_codes = model.latent_decoder.indices_to_codes(fsq_indices)
+    finally:
+        for h in handles:
+            h.remove()
+    logits = out["latent_logits"].detach().clone()
+    res["logits"] = logits
+    res["mean_action"] = out["mean_action"].detach().clone()
+    res["prior_tokens"] = tokens.clone()
+    res["stage.context_embedding"] = context
+    res["stage.token_embedding"] = token_emb
+    res["stage.sequence"] = seq
+    for i in sorted(layers):
+        res[f"stage.layer.{i}"] = layers[i]
+    res["stage.causal_mask"] = prior._mask(tokens.shape[1], torch.device("cpu")).clone()
+    res["stage.fsq_indices"] = fsq_indices
+    res["stage.fsq_codes"] = fsq_codes
+    for p, o in captured.items():
+        res[f"norm.{p}.out"] = o
+    # the sampler: probabilities and keep masks on these logits
+    for top_p, temp in GPC_SAMPLING:
+        tag = f"p{top_p}_t{temp}"
+        probs = torch.nn.functional.softmax(logits / temp, dim=-1)
+        res[f"sampling.{tag}.probs"] = probs
+        res[f"sampling.{tag}.keep"] = AR._top_p_keep_mask(probs, top_p).to(torch.uint8)
+        res[f"sampling.{tag}.logp"] = AR.sampling_log_probs(logits, p=top_p, temperature=temp)
+    # a generation (its draws are torch's; the logits of each step given the
+    # drawn prefix are what a reimplementation can match)
+    with torch.no_grad():
+        gtd = TensorDictCls({k: v.clone() for k, v in obs.items()}, batch_size=tokens.shape[0])
+        torch.manual_seed(gen_seed)
+        g = model(gtd)
+    res["generate.tokens"] = g["latent"].detach().clone()
+    res["generate.logits"] = g["latent_logits"].detach().clone()
+    res["generate.mean_action"] = g["mean_action"].detach().clone()
+    res.update(gpc_f64(model, obs, tokens))
+    return res
+
+
+def gpc_f64(model, obs, tokens):
+    """The same teacher-forced stages in float64 (a double copy of the model;
+    its float32 one-hot and mask made double): the reference the error
+    bounds of the tests are measured against."""
+    md = copy.deepcopy(model).double()
+    md.eval()
+    prior = md.prior
+    vocab = prior.vocab_size
+    one_hot = lambda t: torch.nn.functional.one_hot(t.long(), vocab).double()  # noqa: E731
+    md.latent_tokenization.one_hot_prior_tokens = one_hot
+    prior._one_hot_tokens = lambda t: one_hot(t) if t.dim() == 2 else t.double()  # noqa: E731
+    n = tokens.shape[1]
+    prior._causal_masks = {(n, torch.device("cpu")): prior._mask(n, torch.device("cpu")).double()}
+    layers = {}
+    hs = [layer.register_forward_hook(lambda m, i, o, k=k: layers.__setitem__(k, o.detach().clone()))
+          for k, layer in enumerate(prior._transformer.layers)]
+    try:
+        with torch.no_grad():
+            td = TensorDictCls({k: v.double() for k, v in obs.items()}, batch_size=tokens.shape[0])
+            td["target_latent"] = tokens.clone()
+            out = md(td)
+            ptd = md._prior_tensordict(td, tokens)
+            context = prior.encode_context(ptd)
+    finally:
+        for h in hs:
+            h.remove()
+    res = {"f64.logits": out["latent_logits"], "f64.mean_action": out["mean_action"],
+           "f64.context_embedding": context}
+    for k in sorted(layers):
+        res[f"f64.layer.{k}"] = layers[k]
+    return {k: v.detach().clone() for k, v in res.items()}
+
+
+def run_gpc_prior(fabric, root, out_dir, name, desc, builder, verify):
+    """Built with ProtoMotions' own classes (the model class named by the
+    config, its pretrained-decoder loader), trained a few steps the way
+    SupervisedAgent trains it (teacher-forced logits against the frozen
+    tracker's target tokens, compute_supervision_loss with the config's
+    loss, the config's AdamW on optimization_module(), gradient clipping):
+    the agent loop itself (rollouts of the expert in a simulator) is not
+    run. Saved as {"model": state_dict} with the inference configs
+    (prepare_inference_config_for_save embeds the decoder's config)."""
+    from tensordict import TensorDict
+    from protomotions.agents.common.supervision import compute_supervision_loss
+    global TensorDictCls
+    TensorDictCls = TensorDict
+    spec = builder(root)
+    cfgs = spec["cfgs"]
+    torch.manual_seed(spec["seed"])
+    vdir = os.path.join(out_dir, name)
+    if os.path.isdir(vdir):
+        shutil.rmtree(vdir)
+    os.makedirs(vdir)
+    source = ObsSource(spec["widths"], spec["seed"])
+    mcfg = cfgs["agent"].model
+    model = PM.get_class(mcfg._target_)(config=mcfg)
+    g = torch.Generator().manual_seed(4000 + spec["seed"])
+    opt = None
+    for _ in range(spec["n_iters"]):
+        model.train()
+        td = TensorDict(source.sample(spec["batch"]), batch_size=spec["batch"])
+        model.target_latent_encoder(td)
+        out = model(td)
+        loss, _ = compute_supervision_loss(out, cfgs["agent"].loss)
+        if opt is None:
+            o = mcfg.optimizer
+            opt = PM.get_class(o._target_)(model.optimization_module().parameters(), lr=o.lr,
+                                           weight_decay=o.weight_decay, eps=o.eps, betas=o.betas)
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.optimization_module().parameters(), cfgs["agent"].gradient_clip_val)
+        opt.step()
+    del g
+    inf = inference_configs(cfgs, spec["mod"], spec["args"])
+    assert not inf["agent"].model.latent_decoder.checkpoint_path
+    save_resolved_configs(inf, os.path.join(vdir, "resolved_configs_inference.pt"))
+    torch.save({"model": model.state_dict()}, os.path.join(vdir, "inference_last.ckpt"))
+
+    ev = source.eval_batch()
+    with torch.no_grad():
+        etd = TensorDict({k: v.clone() for k, v in ev.items()}, batch_size=8)
+        model.eval()
+        model.target_latent_encoder(etd)
+    n_tok = model.latent_tokenization.num_prior_tokens
+    vocab = model.latent_tokenization.prior_token_vocab_size
+    tg = torch.Generator().manual_seed(6000)
+    tokens = etd["target_latent"].clone()
+    # rows 4..7: drawn over the whole vocabulary, with its first and last entries
+    rnd = torch.randint(0, vocab, (4, n_tok), generator=tg)
+    rnd[0, 0], rnd[1, 1], rnd[2, 2], rnd[3, 3] = 0, vocab - 1, 0, vocab - 1
+    tokens[4:] = rnd
+    obs = {"max_coords_obs": ev["max_coords_obs"]}
+    expected = gpc_eval(model, obs, tokens, gen_seed=EVAL_SEED + 1)
+    write_safetensors(os.path.join(vdir, "obs.safetensors"), {"max_coords_obs": obs["max_coords_obs"],
+                                                                "prior_tokens": tokens})
+    write_safetensors(os.path.join(vdir, "expected.safetensors"), expected)
+
+    verified = []
+    if verify:
+        loaded = torch.load(os.path.join(vdir, "resolved_configs_inference.pt"), map_location="cpu",
+                            weights_only=False)
+        torch.manual_seed(999)
+        again = PM.get_class(loaded["agent"].model._target_)(config=loaded["agent"].model)
+        sd = torch.load(os.path.join(vdir, "inference_last.ckpt"), map_location="cpu", weights_only=False)["model"]
+        again.materialize_from_state_dict(sd)
+        from protomotions.agents.utils.normalization import materialize_lazy_running_stats_from_state_dict
+        materialize_lazy_running_stats_from_state_dict(again, sd)
+        again.load_state_dict(sd, strict=True)
+        got = gpc_eval(again, obs, tokens, gen_seed=EVAL_SEED + 1)
+        assert sorted(got) == sorted(expected)
+        for k in expected:
+            if not torch.equal(got[k], expected[k]):
+                raise SystemExit(f"{name}: {k} differs after reload from the inference configs")
+        verified.append("inference_last.ckpt through resolved_configs_inference.pt (embedded decoder config, "
+                        "load_state_dict strict)")
+
+    files = {}
+    for f in sorted(os.listdir(vdir)):
+        p = os.path.join(vdir, f)
+        files[f] = {"bytes": os.path.getsize(p), "sha256": sha256(p)}
+    sd = model.state_dict()
+    return {
+        "name": name,
+        "description": desc,
+        "source": spec["source"],
+        "shrunk": spec["shrunk"],
+        "agent_target": cfgs["agent"]._target_,
+        "model_target": mcfg._target_,
+        "model_class": f"{type(model).__module__}.{type(model).__name__}",
+        "model_in_keys": list(model.in_keys),
+        "obs_widths": {"max_coords_obs": spec["widths"]["max_coords_obs"]},
+        "modules": describe_modules(model, spec["widths"], {}, {}),
+        "num_prior_tokens": n_tok,
+        "vocab_size": vocab,
+        "temperature": model.temperature,
+        "top_p": model.top_p,
+        "sampling_recorded": [{"top_p": p, "temperature": t} for p, t in GPC_SAMPLING],
+        "model_state_dict": {k: {"shape": list(v.shape), "dtype": str(v.dtype).replace("torch.", "")}
+                             for k, v in sd.items()},
+        "saved_with": "torch.save({'model': model.state_dict()}) (no agent: see run_gpc_prior)",
+        "resolved_configs_with": "inference_configs (apply_all_inference_overrides, "
+                                 "prepare_inference_config_for_save), train_agent.save_configs reproduction",
+        "train": {"iters": spec["n_iters"], "batch": spec["batch"], "seed": spec["seed"],
+                  "how": "teacher-forced compute_supervision_loss (config loss), AdamW on "
+                         "optimization_module(), clip_grad_norm_(gradient_clip_val)"},
+        "eval": {"rows": EVAL_ROWS, "tokens": "rows 0-3: the frozen tracker's target tokens of the eval rows; "
+                 "rows 4-7: uniform over the vocabulary (with its first and last entries)",
+                 "seed_before_forward": EVAL_SEED, "generation_seed": EVAL_SEED + 1,
+                 "mode": "model.eval(), torch.no_grad()"},
+        "expected": {k: {"shape": list(v.shape), "dtype": str(v.dtype).replace("torch.", "")}
+                     for k, v in sorted(expected.items())},
+        "verified_reload": verified,
+        "files": files,
+    }
+
+
+RUNNERS = {"gpc_prior": run_gpc_prior}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--protomotions", required=True, help="checkout of github:NVlabs/ProtoMotions")
@@ -1210,7 +1488,8 @@ def main():
                 entries.append(old[name])
             continue
         print(f"== {name}", flush=True)
-        entries.append(run_variant(fabric, root, args.out, name, desc, builder, not args.no_verify))
+        runner = RUNNERS.get(name, run_variant)
+        entries.append(runner(fabric, root, args.out, name, desc, builder, not args.no_verify))
         print(f"   {sum(f['bytes'] for f in entries[-1]['files'].values())} bytes; "
               f"verified: {entries[-1]['verified_reload']}", flush=True)
     manifest = {

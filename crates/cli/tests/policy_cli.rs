@@ -44,6 +44,12 @@ fn config_path(module: &str) -> String {
         ("_critic", "critic"),
         ("_discriminator", "discriminator"),
         ("_disc_critic", "disc_critic"),
+        // the GPC prior's
+        ("prior._context_encoder", "prior.context_encoder"),
+        ("prior._token_encoder", "prior.token_encoder"),
+        ("prior._output_head", "prior.output_head"),
+        ("latent_decoder.decoder", "latent_decoder.module_config.decoder"),
+        ("target_latent_encoder.encoder", "latent_decoder.module_config.encoder"),
     ] {
         if let Some(rest) = module.strip_prefix(from) {
             return format!("agent.model.{to}{rest}");
@@ -498,8 +504,9 @@ fn describe_gives_every_input_width_or_says_why_it_is_open() {
     let mut derived_from_configs = 0;
     for v in m["variants"].as_array().unwrap() {
         let name = v["name"].as_str().unwrap();
-        if v["model_target"] == pmstate_policy::config::MASKED_MIMIC_MODEL {
-            // widths chosen by the recording, not the env's (masked_mimic_runs_and_describes...)
+        if name == "gpc_prior" || v["model_target"] == pmstate_policy::config::MASKED_MIMIC_MODEL {
+            // their own descriptions: gpc_prior_run_and_describe; widths chosen by the
+            // recording, not the env's (masked_mimic_runs_and_describes...)
             continue;
         }
         let recorded = &v["obs_widths"];
@@ -884,6 +891,89 @@ fn policy_run_on_the_fsq_trackers_writes_torchs_codes() {
             text(&out)
         );
     }
+}
+
+/// The GPC prior through the CLI: `run` writes what the library computes,
+/// bit for bit (teacher forced on the file's tokens; `--sample` generates
+/// with the seed), and `describe` gives its inputs and token structure.
+#[test]
+fn gpc_prior_run_and_describe() {
+    use pmstate_policy::gpc::LatentPrior;
+    let ckpt = data("gpc_prior/inference_last.ckpt");
+    let obs_path = data("gpc_prior/obs.safetensors");
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out.safetensors");
+    let r = pmstate(&["policy", "run", &ckpt, "--obs", &obs_path, "--out", out.to_str().unwrap()]);
+    assert!(r.status.success(), "{}", text(&r));
+    let got = candle_core::safetensors::load(&out, &Device::Cpu).unwrap();
+    let prior = LatentPrior::load_with(&ckpt, None, &Device::Cpu, &Default::default()).unwrap();
+    let obs = candle_core::safetensors::load(&obs_path, &Device::Cpu).unwrap();
+    let lib = prior.teacher_forced(&obs).unwrap();
+    let bits =
+        |t: &Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap().iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&got["mean_action"]), bits(&lib.mean_action));
+    assert_eq!(bits(&got["logits"]), bits(&lib.logits));
+    assert_eq!(bits(&got["latent_codes"]), bits(&lib.latent_codes));
+    assert!(!got.contains_key("prior_tokens"));
+
+    // generation: the file's tokens are refused, then drawn with the seed
+    let r = pmstate(&["policy", "run", &ckpt, "--obs", &obs_path, "--out", out.to_str().unwrap(), "--sample"]);
+    assert!(!r.status.success());
+    assert!(text(&r).contains("prior_tokens"), "{}", text(&r));
+    let mut ctx: HashMap<String, Tensor> = obs.clone();
+    ctx.remove("prior_tokens");
+    let ctx_path = dir.path().join("ctx.safetensors");
+    candle_core::safetensors::save(&ctx, &ctx_path).unwrap();
+    let r = pmstate(&[
+        "policy",
+        "run",
+        &ckpt,
+        "--obs",
+        ctx_path.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--sample",
+        "--seed",
+        "9",
+    ]);
+    assert!(r.status.success(), "{}", text(&r));
+    let got = candle_core::safetensors::load(&out, &Device::Cpu).unwrap();
+    let lib = prior.generate(&ctx, prior.sampling(9)).unwrap();
+    assert_eq!(got["prior_tokens"].to_vec2::<i64>().unwrap(), lib.tokens.to_vec2::<i64>().unwrap());
+    assert_eq!(bits(&got["mean_action"]), bits(&lib.mean_action));
+
+    // float tokens are refused naming the key
+    let mut bad = obs.clone();
+    bad.insert("prior_tokens".into(), obs["prior_tokens"].to_dtype(candle_core::DType::F32).unwrap());
+    candle_core::safetensors::save(&bad, &ctx_path).unwrap();
+    let r = pmstate(&["policy", "run", &ckpt, "--obs", ctx_path.to_str().unwrap(), "--out", out.to_str().unwrap()]);
+    assert!(!r.status.success());
+    assert!(text(&r).contains("prior_tokens: prior tokens must be int64 [B, 20], got f32"), "{}", text(&r));
+
+    // int64 tokens whose offsets hold only 4 bytes per element: refused before reading
+    let obs_bytes = 343 * 4;
+    let header = format!(
+        "{{\"max_coords_obs\":{{\"dtype\":\"F32\",\"shape\":[1,343],\"data_offsets\":[0,{obs_bytes}]}},\
+         \"prior_tokens\":{{\"dtype\":\"I64\",\"shape\":[1,20],\"data_offsets\":[{obs_bytes},{}]}}}}",
+        obs_bytes + 80
+    );
+    let mut raw = (header.len() as u64).to_le_bytes().to_vec();
+    raw.extend_from_slice(header.as_bytes());
+    raw.resize(raw.len() + obs_bytes + 80, 0);
+    std::fs::write(&ctx_path, raw).unwrap();
+    let r = pmstate(&["policy", "run", &ckpt, "--obs", ctx_path.to_str().unwrap(), "--out", out.to_str().unwrap()]);
+    assert_eq!(r.status.code(), Some(2), "{}", text(&r));
+    assert!(text(&r).contains("tensor prior_tokens: data offsets"), "{}", text(&r));
+    assert!(text(&r).contains("do not hold its 160 bytes"), "{}", text(&r));
+
+    let j = stdout_json(&pmstate(&["policy", "describe", "--json", &ckpt]));
+    assert_eq!(j["class"], "protomotions.agents.supervised.latent_prior_model.DiscreteAutoregressiveLatentPriorModel");
+    assert_eq!(j["in_keys"][0]["key"], "max_coords_obs");
+    assert_eq!(j["in_keys"][0]["width"], 343);
+    assert_eq!((j["tokens"].as_u64(), j["vocab"].as_u64()), (Some(20), Some(81)));
+    assert_eq!(j["action_size"], 66);
+    let t = text(&pmstate(&["policy", "describe", &ckpt]));
+    assert!(t.contains("vocabulary 81 = 9^2 (40 FSQ scalars of 9 levels)"), "{t}");
 }
 
 #[test]

@@ -425,8 +425,21 @@ fn module_ops(o: &Obj<'_>, default: Vec<ModuleOp>) -> Result<Vec<ModuleOp>> {
 
 impl MlpConfig {
     fn parse(o: &Obj<'_>) -> Result<Self> {
+        Self::parse_with(o, None)
+    }
+
+    /// Parses an `MLPWithConcatConfig` whose `num_out` a parent resolves
+    /// (the GPC prior's output head is saved with `num_out: 0` and gets the
+    /// vocabulary size at construction): `num_out` is then read but `resolved` wins.
+    pub(crate) fn parse_with(o: &Obj<'_>, resolved_num_out: Option<usize>) -> Result<Self> {
         let norm = norm_settings(o)?;
-        let num_out = o.count("num_out")?;
+        let num_out = match resolved_num_out {
+            Some(n) => {
+                o.get("num_out");
+                n
+            }
+            None => o.count("num_out")?,
+        };
         let mut layers = Vec::new();
         for (i, n) in o.list("layers")?.iter().enumerate() {
             let lp = format!("{}.layers.{i}", o.path);

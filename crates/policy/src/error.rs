@@ -10,6 +10,14 @@ use crate::problem::{AttentionProblem, FieldProblem, GraphProblem, OpProblem};
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum PolicyError {
+    /// The GPC prior refuses its config, weights or inputs (`path`: the config path or input key).
+    #[error("{path}: {problem}")]
+    Prior {
+        /// Config path (`agent.model.latent_decoder.module_config`) or input key (`prior_tokens`).
+        path: String,
+        /// What is wrong.
+        problem: crate::gpc::problem::PriorProblem,
+    },
     /// Reading the checkpoint or the configs file failed.
     #[error(transparent)]
     Ckpt(#[from] pmstate_ckpt::CkptError),

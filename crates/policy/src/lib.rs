@@ -16,6 +16,7 @@ pub mod discriminator;
 mod error;
 mod flat;
 pub mod fsq;
+pub mod gpc;
 pub mod kernels;
 mod load;
 pub mod masked_mimic;

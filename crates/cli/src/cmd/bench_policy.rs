@@ -34,9 +34,11 @@ pub enum FamilyArg {
     Tracker,
     /// MaskedMimic at the published smpl model's sizes (`forward_inference`: prior with its transformer, trunk).
     MaskedMimic,
+    /// The GPC prior at the published size (teacher forced and generating).
+    GpcPrior,
 }
 
-/// `pmstate bench-policy [--family tracker|masked-mimic] [--threads N] [--batch B]... [--kernels packed|candle] [--write-weights P] [--min-time S] [--check]`
+/// `pmstate bench-policy [--family tracker|masked-mimic|gpc-prior] [--threads N] [--batch B]... [--kernels packed|candle] [--write-weights P] [--min-time S] [--check]`
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// Worker threads for the matrix products and the normalizer (default: all cores).
@@ -60,8 +62,8 @@ pub struct Args {
     /// (fastest calls, ratios within this run, on this CPU's instruction set).
     #[arg(long, conflicts_with_all = ["batches", "kernels", "family"])]
     check: bool,
-    /// Which model: the smpl tracker, or MaskedMimic at its published sizes
-    /// (default batches 1 and 256 there; the --write-weights state dict uses ProtoMotions' names).
+    /// Which model: the smpl tracker, MaskedMimic or the GPC prior at their published sizes
+    /// (default batches 1 and 256 there; for MaskedMimic the --write-weights state dict uses ProtoMotions' names).
     #[arg(long, value_enum)]
     family: Option<FamilyArg>,
 }
@@ -83,6 +85,7 @@ pub fn run(a: Args, g: Global) -> Result<ExitCode, CliError> {
         (false, _) => a.batches,
         (true, FamilyArg::Tracker) => BENCH_BATCHES.to_vec(),
         (true, FamilyArg::MaskedMimic) => vec![1, 256],
+        (true, FamilyArg::GpcPrior) => super::bench_gpc::GPC_BATCHES.to_vec(),
     };
     let kernels = match a.kernels {
         KernelsArg::Packed => pmstate_policy::CpuKernels::Packed,
@@ -90,7 +93,9 @@ pub fn run(a: Args, g: Global) -> Result<ExitCode, CliError> {
     };
     let opts = BenchOptions { threads, min_time: a.min_time, batches, write_weights: a.write_weights, kernels };
     let format = g.format();
-    if a.check {
+    if family == FamilyArg::GpcPrior {
+        pool.install(|| super::bench_gpc::bench(&opts, format))
+    } else if a.check {
         pool.install(|| check(&opts, format))
     } else if family == FamilyArg::MaskedMimic {
         pool.install(|| bench_masked_mimic(&opts, format))

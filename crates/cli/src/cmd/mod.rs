@@ -3,6 +3,7 @@
 pub mod bench;
 pub mod bench_collective;
 pub mod bench_deploy;
+pub mod bench_gpc;
 pub mod bench_masked_mimic;
 pub mod bench_policy;
 pub mod bench_serve;

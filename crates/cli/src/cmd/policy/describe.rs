@@ -29,7 +29,21 @@ pub fn run(a: Args, g: Global) -> Result<ExitCode, CliError> {
         }
         return Ok(ExitCode::SUCCESS);
     }
-    let policy = a.files.load(&Device::Cpu)?;
+    let policy = match a.files.load_model(&Device::Cpu)? {
+        super::Loaded::Policy(p) => p,
+        super::Loaded::Prior(p) => {
+            let d = p.describe();
+            match g.format() {
+                OutputFormat::Json => output::json_line(&d)?,
+                OutputFormat::Text => {
+                    for l in d.to_string().lines() {
+                        output::line(l);
+                    }
+                }
+            }
+            return Ok(ExitCode::SUCCESS);
+        }
+    };
     let d = policy.describe()?;
     match g.format() {
         OutputFormat::Json => output::json_line(&d)?,

@@ -4,6 +4,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use pmstate_policy::gpc::{is_latent_prior, LatentPrior};
 use pmstate_policy::{Globals, LoadOptions, MaskedMimic, Policy};
 
 use crate::{output, CliError, Global};
@@ -26,7 +27,10 @@ enum PolicyCommand {
     /// Run the eval-mode forward on observations: OBS holds one f32 [B, D]
     /// tensor per in_key; OUT gets mean_action, value, std, norm_obs (and
     /// latent_codes for an FSQ actor; action, neglogp with --sample;
-    /// disc_logits, disc_reward, disc_value with --discriminator). For a
+    /// disc_logits, disc_reward, disc_value with --discriminator). A GPC
+    /// prior: OBS may hold int64 [B, T] prior_tokens (teacher forcing);
+    /// OUT gets mean_action, logits, latent_codes, norm_obs; with --sample
+    /// the tokens are drawn (--seed) and written as prior_tokens; for a
     /// MaskedMimic model OBS may also hold vae_noise [B, latent] (zero when
     /// absent) and OUT gets mean_action, latent_mu, latent_logvar, latent.
     Run(run::Args),
@@ -62,6 +66,25 @@ impl PolicyFiles {
         Ok(policy)
     }
 
+    /// Loads what the files hold: a GPC prior when the configs' model is
+    /// one, else a policy ([`PolicyFiles::load`]).
+    pub fn load_model(&self, device: &candle_core::Device) -> Result<Loaded, CliError> {
+        let configs = pmstate_policy::find_config(&self.checkpoint, self.config.as_deref())?;
+        let is_prior = pmstate_ckpt::Checkpoint::open(&configs).is_ok_and(|c| is_latent_prior(&c));
+        if !is_prior {
+            return Ok(Loaded::Policy(Box::new(self.load(device)?)));
+        }
+        let globals = if self.allow_unsafe_globals { Globals::Allow } else { Globals::Refuse };
+        let prior = LatentPrior::load_with(&self.checkpoint, self.config.as_deref(), device, &LoadOptions { globals })?;
+        for g in prior.allowed_globals() {
+            output::err_line(format!(
+                "pmstate: warning: {}: loading the global {} at {} (--allow-unsafe-globals)",
+                g.file, g.global, g.key
+            ));
+        }
+        Ok(Loaded::Prior(Box::new(prior)))
+    }
+
     /// Whether the configs name a MaskedMimic model (loaded with
     /// [`PolicyFiles::load_masked_mimic`], not as a PPO/AMP [`Policy`]).
     pub fn is_masked_mimic(&self) -> Result<bool, CliError> {
@@ -90,6 +113,14 @@ impl PolicyFiles {
         }
         Ok(p)
     }
+}
+
+/// A policy or a GPC prior.
+pub enum Loaded {
+    /// PPO / AMP.
+    Policy(Box<Policy>),
+    /// `DiscreteAutoregressiveLatentPriorModel`.
+    Prior(Box<LatentPrior>),
 }
 
 /// Runs `pmstate policy ...`.

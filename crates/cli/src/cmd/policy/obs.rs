@@ -18,6 +18,8 @@ use std::io::{BufReader, Read};
 use std::path::Path;
 
 use candle_core::{Device, Tensor};
+use pmstate_policy::gpc::problem::PriorProblem;
+use pmstate_policy::gpc::LatentPrior;
 use pmstate_policy::{Policy, PolicyError};
 use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
@@ -261,6 +263,56 @@ pub fn read_obs(path: &Path, policy: &Policy) -> Result<HashMap<String, Tensor>,
     read_tensors(path, &PolicySchema { policy, accepted: policy.accepted_keys() })
 }
 
+/// `policy run --obs` of a GPC prior: one f32 `[B, D]` tensor per
+/// observation key, and optionally the int64 `[B, T]` teacher-forced tokens.
+struct PriorSchema<'a> {
+    prior: &'a LatentPrior,
+    accepted: Vec<String>,
+}
+
+impl Schema for PriorSchema<'_> {
+    fn flag(&self) -> &'static str {
+        "--obs"
+    }
+
+    fn check_entry(&self, key: &str, dtype: &str, dims: &[u64]) -> Result<(), CliError> {
+        let key = key.to_owned();
+        if !self.accepted.contains(&key) {
+            return Err(PolicyError::ExtraObs { key, expected: self.accepted.clone() }.into());
+        }
+        let tokens = self.prior.tokenization().tokens;
+        let shape = || dims.iter().map(|&d| usize::try_from(d).unwrap_or(usize::MAX)).collect::<Vec<_>>();
+        if key == self.prior.token_key() {
+            if dtype != "I64" {
+                let problem = PriorProblem::TokensDtype { dtype: dtype.to_lowercase(), tokens };
+                return Err(PolicyError::Prior { path: key, problem }.into());
+            }
+            if dims.len() != 2 || dims[1] != tokens as u64 {
+                let batch = dims.first().map_or(0, |&b| usize::try_from(b).unwrap_or(usize::MAX));
+                let problem = PriorProblem::TokensShape { shape: shape(), batch, tokens };
+                return Err(PolicyError::Prior { path: key, problem }.into());
+            }
+            return Ok(());
+        }
+        let width = self.prior.widths().known.get(&key).copied();
+        if dtype != "F32" {
+            return Err(PolicyError::ObsDtype { key, dtype: dtype.to_lowercase(), width }.into());
+        }
+        if dims.len() != 2 {
+            return Err(PolicyError::ObsRank { key, shape: shape(), width }.into());
+        }
+        Ok(())
+    }
+}
+
+/// Reads what `prior` accepts (its observations, its tokens) from the
+/// safetensors file at `path`, as [`read_obs`] does.
+pub fn read_prior_obs(path: &Path, prior: &LatentPrior) -> Result<HashMap<String, Tensor>, CliError> {
+    let mut accepted = prior.obs_keys();
+    accepted.push(prior.token_key().to_owned());
+    read_tensors(path, &PriorSchema { prior, accepted })
+}
+
 /// Reads the f32 tensors `schema` accepts from the safetensors file at
 /// `path`, as [`read_obs`] does.
 pub(crate) fn read_tensors(path: &Path, schema: &dyn Schema) -> Result<HashMap<String, Tensor>, CliError> {
@@ -298,7 +350,9 @@ pub(crate) fn read_tensors(path: &Path, schema: &dyn Schema) -> Result<HashMap<S
     let mut out = HashMap::with_capacity(entries.len());
     for (key, e) in entries {
         let [start, end] = e.data_offsets;
-        let needed = e.shape.dims.iter().try_fold(4u64, |acc, &d| acc.checked_mul(d));
+        // the schemas accept f32, and int64 only where a reader asks for it
+        let elem: u64 = if e.dtype == "I64" { 8 } else { 4 };
+        let needed = e.shape.dims.iter().try_fold(elem, |acc, &d| acc.checked_mul(d));
         let bad = ObsProblem::Offsets { key: key.clone(), start, end, needed: needed.unwrap_or(u64::MAX), available };
         let Some(needed) = needed.filter(|&x| start <= end && end <= available && end - start == x) else {
             return Err(problem(bad));
@@ -309,9 +363,18 @@ pub(crate) fn read_tensors(path: &Path, schema: &dyn Schema) -> Result<HashMap<S
         };
         let mut raw = vec![0u8; bytes];
         read_exact_at(&file, data_start + start, &mut raw).map_err(io)?;
-        let values: Vec<f32> = raw.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+        let t = if elem == 8 {
+            let values: Vec<i64> = raw
+                .chunks_exact(8)
+                .map(|c| i64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]))
+                .collect();
+            Tensor::from_vec(values, dims, &Device::Cpu)?
+        } else {
+            let values: Vec<f32> = raw.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+            Tensor::from_vec(values, dims, &Device::Cpu)?
+        };
         drop(raw);
-        out.insert(key, Tensor::from_vec(values, dims, &Device::Cpu)?);
+        out.insert(key, t);
     }
     Ok(out)
 }

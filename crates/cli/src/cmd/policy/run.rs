@@ -6,6 +6,7 @@ use std::process::ExitCode;
 
 use candle_core::{Device, Tensor};
 use pmstate_norm::Dims;
+use pmstate_policy::gpc::LatentPrior;
 use serde::Serialize;
 
 use super::PolicyFiles;
@@ -49,7 +50,10 @@ pub fn run(a: Args, g: Global) -> Result<ExitCode, CliError> {
     if a.files.is_masked_mimic()? {
         return run_masked_mimic(a, g, &device);
     }
-    let policy = a.files.load(&device)?;
+    let policy = match a.files.load_model(&device)? {
+        super::Loaded::Policy(p) => p,
+        super::Loaded::Prior(p) => return run_prior(&a, &p, g),
+    };
     let obs = super::obs::read_obs(&a.obs, &policy)?;
     let mut tensors: Vec<(String, Tensor)> = Vec::new();
     let outputs = if a.sample {
@@ -75,7 +79,29 @@ pub fn run(a: Args, g: Global) -> Result<ExitCode, CliError> {
         tensors.push(("disc_reward".into(), d.disc_reward));
         tensors.push(("disc_value".into(), d.disc_value));
     }
-    write_report(&a.out, tensors, g)
+    write_report(&a.out, &tensors, g)
+}
+
+/// A GPC prior: teacher-forced on the file's tokens, or (`--sample`)
+/// generating its own with the config's temperature and top-p from `--seed`.
+fn run_prior(a: &Args, prior: &LatentPrior, g: Global) -> Result<ExitCode, CliError> {
+    if a.discriminator {
+        return Err(CliError::Usage("--discriminator: a GPC prior has no discriminator".into()));
+    }
+    let obs = super::obs::read_prior_obs(&a.obs, prior)?;
+    let out = if a.sample { prior.generate(&obs, prior.sampling(a.seed))? } else { prior.teacher_forced(&obs)? };
+    let mut tensors: Vec<(String, Tensor)> = vec![
+        ("mean_action".into(), out.mean_action),
+        ("logits".into(), out.logits),
+        ("latent_codes".into(), out.latent_codes),
+    ];
+    if let Some(n) = out.norm_obs {
+        tensors.push(("norm_obs".into(), n));
+    }
+    if a.sample {
+        tensors.push(("prior_tokens".into(), out.tokens));
+    }
+    write_report(&a.out, &tensors, g)
 }
 
 /// A MaskedMimic model: `forward_inference` with the optional `vae_noise`.
@@ -95,11 +121,11 @@ fn run_masked_mimic(a: Args, g: Global, device: &Device) -> Result<ExitCode, Cli
         ("latent_logvar".to_owned(), out.latent_logvar),
         ("latent".to_owned(), out.latent),
     ];
-    write_report(&a.out, tensors, g)
+    write_report(&a.out, &tensors, g)
 }
 
 /// Writes `tensors` to `out` and prints what was written.
-fn write_report(out: &Path, tensors: Vec<(String, Tensor)>, g: Global) -> Result<ExitCode, CliError> {
+fn write_report(out: &Path, tensors: &[(String, Tensor)], g: Global) -> Result<ExitCode, CliError> {
     let map: HashMap<String, Tensor> = tensors
         .iter()
         .map(|(k, t)| Ok((k.clone(), t.to_device(&Device::Cpu)?.contiguous()?)))

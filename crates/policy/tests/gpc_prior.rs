@@ -1,0 +1,343 @@
+//! The GPC prior (testdata/policy/gpc_prior, recorded by record_policy.py
+//! from ProtoMotions' own DiscreteAutoregressiveLatentPriorModel over the
+//! frozen soma_fsq_tracker decoder, small widths, 20 tokens of vocabulary 81).
+//!
+//! The bound (as tests/transformer.rs): every float stage lies within
+//! `MARGIN * e` of the float64 forward record_policy.py ran on a double copy
+//! of the model, `e = max(torch's own float32 error on that stage, u * scale)`
+//! (`u = 2^-24`, `scale` = the stage's largest |value|): empirical times
+//! margin, attention softmax and the output softmax included. Integer
+//! stages (FSQ indices, codes) and the token embedding (a table row, which
+//! is the one-hot product exactly) are compared bit for bit.
+//!
+//! Sampling: the top-p keep mask is compared with torch's exactly, and the
+//! sampler's draws over many seeds against the filtered probabilities with
+//! a chi-square test (a 1e-6 upper-tail quantile).
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use candle_core::{DType, Device, Tensor};
+use pmstate_ckpt::{Checkpoint, Node};
+use pmstate_policy::gpc::config::PriorModelConfig;
+use pmstate_policy::gpc::problem::PriorProblem;
+use pmstate_policy::gpc::{top_p, LatentPrior};
+use pmstate_policy::{LoadOptions, PolicyError};
+
+const MARGIN: f64 = 8.0;
+const U: f64 = 1.0 / (1u64 << 24) as f64;
+
+fn data(rel: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata/policy/gpc_prior").join(rel)
+}
+
+fn load() -> LatentPrior {
+    LatentPrior::load_with(data("inference_last.ckpt"), None, &Device::Cpu, &LoadOptions::default()).unwrap()
+}
+
+fn expected() -> HashMap<String, Tensor> {
+    candle_core::safetensors::load(data("expected.safetensors"), &Device::Cpu).unwrap()
+}
+
+fn obs() -> HashMap<String, Tensor> {
+    candle_core::safetensors::load(data("obs.safetensors"), &Device::Cpu).unwrap()
+}
+
+fn flat(t: &Tensor) -> Vec<f64> {
+    t.to_dtype(DType::F64).unwrap().flatten_all().unwrap().to_vec1::<f64>().unwrap()
+}
+
+fn max_diff(a: &[f64], b: &[f64]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    a.iter().zip(b).fold(0.0f64, |m, (x, y)| m.max((x - y).abs()))
+}
+
+/// Checks `got` against the float64 reference within the bound; returns the bound.
+fn within(name: &str, got: &Tensor, torch: &Tensor, f64_ref: &Tensor) -> f64 {
+    assert_eq!(got.dims(), torch.dims(), "{name}");
+    let (g, t, r) = (flat(got), flat(torch), flat(f64_ref));
+    let scale = r.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+    let torch_err = max_diff(&t, &r);
+    let bound = MARGIN * torch_err.max(U * scale);
+    let ours = max_diff(&g, &r);
+    assert!(g.iter().all(|v| v.is_finite()), "{name}: non-finite");
+    assert!(ours <= bound, "{name}: |ours - f64| = {ours:e} > bound {bound:e} (torch's error {torch_err:e})");
+    bound
+}
+
+#[test]
+fn teacher_forced_matches_torch_stage_by_stage() {
+    let p = load();
+    let e = expected();
+    let o = obs();
+    assert_eq!(p.obs_keys(), ["max_coords_obs"]);
+    assert_eq!(p.token_key(), "prior_tokens");
+    let t = p.tokenization();
+    assert_eq!((t.levels, t.scalars, t.per_token, t.tokens, t.vocab), (9, 40, 2, 20, 81));
+    let s = p.teacher_forced_stages(&o).unwrap();
+    // the context normalizer: a few ulp of its clamp-bounded scale
+    let norm = flat(s.outputs.norm_obs.as_ref().unwrap());
+    let norm_t = flat(&e["norm.prior._context_encoder.models.0.norm.out"]);
+    assert!(max_diff(&norm, &norm_t) <= 4.0 * U * 5.0, "context normalizer");
+    within("context_embedding", &s.context_embedding, &e["stage.context_embedding"], &e["f64.context_embedding"]);
+    // the token embedding: W[:, token] + b is the one-hot product exactly
+    assert_eq!(flat(&s.token_embedding), flat(&e["stage.token_embedding"]), "token embedding");
+    for (i, l) in s.layers.iter().enumerate() {
+        within(&format!("layer {i}"), l, &e[&format!("stage.layer.{i}")], &e[&format!("f64.layer.{i}")]);
+    }
+    within("logits", &s.outputs.logits, &e["logits"], &e["f64.logits"]);
+    // tokens -> indices -> codes: integers, exact
+    assert_eq!(
+        s.fsq_indices.to_vec2::<i64>().unwrap(),
+        e["stage.fsq_indices"].to_vec2::<i64>().unwrap(),
+        "fsq indices"
+    );
+    assert_eq!(flat(&s.outputs.latent_codes), flat(&e["stage.fsq_codes"]), "fsq codes");
+    within("mean_action", &s.outputs.mean_action, &e["mean_action"], &e["f64.mean_action"]);
+    // the sequence: context + token + position, each stage's error carried
+    let seq = flat(&s.sequence);
+    let seq_t = flat(&e["stage.sequence"]);
+    let scale = seq_t.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+    assert!(max_diff(&seq, &seq_t) <= MARGIN * 8.0 * U * scale, "sequence");
+    // the mask: generate_causal_mask(20, 1)
+    let mask = pmstate_policy::gpc::causal_mask(20, &Device::Cpu).unwrap();
+    assert_eq!(flat(&mask), flat(&e["stage.causal_mask"]));
+}
+
+#[test]
+fn next_token_logits_match_torchs_generation_given_its_draws() {
+    let p = load();
+    let e = expected();
+    let mut o = obs();
+    o.remove("prior_tokens");
+    let gen = e["generate.tokens"].to_vec2::<i64>().unwrap();
+    let logits = e["generate.logits"].to_dtype(DType::F64).unwrap();
+    let scale = flat(&logits).iter().fold(0.0f64, |m, v| m.max(v.abs()));
+    // torch's generation logits are its teacher-forced ones but for the sequence
+    // length: the bound of the logits stage against the f64 forward
+    let tf_err = max_diff(&flat(&e["logits"]), &flat(&e["f64.logits"]));
+    let bound = 2.0 * MARGIN * tf_err.max(U * scale);
+    for k in [0usize, 1, 7, 19] {
+        let prefix: Vec<Vec<i64>> = gen.iter().map(|r| r[..k].to_vec()).collect();
+        let got = flat(&p.next_logits(&o, &prefix).unwrap());
+        let want = flat(&logits.narrow(1, k, 1).unwrap().squeeze(1).unwrap());
+        let d = max_diff(&got, &want);
+        assert!(d <= bound, "step {k}: {d:e} > {bound:e}");
+    }
+    // a prefix token outside the vocabulary is refused, naming it
+    let bad: Vec<Vec<i64>> = gen.iter().map(|r| vec![r[0], -1]).collect();
+    let (_, pr) = prior_problem(p.next_logits(&o, &bad).unwrap_err());
+    assert_eq!(pr, PriorProblem::TokenRange { row: 0, index: 1, value: -1, vocab: 81 });
+    // and torch's generated tokens decode to its generated action
+    let mut tf = obs();
+    tf.insert("prior_tokens".into(), e["generate.tokens"].clone());
+    let out = p.teacher_forced(&tf).unwrap();
+    let d = max_diff(&flat(&out.mean_action), &flat(&e["generate.mean_action"]));
+    assert!(d <= 1e-5, "generated action: {d:e}");
+}
+
+#[test]
+fn keep_masks_are_torchs_exactly() {
+    let p = load();
+    let e = expected();
+    for (tag, top, temp) in [("p0.9_t0.8", 0.9, 0.8), ("p0.5_t1.0", 0.5, 1.0), ("p0.99_t1.3", 0.99, 1.3)] {
+        let probs_t = e[&format!("sampling.{tag}.probs")].flatten_to(1).unwrap().to_vec2::<f32>().unwrap();
+        let keep_t = e[&format!("sampling.{tag}.keep")].flatten_to(1).unwrap().to_vec2::<u8>().unwrap();
+        // on torch's probabilities: the same mask, bit for bit
+        for (r, (pr, k)) in probs_t.iter().zip(&keep_t).enumerate() {
+            let ours: Vec<u8> = top_p::keep_mask(pr, top).into_iter().map(u8::from).collect();
+            assert_eq!(&ours, k, "{tag} row {r}");
+        }
+        // on ours, from the recorded logits: the same mask too
+        let probs = p.probabilities(&e["logits"], temp).unwrap().flatten_to(1).unwrap().to_vec2::<f32>().unwrap();
+        for (r, (pr, k)) in probs.iter().zip(&keep_t).enumerate() {
+            let ours: Vec<u8> = top_p::keep_mask(pr, top).into_iter().map(u8::from).collect();
+            assert_eq!(&ours, k, "{tag} row {r} (our softmax)");
+        }
+        // sampling_log_probs: exp of torch's is the filtered distribution
+        let logp = e[&format!("sampling.{tag}.logp")].flatten_to(1).unwrap().to_vec2::<f32>().unwrap();
+        for (pr, lp) in probs_t.iter().zip(&logp).take(16) {
+            let f = top_p::filtered_probs(pr, top);
+            for (a, b) in f.iter().zip(lp) {
+                assert!((a - (*b as f64).exp()).abs() <= 1e-6, "{tag}: {a} vs exp({b})");
+            }
+        }
+    }
+}
+
+/// The upper `1e-6` quantile of chi-square with `k` degrees of freedom
+/// (Wilson-Hilferty; z = 4.753).
+fn chi2_quantile(k: f64) -> f64 {
+    let z = 4.753;
+    k * (1.0 - 2.0 / (9.0 * k) + z * (2.0 / (9.0 * k)).sqrt()).powi(3)
+}
+
+#[test]
+fn draws_over_many_seeds_follow_the_filtered_distribution() {
+    let e = expected();
+    let probs = e["sampling.p0.9_t0.8.probs"].flatten_to(1).unwrap().to_vec2::<f32>().unwrap();
+    const N: usize = 100_000;
+    for row in [0usize, 37, 101] {
+        let pr = &probs[row];
+        let f = top_p::filtered_probs(pr, 0.9);
+        let mut counts = vec![0usize; pr.len()];
+        for seed in 0..N as u64 {
+            // the first draw of each seed's stream
+            let u = top_p::Uniform::new(seed).next_f64();
+            counts[top_p::sample(pr, 0.9, u)] += 1;
+        }
+        let kept: Vec<usize> = (0..pr.len()).filter(|&i| f[i] > 0.0).collect();
+        assert!(counts.iter().enumerate().all(|(i, &c)| c == 0 || f[i] > 0.0), "a draw outside the nucleus");
+        let chi2: f64 = kept
+            .iter()
+            .map(|&i| {
+                let want = f[i] * N as f64;
+                (counts[i] as f64 - want).powi(2) / want
+            })
+            .sum();
+        let q = chi2_quantile((kept.len() - 1) as f64);
+        assert!(chi2 <= q, "row {row}: chi2 {chi2:.1} > {q:.1} over {} kept tokens", kept.len());
+    }
+}
+
+#[test]
+fn generation_is_seeded_stays_in_the_nucleus_and_decodes_its_tokens() {
+    let p = load();
+    let mut o = obs();
+    o.remove("prior_tokens");
+    let a = p.generate(&o, p.sampling(5)).unwrap();
+    let b = p.generate(&o, p.sampling(5)).unwrap();
+    let c = p.generate(&o, p.sampling(6)).unwrap();
+    let ta = a.tokens.to_vec2::<i64>().unwrap();
+    assert_eq!(ta, b.tokens.to_vec2::<i64>().unwrap());
+    assert_ne!(ta, c.tokens.to_vec2::<i64>().unwrap());
+    assert_eq!(a.tokens.dims(), [8, 20]);
+    assert_eq!(a.logits.dims(), [8, 20, 81]);
+    // each token lies in the nucleus of its step's logits
+    let probs = p.probabilities(&a.logits, p.config().temperature).unwrap().to_dtype(DType::F32).unwrap();
+    let probs = probs.flatten_to(1).unwrap().to_vec2::<f32>().unwrap();
+    for (i, pr) in probs.iter().enumerate() {
+        let keep = top_p::keep_mask(pr, p.config().top_p);
+        assert!(keep[ta[i / 20][i % 20] as usize], "row {} step {}", i / 20, i % 20);
+    }
+    // a row's draws depend on its index, not on the other rows: rows 2..5
+    // alone, and first in a batch with the others after them
+    let part: HashMap<String, Tensor> = o.iter().map(|(k, v)| (k.clone(), v.narrow(0, 2, 3).unwrap())).collect();
+    let alone = p.generate(&part, p.sampling(5)).unwrap().tokens.to_vec2::<i64>().unwrap();
+    let idx = Tensor::new(&[2u32, 3, 4, 0, 1, 5, 6, 7], &Device::Cpu).unwrap();
+    let reordered: HashMap<String, Tensor> =
+        o.iter().map(|(k, v)| (k.clone(), v.index_select(&idx, 0).unwrap())).collect();
+    let batched = p.generate(&reordered, p.sampling(5)).unwrap().tokens.to_vec2::<i64>().unwrap();
+    assert_eq!(alone, batched[..3].to_vec());
+    // teacher forcing the drawn tokens gives the same action
+    let mut tf = obs();
+    tf.insert("prior_tokens".into(), a.tokens.clone());
+    let out = p.teacher_forced(&tf).unwrap();
+    assert_eq!(flat(&out.mean_action), flat(&a.mean_action));
+}
+
+fn prior_problem(e: PolicyError) -> (String, PriorProblem) {
+    match e {
+        PolicyError::Prior { path, problem } => (path, problem),
+        other => panic!("not a Prior error: {other}"),
+    }
+}
+
+#[test]
+fn bad_tokens_are_refused_naming_the_key() {
+    let p = load();
+    let mut o = obs();
+    let t = o["prior_tokens"].clone();
+    o.insert("prior_tokens".into(), t.to_dtype(DType::F32).unwrap());
+    let (path, pr) = prior_problem(p.teacher_forced(&o).unwrap_err());
+    assert_eq!(path, "prior_tokens");
+    assert!(matches!(pr, PriorProblem::TokensDtype { .. }), "{pr}");
+    o.insert("prior_tokens".into(), t.narrow(1, 0, 19).unwrap());
+    assert!(matches!(prior_problem(p.teacher_forced(&o).unwrap_err()).1, PriorProblem::TokensShape { .. }));
+    let mut rows = t.to_vec2::<i64>().unwrap();
+    rows[3][5] = 81;
+    o.insert("prior_tokens".into(), Tensor::new(rows, &Device::Cpu).unwrap());
+    let (_, pr) = prior_problem(p.teacher_forced(&o).unwrap_err());
+    assert_eq!(pr, PriorProblem::TokenRange { row: 3, index: 5, value: 81, vocab: 81 });
+    assert!(pr.to_string().contains("row 3, token 5: 81"), "{pr}");
+    // missing tokens in teacher forcing; tokens given to generation
+    o.remove("prior_tokens");
+    let (path, pr) = prior_problem(p.teacher_forced(&o).unwrap_err());
+    assert_eq!((path.as_str(), pr), ("prior_tokens", PriorProblem::NoTokens { tokens: 20 }));
+    let with = obs();
+    assert!(
+        matches!(p.generate(&with, p.sampling(0)).unwrap_err(), PolicyError::ExtraObs { ref key, .. } if key == "prior_tokens")
+    );
+}
+
+fn model_node() -> Node {
+    Checkpoint::open(data("resolved_configs_inference.pt")).unwrap().get("agent.model").unwrap().clone()
+}
+
+fn fields(node: &mut Node) -> &mut pmstate_ckpt::Dict {
+    match node {
+        Node::Object(o) => o.state.as_mut().unwrap().as_dict_mut().unwrap(),
+        other => panic!("{}", other.kind()),
+    }
+}
+
+fn refused(edit: impl FnOnce(&mut pmstate_ckpt::Dict)) -> PolicyError {
+    let mut m = model_node();
+    edit(fields(&mut m));
+    PriorModelConfig::from_node(&m, "agent.model").expect_err("refused")
+}
+
+#[test]
+fn configs_it_cannot_run_are_refused_naming_the_field() {
+    // the saved config parses (output head num_out 0, resolved to the vocabulary)
+    let cfg = PriorModelConfig::from_node(&model_node(), "agent.model").unwrap();
+    assert_eq!(cfg.prior.max_seq_len, 21);
+    let (path, pr) = prior_problem(refused(|d| d.insert("fsq_scalars_per_prior_token", Node::Int(3))));
+    assert_eq!(path, "agent.model.fsq_scalars_per_prior_token");
+    assert_eq!(pr, PriorProblem::ScalarsPerToken { per_token: 3, scalars: 40 });
+    let (path, pr) = prior_problem(refused(|d| d.insert("temperature", Node::Float(0.0))));
+    assert_eq!((path.as_str(), pr), ("agent.model.temperature", PriorProblem::Temperature { value: 0.0 }));
+    let (path, pr) =
+        prior_problem(refused(|d| fields(d.get_mut("latent_decoder").unwrap()).insert("module_config", Node::None)));
+    assert_eq!(path, "agent.model.latent_decoder.module_config");
+    assert!(matches!(pr, PriorProblem::NoDecoderConfig { .. }));
+    let (path, pr) = prior_problem(refused(|d| {
+        fields(d.get_mut("latent_decoder").unwrap()).insert("checkpoint_path", Node::Str("/x/last.ckpt".into()))
+    }));
+    assert_eq!(path, "agent.model.latent_decoder.checkpoint_path");
+    assert!(matches!(pr, PriorProblem::DecoderCheckpoint { .. }));
+    // a field of the transformer config this crate does not know
+    match refused(|d| fields(d.get_mut("prior").unwrap()).insert("rotary", Node::Bool(true))) {
+        PolicyError::UnsupportedField { path, field, .. } => {
+            assert_eq!((path.as_str(), field.as_str()), ("agent.model.prior", "rotary"))
+        }
+        other => panic!("{other}"),
+    }
+    let (path, pr) =
+        prior_problem(refused(|d| fields(d.get_mut("prior").unwrap()).insert("hidden_key", Node::Str("h".into()))));
+    assert_eq!(path, "agent.model.prior");
+    assert!(matches!(pr, PriorProblem::KeyMismatch { field: "hidden_key", .. }), "{pr}");
+    // another model class
+    match refused(|d| d.insert("_target_", Node::Str("x.Y".into()))) {
+        PolicyError::UnsupportedClass { path, class, .. } => {
+            assert_eq!((path.as_str(), class.as_str()), ("agent.model", "x.Y"))
+        }
+        other => panic!("{other}"),
+    }
+}
+
+#[test]
+fn a_batch_whose_logits_pass_the_limit_is_refused_before_any_work() {
+    // 8 rows x 20 tokens x 81 = 12960 logits
+    let p = load().with_max_logits(12_959);
+    let (path, pr) = prior_problem(p.teacher_forced(&obs()).unwrap_err());
+    assert_eq!(path, "prior_tokens");
+    assert_eq!(pr, PriorProblem::TooManyLogits { batch: 8, per_row: 1620, limit: 12_959 });
+    let mut o = obs();
+    o.remove("prior_tokens");
+    assert!(matches!(prior_problem(p.generate(&o, p.sampling(1)).unwrap_err()).1, PriorProblem::TooManyLogits { .. }));
+    let p = p.with_max_logits(12_960);
+    assert_eq!(p.teacher_forced(&obs()).unwrap().logits.dims(), [8, 20, 81]);
+    // the published sizes: 568 rows fit
+    assert_eq!(pmstate_policy::gpc::MAX_LOGITS_ELEMENTS / (8 * 59049), 568);
+}
