@@ -24,6 +24,7 @@ pub mod mlp;
 mod model;
 pub mod module_ops;
 pub mod network;
+mod obs_check;
 pub mod obs_widths;
 pub mod problem;
 pub mod sample;

@@ -23,6 +23,7 @@ use crate::config_object::Obj;
 use crate::error::{PolicyError, Result};
 use crate::load::{find_config, LoadOptions};
 use crate::network::{Network, TensorMap, Trace};
+use crate::obs_check::{check_obs, ObsKeys};
 use crate::problem::{FieldProblem, GraphProblem};
 use crate::shapes::Widths;
 
@@ -268,45 +269,11 @@ impl MaskedMimic {
 
     fn check(&self, obs: &HashMap<String, Tensor>) -> Result<usize> {
         let required = self.in_keys();
-        let mut names: Vec<&String> = obs.keys().collect();
-        names.sort();
-        for k in names {
-            if !required.contains(k) && k != VAE_NOISE_KEY {
-                let mut expected = required.clone();
-                expected.push(VAE_NOISE_KEY.into());
-                return Err(PolicyError::ExtraObs { key: k.clone(), expected });
-            }
-        }
-        let mut batch = None;
-        let mut check_one = |k: &str, known: Option<usize>| -> Result<()> {
-            let Some(t) = obs.get(k) else { return Ok(()) };
-            if t.dtype() != DType::F32 {
-                return Err(PolicyError::ObsDtype { key: k.into(), dtype: t.dtype().as_str().into(), width: known });
-            }
-            let [b, d] = t.dims() else {
-                return Err(PolicyError::ObsRank { key: k.into(), shape: t.dims().to_vec(), width: known });
-            };
-            if let Some(w) = known {
-                if *d != w {
-                    return Err(PolicyError::ObsWidth { key: k.into(), got: *d, expected: w });
-                }
-            }
-            match batch {
-                None => batch = Some(*b),
-                Some(b0) if b0 != *b => return Err(PolicyError::ObsBatch { key: k.into(), got: *b, others: b0 }),
-                _ => {}
-            }
-            Ok(())
-        };
-        for k in &required {
-            let known = self.widths.known.get(k).copied();
-            if !obs.contains_key(k) {
-                return Err(PolicyError::MissingObs { key: k.clone(), width: known });
-            }
-            check_one(k, known)?;
-        }
-        check_one(VAE_NOISE_KEY, Some(self.config.latent_dim))?;
-        Ok(batch.unwrap_or(0))
+        let mut accepted = required.clone();
+        accepted.push(VAE_NOISE_KEY.into());
+        let optional = [(VAE_NOISE_KEY, self.config.latent_dim)];
+        let keys = ObsKeys { accepted: &accepted, required: &required, optional: &optional, known: &self.widths.known };
+        check_obs(obs, &keys)
     }
 
     /// `forward_inference`: prior, latent, trunk. `obs` holds

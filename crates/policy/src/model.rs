@@ -2,13 +2,14 @@
 
 use std::collections::HashMap;
 
-use candle_core::{DType, Device, Tensor};
+use candle_core::{Device, Tensor};
 use pmstate_ckpt::Checkpoint;
 
 use crate::actor::Actor;
 use crate::config::{Family, ModelConfig};
 use crate::error::{PolicyError, Result};
 use crate::network::{Network, TensorMap, Trace};
+use crate::obs_check::{check_obs, ObsKeys};
 use crate::problem::GraphProblem;
 use crate::shapes::Widths;
 
@@ -288,35 +289,9 @@ impl Policy {
     }
 
     fn check_required(&self, obs: &HashMap<String, Tensor>, required: Vec<String>) -> Result<usize> {
-        let allowed = self.accepted_keys();
-        let mut names: Vec<&String> = obs.keys().collect();
-        names.sort();
-        for k in names {
-            if !allowed.contains(k) {
-                return Err(PolicyError::ExtraObs { key: k.clone(), expected: allowed.clone() });
-            }
-        }
-        let mut batch = None;
-        for k in &required {
-            let known = self.widths.known.get(k).copied();
-            let t = obs.get(k).ok_or_else(|| PolicyError::MissingObs { key: k.clone(), width: known })?;
-            if t.dtype() != DType::F32 {
-                return Err(PolicyError::ObsDtype { key: k.clone(), dtype: t.dtype().as_str().into(), width: known });
-            }
-            let [b, d] = t.dims() else {
-                return Err(PolicyError::ObsRank { key: k.clone(), shape: t.dims().to_vec(), width: known });
-            };
-            if let Some(w) = known {
-                if *d != w {
-                    return Err(PolicyError::ObsWidth { key: k.clone(), got: *d, expected: w });
-                }
-            }
-            match batch {
-                None => batch = Some(*b),
-                Some(b0) if b0 != *b => return Err(PolicyError::ObsBatch { key: k.clone(), got: *b, others: b0 }),
-                _ => {}
-            }
-        }
+        let accepted = self.accepted_keys();
+        let keys = ObsKeys { accepted: &accepted, required: &required, optional: &[], known: &self.widths.known };
+        let batch = check_obs(obs, &keys)?;
         // group sums, for keys whose own width the checkpoint leaves open
         for g in &self.widths.groups {
             let ws: Option<Vec<usize>> = g
@@ -342,7 +317,7 @@ impl Policy {
                 });
             }
         }
-        Ok(batch.unwrap_or(0))
+        Ok(batch)
     }
 
     fn obs_map(&self, obs: &HashMap<String, Tensor>) -> Result<TensorMap> {

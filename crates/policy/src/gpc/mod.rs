@@ -39,6 +39,7 @@ use self::tokens::Tokenization;
 use crate::error::{PolicyError, Result};
 use crate::load::{find_config, AllowedGlobal, LoadOptions};
 use crate::network::{Network, TensorMap, Trace};
+use crate::obs_check::{check_obs, ObsKeys};
 use crate::problem::GraphProblem;
 use crate::shapes::Widths;
 use crate::transformer::{TransformerEncoder, TransformerSpec};
@@ -353,35 +354,8 @@ impl LatentPrior {
         let required = self.obs_keys();
         let mut accepted = required.clone();
         accepted.push(self.token_key().to_owned());
-        let mut names: Vec<&String> = obs.keys().collect();
-        names.sort();
-        for k in names {
-            if !accepted.contains(k) {
-                return Err(PolicyError::ExtraObs { key: k.clone(), expected: accepted.clone() });
-            }
-        }
-        let mut batch = None;
-        for k in &required {
-            let known = self.widths.known.get(k).copied();
-            let t = obs.get(k).ok_or_else(|| PolicyError::MissingObs { key: k.clone(), width: known })?;
-            if t.dtype() != DType::F32 {
-                return Err(PolicyError::ObsDtype { key: k.clone(), dtype: t.dtype().as_str().into(), width: known });
-            }
-            let [b, d] = t.dims() else {
-                return Err(PolicyError::ObsRank { key: k.clone(), shape: t.dims().to_vec(), width: known });
-            };
-            if let Some(w) = known {
-                if *d != w {
-                    return Err(PolicyError::ObsWidth { key: k.clone(), got: *d, expected: w });
-                }
-            }
-            match batch {
-                None => batch = Some(*b),
-                Some(b0) if b0 != *b => return Err(PolicyError::ObsBatch { key: k.clone(), got: *b, others: b0 }),
-                _ => {}
-            }
-        }
-        Ok(batch.unwrap_or(0))
+        let keys = ObsKeys { accepted: &accepted, required: &required, optional: &[], known: &self.widths.known };
+        check_obs(obs, &keys)
     }
 
     /// The tokens of `obs[token_key]` as rows, checked: int64 `[batch, T]`, each in `[0, vocab)`.
