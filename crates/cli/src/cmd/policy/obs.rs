@@ -12,7 +12,7 @@
 //! accepted tensors read, each exactly its declared bytes.
 
 use std::cell::RefCell;
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
 use std::io::{BufReader, Read};
 use std::path::Path;
@@ -134,13 +134,18 @@ pub(crate) trait Schema {
     fn check_entry(&self, key: &str, dtype: &str, dims: &[u64]) -> Result<(), CliError>;
 }
 
-/// `policy run --obs`: one f32 `[B, D]` tensor per in_key the policy accepts.
-struct PolicySchema<'a> {
-    policy: &'a Policy,
+/// `policy run --obs`: one f32 `[B, D]` tensor per observation key the
+/// model accepts (its width named in errors where the checkpoint fixes it),
+/// and for a GPC prior its int64 `[B, T]` teacher-forced tokens.
+struct ObsSchema {
     accepted: Vec<String>,
+    /// Widths the model fixes, per key.
+    known: BTreeMap<String, usize>,
+    /// A GPC prior's token key and tokens per row.
+    tokens: Option<(String, usize)>,
 }
 
-impl Schema for PolicySchema<'_> {
+impl Schema for ObsSchema {
     fn flag(&self) -> &'static str {
         "--obs"
     }
@@ -150,49 +155,38 @@ impl Schema for PolicySchema<'_> {
         if !self.accepted.contains(&key) {
             return Err(PolicyError::ExtraObs { key, expected: self.accepted.clone() }.into());
         }
-        let width = self.policy.widths().known.get(&key).copied();
+        let shape = || dims.iter().map(|&d| usize::try_from(d).unwrap_or(usize::MAX)).collect::<Vec<_>>();
+        if let Some((token_key, tokens)) = &self.tokens {
+            if key == *token_key {
+                let tokens = *tokens;
+                if dtype != "I64" {
+                    let problem = PriorProblem::TokensDtype { dtype: dtype.to_lowercase(), tokens };
+                    return Err(PolicyError::Prior { path: key, problem }.into());
+                }
+                if dims.len() != 2 || dims[1] != tokens as u64 {
+                    let batch = dims.first().map_or(0, |&b| usize::try_from(b).unwrap_or(usize::MAX));
+                    let problem = PriorProblem::TokensShape { shape: shape(), batch, tokens };
+                    return Err(PolicyError::Prior { path: key, problem }.into());
+                }
+                return Ok(());
+            }
+        }
+        let width = self.known.get(&key).copied();
         if dtype != "F32" {
             return Err(PolicyError::ObsDtype { key, dtype: dtype.to_lowercase(), width }.into());
         }
         if dims.len() != 2 {
-            let shape = dims.iter().map(|&d| usize::try_from(d).unwrap_or(usize::MAX)).collect();
-            return Err(PolicyError::ObsRank { key, shape, width }.into());
+            return Err(PolicyError::ObsRank { key, shape: shape(), width }.into());
         }
         Ok(())
     }
 }
 
-/// `policy run --obs` for a MaskedMimic model: its observations and the
-/// optional `vae_noise`, each one f32 `[B, D]` tensor.
-struct MaskedMimicSchema<'a> {
-    model: &'a pmstate_policy::MaskedMimic,
-    accepted: Vec<String>,
-}
-
-impl Schema for MaskedMimicSchema<'_> {
-    fn flag(&self) -> &'static str {
-        "--obs"
-    }
-
-    fn check_entry(&self, key: &str, dtype: &str, dims: &[u64]) -> Result<(), CliError> {
-        let key = key.to_owned();
-        if !self.accepted.contains(&key) {
-            return Err(PolicyError::ExtraObs { key, expected: self.accepted.clone() }.into());
-        }
-        let width = if key == pmstate_policy::masked_mimic::VAE_NOISE_KEY {
-            Some(self.model.config.latent_dim)
-        } else {
-            self.model.widths.known.get(&key).copied()
-        };
-        if dtype != "F32" {
-            return Err(PolicyError::ObsDtype { key, dtype: dtype.to_lowercase(), width }.into());
-        }
-        if dims.len() != 2 {
-            let shape = dims.iter().map(|&d| usize::try_from(d).unwrap_or(usize::MAX)).collect();
-            return Err(PolicyError::ObsRank { key, shape, width }.into());
-        }
-        Ok(())
-    }
+/// Reads the observations `policy` accepts from the safetensors file at
+/// `path`; see the module documentation for what is checked, and when.
+pub fn read_obs(path: &Path, policy: &Policy) -> Result<HashMap<String, Tensor>, CliError> {
+    let schema = ObsSchema { accepted: policy.accepted_keys(), known: policy.widths().known.clone(), tokens: None };
+    read_tensors(path, &schema)
 }
 
 /// Reads a MaskedMimic model's observations (and `vae_noise`) as [`read_obs`] does.
@@ -200,9 +194,21 @@ pub fn read_masked_mimic_obs(
     path: &Path,
     model: &pmstate_policy::MaskedMimic,
 ) -> Result<HashMap<String, Tensor>, CliError> {
+    let noise = pmstate_policy::masked_mimic::VAE_NOISE_KEY;
     let mut accepted = model.in_keys();
-    accepted.push(pmstate_policy::masked_mimic::VAE_NOISE_KEY.to_owned());
-    read_tensors(path, &MaskedMimicSchema { model, accepted })
+    accepted.push(noise.to_owned());
+    let mut known = model.widths.known.clone();
+    known.insert(noise.to_owned(), model.config.latent_dim);
+    read_tensors(path, &ObsSchema { accepted, known, tokens: None })
+}
+
+/// Reads what `prior` accepts (its observations, its tokens) from the
+/// safetensors file at `path`, as [`read_obs`] does.
+pub fn read_prior_obs(path: &Path, prior: &LatentPrior) -> Result<HashMap<String, Tensor>, CliError> {
+    let mut accepted = prior.obs_keys();
+    accepted.push(prior.token_key().to_owned());
+    let tokens = Some((prior.token_key().to_owned(), prior.tokenization().tokens));
+    read_tensors(path, &ObsSchema { accepted, known: prior.widths().known.clone(), tokens })
 }
 
 /// The accepted entries of a header, refused at the first bad one.
@@ -255,62 +261,6 @@ impl<'de> Visitor<'de> for Header<'_> {
 
 fn obs_error(flag: &'static str, path: &Path, problem: ObsProblem) -> CliError {
     CliError::Obs { flag, path: path.display().to_string(), problem }
-}
-
-/// Reads the observations `policy` accepts from the safetensors file at
-/// `path`; see the module documentation for what is checked, and when.
-pub fn read_obs(path: &Path, policy: &Policy) -> Result<HashMap<String, Tensor>, CliError> {
-    read_tensors(path, &PolicySchema { policy, accepted: policy.accepted_keys() })
-}
-
-/// `policy run --obs` of a GPC prior: one f32 `[B, D]` tensor per
-/// observation key, and optionally the int64 `[B, T]` teacher-forced tokens.
-struct PriorSchema<'a> {
-    prior: &'a LatentPrior,
-    accepted: Vec<String>,
-}
-
-impl Schema for PriorSchema<'_> {
-    fn flag(&self) -> &'static str {
-        "--obs"
-    }
-
-    fn check_entry(&self, key: &str, dtype: &str, dims: &[u64]) -> Result<(), CliError> {
-        let key = key.to_owned();
-        if !self.accepted.contains(&key) {
-            return Err(PolicyError::ExtraObs { key, expected: self.accepted.clone() }.into());
-        }
-        let tokens = self.prior.tokenization().tokens;
-        let shape = || dims.iter().map(|&d| usize::try_from(d).unwrap_or(usize::MAX)).collect::<Vec<_>>();
-        if key == self.prior.token_key() {
-            if dtype != "I64" {
-                let problem = PriorProblem::TokensDtype { dtype: dtype.to_lowercase(), tokens };
-                return Err(PolicyError::Prior { path: key, problem }.into());
-            }
-            if dims.len() != 2 || dims[1] != tokens as u64 {
-                let batch = dims.first().map_or(0, |&b| usize::try_from(b).unwrap_or(usize::MAX));
-                let problem = PriorProblem::TokensShape { shape: shape(), batch, tokens };
-                return Err(PolicyError::Prior { path: key, problem }.into());
-            }
-            return Ok(());
-        }
-        let width = self.prior.widths().known.get(&key).copied();
-        if dtype != "F32" {
-            return Err(PolicyError::ObsDtype { key, dtype: dtype.to_lowercase(), width }.into());
-        }
-        if dims.len() != 2 {
-            return Err(PolicyError::ObsRank { key, shape: shape(), width }.into());
-        }
-        Ok(())
-    }
-}
-
-/// Reads what `prior` accepts (its observations, its tokens) from the
-/// safetensors file at `path`, as [`read_obs`] does.
-pub fn read_prior_obs(path: &Path, prior: &LatentPrior) -> Result<HashMap<String, Tensor>, CliError> {
-    let mut accepted = prior.obs_keys();
-    accepted.push(prior.token_key().to_owned());
-    read_tensors(path, &PriorSchema { prior, accepted })
 }
 
 /// Reads the f32 tensors `schema` accepts from the safetensors file at
