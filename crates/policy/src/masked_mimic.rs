@@ -161,6 +161,8 @@ pub struct MaskedMimic {
     pub widths: Widths,
     device: Device,
     checkpoint: String,
+    /// Globals let through by [`LoadOptions`] (empty unless allowed).
+    allowed_globals: Vec<crate::AllowedGlobal>,
 }
 
 /// What one forward computes.
@@ -196,14 +198,20 @@ impl MaskedMimic {
         let checkpoint = checkpoint.as_ref();
         let config_path = find_config(checkpoint, config)?;
         let configs = Checkpoint::open(&config_path)?;
-        crate::load::vet(&configs, crate::GlobalRule::Config, opts)?;
+        let mut allowed = crate::load::vet(&configs, crate::GlobalRule::Config, opts)?;
         let node = crate::load::model_node(&configs)?;
         let cfg = MaskedMimicConfig::from_node(node.0, &node.1)?;
         let ckpt = Checkpoint::open(checkpoint)?;
-        crate::load::vet(&ckpt, crate::GlobalRule::Checkpoint, opts)?;
+        allowed.extend(crate::load::vet(&ckpt, crate::GlobalRule::Checkpoint, opts)?);
         let mut m = Self::from_parts(cfg, &ckpt, device)?;
         m.widths.components = crate::obs_widths::observation_widths(&configs);
+        m.allowed_globals = allowed;
         Ok(m)
+    }
+
+    /// The globals [`LoadOptions`] let through (empty by default: they are refused).
+    pub fn allowed_globals(&self) -> &[crate::AllowedGlobal] {
+        &self.allowed_globals
     }
 
     /// Builds the prior and trunk of `config` with the weights of `checkpoint`.
@@ -238,6 +246,7 @@ impl MaskedMimic {
             widths,
             device: device.clone(),
             checkpoint: checkpoint.path_str().into(),
+            allowed_globals: Vec::new(),
         })
     }
 

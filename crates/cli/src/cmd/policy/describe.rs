@@ -4,7 +4,7 @@ use std::process::ExitCode;
 
 use candle_core::Device;
 
-use super::PolicyFiles;
+use super::{Loaded, PolicyFiles};
 use crate::args::OutputFormat;
 use crate::{output, CliError, Global};
 
@@ -17,36 +17,17 @@ pub struct Args {
 
 /// Prints the policy's [`pmstate_policy::Description`]: its text form, or the JSON object (`--json`).
 pub fn run(a: Args, g: Global) -> Result<ExitCode, CliError> {
-    if a.files.is_masked_mimic()? {
-        let d = a.files.load_masked_mimic(&Device::Cpu)?.describe();
-        match g.format() {
-            OutputFormat::Json => output::json_line(&d)?,
-            OutputFormat::Text => {
-                for l in d.to_string().lines() {
-                    output::line(l);
-                }
-            }
-        }
-        return Ok(ExitCode::SUCCESS);
+    match a.files.load_model(&Device::Cpu)? {
+        Loaded::Policy(p) => print(&p.describe()?, g),
+        Loaded::MaskedMimic(m) => print(&m.describe(), g),
+        Loaded::Prior(p) => print(&p.describe(), g),
     }
-    let policy = match a.files.load_model(&Device::Cpu)? {
-        super::Loaded::Policy(p) => p,
-        super::Loaded::Prior(p) => {
-            let d = p.describe();
-            match g.format() {
-                OutputFormat::Json => output::json_line(&d)?,
-                OutputFormat::Text => {
-                    for l in d.to_string().lines() {
-                        output::line(l);
-                    }
-                }
-            }
-            return Ok(ExitCode::SUCCESS);
-        }
-    };
-    let d = policy.describe()?;
+}
+
+/// A description as text lines, or one JSON object (`--json`).
+fn print(d: &(impl std::fmt::Display + serde::Serialize), g: Global) -> Result<ExitCode, CliError> {
     match g.format() {
-        OutputFormat::Json => output::json_line(&d)?,
+        OutputFormat::Json => output::json_line(d)?,
         OutputFormat::Text => {
             for l in d.to_string().lines() {
                 output::line(l);

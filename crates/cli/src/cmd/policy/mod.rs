@@ -4,8 +4,10 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use pmstate_policy::gpc::{is_latent_prior, LatentPrior};
-use pmstate_policy::{Globals, LoadOptions, MaskedMimic, Policy};
+use pmstate_policy::config::MASKED_MIMIC_MODEL;
+use pmstate_policy::gpc::config::LATENT_PRIOR_MODEL;
+use pmstate_policy::gpc::LatentPrior;
+use pmstate_policy::{model_target, AllowedGlobal, Globals, LoadOptions, MaskedMimic, Policy};
 
 use crate::{output, CliError, Global};
 
@@ -52,73 +54,66 @@ pub struct PolicyFiles {
 }
 
 impl PolicyFiles {
+    /// How the files are read: unexpected globals refused unless allowed.
+    fn options(&self) -> LoadOptions {
+        LoadOptions { globals: if self.allow_unsafe_globals { Globals::Allow } else { Globals::Refuse } }
+    }
+
     /// Loads the policy, refusing unexpected globals unless allowed (then
     /// naming each on stderr).
     pub fn load(&self, device: &candle_core::Device) -> Result<Policy, CliError> {
-        let globals = if self.allow_unsafe_globals { Globals::Allow } else { Globals::Refuse };
-        let policy = Policy::load_with(&self.checkpoint, self.config.as_deref(), device, &LoadOptions { globals })?;
-        for g in policy.allowed_globals() {
-            output::err_line(format!(
-                "pmstate: warning: {}: loading the global {} at {} (--allow-unsafe-globals)",
-                g.file, g.global, g.key
-            ));
-        }
+        let policy = Policy::load_with(&self.checkpoint, self.config.as_deref(), device, &self.options())?;
+        warn_allowed(policy.allowed_globals());
         Ok(policy)
     }
 
-    /// Loads what the files hold: a GPC prior when the configs' model is
-    /// one, else a policy ([`PolicyFiles::load`]).
+    /// Loads what the files hold, by the `_target_` of the configs' model:
+    /// a MaskedMimic model, a GPC prior, else a policy ([`PolicyFiles::load`],
+    /// whose errors say what is wrong with anything else).
     pub fn load_model(&self, device: &candle_core::Device) -> Result<Loaded, CliError> {
         let configs = pmstate_policy::find_config(&self.checkpoint, self.config.as_deref())?;
-        let is_prior = pmstate_ckpt::Checkpoint::open(&configs).is_ok_and(|c| is_latent_prior(&c));
-        if !is_prior {
-            return Ok(Loaded::Policy(Box::new(self.load(device)?)));
+        let target = pmstate_ckpt::Checkpoint::open(&configs).ok().and_then(|c| model_target(&c).ok());
+        let (checkpoint, config, opts) = (&self.checkpoint, self.config.as_deref(), self.options());
+        match target.as_deref() {
+            Some(MASKED_MIMIC_MODEL) => {
+                let m = MaskedMimic::load_with(checkpoint, config, device, &opts)?;
+                warn_allowed(m.allowed_globals());
+                Ok(Loaded::MaskedMimic(Box::new(m)))
+            }
+            Some(LATENT_PRIOR_MODEL) => {
+                let p = LatentPrior::load_with(checkpoint, config, device, &opts)?;
+                warn_allowed(p.allowed_globals());
+                Ok(Loaded::Prior(Box::new(p)))
+            }
+            _ => Ok(Loaded::Policy(Box::new(self.load(device)?))),
         }
-        let globals = if self.allow_unsafe_globals { Globals::Allow } else { Globals::Refuse };
-        let prior = LatentPrior::load_with(&self.checkpoint, self.config.as_deref(), device, &LoadOptions { globals })?;
-        for g in prior.allowed_globals() {
-            output::err_line(format!(
-                "pmstate: warning: {}: loading the global {} at {} (--allow-unsafe-globals)",
-                g.file, g.global, g.key
-            ));
-        }
-        Ok(Loaded::Prior(Box::new(prior)))
-    }
-
-    /// Whether the configs name a MaskedMimic model (loaded with
-    /// [`PolicyFiles::load_masked_mimic`], not as a PPO/AMP [`Policy`]).
-    pub fn is_masked_mimic(&self) -> Result<bool, CliError> {
-        let path = pmstate_policy::find_config(&self.checkpoint, self.config.as_deref())?;
-        let configs = pmstate_ckpt::Checkpoint::open(&path)?;
-        Ok(pmstate_policy::model_target(&configs)? == pmstate_policy::config::MASKED_MIMIC_MODEL)
-    }
-
-    /// Loads a MaskedMimic model under the same rules for globals.
-    pub fn load_masked_mimic(&self, device: &candle_core::Device) -> Result<MaskedMimic, CliError> {
-        let globals = if self.allow_unsafe_globals { Globals::Allow } else { Globals::Refuse };
-        Ok(MaskedMimic::load_with(&self.checkpoint, self.config.as_deref(), device, &LoadOptions { globals })?)
     }
 
     /// Loads the deployment pipeline (observations, actor, action function)
     /// of the same files, under the same rules for globals.
     pub fn load_pipeline(&self) -> Result<pmstate_deploy::Pipeline, CliError> {
-        let globals = if self.allow_unsafe_globals { Globals::Allow } else { Globals::Refuse };
-        let p =
-            pmstate_deploy::Pipeline::load_with(&self.checkpoint, self.config.as_deref(), &LoadOptions { globals })?;
-        for g in p.policy().allowed_globals() {
-            output::err_line(format!(
-                "pmstate: warning: {}: loading the global {} at {} (--allow-unsafe-globals)",
-                g.file, g.global, g.key
-            ));
-        }
+        let p = pmstate_deploy::Pipeline::load_with(&self.checkpoint, self.config.as_deref(), &self.options())?;
+        warn_allowed(p.policy().allowed_globals());
         Ok(p)
     }
 }
 
-/// A policy or a GPC prior.
+/// Names on stderr each global `--allow-unsafe-globals` let through.
+fn warn_allowed(allowed: &[AllowedGlobal]) {
+    for g in allowed {
+        output::err_line(format!(
+            "pmstate: warning: {}: loading the global {} at {} (--allow-unsafe-globals)",
+            g.file, g.global, g.key
+        ));
+    }
+}
+
+/// What a checkpoint's configs describe.
 pub enum Loaded {
     /// PPO / AMP.
     Policy(Box<Policy>),
+    /// `MaskedMimicModel`.
+    MaskedMimic(Box<MaskedMimic>),
     /// `DiscreteAutoregressiveLatentPriorModel`.
     Prior(Box<LatentPrior>),
 }

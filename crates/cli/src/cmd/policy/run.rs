@@ -47,11 +47,9 @@ struct RunReport {
 /// Runs the policy and writes its outputs; prints what it wrote (one line, or a JSON object with `--json`).
 pub fn run(a: Args, g: Global) -> Result<ExitCode, CliError> {
     let (device, _) = a.device.open()?;
-    if a.files.is_masked_mimic()? {
-        return run_masked_mimic(a, g, &device);
-    }
     let policy = match a.files.load_model(&device)? {
         super::Loaded::Policy(p) => p,
+        super::Loaded::MaskedMimic(m) => return run_masked_mimic(&a, &m, g),
         super::Loaded::Prior(p) => return run_prior(&a, &p, g),
     };
     let obs = super::obs::read_obs(&a.obs, &policy)?;
@@ -105,15 +103,14 @@ fn run_prior(a: &Args, prior: &LatentPrior, g: Global) -> Result<ExitCode, CliEr
 }
 
 /// A MaskedMimic model: `forward_inference` with the optional `vae_noise`.
-fn run_masked_mimic(a: Args, g: Global, device: &Device) -> Result<ExitCode, CliError> {
+fn run_masked_mimic(a: &Args, model: &pmstate_policy::MaskedMimic, g: Global) -> Result<ExitCode, CliError> {
     if a.sample || a.discriminator {
         let flag = if a.sample { "--sample" } else { "--discriminator" };
         return Err(CliError::Usage(format!(
             "{flag}: a MaskedMimic model has no action noise or discriminator (its randomness is the vae_noise input)"
         )));
     }
-    let model = a.files.load_masked_mimic(device)?;
-    let obs = super::obs::read_masked_mimic_obs(&a.obs, &model)?;
+    let obs = super::obs::read_masked_mimic_obs(&a.obs, model)?;
     let out = model.forward(&obs)?;
     let tensors = vec![
         ("mean_action".to_owned(), out.mean_action),
