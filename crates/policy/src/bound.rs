@@ -45,6 +45,11 @@
 //! Two float32 forwards that both obey the model differ by at most twice the
 //! bound: [`within`] checks `|a - b| <= 2 bound` (torch vs this crate) and
 //! the proptest checks `|ours - reference| <= bound`.
+//!
+//! Attention, softmax and the transformer (ProtoMotions' `Transformer`,
+//! MaskedMimic's prior) have their rules in [`attention`].
+
+pub mod attention;
 
 use candle_core::{Device, Tensor};
 
@@ -642,12 +647,7 @@ fn network(n: &Network, r: &mut Reference) -> Result<()> {
             r.fsq.push(stage);
             network(&f.decoder, r)
         }
-        // attention has no derived bound here: tests/masked_mimic.rs and
-        // tests/transformer.rs bound it empirically (docs/numerics.md)
-        Network::Transformer(t) => Err(PolicyError::Graph {
-            path: t.path.clone(),
-            problem: GraphProblem::NoDerivedBound { class: "Transformer" },
-        }),
+        Network::Transformer(t) => attention::transformer_network(t, r),
     }
 }
 
