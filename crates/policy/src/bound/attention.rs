@@ -46,15 +46,17 @@
 
 use candle_core::{DType, Tensor};
 
-use super::{activation, gamma, layer_norm, linear, vec_f64, Bounded, Reference, U};
+use super::tape::{Seeds, Tape};
+use super::{activation, gamma, vec_f64, Bounded, Reference, U};
+use crate::activation::Activation;
 use crate::error::{PolicyError, Result};
 use crate::network::TransformerNetwork;
 use crate::problem::AttentionProblem;
 use crate::transformer::{AttentionMasks, EncoderLayer, SelfAttention, TransformerEncoder};
 
 /// The masks as per-(row, query, key) additive entries (`-inf`: masked).
-struct ScoreBias {
-    seq: usize,
+pub(super) struct ScoreBias {
+    pub(super) seq: usize,
     /// `[B, S]`: the key is padded.
     padded: Option<Vec<bool>>,
     /// `[S, S]`: added to every row's and head's scores.
@@ -62,7 +64,7 @@ struct ScoreBias {
 }
 
 impl ScoreBias {
-    fn at(&self, b: usize, i: usize, j: usize) -> f64 {
+    pub(super) fn at(&self, b: usize, i: usize, j: usize) -> f64 {
         let s = self.seq;
         if self.padded.as_ref().is_some_and(|p| p[b * s + j]) {
             return f64::NEG_INFINITY;
@@ -79,15 +81,18 @@ impl TransformerEncoder {
     pub fn reference(&self, x: &Tensor, masks: &AttentionMasks<'_>) -> Result<Bounded> {
         let dims = x.dims().to_vec();
         let x = Bounded::exact(dims, vec_f64(x)?);
-        self.bounded_forward(&x, masks_of(self, &x, masks)?)
+        let bias = masks_of(self, &x, masks)?;
+        self.bounded_forward(x, &bias, Seeds::AllTokens)
     }
 
-    fn bounded_forward(&self, x: &Bounded, bias: ScoreBias) -> Result<Bounded> {
-        let mut h = x.clone();
+    /// Every layer on the tape, then the Jacobian bound for the `seeds` outputs.
+    fn bounded_forward(&self, x: Bounded, bias: &ScoreBias, seeds: Seeds) -> Result<Bounded> {
+        let mut tape = Tape::new(x);
+        let mut h = 0;
         for layer in &self.layers {
-            h = layer.bounded(&h, &bias)?;
+            h = layer.bounded(&mut tape, h, bias)?;
         }
-        Ok(h)
+        Ok(tape.tightened(bias, seeds))
     }
 
     fn refuse(&self, problem: AttentionProblem) -> PolicyError {
@@ -131,28 +136,55 @@ fn masks_of(enc: &TransformerEncoder, x: &Bounded, masks: &AttentionMasks<'_>) -
 }
 
 /// `a + b` elementwise (same shapes).
-fn add(a: &Bounded, b: &Bounded) -> Bounded {
+pub(super) fn add(a: &Bounded, b: &Bounded) -> Bounded {
     let value: Vec<f64> = a.value.iter().zip(&b.value).map(|(x, y)| x + y).collect();
     let bound = a.bound.iter().zip(&b.bound).zip(&value).map(|((ea, eb), v)| ea + eb + U * v.abs()).collect();
     Bounded { shape: a.shape.clone(), value, bound }
 }
 
+/// Each softmax weight's bound from its exponent perturbations `D` (see the
+/// module docs): `w_i ((1 + rho_i)(1 + g) - 1)` plus the smallest normal
+/// float32 (an exp that underflows).
+pub(super) fn weight_errors(w: &[f64], dj: &[f64], g: f64) -> Vec<f64> {
+    let up: f64 = w.iter().zip(dj).map(|(w, d)| w * d.exp()).sum();
+    let lo: f64 = w.iter().zip(dj).map(|(w, d)| w * (-d).exp()).sum();
+    w.iter()
+        .zip(dj)
+        .map(|(&wi, &di)| {
+            let rho = (di.exp() / lo - 1.0).max(1.0 - (-di).exp() / up);
+            wi * ((1.0 + rho) * (1.0 + g) - 1.0) + f32::MIN_POSITIVE as f64
+        })
+        .collect()
+}
+
 impl EncoderLayer {
-    fn bounded(&self, x: &Bounded, bias: &ScoreBias) -> Result<Bounded> {
-        let sa = self.self_attn.bounded(x, bias)?;
-        let x = layer_norm(&add(x, &sa), &self.norm1.weight, &self.norm1.bias)?;
-        let ff = linear(&activation(&linear(&x, &self.linear1)?, self.activation), &self.linear2)?;
-        layer_norm(&add(&x, &ff), &self.norm2.weight, &self.norm2.bias)
+    /// Appends this layer's stages to the tape; returns the output node.
+    fn bounded(&self, tape: &mut Tape, x: usize, bias: &ScoreBias) -> Result<usize> {
+        let qkv = tape.linear(x, &self.self_attn.in_proj)?;
+        let ctx = self.self_attn.context(tape.out(qkv), bias);
+        let ctx = tape.attention(qkv, self.self_attn.heads, ctx);
+        let sa = tape.linear(ctx, &self.self_attn.out_proj)?;
+        let s1 = tape.add(x, sa);
+        let x1 = tape.layer_norm(s1, &self.norm1)?;
+        let f1 = tape.linear(x1, &self.linear1)?;
+        if self.activation == Activation::Relu {
+            tape.tighten(f1, bias);
+        }
+        let a = tape.act(f1, self.activation);
+        let f2 = tape.linear(a, &self.linear2)?;
+        let s2 = tape.add(x1, f2);
+        tape.layer_norm(s2, &self.norm2)
     }
 }
 
 impl SelfAttention {
-    fn bounded(&self, x: &Bounded, bias: &ScoreBias) -> Result<Bounded> {
-        let (b, s, d) = (x.shape[0], x.shape[1], x.shape[2]);
+    /// The attention context `[B, S, d]` (before `out_proj`) from the
+    /// projections `qkv` (`[B, S, 3d]`), layer-by-layer bounded.
+    fn context(&self, qkv: &Bounded, bias: &ScoreBias) -> Bounded {
+        let (b, s, w3) = (qkv.shape[0], qkv.shape[1], qkv.shape[2]);
+        let d = w3 / 3;
         let h = self.heads;
         let hd = d / h;
-        let qkv = linear(x, &self.in_proj)?; // [B, S, 3d]
-        let w3 = 3 * d;
         let inv = 1.0 / (hd as f64).sqrt();
         let g_dot = gamma(hd + 4);
         let mut ctx = Bounded::exact(vec![b, s, d], vec![0.0; b * s * d]);
@@ -195,18 +227,8 @@ impl SelfAttention {
                     let z: f64 = p.iter().sum();
                     let w: Vec<f64> = p.iter().map(|v| v / z).collect();
                     let dj: Vec<f64> = keys.iter().map(|&j| se[j] + U * (sv[j] - mx).abs() + 2.0 * U).collect();
-                    let up: f64 = w.iter().zip(&dj).map(|(w, d)| w * d.exp()).sum();
-                    let lo: f64 = w.iter().zip(&dj).map(|(w, d)| w * (-d).exp()).sum();
                     let n = keys.len();
-                    let g_soft = gamma(n + 4);
-                    let ew: Vec<f64> = w
-                        .iter()
-                        .zip(&dj)
-                        .map(|(&wi, &di)| {
-                            let rho = (di.exp() / lo - 1.0).max(1.0 - (-di).exp() / up);
-                            wi * ((1.0 + rho) * (1.0 + g_soft) - 1.0) + f32::MIN_POSITIVE as f64
-                        })
-                        .collect();
+                    let ew = weight_errors(&w, &dj, gamma(n + 4));
                     let g_sum = gamma(n + 1);
                     let o0 = (bi * s + i) * d + hi * hd;
                     for c in 0..hd {
@@ -224,7 +246,7 @@ impl SelfAttention {
                 }
             }
         }
-        linear(&ctx, &self.out_proj)
+        ctx
     }
 }
 
@@ -310,7 +332,8 @@ impl TransformerNetwork {
             }
         }
         let x = Bounded { shape: vec![b, total, d], value, bound };
-        let out = self.encoder.bounded_forward(&x, ScoreBias { seq: total, padded: Some(padded), additive: None })?;
+        let bias = ScoreBias { seq: total, padded: Some(padded), additive: None };
+        let out = self.encoder.bounded_forward(x, &bias, Seeds::FirstToken)?;
         let first = out
             .gather(vec![b, d], &(0..b).flat_map(|row| (0..d).map(move |c| row * total * d + c)).collect::<Vec<_>>());
         Ok(match self.config.output_activation {
