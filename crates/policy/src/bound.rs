@@ -50,6 +50,7 @@
 //! MaskedMimic's prior) have their rules in [`attention`].
 
 pub mod attention;
+mod masked_mimic;
 mod tape;
 
 use candle_core::{Device, Tensor};

@@ -266,7 +266,7 @@ impl MaskedMimic {
         self.widths.known.get(self.trunk.out_key()).copied()
     }
 
-    fn check(&self, obs: &HashMap<String, Tensor>) -> Result<usize> {
+    pub(crate) fn check(&self, obs: &HashMap<String, Tensor>) -> Result<usize> {
         let required = self.in_keys();
         let mut names: Vec<&String> = obs.keys().collect();
         names.sort();
