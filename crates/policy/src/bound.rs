@@ -53,6 +53,9 @@ pub mod attention;
 mod masked_mimic;
 mod tape;
 
+pub(crate) use attention::ScoreBias;
+pub(crate) use tape::Seeds;
+
 use candle_core::{Device, Tensor};
 
 use crate::activation::Activation;
@@ -83,7 +86,7 @@ pub struct Bounded {
 }
 
 impl Bounded {
-    fn exact(shape: Vec<usize>, value: Vec<f64>) -> Self {
+    pub(crate) fn exact(shape: Vec<usize>, value: Vec<f64>) -> Self {
         let n = value.len();
         Bounded { shape, value, bound: vec![0.0; n] }
     }
@@ -180,7 +183,7 @@ fn gather_index(shape: &[usize], f: impl Fn(&[usize]) -> usize) -> Vec<usize> {
     out
 }
 
-fn vec_f64(t: &Tensor) -> Result<Vec<f64>> {
+pub(crate) fn vec_f64(t: &Tensor) -> Result<Vec<f64>> {
     Ok(t.to_device(&Device::Cpu)?.flatten_all()?.to_dtype(candle_core::DType::F64)?.to_vec1::<f64>()?)
 }
 
@@ -634,7 +637,7 @@ fn leaf(l: &Leaf, r: &mut Reference) -> Result<()> {
     Ok(())
 }
 
-fn network(n: &Network, r: &mut Reference) -> Result<()> {
+pub(crate) fn network(n: &Network, r: &mut Reference) -> Result<()> {
     match n {
         Network::Leaf(l) => leaf(l, r),
         Network::Container { models, .. } => models.iter().try_for_each(|m| network(m, r)),

@@ -55,12 +55,12 @@ use crate::problem::AttentionProblem;
 use crate::transformer::{AttentionMasks, EncoderLayer, SelfAttention, TransformerEncoder};
 
 /// The masks as per-(row, query, key) additive entries (`-inf`: masked).
-pub(super) struct ScoreBias {
-    pub(super) seq: usize,
+pub(crate) struct ScoreBias {
+    pub(crate) seq: usize,
     /// `[B, S]`: the key is padded.
-    padded: Option<Vec<bool>>,
+    pub(crate) padded: Option<Vec<bool>>,
     /// `[S, S]`: added to every row's and head's scores.
-    additive: Option<Vec<f64>>,
+    pub(crate) additive: Option<Vec<f64>>,
 }
 
 impl ScoreBias {
@@ -87,12 +87,26 @@ impl TransformerEncoder {
 
     /// Every layer on the tape, then the Jacobian bound for the `seeds` outputs.
     fn bounded_forward(&self, x: Bounded, bias: &ScoreBias, seeds: Seeds) -> Result<Bounded> {
+        let mut layers = self.bounded_layers(x.clone(), bias, seeds)?;
+        Ok(layers.pop().unwrap_or(x))
+    }
+
+    /// Each layer's bounded output: the Jacobian bound for every token of
+    /// the inner layers, for the `seeds` tokens of the last.
+    pub(crate) fn bounded_layers(&self, x: Bounded, bias: &ScoreBias, seeds: Seeds) -> Result<Vec<Bounded>> {
         let mut tape = Tape::new(x);
         let mut h = 0;
-        for layer in &self.layers {
+        let mut out = Vec::with_capacity(self.layers.len());
+        for (i, layer) in self.layers.iter().enumerate() {
             h = layer.bounded(&mut tape, h, bias)?;
+            if i + 1 < self.layers.len() {
+                tape.tighten(h, bias);
+                out.push(tape.out(h).clone());
+            } else {
+                out.push(tape.tightened(bias, seeds));
+            }
         }
-        Ok(tape.tightened(bias, seeds))
+        Ok(out)
     }
 
     fn refuse(&self, problem: AttentionProblem) -> PolicyError {

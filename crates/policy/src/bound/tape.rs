@@ -36,7 +36,7 @@ pub(super) struct Tape {
 
 /// Which outputs of the last node get the Jacobian bound.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Seeds {
+pub(crate) enum Seeds {
     /// Every token.
     AllTokens,
     /// Token 0 (ProtoMotions' `Transformer` reads only it).
