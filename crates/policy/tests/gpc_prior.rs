@@ -310,6 +310,8 @@ fn bad_tokens_are_refused_naming_the_key() {
     o.insert("prior_tokens".into(), Tensor::new(rows, &Device::Cpu).unwrap());
     let (_, pr) = prior_problem(p.teacher_forced(&o).unwrap_err());
     assert_eq!(pr, PriorProblem::TokenRange { row: 3, index: 5, value: 81, vocab: 81 });
+    let (_, pr_ref) = prior_problem(p.teacher_forced_reference(&o).unwrap_err());
+    assert_eq!(pr_ref, pr, "the bounded reference refuses the same tokens");
     assert!(pr.to_string().contains("row 3, token 5: 81"), "{pr}");
     // missing tokens in teacher forcing; tokens given to generation
     o.remove("prior_tokens");

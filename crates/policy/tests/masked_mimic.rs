@@ -164,14 +164,20 @@ fn bad_noise_and_missing_observations_are_refused_by_name() {
     let mut obs = load("obs.safetensors");
     obs.insert(VAE_NOISE_KEY.into(), Tensor::zeros((8, 5), DType::F32, &Device::Cpu).unwrap());
     let e = m.forward(&obs).unwrap_err();
+    // the bounded reference refuses the same observations, alike
+    assert_eq!(m.reference(&obs).unwrap_err().to_string(), e.to_string());
     assert!(matches!(&e, PolicyError::ObsWidth { key, got: 5, expected: 8 } if key == VAE_NOISE_KEY), "{e}");
     let mut obs = load("obs.safetensors");
     obs.remove("historical_pose_obs");
     let e = m.forward(&obs).unwrap_err();
+    // the bounded reference refuses the same observations, alike
+    assert_eq!(m.reference(&obs).unwrap_err().to_string(), e.to_string());
     assert!(matches!(&e, PolicyError::MissingObs { key, .. } if key == "historical_pose_obs"), "{e}");
     let mut obs = load("obs.safetensors");
     obs.insert("mimic_target_poses".into(), Tensor::zeros((8, 40), DType::F32, &Device::Cpu).unwrap());
     let e = m.forward(&obs).unwrap_err();
+    // the bounded reference refuses the same observations, alike
+    assert_eq!(m.reference(&obs).unwrap_err().to_string(), e.to_string());
     assert!(matches!(&e, PolicyError::ExtraObs { key, .. } if key == "mimic_target_poses"), "{e}");
 }
 
@@ -276,7 +282,12 @@ fn wide_and_one_dimensional_masks_reduce_as_the_reference_does() {
     let run = |mask: Tensor| {
         let mut obs = base.clone();
         obs.insert(key.into(), mask);
-        flat(&m.forward(&obs).unwrap().mean_action)
+        let action = m.forward(&obs).unwrap().mean_action;
+        // the bounded reference reads the mask the same way
+        let r = m.reference(&obs).unwrap();
+        let got: Vec<f32> = action.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        assert_eq!(within(&got, &r.values[m.trunk.out_key()], 1.0), None, "action outside the bound under this mask");
+        flat(&action)
     };
     let dev = Device::Cpu;
     // rows: all valid, all masked, one valid entry of ten, the last entry valid
@@ -313,6 +324,7 @@ fn wide_and_one_dimensional_masks_reduce_as_the_reference_does() {
     let mut obs = base.clone();
     obs.insert(key.into(), Tensor::ones((8, 3), DType::F32, &dev).unwrap());
     let e = m.forward(&obs).unwrap_err();
+    assert_eq!(m.reference(&obs).unwrap_err().to_string(), e.to_string());
     assert!(
         matches!(&e, PolicyError::Attention { problem: pmstate_policy::AttentionProblem::MaskShape { key: k, tokens: 5, .. }, .. } if k == key),
         "{e}"

@@ -161,18 +161,31 @@ fn masks_and_tokens_of_the_wrong_shape_are_refused() {
     let x = &c["x"];
     let short_pad = c["key_padding"].narrow(1, 0, 6).unwrap();
     let e = enc.forward(x, &AttentionMasks { key_padding: Some(&short_pad), additive: None }).unwrap_err();
+    assert_eq!(
+        enc.reference(x, &AttentionMasks { key_padding: Some(&short_pad), additive: None }).unwrap_err().to_string(),
+        e.to_string()
+    );
     assert!(
         matches!(&e, PolicyError::Attention { path, problem: AttentionProblem::KeyPaddingMask { shape, batch: 4, seq: 7, .. } } if path == "test.transformer" && shape == &[4, 6]),
         "{e}"
     );
     let float_pad = c["key_padding"].to_dtype(DType::F32).unwrap();
     let e = enc.forward(x, &AttentionMasks { key_padding: Some(&float_pad), additive: None }).unwrap_err();
+    assert_eq!(
+        enc.reference(x, &AttentionMasks { key_padding: Some(&float_pad), additive: None }).unwrap_err().to_string(),
+        e.to_string()
+    );
     assert!(matches!(e, PolicyError::Attention { problem: AttentionProblem::KeyPaddingMask { dtype: "f32", .. }, .. }));
     let bad_add = c["additive"].narrow(0, 0, 3).unwrap();
     let e = enc.forward(x, &AttentionMasks { key_padding: None, additive: Some(&bad_add) }).unwrap_err();
+    assert_eq!(
+        enc.reference(x, &AttentionMasks { key_padding: None, additive: Some(&bad_add) }).unwrap_err().to_string(),
+        e.to_string()
+    );
     assert!(matches!(e, PolicyError::Attention { problem: AttentionProblem::AdditiveMask { seq: 7, .. }, .. }), "{e}");
     let narrow = x.narrow(2, 0, 8).unwrap();
     let e = enc.forward(&narrow, &AttentionMasks::default()).unwrap_err();
+    assert_eq!(enc.reference(&narrow, &AttentionMasks::default()).unwrap_err().to_string(), e.to_string());
     assert!(matches!(e, PolicyError::Attention { problem: AttentionProblem::InputShape { .. }, .. }), "{e}");
     assert!(e.to_string().contains("test.transformer"), "{e}");
 }
