@@ -34,7 +34,7 @@ struct Case {
 fn case() -> impl Strategy<Value = Case> {
     (
         (1usize..4, 1usize..6, 1usize..24, 1usize..3, any::<bool>()),
-        (1usize..4, 1usize..9, 0usize..4, any::<bool>()),
+        (1usize..4, 1usize..13, 0usize..4, any::<bool>()),
         (prop_oneof![Just(0.5), Just(1.0), Just(3.0)], prop_oneof![Just(1.0), Just(10.0)], any::<u64>()),
     )
         .prop_map(|((heads, head_dim, ff, layers, gelu), (batch, seq, additive, padding), (ws, is, seed))| Case {
@@ -100,7 +100,7 @@ fn build(c: &Case, dir: &std::path::Path) -> TransformerEncoder {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 128, .. ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 256, .. ProptestConfig::default() })]
     #[test]
     fn forward_stays_within_the_derived_bound_of_the_f64_reference(c in case()) {
         let dir = std::env::temp_dir().join(format!("pmstate-attention-props-{}", std::process::id()));
