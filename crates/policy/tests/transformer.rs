@@ -114,6 +114,8 @@ fn the_fast_path_zeros_padded_positions_and_agrees_elsewhere() {
         let enc = encoder(act, activation);
         for case in ["pad", "both"] {
             let out = enc.forward(&c["x"], &masks(&c, case)).unwrap();
+            let reference = enc.reference(&c["x"], &masks(&c, case)).unwrap();
+            let (s_len, d) = (pad_rows[0].len(), reference.shape[2]);
             let zeroed = zero_padded_positions(&out, pad).unwrap().to_vec3::<f32>().unwrap();
             let fast = c[&format!("{act}.{case}.fast")].to_vec3::<f32>().unwrap();
             let slow = c[&format!("{act}.{case}.slow")].to_vec3::<f32>().unwrap();
@@ -133,7 +135,11 @@ fn the_fast_path_zeros_padded_positions_and_agrees_elsewhere() {
                             assert_eq!(f, 0.0, "{act}/{case} [{b},{s},{j}]: the fast path zeros padded positions");
                             assert_eq!(z, 0.0);
                         } else if p == 0 {
-                            assert!((z - f).abs() <= 1e-5, "{act}/{case} [{b},{s},{j}]: {z} vs {f}");
+                            // torch's fused fast path is one more float32 forward: within the bound too
+                            let i = (b * s_len + s) * d + j;
+                            let (v, e) = (reference.value[i], reference.bound[i]);
+                            assert!((f as f64 - v).abs() <= e, "{act}/{case} [{b},{s},{j}]: fast {f} vs {v} +- {e:e}");
+                            assert!((z as f64 - v).abs() <= e, "{act}/{case} [{b},{s},{j}]: ours {z} vs {v} +- {e:e}");
                         }
                     }
                 }
