@@ -52,16 +52,17 @@
 //! the recordings (hundreds to a few thousand times the observed error).
 //!
 //! Cost: one reverse pass (about one forward of a row) per bounded element
-//! (every output, every ReLU input, every inner layer's output), per batch
+//! (every output, every inner layer's output, and each ReLU input the
+//! layer-by-layer bound leaves within reach of the kink), per batch
 //! row. The recorded models (d 16 to 32, 2 layers) take milliseconds to a
 //! second; at published widths (d 512, ff 1024, 4 layers, 11 tokens) that
-//! is some 60,000 reverse passes of ~1e8 flops per row: a reference for
+//! is tens of thousands of reverse passes of ~1e8 flops per row: a reference for
 //! tests and offline reports on shrunk models, not for serving (no CLI
 //! command computes it).
 
 use candle_core::{DType, Tensor};
 
-use super::tape::{Seeds, Tape};
+use super::tape::{Seeds, Tape, Tighten};
 use super::{activation, gamma, vec_f64, Bounded, Reference, U};
 use crate::activation::Activation;
 use crate::error::{PolicyError, Result};
@@ -115,7 +116,7 @@ impl TransformerEncoder {
         for (i, layer) in self.layers.iter().enumerate() {
             h = layer.bounded(&mut tape, h, bias)?;
             if i + 1 < self.layers.len() {
-                tape.tighten(h, bias);
+                tape.tighten(h, bias, Tighten::All);
                 out.push(tape.out(h).clone());
             } else {
                 out.push(tape.tightened(bias, seeds));
@@ -197,7 +198,7 @@ impl EncoderLayer {
         let x1 = tape.layer_norm(s1, &self.norm1)?;
         let f1 = tape.linear(x1, &self.linear1)?;
         if self.activation == Activation::Relu {
-            tape.tighten(f1, bias);
+            tape.tighten(f1, bias, Tighten::NearZero);
         }
         let a = tape.act(f1, self.activation);
         let f2 = tape.linear(a, &self.linear2)?;

@@ -34,6 +34,17 @@ pub(super) struct Tape {
     nodes: Vec<Node>,
 }
 
+/// Which elements of a node [`Tape::tighten`] rebounds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Tighten {
+    /// Every element (a layer's output, reported per stage).
+    All,
+    /// Those within their bound of 0: a ReLU input's bound only decides
+    /// whether rounding may cross the kink, so only the elements the
+    /// layer-by-layer bound leaves in doubt need the (costly) tighter one.
+    NearZero,
+}
+
 /// Which outputs of the last node get the Jacobian bound.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Seeds {
@@ -129,17 +140,19 @@ impl Tape {
     }
 
     /// Replaces node `i`'s bounds by the smaller of the layer-by-layer and
-    /// the Jacobian bound, in place: a ReLU input's bound decides whether
-    /// rounding may cross the kink, so the tighter it is the fewer elements
-    /// pay the kink's extra term.
-    pub(super) fn tighten(&mut self, i: usize, bias: &ScoreBias) {
+    /// the Jacobian bound, in place, for the elements `which` picks.
+    pub(super) fn tighten(&mut self, i: usize, bias: &ScoreBias, which: Tighten) {
         let b = self.nodes[i].out.shape[0];
         let len = self.nodes[i].out.value.len() / b.max(1);
         let mut bound = self.nodes[i].out.bound.clone();
+        let value = &self.nodes[i].out.value;
         for row in 0..b {
             for o in 0..len {
-                let e = self.reverse(i, row, b, o, bias) * SECOND_ORDER;
                 let k = row * len + o;
+                if which == Tighten::NearZero && value[k].abs() > bound[k] {
+                    continue;
+                }
+                let e = self.reverse(i, row, b, o, bias) * SECOND_ORDER;
                 bound[k] = bound[k].min(e);
             }
         }
