@@ -45,6 +45,16 @@
 //! Two float32 forwards that both obey the model differ by at most twice the
 //! bound: [`within`] checks `|a - b| <= 2 bound` (torch vs this crate) and
 //! the proptest checks `|ours - reference| <= bound`.
+//!
+//! Attention, softmax and the transformer (ProtoMotions' `Transformer`,
+//! MaskedMimic's prior) have their rules in [`attention`].
+
+pub mod attention;
+mod masked_mimic;
+mod tape;
+
+pub(crate) use attention::ScoreBias;
+pub(crate) use tape::Seeds;
 
 use candle_core::{Device, Tensor};
 
@@ -76,7 +86,7 @@ pub struct Bounded {
 }
 
 impl Bounded {
-    fn exact(shape: Vec<usize>, value: Vec<f64>) -> Self {
+    pub(crate) fn exact(shape: Vec<usize>, value: Vec<f64>) -> Self {
         let n = value.len();
         Bounded { shape, value, bound: vec![0.0; n] }
     }
@@ -173,7 +183,7 @@ fn gather_index(shape: &[usize], f: impl Fn(&[usize]) -> usize) -> Vec<usize> {
     out
 }
 
-fn vec_f64(t: &Tensor) -> Result<Vec<f64>> {
+pub(crate) fn vec_f64(t: &Tensor) -> Result<Vec<f64>> {
     Ok(t.to_device(&Device::Cpu)?.flatten_all()?.to_dtype(candle_core::DType::F64)?.to_vec1::<f64>()?)
 }
 
@@ -627,7 +637,7 @@ fn leaf(l: &Leaf, r: &mut Reference) -> Result<()> {
     Ok(())
 }
 
-fn network(n: &Network, r: &mut Reference) -> Result<()> {
+pub(crate) fn network(n: &Network, r: &mut Reference) -> Result<()> {
     match n {
         Network::Leaf(l) => leaf(l, r),
         Network::Container { models, .. } => models.iter().try_for_each(|m| network(m, r)),
@@ -642,12 +652,7 @@ fn network(n: &Network, r: &mut Reference) -> Result<()> {
             r.fsq.push(stage);
             network(&f.decoder, r)
         }
-        // attention has no derived bound here: tests/masked_mimic.rs and
-        // tests/transformer.rs bound it empirically (docs/numerics.md)
-        Network::Transformer(t) => Err(PolicyError::Graph {
-            path: t.path.clone(),
-            problem: GraphProblem::NoDerivedBound { class: "Transformer" },
-        }),
+        Network::Transformer(t) => attention::transformer_network(t, r),
     }
 }
 

@@ -276,7 +276,7 @@ impl MaskedMimic {
         self.widths.known.get(self.trunk.out_key()).copied()
     }
 
-    fn check(&self, obs: &HashMap<String, Tensor>) -> Result<usize> {
+    pub(crate) fn check(&self, obs: &HashMap<String, Tensor>) -> Result<usize> {
         let required = self.in_keys();
         let mut accepted = required.clone();
         accepted.push(VAE_NOISE_KEY.into());

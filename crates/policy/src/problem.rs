@@ -167,12 +167,6 @@ pub enum GraphProblem {
         /// The key.
         key: String,
     },
-    /// The float64 reference forward with derived bounds does not cover this module.
-    #[error("no derived error bound for a {class} (its bound is empirical: docs/numerics.md)")]
-    NoDerivedBound {
-        /// The module's class.
-        class: &'static str,
-    },
     /// A Linear run before its weights were packed (a bug in this crate).
     #[error("weights not packed")]
     WeightsNotPacked,

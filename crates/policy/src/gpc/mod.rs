@@ -24,6 +24,7 @@
 pub mod config;
 pub mod describe;
 pub mod problem;
+mod reference;
 pub mod tokens;
 pub mod top_p;
 
@@ -35,6 +36,7 @@ use pmstate_ckpt::Checkpoint;
 
 use self::config::PriorModelConfig;
 use self::problem::PriorProblem;
+pub use self::reference::PriorReference;
 use self::tokens::Tokenization;
 use crate::error::{PolicyError, Result};
 use crate::load::{find_config, AllowedGlobal, LoadOptions};
