@@ -1,9 +1,11 @@
 //! The inference response: JSON, or with the binary extension a JSON
-//! header followed by the binary outputs (little-endian float32,
-//! row-major) and its length in `Inference-Header-Content-Length`.
+//! header followed by the binary outputs (little-endian float32, or
+//! int64 for a GPC prior's tokens; row-major) and its length in
+//! `Inference-Header-Content-Length`.
 
 use crate::batcher::Answer;
-use crate::json_floats::write_array;
+use crate::decode::Values;
+use crate::json_floats::{write_array, write_int_array};
 
 /// A response body.
 #[derive(Debug)]
@@ -38,12 +40,19 @@ pub fn encode(model_name: &str, id: Option<&str>, answer: &Answer) -> Encoded {
         out.extend_from_slice(b"{\"name\":");
         push_json_str(&mut out, w.name);
         let dims: Vec<String> = shape.iter().map(|d| d.to_string()).collect();
-        out.extend_from_slice(format!(",\"datatype\":\"FP32\",\"shape\":[{}]", dims.join(",")).as_bytes());
+        let datatype = data.datatype();
+        out.extend_from_slice(
+            format!(",\"datatype\":\"{}\",\"shape\":[{}]", datatype.name(), dims.join(",")).as_bytes(),
+        );
         if w.binary {
-            out.extend_from_slice(format!(",\"parameters\":{{\"binary_data_size\":{}}}}}", data.len() * 4).as_bytes());
+            let size = data.len() * datatype.size();
+            out.extend_from_slice(format!(",\"parameters\":{{\"binary_data_size\":{size}}}}}").as_bytes());
         } else {
             out.extend_from_slice(b",\"data\":");
-            write_array(&mut out, data);
+            match data {
+                Values::F32(v) => write_array(&mut out, v),
+                Values::I64(v) => write_int_array(&mut out, v),
+            }
             out.push(b'}');
         }
     }
@@ -54,9 +63,10 @@ pub fn encode(model_name: &str, id: Option<&str>, answer: &Answer) -> Encoded {
     let header_len = out.len();
     for (w, _, data) in &answer.tensors {
         if w.binary {
-            out.reserve(data.len() * 4);
-            for v in data {
-                out.extend_from_slice(&v.to_le_bytes());
+            out.reserve(data.len() * data.datatype().size());
+            match data {
+                Values::F32(v) => v.iter().for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
+                Values::I64(v) => v.iter().for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
             }
         }
     }

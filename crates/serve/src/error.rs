@@ -165,6 +165,19 @@ pub enum LoadError {
         /// Why.
         why: Abandon,
     },
+    /// A GPC prior whose one row makes more logits than a forward may hold.
+    #[error(
+        "{path}: one row makes {per_row} logits (tokens x vocabulary), over the limit of {limit} a forward holds \
+         (MAX_LOGITS_PER_FORWARD)"
+    )]
+    TooManyLogits {
+        /// The checkpoint.
+        path: String,
+        /// Logits of one row.
+        per_row: usize,
+        /// The limit.
+        limit: usize,
+    },
     /// Reloading was asked of a model built in process.
     #[error("model {name} was built in process, not loaded from a checkpoint: nothing to reload")]
     NotReloadable {
@@ -361,13 +374,74 @@ pub enum InputError {
         /// The input.
         input: String,
     },
-    /// A datatype other than FP32.
-    #[error("input {input}: datatype {datatype}, expected FP32")]
+    /// A datatype other than the input's (FP32; INT64 for a GPC prior's tokens).
+    #[error("input {input}: datatype {}, expected {expected}", clip(.datatype))]
     Datatype {
         /// The input.
         input: String,
         /// The datatype sent.
         datatype: String,
+        /// The input's.
+        expected: &'static str,
+    },
+    /// An element of INT64 JSON data that is not a JSON integer in the int64 range.
+    #[error("input {input}: element {index} ({}) {problem} (INT64 data takes JSON integers)", clip(.value))]
+    IntData {
+        /// The input.
+        input: String,
+        /// Its row-major position.
+        index: usize,
+        /// What was sent (JSON text).
+        value: String,
+        /// What is wrong with it.
+        problem: crate::json_floats::IntProblem,
+    },
+    /// An INT64 value outside the range the input takes (a token outside the vocabulary).
+    #[error("input {input}: row {row}, position {position}: {value} is outside [0, {below})")]
+    IntRange {
+        /// The input.
+        input: String,
+        /// Its row.
+        row: usize,
+        /// Its position in the row.
+        position: usize,
+        /// The value.
+        value: i64,
+        /// The end of the range (a GPC prior's vocabulary size).
+        below: usize,
+    },
+    /// A GPC prior's tokens given while the request samples (generation draws its own).
+    #[error("input {input} is given and the request samples: generation draws its own tokens (leave {input} out to generate, or sample false to teacher-force)")]
+    GivenAndSampled {
+        /// The token input.
+        input: String,
+    },
+    /// A GPC prior's tokens left out of a request that does not sample.
+    #[error(
+        "missing input {input} (INT64 {}): teacher forcing reads the tokens; set the request parameter sample to \
+         true (and seed) to generate them instead",
+        rows_by(.width)
+    )]
+    NotGiven {
+        /// The token input.
+        input: String,
+        /// Tokens per row.
+        width: Option<usize>,
+    },
+    /// A GPC prior's request whose logits pass the limit of one forward.
+    #[error(
+        "{rows} rows make {per_row} logits each (tokens x vocabulary), over the limit of {limit} one forward holds \
+         (MAX_LOGITS_PER_FORWARD): send at most {max_rows} rows a request"
+    )]
+    TooManyLogits {
+        /// Rows of the request.
+        rows: usize,
+        /// Logits of one row.
+        per_row: usize,
+        /// The limit.
+        limit: usize,
+        /// Most rows a request may hold.
+        max_rows: usize,
     },
     /// A shape that is not `[rows, width]`.
     #[error("input {input}: shape {shape}, expected {}", rows_by(.width))]
@@ -476,12 +550,14 @@ pub enum InputError {
         size: String,
     },
     /// A `binary_data_size` that does not match the shape.
-    #[error("input {input}: binary_data_size {size}, but FP32 shape {shape} needs {needed} bytes")]
+    #[error("input {input}: binary_data_size {size}, but {datatype} shape {shape} needs {needed} bytes")]
     BinarySize {
         /// The input.
         input: String,
         /// The size sent.
         size: usize,
+        /// The input's datatype (`FP32`, `INT64`).
+        datatype: &'static str,
         /// Its shape as sent (any rank: a pipeline's inputs have more than two dims).
         shape: Dims,
         /// Bytes the shape needs.
