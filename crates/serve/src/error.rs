@@ -627,7 +627,7 @@ pub enum InputError {
         output: &'static str,
     },
     /// `action` or `neglogp` without `"sample": true`.
-    #[error("output {output}: draws actions; set the request parameter sample to true (and seed)")]
+    #[error("output {output} is drawn (actions, or a GPC prior's tokens); set the request parameter sample to true (and seed)")]
     NeedsSample {
         /// The output.
         output: &'static str,
