@@ -4,8 +4,9 @@
 //! `Inference-Header-Content-Length`.
 
 use crate::batcher::Answer;
-use crate::decode::Values;
+use crate::decode::{Values, Wanted};
 use crate::json_floats::{write_array, write_int_array};
+use crate::model::{Datatype, Interface};
 
 /// A response body.
 #[derive(Debug)]
@@ -14,6 +15,30 @@ pub struct Encoded {
     pub body: Vec<u8>,
     /// The JSON header's length, when binary outputs follow it.
     pub header_len: Option<usize>,
+}
+
+/// Bytes of the response header and of each output's JSON besides its values.
+const OVERHEAD_BYTES: usize = 512;
+
+/// A bound of the size of the answer to `rows` rows with `outputs`, from
+/// the interface's shapes, before anything runs: 16 bytes a float32 in
+/// JSON (ryu writes at most 15 characters, and a comma), 21 an int64, the
+/// element size in binary. A width the checkpoint leaves open (`-1` past
+/// the rows) counts as 1; such an answer is charged again once encoded.
+pub fn answer_bound(iface: &Interface, rows: usize, outputs: &[Wanted]) -> usize {
+    outputs.iter().fold(OVERHEAD_BYTES, |acc, w| {
+        let Some(spec) = iface.output(w.name) else { return acc };
+        let elements = spec.shape.iter().enumerate().fold(1usize, |n, (i, &d)| {
+            let d = if i == 0 && d == -1 { rows } else { usize::try_from(d).unwrap_or(1) };
+            n.saturating_mul(d)
+        });
+        let per_value = match (w.binary, spec.datatype) {
+            (true, dt) => dt.size(),
+            (false, Datatype::Fp32) => 16,
+            (false, Datatype::Int64) => 21,
+        };
+        acc.saturating_add(elements.saturating_mul(per_value)).saturating_add(OVERHEAD_BYTES)
+    })
 }
 
 fn push_json_str(out: &mut Vec<u8>, s: &str) {

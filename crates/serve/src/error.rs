@@ -311,6 +311,12 @@ pub enum OptionsError {
         /// The option (`device`, `widths`).
         option: &'static str,
     },
+    /// The in-flight answer budget does not fit the semaphore.
+    #[error("the in-flight answer budget ({budget} bytes) must be under 4 GiB")]
+    AnswerBudgetTooLarge {
+        /// `max_inflight_answer_bytes`.
+        budget: usize,
+    },
     /// The in-flight body budget does not fit the semaphore.
     #[error("the in-flight body budget ({budget} bytes) must be under 4 GiB")]
     BudgetTooLarge {
@@ -764,6 +770,23 @@ pub enum RequestError {
         /// The budget.
         budget: usize,
     },
+    /// Answers in flight already fill their budget.
+    #[error("answers in flight fill the budget of {budget} bytes; retry later")]
+    AnswersBusy {
+        /// The budget.
+        budget: usize,
+    },
+    /// An answer larger than the whole answer budget (it could never be held).
+    #[error(
+        "the outputs asked for may take {bytes} bytes, over the budget of {budget} for all answers in flight: \
+         ask for fewer rows or outputs, or binary outputs"
+    )]
+    AnswerTooLarge {
+        /// The bound of the answer's size.
+        bytes: usize,
+        /// The budget.
+        budget: usize,
+    },
     /// The server is draining before it stops.
     #[error("the server is shutting down")]
     ShuttingDown,
@@ -813,13 +836,15 @@ impl RequestError {
             | RequestError::HeaderPastBody { .. }
             | RequestError::BadInput(_)
             | RequestError::NonFinite { .. }
+            | RequestError::AnswerTooLarge { .. }
             | RequestError::BodyRead(_) => StatusCode::BAD_REQUEST,
             RequestError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             RequestError::BodyTimeout { .. } | RequestError::BodyStalled { .. } => StatusCode::REQUEST_TIMEOUT,
             RequestError::TransferCoding { .. } => StatusCode::NOT_IMPLEMENTED,
-            RequestError::QueueFull { .. } | RequestError::Busy { .. } | RequestError::ShuttingDown => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
+            RequestError::QueueFull { .. }
+            | RequestError::Busy { .. }
+            | RequestError::AnswersBusy { .. }
+            | RequestError::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
             RequestError::Forward(_)
             | RequestError::PipelineForward(_)
             | RequestError::Panicked
@@ -831,7 +856,7 @@ impl RequestError {
     /// Seconds a client should wait before retrying (`Retry-After`), for refusals that pass.
     pub fn retry_after(&self) -> Option<u32> {
         match self {
-            RequestError::QueueFull { .. } | RequestError::Busy { .. } => Some(1),
+            RequestError::QueueFull { .. } | RequestError::Busy { .. } | RequestError::AnswersBusy { .. } => Some(1),
             _ => None,
         }
     }
@@ -849,12 +874,12 @@ impl RequestError {
             }
             RequestError::BadInput(_) => "bad_input",
             RequestError::NonFinite { .. } => "non_finite",
-            RequestError::TooLarge { .. } => "too_large",
+            RequestError::TooLarge { .. } | RequestError::AnswerTooLarge { .. } => "too_large",
             RequestError::BodyTimeout { .. } | RequestError::BodyStalled { .. } => "body_timeout",
             RequestError::TransferCoding { .. } => "transfer_coding",
             RequestError::BodyRead(_) => "body_read",
             RequestError::QueueFull { .. } => "queue_full",
-            RequestError::Busy { .. } => "busy",
+            RequestError::Busy { .. } | RequestError::AnswersBusy { .. } => "busy",
             RequestError::ShuttingDown => "shutting_down",
             RequestError::Forward(_)
             | RequestError::PipelineForward(_)

@@ -316,3 +316,61 @@ async fn bad_tokens_are_refused_naming_the_input() {
     s.server.handle().shutdown();
     s.server.wait().await.unwrap();
 }
+
+/// Answers in flight are bounded: each request reserves a bound of its
+/// answer before it is queued and gives it back once sent; one that does
+/// not fit waits its turn (503), one that never could is refused (400).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logits_answers_in_flight_stay_within_the_answer_budget() {
+    let mut opts = options(testdata("gpc_prior").join(CKPT));
+    // 8 rows in JSON: (20 x 81 + 66 + 40) x 8 x 16 bytes and some headers (about 222 KB)
+    opts.limits = pmstate_serve::Limits { max_inflight_answer_bytes: 300_000, ..pmstate_serve::Limits::default() };
+    let s = start(opts).await;
+    let handle = s.server.handle();
+    let (obs, tokens) = recorded(0, 8);
+    let json = || json_body(&obs, Some((&json!(tokens), 20)), json!({}));
+    let binary = || json_body(&obs, Some((&json!(tokens), 20)), json!({"parameters": {"binary_data_output": true}}));
+
+    let paused = handle.pause();
+    let first = tokio::spawn({
+        let (c, body) = (s.client.clone(), json());
+        async move { infer(&c, body).await }
+    });
+    until("one queued request", || metric(&handle.metrics_text(), "pmstate_queue_depth") == 1.0).await;
+    // a second JSON answer does not fit beside it
+    let r = infer(&s.client, json()).await;
+    let text = String::from_utf8_lossy(&r.body).into_owned();
+    assert_eq!(r.status, 503, "{text}");
+    assert!(text.contains("answers in flight fill the budget of 300000 bytes"), "{text}");
+    assert_eq!(r.header("retry-after"), Some("1"));
+    // a binary one (4 bytes a value) does
+    let second = tokio::spawn({
+        let (c, body) = (s.client.clone(), binary());
+        async move { infer(&c, body).await }
+    });
+    until("two queued requests", || metric(&handle.metrics_text(), "pmstate_queue_depth") == 2.0).await;
+    drop(paused);
+    let want = prior().teacher_forced(&lib_inputs(&obs, Some(&tokens))).unwrap();
+    assert_same(&prior_outputs(&first.await.unwrap()), &want, "first");
+    assert_same(&prior_outputs(&second.await.unwrap()), &want, "second");
+    // once the answers are sent the budget is back: the refused request now passes
+    let start = std::time::Instant::now();
+    loop {
+        let r = infer(&s.client, json()).await;
+        if r.status == 200 {
+            assert_same(&prior_outputs(&r), &want, "retried");
+            break;
+        }
+        assert_eq!(r.status, 503, "{}", String::from_utf8_lossy(&r.body));
+        assert!(start.elapsed() < WATCHDOG, "the budget never came back");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // 16 rows in JSON could never fit: 400, before any work
+    let (obs16, tokens16) = (obs.repeat(2), tokens.repeat(2));
+    let r = infer(&s.client, json_body(&obs16, Some((&json!(tokens16), 20)), json!({}))).await;
+    let text = String::from_utf8_lossy(&r.body).into_owned();
+    assert_eq!(r.status, 400, "{text}");
+    assert!(text.contains("over the budget of 300000 for all answers in flight"), "{text}");
+    handle.shutdown();
+    s.server.wait().await.unwrap();
+}
