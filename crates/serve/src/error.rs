@@ -45,8 +45,9 @@ pub enum PinProblem {
         inputs: Vec<String>,
     },
     /// The model takes no pins (a MaskedMimic model: its open widths are
-    /// sequences its reshapes check, and the server does not pin them).
-    #[error("--width does not apply to a {model} (its inputs' widths are checked by its reshapes)")]
+    /// sequences its reshapes check; a GPC prior: its widths are the
+    /// checkpoint's), and the server does not pin them.
+    #[error("--width does not apply to a {model} (the server takes its inputs' widths from the checkpoint and its reshapes)")]
     NotPinnable {
         /// The model class.
         model: &'static str,

@@ -367,22 +367,38 @@ fn permits(n: usize) -> u32 {
 
 /// Reserves `bytes` of the answer budget: 400 when the whole budget could
 /// not hold them, 503 while answers in flight leave too little.
-fn reserve_answer(st: &AppState, bytes: usize) -> Result<tokio::sync::OwnedSemaphorePermit, RequestError> {
+fn reserve_answer(st: &AppState, bytes: usize) -> Result<AnswerReservation, RequestError> {
     let budget = st.limits.max_inflight_answer_bytes;
     if bytes > budget {
         return Err(RequestError::AnswerTooLarge { bytes, budget });
     }
-    st.answer_budget.clone().try_acquire_many_owned(permits(bytes)).map_err(|e| match e {
+    let permit = st.answer_budget.clone().try_acquire_many_owned(permits(bytes)).map_err(|e| match e {
         tokio::sync::TryAcquireError::Closed => RequestError::ShuttingDown,
         tokio::sync::TryAcquireError::NoPermits => RequestError::AnswersBusy { budget },
-    })
+    })?;
+    let gauge = st.metrics.answer_bytes_reserved.clone();
+    gauge.inc_by(permit.num_permits() as i64);
+    Ok(AnswerReservation { permit, gauge })
+}
+
+/// Bytes of the answer budget one request holds, counted in
+/// `pmstate_answer_bytes_reserved`; given back when dropped.
+struct AnswerReservation {
+    permit: tokio::sync::OwnedSemaphorePermit,
+    gauge: prometheus_client::metrics::gauge::Gauge,
+}
+
+impl Drop for AnswerReservation {
+    fn drop(&mut self) {
+        self.gauge.dec_by(self.permit.num_permits() as i64);
+    }
 }
 
 /// An encoded answer and its share of the answer budget, given back when
 /// the last reference to the bytes is dropped (after hyper has written them).
 struct HeldAnswer {
     body: Vec<u8>,
-    _permit: tokio::sync::OwnedSemaphorePermit,
+    _held: AnswerReservation,
 }
 
 impl AsRef<[u8]> for HeldAnswer {
@@ -431,13 +447,14 @@ async fn infer_inner(
     if enc.body.len() > bound {
         // an open width counted as 1: charge the rest when the budget has it
         if let Ok(more) = st.answer_budget.clone().try_acquire_many_owned(permits(enc.body.len() - bound)) {
-            held.merge(more);
+            held.gauge.inc_by(more.num_permits() as i64);
+            held.permit.merge(more);
         }
     }
     st.metrics.rows.inc_by(rows as u64);
     let header_len = enc.header_len;
     // the reservation lives as long as the bytes: hyper drops them once they are written
-    let bytes = Bytes::from_owner(HeldAnswer { body: enc.body, _permit: held });
+    let bytes = Bytes::from_owner(HeldAnswer { body: enc.body, _held: held });
     let mut r = Response::new(Body::from(bytes));
     let h = r.headers_mut();
     match header_len {

@@ -349,6 +349,8 @@ async fn logits_answers_in_flight_stay_within_the_answer_budget() {
         async move { infer(&c, body).await }
     });
     until("two queued requests", || metric(&handle.metrics_text(), "pmstate_queue_depth") == 2.0).await;
+    let held = metric(&handle.metrics_text(), "pmstate_answer_bytes_reserved");
+    assert!(held > 200_000.0 && held <= 300_000.0, "{held} bytes reserved");
     drop(paused);
     let want = prior().teacher_forced(&lib_inputs(&obs, Some(&tokens))).unwrap();
     assert_same(&prior_outputs(&first.await.unwrap()), &want, "first");
@@ -365,6 +367,7 @@ async fn logits_answers_in_flight_stay_within_the_answer_budget() {
         assert!(start.elapsed() < WATCHDOG, "the budget never came back");
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
+    until("the budget given back", || metric(&handle.metrics_text(), "pmstate_answer_bytes_reserved") == 0.0).await;
     // 16 rows in JSON could never fit: 400, before any work
     let (obs16, tokens16) = (obs.repeat(2), tokens.repeat(2));
     let r = infer(&s.client, json_body(&obs16, Some((&json!(tokens16), 20)), json!({}))).await;
