@@ -64,6 +64,7 @@ pub struct InputSpec {
 
 /// The element type of a tensor a client sends or gets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "UPPERCASE")]
 pub enum Datatype {
     /// float32: observations and every float output.
     Fp32,
