@@ -609,3 +609,75 @@ async fn requests_built_to_amplify_stay_within_an_address_space_limit() {
     assert_eq!(lines.next()["event"], "draining");
     assert!(exit_of(&mut child).success());
 }
+
+/// A GPC prior served under the same address-space limit: twelve clients
+/// ask for the most logits a forward holds (2^24 / (20 x 81) = 10,356
+/// rows) in JSON, about 200 MB an answer, and read nothing until the
+/// server has handled every request. Without the answer budget the server
+/// would hold all twelve answers (past the 2 GiB limit); with it (1 GiB,
+/// 16 bytes a logit reserved before the forward) it holds four and
+/// answers the others 503, and every 200 is whole.
+#[tokio::test(flavor = "current_thread")]
+async fn logits_answers_stay_within_an_address_space_limit() {
+    let ckpt = data("gpc_prior/inference_last.ckpt");
+    let limits = format!("ulimit -v {SERVE_ADDRESS_SPACE_KIB}");
+    let (mut child, lines, addr) = serve_limited(&limits, &ckpt, &["--threads", "1", "--max-batch", "20000"]);
+    let c = Client::new(addr).with_timeout(WATCHDOG);
+    let rows = (1usize << 24) / (20 * 81);
+    // teacher forced on token 0 everywhere, observations zero: binary in, JSON out
+    let head = json!({"inputs": [
+        {"name": "max_coords_obs", "shape": [rows, 343], "datatype": "FP32", "parameters": {"binary_data_size": rows * 343 * 4}},
+        {"name": "prior_tokens", "shape": [rows, 20], "datatype": "INT64", "parameters": {"binary_data_size": rows * 20 * 8}},
+    ], "outputs": [{"name": "logits"}]});
+    let mut body = serde_json::to_vec(&head).unwrap();
+    let n = body.len();
+    body.resize(n + rows * 343 * 4 + rows * 20 * 8, 0);
+    let clients = 12;
+    let mut streams: Vec<TcpStream> = (0..clients)
+        .map(|_| {
+            let mut tcp = TcpStream::connect(addr).unwrap();
+            let head = format!(
+                "POST /v2/models/tracker/infer HTTP/1.1\r\nhost: x\r\ninference-header-content-length: {n}\r\n\
+                 content-length: {}\r\nconnection: close\r\n\r\n",
+                body.len()
+            );
+            tcp.write_all(head.as_bytes()).unwrap();
+            tcp.write_all(&body).unwrap();
+            tcp
+        })
+        .collect();
+    // every request handled (answered or refused), no answer read yet
+    let start = Instant::now();
+    while metric_of(&c, "pmstate_infer_requests_total").await < clients as f64
+        || metric_of(&c, "pmstate_requests_in_flight").await > 0.0
+    {
+        assert!(start.elapsed() < WATCHDOG, "the requests were not all handled");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (mut ok, mut busy) = (0, 0);
+    for tcp in &mut streams {
+        tcp.set_read_timeout(Some(WATCHDOG)).unwrap();
+        let mut got = Vec::new();
+        tcp.read_to_end(&mut got).unwrap();
+        let split = got.windows(4).position(|w| w == b"\r\n\r\n").expect("a response head") + 4;
+        let status = String::from_utf8_lossy(&got[..split]).split(' ').nth(1).map(str::to_owned);
+        match status.as_deref() {
+            Some("200") => {
+                let v: Value = serde_json::from_slice(&got[split..]).unwrap();
+                assert_eq!(v["outputs"][0]["shape"], json!([rows, 20, 81]));
+                assert_eq!(v["outputs"][0]["data"].as_array().map(Vec::len), Some(rows * 20 * 81));
+                ok += 1;
+            }
+            Some("503") => {
+                assert!(String::from_utf8_lossy(&got[split..]).contains("answers in flight"));
+                busy += 1;
+            }
+            s => panic!("status {s:?}: {}", String::from_utf8_lossy(&got[..got.len().min(2000)])),
+        }
+    }
+    // a reservation is 20 x 81 x 16 bytes a row and some headers (268.4 MB): four fit in 1 GiB
+    assert_eq!((ok, busy), (4, clients - 4));
+    signal(child.id(), "-TERM");
+    assert_eq!(lines.next()["event"], "draining");
+    assert!(exit_of(&mut child).success());
+}

@@ -12,7 +12,10 @@
 //! its own mean rows, exactly as `Policy::sample` on its rows would. A
 //! pipeline's forward is row-independent too: each observation is computed
 //! row by row from that row's inputs, the actor is the policy's, and the
-//! action function maps each action row alone.
+//! action function maps each action row alone. A GPC prior's transformer
+//! is row-independent too (attention mixes positions of one row, never
+//! rows), and its generation draws each row's tokens from its request's
+//! seed and its index within the request (see [`Worker::prior`]).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -23,10 +26,11 @@ use std::time::Instant;
 
 use candle_core::{Device, Tensor};
 use pmstate_deploy::{DeployError, Pipeline};
+use pmstate_policy::gpc::{LatentPrior, RowDraw};
 use pmstate_policy::{MaskedMimic, Part, Policy, PolicyError};
 use tokio::sync::oneshot;
 
-use crate::decode::{Decoded, Wanted};
+use crate::decode::{Decoded, Values, Wanted};
 use crate::error::RequestError;
 use crate::metrics::Metrics;
 use crate::model::LoadedModel;
@@ -34,10 +38,10 @@ use crate::options::Batching;
 use crate::slot::ModelSlot;
 
 /// The outputs computed for one job so far: name -> (shape, values).
-type Outs = HashMap<&'static str, (Vec<usize>, Vec<f32>)>;
+type Outs = HashMap<&'static str, (Vec<usize>, Values)>;
 
 /// One output of an answer: what was asked, its shape, its values.
-pub type OutTensor = (Wanted, Vec<usize>, Vec<f32>);
+pub type OutTensor = (Wanted, Vec<usize>, Values);
 
 /// What a request gets back.
 #[derive(Debug)]
@@ -268,9 +272,12 @@ impl Worker {
                 },
             };
             let deadline = first.enqueued + self.batching.max_wait;
+            // a GPC prior's logits bound its forward below max_batch (interfaces
+            // are the same across reloads, so the served model's bound holds)
+            let max_rows = self.slot.current().interface.max_rows(self.batching.max_batch);
             let mut rows = first.req.rows;
             let mut batch = vec![*first];
-            while rows < self.batching.max_batch {
+            while rows < max_rows {
                 let msg = match self.rx.try_recv() {
                     Ok(m) => m,
                     Err(TryRecvError::Disconnected) => break,
@@ -287,7 +294,7 @@ impl Worker {
                 };
                 match self.take(msg) {
                     None => stopping = true,
-                    Some(j) if rows + j.req.rows > self.batching.max_batch => {
+                    Some(j) if rows + j.req.rows > max_rows => {
                         carry = Some(j);
                         break;
                     }
@@ -347,6 +354,9 @@ impl Worker {
             if let Some(mm) = &model.masked_mimic {
                 return self.masked_mimic(model, mm, jobs, &mut outs);
             }
+            if let Some(p) = &model.prior {
+                return self.prior(model, p, jobs, &mut outs);
+            }
             let Some(policy) = &model.policy else { return Ok(()) };
             let ac: Vec<usize> = (0..jobs.len()).filter(|&i| jobs[i].req.actor_critic()).collect();
             if !ac.is_empty() {
@@ -395,7 +405,7 @@ impl Worker {
             let mut v = Vec::with_capacity(rows * spec.row_len());
             for j in jobs {
                 if let Some((_, _, values)) = j.req.inputs.get(pos) {
-                    v.extend_from_slice(values);
+                    v.extend_from_slice(values.f32s());
                 }
             }
             let shape: Vec<usize> = std::iter::once(rows).chain(spec.row_shape.iter().copied()).collect();
@@ -420,7 +430,7 @@ impl Worker {
             let mut off = 0;
             for (j, o) in jobs.iter().zip(outs.iter_mut()) {
                 let r = j.req.rows;
-                o.insert(name, (vec![r, w], v[off * w..(off + r) * w].to_vec()));
+                o.insert(name, (vec![r, w], Values::F32(v[off * w..(off + r) * w].to_vec())));
                 off += r;
             }
         }
@@ -445,11 +455,25 @@ impl Worker {
             if !reads {
                 continue;
             }
-            let mut v = Vec::with_capacity(rows * width);
-            for &i in idx {
-                v.extend_from_slice(&jobs[i].req.inputs[pos].2);
-            }
-            obs.insert(key.clone(), Tensor::from_vec(v, (rows, *width), &Device::Cpu)?);
+            let t = match &first.inputs[pos].2 {
+                Values::F32(_) => {
+                    let mut v = Vec::with_capacity(rows * width);
+                    for &i in idx {
+                        v.extend_from_slice(jobs[i].req.inputs[pos].2.f32s());
+                    }
+                    Tensor::from_vec(v, (rows, *width), &Device::Cpu)?
+                }
+                Values::I64(_) => {
+                    let mut v = Vec::with_capacity(rows * width);
+                    for &i in idx {
+                        if let Values::I64(x) = &jobs[i].req.inputs[pos].2 {
+                            v.extend_from_slice(x);
+                        }
+                    }
+                    Tensor::from_vec(v, (rows, *width), &Device::Cpu)?
+                }
+            };
+            obs.insert(key.clone(), t);
         }
         Ok((obs, rows))
     }
@@ -502,7 +526,58 @@ impl Worker {
             let mut off = 0;
             for (j, out) in jobs.iter().zip(outs.iter_mut()) {
                 let r = j.req.rows;
-                out.insert(name, (vec![r, w], v[off * w..(off + r) * w].to_vec()));
+                out.insert(name, (vec![r, w], Values::F32(v[off * w..(off + r) * w].to_vec())));
+                off += r;
+            }
+        }
+        Ok(())
+    }
+
+    /// One GPC prior forward over every job of the group: teacher forced
+    /// when the group's requests carry tokens (requests merge only with the
+    /// same inputs), else generation, each row drawing as its row of its own
+    /// request under that request's seed ([`RowDraw`]): the tokens a request
+    /// gets do not depend on what it was batched with.
+    fn prior(&self, model: &LoadedModel, p: &LatentPrior, jobs: &[Job], outs: &mut [Outs]) -> Result<(), PolicyError> {
+        let idx: Vec<usize> = (0..jobs.len()).collect();
+        let teacher_forced = jobs[0].req.inputs.iter().any(|(k, _, _)| k == p.token_key());
+        let draws: Vec<RowDraw> = jobs
+            .iter()
+            .flat_map(|j| {
+                let seed = j.req.seed.unwrap_or(0);
+                (0..j.req.rows as u64).map(move |row| RowDraw { seed, row })
+            })
+            .collect();
+        let (o, rows) = self.forward(model, p, jobs, &idx, Part::ActorCritic, |p, obs| {
+            if teacher_forced {
+                p.teacher_forced(obs)
+            } else {
+                p.generate_rows(obs, p.sampling(0), &draws)
+            }
+        })?;
+        let mut named = vec![
+            ("logits", host(&o.logits)?, o.logits.dims()[1..].to_vec()),
+            ("mean_action", host(&o.mean_action)?, o.mean_action.dims()[1..].to_vec()),
+            ("latent_codes", host(&o.latent_codes)?, o.latent_codes.dims()[1..].to_vec()),
+        ];
+        for (name, v, row_shape) in named.drain(..) {
+            let w = v.len() / rows.max(1);
+            let mut off = 0;
+            for (j, out) in jobs.iter().zip(outs.iter_mut()) {
+                let r = j.req.rows;
+                let shape = std::iter::once(r).chain(row_shape.iter().copied()).collect();
+                out.insert(name, (shape, Values::F32(v[off * w..(off + r) * w].to_vec())));
+                off += r;
+            }
+        }
+        if !teacher_forced {
+            let tokens = o.tokens.to_device(&Device::Cpu)?.flatten_all()?.to_vec1::<i64>()?;
+            let w = tokens.len() / rows.max(1);
+            let mut off = 0;
+            for (j, out) in jobs.iter().zip(outs.iter_mut()) {
+                let r = j.req.rows;
+                let mine = Values::I64(tokens[off * w..(off + r) * w].to_vec());
+                out.insert(crate::model::PRIOR_TOKENS_OUTPUT, (vec![r, w], mine));
                 off += r;
             }
         }
@@ -539,19 +614,19 @@ impl Worker {
             for w in &jobs[i].req.outputs {
                 match w.name {
                     "value" => {
-                        o.insert("value", (vec![r, vw], value[off * vw..(off + r) * vw].to_vec()));
+                        o.insert("value", (vec![r, vw], Values::F32(value[off * vw..(off + r) * vw].to_vec())));
                     }
                     "std" => {
-                        o.insert("std", (vec![a], std.clone()));
+                        o.insert("std", (vec![a], Values::F32(std.clone())));
                     }
                     "norm_obs" => {
                         if let Some((n, nw)) = &norm {
-                            o.insert("norm_obs", (vec![r, *nw], n[off * nw..(off + r) * nw].to_vec()));
+                            o.insert("norm_obs", (vec![r, *nw], Values::F32(n[off * nw..(off + r) * nw].to_vec())));
                         }
                     }
                     "latent_codes" => {
                         if let Some((c, cw)) = &codes {
-                            o.insert("latent_codes", (vec![r, *cw], c[off * cw..(off + r) * cw].to_vec()));
+                            o.insert("latent_codes", (vec![r, *cw], Values::F32(c[off * cw..(off + r) * cw].to_vec())));
                         }
                     }
                     _ => {}
@@ -561,10 +636,10 @@ impl Worker {
                 let m = Tensor::from_vec(mean_rows.clone(), (r, a), p.device())?;
                 let action = p.actor().sample(&m, seed)?;
                 let neglogp = p.neglogp(&m, &action)?;
-                o.insert("action", (vec![r, a], host(&action)?));
-                o.insert("neglogp", (vec![r], host(&neglogp)?));
+                o.insert("action", (vec![r, a], Values::F32(host(&action)?)));
+                o.insert("neglogp", (vec![r], Values::F32(host(&neglogp)?)));
             }
-            o.insert("mean_action", (vec![r, a], mean_rows));
+            o.insert("mean_action", (vec![r, a], Values::F32(mean_rows)));
             off += r;
         }
         Ok(())
@@ -587,7 +662,7 @@ impl Worker {
             let mut off = 0;
             for &i in idx {
                 let r = jobs[i].req.rows;
-                outs[i].insert(name, (vec![r, w], v[off * w..(off + r) * w].to_vec()));
+                outs[i].insert(name, (vec![r, w], Values::F32(v[off * w..(off + r) * w].to_vec())));
                 off += r;
             }
         }

@@ -15,8 +15,8 @@ use std::sync::Arc;
 use serde_json::value::RawValue;
 
 use crate::error::{Dims, InputError, RequestError};
-use crate::json_floats::{quote_non_finite, read_data, DataError};
-use crate::model::{InputSpec, Interface, Source};
+use crate::json_floats::{quote_non_finite, read_data, read_ints, DataError, IntDataError};
+use crate::model::{Datatype, InputSpec, Interface, Source, MAX_LOGITS_PER_FORWARD};
 use crate::options::NonFinite;
 use crate::protocol::{InferRequest, ParamValue, Parameters, RequestInput, RequestOutput};
 
@@ -76,7 +76,47 @@ pub struct Expect<'a> {
 }
 
 /// One decoded input: (key, width, rows x width values row-major).
-pub type Input = (String, usize, Vec<f32>);
+pub type Input = (String, usize, Values);
+
+/// A tensor's values, row-major, in its datatype.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Values {
+    /// FP32.
+    F32(Vec<f32>),
+    /// INT64 (a GPC prior's tokens).
+    I64(Vec<i64>),
+}
+
+impl Values {
+    /// How many values.
+    pub fn len(&self) -> usize {
+        match self {
+            Values::F32(v) => v.len(),
+            Values::I64(v) => v.len(),
+        }
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The float32 values (empty for INT64).
+    pub fn f32s(&self) -> &[f32] {
+        match self {
+            Values::F32(v) => v,
+            Values::I64(_) => &[],
+        }
+    }
+
+    /// The datatype.
+    pub fn datatype(&self) -> Datatype {
+        match self {
+            Values::F32(_) => Datatype::Fp32,
+            Values::I64(_) => Datatype::Int64,
+        }
+    }
+}
 
 /// Splits a body by the binary extension's `Inference-Header-Content-Length`.
 fn split(body: &[u8], header_len: Option<usize>) -> Result<(&[u8], &[u8]), RequestError> {
@@ -175,15 +215,17 @@ fn shaped(name: &str, shape: &[u64], row: &[usize], max_rows: usize) -> Result<(
 }
 
 /// The values of an input, from its JSON `data` or from the binary data
-/// after the header (taking `binary_data_size` bytes off the front of `binary`).
+/// after the header (taking `binary_data_size` bytes off the front of
+/// `binary`: 4 a value for FP32, 8 for INT64, little-endian).
 fn values_of(
     name: &str,
     shape: &[u64],
     (r, d): (usize, usize),
+    datatype: Datatype,
     binary_size: Option<&ParamValue>,
     data: Option<&RawValue>,
     binary: &mut &[u8],
-) -> Result<Vec<f32>, InputError> {
+) -> Result<Values, InputError> {
     let input = || name.to_owned();
     let dims = || Dims(shape.to_vec());
     let count = r
@@ -193,10 +235,20 @@ fn values_of(
         (Some(_), Some(_)) => Err(InputError::DataTwice { input: input() }),
         (None, None) => Err(InputError::NoData { input: input() }),
         (None, Some(raw)) => {
-            let data = read_data(raw, count).map_err(|e| match e {
-                DataError::TooMany => InputError::DataOverflow { input: input(), shape: dims(), needed: count },
-                DataError::Json(e) => InputError::Data { input: input(), reason: e.to_string() },
-            })?;
+            let overflow = || InputError::DataOverflow { input: input(), shape: dims(), needed: count };
+            let data = match datatype {
+                Datatype::Fp32 => Values::F32(read_data(raw, count).map_err(|e| match e {
+                    DataError::TooMany => overflow(),
+                    DataError::Json(e) => InputError::Data { input: input(), reason: e.to_string() },
+                })?),
+                Datatype::Int64 => Values::I64(read_ints(raw, count).map_err(|e| match e {
+                    IntDataError::TooMany => overflow(),
+                    IntDataError::Element { index, value, problem } => {
+                        InputError::IntData { input: input(), index, value, problem }
+                    }
+                    IntDataError::Json(e) => InputError::Data { input: input(), reason: e.to_string() },
+                })?),
+            };
             if data.len() != count {
                 return Err(InputError::DataLength {
                     input: input(),
@@ -212,21 +264,53 @@ fn values_of(
                 .as_u64()
                 .and_then(|s| usize::try_from(s).ok())
                 .ok_or_else(|| InputError::BinarySizeValue { input: input(), size: size.to_string() })?;
-            if Some(size) != count.checked_mul(4) {
-                let needed = count.saturating_mul(4);
-                return Err(InputError::BinarySize { input: input(), size, shape: dims(), needed });
+            let elem = datatype.size();
+            if Some(size) != count.checked_mul(elem) {
+                let needed = count.saturating_mul(elem);
+                return Err(InputError::BinarySize {
+                    input: input(),
+                    size,
+                    datatype: datatype.name(),
+                    shape: dims(),
+                    needed,
+                });
             }
             if size > binary.len() {
                 return Err(InputError::BinaryShort { input: input(), size, left: binary.len() });
             }
             let (mine, rest) = binary.split_at(size);
             *binary = rest;
-            Ok(mine.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect())
+            Ok(match datatype {
+                Datatype::Fp32 => {
+                    Values::F32(mine.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect())
+                }
+                Datatype::Int64 => Values::I64(
+                    mine.chunks_exact(8)
+                        .map(|b| i64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]))
+                        .collect(),
+                ),
+            })
         }
     }
 }
 
-/// One input: known to the model, FP32, `[rows, width]` with the width the
+/// An INT64 input's values checked against the range its spec allows
+/// (`[0, below)`), naming the row and position of the first outside it.
+fn check_int_range(name: &str, values: &[i64], width: usize, below: usize) -> Result<(), InputError> {
+    match values.iter().position(|&v| v < 0 || v as u64 >= below as u64) {
+        None => Ok(()),
+        Some(i) => Err(InputError::IntRange {
+            input: name.to_owned(),
+            row: i / width.max(1),
+            position: i % width.max(1),
+            value: values[i],
+            below,
+        }),
+    }
+}
+
+/// One input: known to the model, of its datatype (FP32, or INT64 within
+/// the range the model allows), `[rows, width]` with the width the
 /// model fixes (a pipeline's: `[rows, ...]` with the row shape it fixes),
 /// its data filling the shape, finite where refused otherwise.
 /// Returns the input and its rows.
@@ -243,18 +327,28 @@ pub fn decode_input(
         let known = iface.inputs.iter().map(|i| i.name.clone()).collect();
         return Err(InputError::UnexpectedInput { input: name, known }.into());
     }
-    if inp.datatype.0 != "FP32" {
-        return Err(InputError::Datatype { input: name, datatype: inp.datatype.0 }.into());
+    let datatype = spec.map_or(Datatype::Fp32, |s| s.datatype);
+    if inp.datatype.0 != datatype.name() {
+        return Err(InputError::Datatype { input: name, datatype: inp.datatype.0, expected: datatype.name() }.into());
     }
     let (r, d) = match spec.and_then(|s| s.row_shape.as_deref()) {
         Some(row) => shaped(&name, &inp.shape.0, row, expect.max_rows)?,
         None => shape_of(&name, &inp.shape.0, spec.and_then(|s| s.width), expect.max_rows)?,
     };
-    let values = values_of(&name, &inp.shape.0, (r, d), inp.parameters.get("binary_data_size"), inp.data, binary)?;
-    if non_finite == NonFinite::Reject {
-        if let Some(i) = values.iter().position(|v| !v.is_finite()) {
-            return Err(RequestError::NonFinite { input: name, row: i / d, column: i % d, value: values[i] });
+    let binary_size = inp.parameters.get("binary_data_size");
+    let values = values_of(&name, &inp.shape.0, (r, d), datatype, binary_size, inp.data, binary)?;
+    match &values {
+        Values::F32(v) if non_finite == NonFinite::Reject => {
+            if let Some(i) = v.iter().position(|v| !v.is_finite()) {
+                return Err(RequestError::NonFinite { input: name, row: i / d, column: i % d, value: v[i] });
+            }
         }
+        Values::I64(v) => {
+            if let Some(below) = spec.and_then(|s| s.int_below) {
+                check_int_range(&name, v, d, below)?;
+            }
+        }
+        Values::F32(_) => {}
     }
     Ok(((name, d, values), r))
 }
@@ -344,7 +438,22 @@ pub fn select_outputs(
 
 /// Every input the networks behind `outputs` read, nothing else, in the
 /// interface's order; a missing one is refused by name.
-pub fn order_inputs(iface: &Interface, mut inputs: Vec<Input>, outputs: &[Wanted]) -> Result<Vec<Input>, InputError> {
+pub fn order_inputs(
+    iface: &Interface,
+    mut inputs: Vec<Input>,
+    outputs: &[Wanted],
+    params: &Params,
+) -> Result<Vec<Input>, InputError> {
+    // a GPC prior's tokens: teacher forced when given, generated when sampling, never both
+    for spec in iface.inputs.iter().filter(|i| i.optional && i.datatype == Datatype::Int64) {
+        let given = inputs.iter().any(|(n, _, _)| *n == spec.name);
+        if given && params.sample {
+            return Err(InputError::GivenAndSampled { input: spec.name.clone() });
+        }
+        if !given && !params.sample {
+            return Err(InputError::NotGiven { input: spec.name.clone(), width: spec.width });
+        }
+    }
     let need_ac = outputs.iter().any(|o| o.source != Source::Discriminator);
     let need_disc = outputs.iter().any(|o| o.source == Source::Discriminator);
     let needed = |i: &&InputSpec| (need_ac && i.actor_critic) || (need_disc && i.discriminator);
@@ -388,16 +497,32 @@ pub fn check_width_sums(iface: &Interface, inputs: &[Input]) -> Result<(), Input
     Ok(())
 }
 
+/// A GPC prior's request whose logits pass [`MAX_LOGITS_PER_FORWARD`],
+/// refused before any work (the rows of one request run in one forward).
+fn check_logits(iface: &Interface, rows: usize) -> Result<(), InputError> {
+    let Some(per_row) = iface.logits_per_row else { return Ok(()) };
+    match rows.checked_mul(per_row) {
+        Some(n) if n <= MAX_LOGITS_PER_FORWARD => Ok(()),
+        _ => Err(InputError::TooManyLogits {
+            rows,
+            per_row,
+            limit: MAX_LOGITS_PER_FORWARD,
+            max_rows: MAX_LOGITS_PER_FORWARD / per_row.max(1),
+        }),
+    }
+}
+
 /// Reads a request (`header_len`: the binary extension's header length)
 /// against `expect`. The JSON is parsed as the protocol's shadow structs
 /// (see [`crate::protocol`]); when that fails and the JSON holds `NaN` /
 /// `Infinity` literals in tensor data, once more with those quoted.
 ///
 /// Memory: besides the body, at most a copy of the JSON header (only
-/// when it holds such literals, 5/3 of its size at most) and the float32
-/// values, which never outnumber what the checked shapes hold nor one per
-/// two bytes of JSON data or four bytes of binary data: in all under 5
-/// times the body's size.
+/// when it holds such literals, 5/3 of its size at most) and the values,
+/// which never outnumber what the checked shapes hold nor one per two
+/// bytes of JSON data or one per element size of binary data: float32
+/// values take at most twice the bytes they came in, int64 values (a GPC
+/// prior's tokens) four times: in all under 7 times the body's size.
 pub fn decode(body: &[u8], header_len: Option<usize>, expect: &Expect) -> Result<Decoded, RequestError> {
     let (json, binary) = split(body, header_len)?;
     match serde_json::from_slice::<InferRequest>(json) {
@@ -420,8 +545,9 @@ fn decode_request(req: InferRequest<'_>, binary: &[u8], expect: &Expect) -> Resu
     let (inputs, rows) = read_inputs(req.inputs.0, expect, params.non_finite, binary)?;
     let has = |k: &str| inputs.iter().any(|(n, _, _)| n == k);
     let outputs = select_outputs(req.outputs.map(|o| o.0), expect.iface, &params, &has)?;
-    let ordered = order_inputs(expect.iface, inputs, &outputs)?;
+    let ordered = order_inputs(expect.iface, inputs, &outputs, &params)?;
     check_width_sums(expect.iface, &ordered)?;
+    check_logits(expect.iface, rows)?;
     Ok(Decoded { id: req.id, rows, inputs: ordered, outputs, seed: params.sample.then_some(params.seed) })
 }
 

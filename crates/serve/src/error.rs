@@ -45,8 +45,9 @@ pub enum PinProblem {
         inputs: Vec<String>,
     },
     /// The model takes no pins (a MaskedMimic model: its open widths are
-    /// sequences its reshapes check, and the server does not pin them).
-    #[error("--width does not apply to a {model} (its inputs' widths are checked by its reshapes)")]
+    /// sequences its reshapes check; a GPC prior: its widths are the
+    /// checkpoint's), and the server does not pin them.
+    #[error("--width does not apply to a {model} (the server takes its inputs' widths from the checkpoint and its reshapes)")]
     NotPinnable {
         /// The model class.
         model: &'static str,
@@ -164,6 +165,19 @@ pub enum LoadError {
         path: String,
         /// Why.
         why: Abandon,
+    },
+    /// A GPC prior whose one row makes more logits than a forward may hold.
+    #[error(
+        "{path}: one row makes {per_row} logits (tokens x vocabulary), over the limit of {limit} a forward holds \
+         (MAX_LOGITS_PER_FORWARD)"
+    )]
+    TooManyLogits {
+        /// The checkpoint.
+        path: String,
+        /// Logits of one row.
+        per_row: usize,
+        /// The limit.
+        limit: usize,
     },
     /// Reloading was asked of a model built in process.
     #[error("model {name} was built in process, not loaded from a checkpoint: nothing to reload")]
@@ -298,6 +312,12 @@ pub enum OptionsError {
         /// The option (`device`, `widths`).
         option: &'static str,
     },
+    /// The in-flight answer budget does not fit the semaphore.
+    #[error("the in-flight answer budget ({budget} bytes) must be under 4 GiB")]
+    AnswerBudgetTooLarge {
+        /// `max_inflight_answer_bytes`.
+        budget: usize,
+    },
     /// The in-flight body budget does not fit the semaphore.
     #[error("the in-flight body budget ({budget} bytes) must be under 4 GiB")]
     BudgetTooLarge {
@@ -361,13 +381,74 @@ pub enum InputError {
         /// The input.
         input: String,
     },
-    /// A datatype other than FP32.
-    #[error("input {input}: datatype {datatype}, expected FP32")]
+    /// A datatype other than the input's (FP32; INT64 for a GPC prior's tokens).
+    #[error("input {input}: datatype {}, expected {expected}", clip(.datatype))]
     Datatype {
         /// The input.
         input: String,
         /// The datatype sent.
         datatype: String,
+        /// The input's.
+        expected: &'static str,
+    },
+    /// An element of INT64 JSON data that is not a JSON integer in the int64 range.
+    #[error("input {input}: element {index} ({}) {problem} (INT64 data takes JSON integers)", clip(.value))]
+    IntData {
+        /// The input.
+        input: String,
+        /// Its row-major position.
+        index: usize,
+        /// What was sent (JSON text).
+        value: String,
+        /// What is wrong with it.
+        problem: crate::json_floats::IntProblem,
+    },
+    /// An INT64 value outside the range the input takes (a token outside the vocabulary).
+    #[error("input {input}: row {row}, position {position}: {value} is outside [0, {below})")]
+    IntRange {
+        /// The input.
+        input: String,
+        /// Its row.
+        row: usize,
+        /// Its position in the row.
+        position: usize,
+        /// The value.
+        value: i64,
+        /// The end of the range (a GPC prior's vocabulary size).
+        below: usize,
+    },
+    /// A GPC prior's tokens given while the request samples (generation draws its own).
+    #[error("input {input} is given and the request samples: generation draws its own tokens (leave {input} out to generate, or sample false to teacher-force)")]
+    GivenAndSampled {
+        /// The token input.
+        input: String,
+    },
+    /// A GPC prior's tokens left out of a request that does not sample.
+    #[error(
+        "missing input {input} (INT64 {}): teacher forcing reads the tokens; set the request parameter sample to \
+         true (and seed) to generate them instead",
+        rows_by(.width)
+    )]
+    NotGiven {
+        /// The token input.
+        input: String,
+        /// Tokens per row.
+        width: Option<usize>,
+    },
+    /// A GPC prior's request whose logits pass the limit of one forward.
+    #[error(
+        "{rows} rows make {per_row} logits each (tokens x vocabulary), over the limit of {limit} one forward holds \
+         (MAX_LOGITS_PER_FORWARD): send at most {max_rows} rows a request"
+    )]
+    TooManyLogits {
+        /// Rows of the request.
+        rows: usize,
+        /// Logits of one row.
+        per_row: usize,
+        /// The limit.
+        limit: usize,
+        /// Most rows a request may hold.
+        max_rows: usize,
     },
     /// A shape that is not `[rows, width]`.
     #[error("input {input}: shape {shape}, expected {}", rows_by(.width))]
@@ -476,12 +557,14 @@ pub enum InputError {
         size: String,
     },
     /// A `binary_data_size` that does not match the shape.
-    #[error("input {input}: binary_data_size {size}, but FP32 shape {shape} needs {needed} bytes")]
+    #[error("input {input}: binary_data_size {size}, but {datatype} shape {shape} needs {needed} bytes")]
     BinarySize {
         /// The input.
         input: String,
         /// The size sent.
         size: usize,
+        /// The input's datatype (`FP32`, `INT64`).
+        datatype: &'static str,
         /// Its shape as sent (any rank: a pipeline's inputs have more than two dims).
         shape: Dims,
         /// Bytes the shape needs.
@@ -551,7 +634,7 @@ pub enum InputError {
         output: &'static str,
     },
     /// `action` or `neglogp` without `"sample": true`.
-    #[error("output {output}: draws actions; set the request parameter sample to true (and seed)")]
+    #[error("output {output} is drawn (actions, or a GPC prior's tokens); set the request parameter sample to true (and seed)")]
     NeedsSample {
         /// The output.
         output: &'static str,
@@ -688,6 +771,23 @@ pub enum RequestError {
         /// The budget.
         budget: usize,
     },
+    /// Answers in flight already fill their budget.
+    #[error("answers in flight fill the budget of {budget} bytes; retry later")]
+    AnswersBusy {
+        /// The budget.
+        budget: usize,
+    },
+    /// An answer larger than the whole answer budget (it could never be held).
+    #[error(
+        "the outputs asked for may take {bytes} bytes, over the budget of {budget} for all answers in flight: \
+         ask for fewer rows or outputs, or binary outputs"
+    )]
+    AnswerTooLarge {
+        /// The bound of the answer's size.
+        bytes: usize,
+        /// The budget.
+        budget: usize,
+    },
     /// The server is draining before it stops.
     #[error("the server is shutting down")]
     ShuttingDown,
@@ -737,13 +837,15 @@ impl RequestError {
             | RequestError::HeaderPastBody { .. }
             | RequestError::BadInput(_)
             | RequestError::NonFinite { .. }
+            | RequestError::AnswerTooLarge { .. }
             | RequestError::BodyRead(_) => StatusCode::BAD_REQUEST,
             RequestError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             RequestError::BodyTimeout { .. } | RequestError::BodyStalled { .. } => StatusCode::REQUEST_TIMEOUT,
             RequestError::TransferCoding { .. } => StatusCode::NOT_IMPLEMENTED,
-            RequestError::QueueFull { .. } | RequestError::Busy { .. } | RequestError::ShuttingDown => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
+            RequestError::QueueFull { .. }
+            | RequestError::Busy { .. }
+            | RequestError::AnswersBusy { .. }
+            | RequestError::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
             RequestError::Forward(_)
             | RequestError::PipelineForward(_)
             | RequestError::Panicked
@@ -755,7 +857,7 @@ impl RequestError {
     /// Seconds a client should wait before retrying (`Retry-After`), for refusals that pass.
     pub fn retry_after(&self) -> Option<u32> {
         match self {
-            RequestError::QueueFull { .. } | RequestError::Busy { .. } => Some(1),
+            RequestError::QueueFull { .. } | RequestError::Busy { .. } | RequestError::AnswersBusy { .. } => Some(1),
             _ => None,
         }
     }
@@ -773,12 +875,12 @@ impl RequestError {
             }
             RequestError::BadInput(_) => "bad_input",
             RequestError::NonFinite { .. } => "non_finite",
-            RequestError::TooLarge { .. } => "too_large",
+            RequestError::TooLarge { .. } | RequestError::AnswerTooLarge { .. } => "too_large",
             RequestError::BodyTimeout { .. } | RequestError::BodyStalled { .. } => "body_timeout",
             RequestError::TransferCoding { .. } => "transfer_coding",
             RequestError::BodyRead(_) => "body_read",
             RequestError::QueueFull { .. } => "queue_full",
-            RequestError::Busy { .. } => "busy",
+            RequestError::Busy { .. } | RequestError::AnswersBusy { .. } => "busy",
             RequestError::ShuttingDown => "shutting_down",
             RequestError::Forward(_)
             | RequestError::PipelineForward(_)

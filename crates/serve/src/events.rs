@@ -143,7 +143,8 @@ pub type EventSink = Arc<dyn Fn(&Event) + Send + Sync>;
 
 /// One [`Event::GlobalAllowed`] per global `model` was loaded with.
 pub(crate) fn report_allowed_globals(model: &crate::model::LoadedModel, events: &EventSink) {
-    for g in model.policy.iter().flat_map(|p| p.allowed_globals()) {
+    let prior = model.prior.iter().flat_map(|p| p.allowed_globals());
+    for g in model.policy.iter().flat_map(|p| p.allowed_globals()).chain(prior) {
         events(&Event::GlobalAllowed { file: g.file.clone(), key: g.key.clone(), global: g.global.clone() });
     }
 }

@@ -1,4 +1,5 @@
-//! Tensor data in JSON: reading it (nested or flat arrays of numbers,
+//! Tensor data in JSON: reading it (nested or flat arrays of numbers, or
+//! of integers for INT64 data,
 //! including the non-standard `NaN` / `Infinity` literals Triton accepts)
 //! and writing it (shortest round-trip digits; non-finite values as those
 //! literals).
@@ -129,6 +130,160 @@ impl<'de> Visitor<'de> for Flatten<'_> {
         while seq.next_element_seed(Flatten { out: &mut *self.out, depth: self.depth + 1, cap: self.cap })?.is_some() {}
         Ok(())
     }
+}
+
+/// What is wrong with one element of INT64 JSON data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IntProblem {
+    /// A fraction, an exponent, a string, a bool or null: not an integer
+    /// (as Triton's reader, which takes only JSON integers for INT64).
+    NotInteger,
+    /// An integer outside `[-2^63, 2^63)`.
+    OutOfRange,
+}
+
+impl std::fmt::Display for IntProblem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            IntProblem::NotInteger => "is not an integer",
+            IntProblem::OutOfRange => "is outside the int64 range",
+        })
+    }
+}
+
+/// Why [`read_ints`] refused a tensor's data.
+#[derive(Debug)]
+pub enum IntDataError {
+    /// More than `cap` values.
+    TooMany,
+    /// Element `index` (row-major) is not an int64: its JSON text, clipped, and why.
+    Element {
+        /// Its row-major position.
+        index: usize,
+        /// What was sent.
+        value: String,
+        /// What is wrong with it.
+        problem: IntProblem,
+    },
+    /// Not an array (serde_json's error, with the column).
+    Json(serde_json::Error),
+}
+
+/// Reads INT64 tensor data (flat or nested arrays of JSON integers), at
+/// most `cap` values, as [`read_data`] reads FP32 data: a value that is
+/// not a JSON integer in the int64 range is refused with its position.
+pub fn read_ints(raw: &serde_json::value::RawValue, cap: usize) -> Result<Vec<i64>, IntDataError> {
+    let text = raw.get();
+    let mut out = Vec::with_capacity(cap.min(text.len() / 2 + 1));
+    let mut bad = None;
+    let mut de = serde_json::Deserializer::from_str(text);
+    let r = IntFlatten { out: &mut out, bad: &mut bad, depth: 0, cap }.deserialize(&mut de).and_then(|()| de.end());
+    match (r, bad) {
+        (Ok(()), _) => Ok(out),
+        (Err(_), Some((index, value, problem))) => Err(IntDataError::Element { index, value, problem }),
+        (Err(_), None) if out.len() == cap && cap < usize::MAX => Err(IntDataError::TooMany),
+        (Err(e), None) => Err(IntDataError::Json(e)),
+    }
+}
+
+/// Appends every integer of a (nested) array to `out`; the first element
+/// that is not one is kept in `bad` (index, text, problem).
+struct IntFlatten<'a> {
+    out: &'a mut Vec<i64>,
+    bad: &'a mut Option<(usize, String, IntProblem)>,
+    depth: usize,
+    cap: usize,
+}
+
+impl IntFlatten<'_> {
+    fn push<E: serde::de::Error>(self, v: i64) -> Result<(), E> {
+        if self.out.len() == self.cap {
+            return Err(E::custom(format_args!("more than {} values", self.cap)));
+        }
+        self.out.push(v);
+        Ok(())
+    }
+
+    fn refuse<E: serde::de::Error>(self, value: String, problem: IntProblem) -> Result<(), E> {
+        let index = self.out.len();
+        let e = E::custom(format_args!("element {index} ({value}) {problem}"));
+        *self.bad = Some((index, value, problem));
+        Err(e)
+    }
+}
+
+impl<'de> DeserializeSeed<'de> for IntFlatten<'_> {
+    type Value = ();
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for IntFlatten<'_> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("an array of integers (flat or nested, row-major)")
+    }
+
+    fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<(), E> {
+        self.push(v)
+    }
+
+    fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<(), E> {
+        match i64::try_from(v) {
+            Ok(v) => self.push(v),
+            Err(_) => self.refuse(v.to_string(), IntProblem::OutOfRange),
+        }
+    }
+
+    fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<(), E> {
+        // serde_json reads integers past the u64 / i64 range as floats
+        let problem =
+            if v.fract() == 0.0 && v.abs() >= 2f64.powi(63) { IntProblem::OutOfRange } else { IntProblem::NotInteger };
+        self.refuse(ryu::Buffer::new().format(v).to_owned(), problem)
+    }
+
+    fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<(), E> {
+        self.refuse(crate::error::clip_json(v), IntProblem::NotInteger)
+    }
+
+    fn visit_bool<E: serde::de::Error>(self, v: bool) -> Result<(), E> {
+        self.refuse(v.to_string(), IntProblem::NotInteger)
+    }
+
+    fn visit_unit<E: serde::de::Error>(self) -> Result<(), E> {
+        self.refuse("null".into(), IntProblem::NotInteger)
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        if self.depth >= MAX_DEPTH {
+            return Err(A::Error::custom(format!("data nested deeper than {MAX_DEPTH} levels")));
+        }
+        while seq
+            .next_element_seed(IntFlatten {
+                out: &mut *self.out,
+                bad: &mut *self.bad,
+                depth: self.depth + 1,
+                cap: self.cap,
+            })?
+            .is_some()
+        {}
+        Ok(())
+    }
+}
+
+/// Appends `data` as a JSON array of integers.
+pub fn write_int_array(out: &mut Vec<u8>, data: &[i64]) {
+    let mut buf = itoa::Buffer::new();
+    out.push(b'[');
+    for (i, &v) in data.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        out.extend_from_slice(buf.format(v).as_bytes());
+    }
+    out.push(b']');
 }
 
 /// Deepest nesting [`quote_non_finite`] follows; past it the request is
@@ -308,6 +463,35 @@ mod tests {
         assert!(
             matches!(read_data(&raw, 9), Err(DataError::Json(e)) if e.to_string().contains("true is not a number"))
         );
+    }
+
+    #[test]
+    fn int_data_takes_json_integers_only_and_names_the_element() {
+        let read = |t: &str, cap| {
+            let raw: Box<serde_json::value::RawValue> = serde_json::from_str(t).unwrap();
+            read_ints(&raw, cap)
+        };
+        assert_eq!(
+            read("[[0, -3], [9223372036854775807, -9223372036854775808]]", 4).unwrap(),
+            [0, -3, i64::MAX, i64::MIN]
+        );
+        let element = |t: &str| match read(t, 9) {
+            Err(IntDataError::Element { index, value, problem }) => (index, value, problem),
+            other => panic!("{t}: {other:?}"),
+        };
+        assert_eq!(element("[1, 2.5]"), (1, "2.5".into(), IntProblem::NotInteger));
+        assert_eq!(element("[[1], [2, 3.0]]"), (2, "3.0".into(), IntProblem::NotInteger));
+        assert_eq!(element("[1e2]"), (0, "100.0".into(), IntProblem::NotInteger));
+        assert_eq!(element("[\"7\"]"), (0, "\"7\"".into(), IntProblem::NotInteger));
+        assert_eq!(element("[0, true]"), (1, "true".into(), IntProblem::NotInteger));
+        assert_eq!(element("[0, null]"), (1, "null".into(), IntProblem::NotInteger));
+        assert_eq!(element("[9223372036854775808]"), (0, "9223372036854775808".into(), IntProblem::OutOfRange));
+        assert_eq!(element("[-9223372036854775809]").2, IntProblem::OutOfRange);
+        assert!(matches!(read("[1, 2, 3]", 2), Err(IntDataError::TooMany)));
+        assert!(matches!(read("{}", 2), Err(IntDataError::Json(_))));
+        let mut out = Vec::new();
+        write_int_array(&mut out, &[0, -5, i64::MAX, i64::MIN]);
+        assert_eq!(serde_json::from_slice::<Vec<i64>>(&out).unwrap(), [0, -5, i64::MAX, i64::MIN]);
     }
 
     #[test]

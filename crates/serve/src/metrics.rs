@@ -58,6 +58,8 @@ pub struct Metrics {
     /// Bytes of the in-flight body budget held by requests being received
     /// or handled (charged as the bytes arrive).
     pub body_bytes_reserved: Gauge,
+    /// Bytes of the answer budget held (`Limits::max_inflight_answer_bytes`).
+    pub answer_bytes_reserved: Gauge,
     /// Connections open.
     pub connections: Gauge,
     /// Idle connections closed to make room for a new one (at the
@@ -103,6 +105,8 @@ impl Metrics {
             "Bytes of the in-flight request body budget held",
             body_bytes_reserved.clone(),
         );
+        let answer_bytes_reserved = Gauge::default();
+        r.register("answer_bytes_reserved", "Bytes of the in-flight answer budget held", answer_bytes_reserved.clone());
         let connections = Gauge::default();
         r.register("connections", "Connections open", connections.clone());
         let connections_evicted = Counter::default();
@@ -134,6 +138,7 @@ impl Metrics {
             queue_depth,
             in_flight,
             body_bytes_reserved,
+            answer_bytes_reserved,
             connections,
             connections_evicted,
             reloads,

@@ -13,6 +13,8 @@ use candle_core::Device;
 use pmstate_deploy::{Contract, Pipeline};
 use pmstate_policy::config::Family;
 use pmstate_policy::describe::MaskedMimicDescription;
+use pmstate_policy::gpc::describe::PriorDescription;
+use pmstate_policy::gpc::LatentPrior;
 use pmstate_policy::masked_mimic::VAE_NOISE_KEY;
 use pmstate_policy::{Description, MaskedMimic, Part, Policy};
 use serde::Serialize;
@@ -50,8 +52,50 @@ pub struct InputSpec {
     /// The shape of one row when the model fixes it whole (a pipeline's
     /// inputs: `[4]`, `[4, 29]`); `None` for a policy's `[rows, width]`.
     pub row_shape: Option<Vec<usize>>,
-    /// Whether a request may leave it out (MaskedMimic's `vae_noise`: zero then).
+    /// Whether a request may leave it out (MaskedMimic's `vae_noise`: zero
+    /// then; a GPC prior's `prior_tokens`: generated then, when sampling).
     pub optional: bool,
+    /// The element type a request sends.
+    pub datatype: Datatype,
+    /// For an INT64 input, the values it takes are `[0, int_below)` (a GPC
+    /// prior's tokens: its vocabulary); others are refused naming the row and position.
+    pub int_below: Option<usize>,
+}
+
+/// The element type of a tensor a client sends or gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "UPPERCASE")]
+pub enum Datatype {
+    /// float32: observations and every float output.
+    Fp32,
+    /// int64: a GPC prior's tokens.
+    Int64,
+}
+
+impl Datatype {
+    /// The protocol's name (`FP32`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Datatype::Fp32 => "FP32",
+            Datatype::Int64 => "INT64",
+        }
+    }
+
+    /// Triton's model configuration name (`TYPE_FP32`).
+    pub fn config_name(self) -> &'static str {
+        match self {
+            Datatype::Fp32 => "TYPE_FP32",
+            Datatype::Int64 => "TYPE_INT64",
+        }
+    }
+
+    /// Bytes of one element in binary data.
+    pub fn size(self) -> usize {
+        match self {
+            Datatype::Fp32 => 4,
+            Datatype::Int64 => 8,
+        }
+    }
 }
 
 impl InputSpec {
@@ -74,6 +118,8 @@ pub struct OutputSpec {
     pub shape: Vec<i64>,
     /// What computes it.
     pub source: Source,
+    /// Its element type.
+    pub datatype: Datatype,
 }
 
 /// What clients send and get: the same for every model a server swaps in.
@@ -91,6 +137,9 @@ pub struct Interface {
     pub action_size: usize,
     /// `PPOModel` or `AMPModel`.
     pub model: &'static str,
+    /// Logits one row makes (a GPC prior's `tokens x vocab`): a forward
+    /// holds at most [`MAX_LOGITS_PER_FORWARD`] of them.
+    pub logits_per_row: Option<usize>,
 }
 
 impl Interface {
@@ -108,6 +157,8 @@ impl Interface {
                 name: k,
                 row_shape: None,
                 optional: false,
+                datatype: Datatype::Fp32,
+                int_below: None,
             })
             .collect::<Vec<_>>();
         let ignored = policy.accepted_keys().into_iter().filter(|k| !inputs.iter().any(|i| &i.name == k)).collect();
@@ -115,32 +166,59 @@ impl Interface {
         let a = policy.action_size() as i64;
         let value = policy.widths().known.get(policy.critic().out_key()).map_or(-1, |&w| w as i64);
         let mut outputs = vec![
-            OutputSpec { name: "mean_action", shape: vec![-1, a], source: Source::ActorCritic },
-            OutputSpec { name: "value", shape: vec![-1, value], source: Source::ActorCritic },
-            OutputSpec { name: "std", shape: vec![a], source: Source::ActorCritic },
+            OutputSpec {
+                name: "mean_action",
+                shape: vec![-1, a],
+                source: Source::ActorCritic,
+                datatype: Datatype::Fp32,
+            },
+            OutputSpec { name: "value", shape: vec![-1, value], source: Source::ActorCritic, datatype: Datatype::Fp32 },
+            OutputSpec { name: "std", shape: vec![a], source: Source::ActorCritic, datatype: Datatype::Fp32 },
         ];
         let description = policy.describe()?;
         if let Some(w) = per_row_norm_width(&description) {
-            outputs.push(OutputSpec { name: "norm_obs", shape: vec![-1, w as i64], source: Source::ActorCritic });
+            outputs.push(OutputSpec {
+                name: "norm_obs",
+                shape: vec![-1, w as i64],
+                source: Source::ActorCritic,
+                datatype: Datatype::Fp32,
+            });
         }
         if let Some(scalars) = actor_fsq_scalars(&description) {
             outputs.push(OutputSpec {
                 name: "latent_codes",
                 shape: vec![-1, scalars as i64],
                 source: Source::ActorCritic,
+                datatype: Datatype::Fp32,
             });
         }
-        outputs.push(OutputSpec { name: "action", shape: vec![-1, a], source: Source::Sample });
-        outputs.push(OutputSpec { name: "neglogp", shape: vec![-1], source: Source::Sample });
+        outputs.push(OutputSpec {
+            name: "action",
+            shape: vec![-1, a],
+            source: Source::Sample,
+            datatype: Datatype::Fp32,
+        });
+        outputs.push(OutputSpec { name: "neglogp", shape: vec![-1], source: Source::Sample, datatype: Datatype::Fp32 });
         if let Some(amp) = policy.amp() {
             let w = |k: &str| policy.widths().known.get(k).map_or(-1, |&w| w as i64);
             let logits = w(amp.discriminator.out_key());
-            outputs.push(OutputSpec { name: "disc_logits", shape: vec![-1, logits], source: Source::Discriminator });
-            outputs.push(OutputSpec { name: "disc_reward", shape: vec![-1, logits], source: Source::Discriminator });
+            outputs.push(OutputSpec {
+                name: "disc_logits",
+                shape: vec![-1, logits],
+                source: Source::Discriminator,
+                datatype: Datatype::Fp32,
+            });
+            outputs.push(OutputSpec {
+                name: "disc_reward",
+                shape: vec![-1, logits],
+                source: Source::Discriminator,
+                datatype: Datatype::Fp32,
+            });
             outputs.push(OutputSpec {
                 name: "disc_value",
                 shape: vec![-1, w(amp.disc_critic.out_key())],
                 source: Source::Discriminator,
+                datatype: Datatype::Fp32,
             });
         }
         Ok(Interface {
@@ -150,6 +228,7 @@ impl Interface {
             outputs,
             action_size: policy.action_size(),
             model: policy.family().target(),
+            logits_per_row: None,
         })
     }
 
@@ -166,14 +245,29 @@ impl Interface {
                 discriminator: false,
                 row_shape: Some(i.row_shape.clone()),
                 optional: false,
+                datatype: Datatype::Fp32,
+                int_below: None,
             })
             .collect();
         let n = p.dims().num_dofs;
         let outputs = pmstate_deploy::OUTPUT_NAMES
             .iter()
-            .map(|&name| OutputSpec { name, shape: vec![-1, n as i64], source: Source::Pipeline })
+            .map(|&name| OutputSpec {
+                name,
+                shape: vec![-1, n as i64],
+                source: Source::Pipeline,
+                datatype: Datatype::Fp32,
+            })
             .collect();
-        Interface { inputs, ignored: Vec::new(), groups: Vec::new(), outputs, action_size: n, model: PIPELINE_MODEL }
+        Interface {
+            inputs,
+            ignored: Vec::new(),
+            groups: Vec::new(),
+            outputs,
+            action_size: n,
+            model: PIPELINE_MODEL,
+            logits_per_row: None,
+        }
     }
 
     /// The interface of a MaskedMimic model: its observations, then the
@@ -190,6 +284,8 @@ impl Interface {
                 name: k,
                 row_shape: None,
                 optional: false,
+                datatype: Datatype::Fp32,
+                int_below: None,
             })
             .collect();
         let latent = m.config.latent_dim;
@@ -200,12 +296,19 @@ impl Interface {
             discriminator: false,
             row_shape: None,
             optional: true,
+            datatype: Datatype::Fp32,
+            int_below: None,
         });
         let a = m.action_size().map_or(-1, |a| a as i64);
         let l = latent as i64;
         let outputs = [("mean_action", a), ("latent_mu", l), ("latent_logvar", l), ("latent", l)]
             .into_iter()
-            .map(|(name, w)| OutputSpec { name, shape: vec![-1, w], source: Source::ActorCritic })
+            .map(|(name, w)| OutputSpec {
+                name,
+                shape: vec![-1, w],
+                source: Source::ActorCritic,
+                datatype: Datatype::Fp32,
+            })
             .collect();
         let groups = m.widths.groups.iter().map(|g| (g.path.clone(), g.keys.clone(), g.total)).collect();
         Interface {
@@ -215,6 +318,69 @@ impl Interface {
             outputs,
             action_size: m.action_size().unwrap_or(0),
             model: pmstate_policy::config::MASKED_MIMIC_MODEL,
+            logits_per_row: None,
+        }
+    }
+
+    /// The interface of a GPC prior: its observations, then the optional
+    /// INT64 `prior_tokens` `[-1, tokens]` (values in `[0, vocab)`);
+    /// outputs `logits` `[-1, tokens, vocab]`, `mean_action`,
+    /// `latent_codes`, and `prior_tokens` when the request samples.
+    pub fn of_prior(p: &LatentPrior) -> Interface {
+        let tok = p.tokenization();
+        let mut inputs: Vec<InputSpec> = p
+            .obs_keys()
+            .into_iter()
+            .map(|k| InputSpec {
+                width: p.widths().known.get(&k).copied(),
+                actor_critic: true,
+                discriminator: false,
+                name: k,
+                row_shape: None,
+                optional: false,
+                datatype: Datatype::Fp32,
+                int_below: None,
+            })
+            .collect();
+        inputs.push(InputSpec {
+            name: p.token_key().to_owned(),
+            width: Some(tok.tokens),
+            actor_critic: true,
+            discriminator: false,
+            row_shape: None,
+            optional: true,
+            datatype: Datatype::Int64,
+            int_below: Some(tok.vocab),
+        });
+        let a = p.action_size().map_or(-1, |a| a as i64);
+        let (t, v) = (tok.tokens as i64, tok.vocab as i64);
+        let out = |name, shape, source, datatype| OutputSpec { name, shape, source, datatype };
+        let outputs = vec![
+            out("logits", vec![-1, t, v], Source::ActorCritic, Datatype::Fp32),
+            out("mean_action", vec![-1, a], Source::ActorCritic, Datatype::Fp32),
+            out("latent_codes", vec![-1, tok.scalars as i64], Source::ActorCritic, Datatype::Fp32),
+            out(PRIOR_TOKENS_OUTPUT, vec![-1, t], Source::Sample, Datatype::Int64),
+        ];
+        let groups = p.widths().groups.iter().map(|g| (g.path.clone(), g.keys.clone(), g.total)).collect();
+        Interface {
+            inputs,
+            ignored: Vec::new(),
+            groups,
+            outputs,
+            action_size: p.action_size().unwrap_or(0),
+            model: pmstate_policy::gpc::config::LATENT_PRIOR_MODEL,
+            logits_per_row: tok.tokens.checked_mul(tok.vocab),
+        }
+    }
+
+    /// Most rows one forward (and so one request) may hold: `max_batch`,
+    /// or fewer when the logits of that many rows would pass
+    /// [`MAX_LOGITS_PER_FORWARD`] (at least 1: a model whose single row
+    /// passes it is refused at load).
+    pub fn max_rows(&self, max_batch: usize) -> usize {
+        match self.logits_per_row {
+            Some(n) if n > 0 => max_batch.min(MAX_LOGITS_PER_FORWARD / n).max(1),
+            _ => max_batch,
         }
     }
 
@@ -268,6 +434,16 @@ impl Interface {
         None
     }
 }
+
+/// Most logits one forward of a GPC prior computes (2^24 float32: 64 MiB;
+/// its JSON answer is about 12 bytes a value). The published prior makes
+/// 8 x 59049 per row: 35 rows a forward, and a request of more rows is
+/// refused (400) before any work; merged requests stay under it too.
+pub const MAX_LOGITS_PER_FORWARD: usize = 1 << 24;
+
+/// The name of a GPC prior's generated-tokens output (its token key's name
+/// as ProtoMotions writes it).
+pub const PRIOR_TOKENS_OUTPUT: &str = "prior_tokens";
 
 /// The model class an [`Interface`] of a deployment pipeline names.
 pub const PIPELINE_MODEL: &str = "UnifiedPipeline";
@@ -398,14 +574,18 @@ pub enum ModelDescription {
     Policy(Box<Description>),
     /// A MaskedMimic model.
     MaskedMimic(Box<MaskedMimicDescription>),
+    /// A GPC prior.
+    Prior(Box<PriorDescription>),
 }
 
 /// A model ready to serve.
 pub struct LoadedModel {
-    /// The policy (a pipeline's actor's); `None` for a MaskedMimic model.
+    /// The policy (a pipeline's actor's); `None` for a MaskedMimic model or a GPC prior.
     pub policy: Option<Policy>,
     /// The MaskedMimic model, when one is served.
     pub masked_mimic: Option<MaskedMimic>,
+    /// The GPC prior, when one is served.
+    pub prior: Option<LatentPrior>,
     /// 1 for the first model, +1 per reload (the protocol's model version).
     pub version: u64,
     /// What clients send and get.
@@ -416,6 +596,13 @@ pub struct LoadedModel {
     pub description: ModelDescription,
     /// The deployment pipeline, when one is served (`policy` is then its actor's policy).
     pub pipeline: Option<Pipeline>,
+}
+
+/// What [`LoadedModel::load_with`] built, by the model's class.
+enum Built {
+    Policy(Box<Policy>),
+    MaskedMimic(Box<MaskedMimic>),
+    Prior(Box<LatentPrior>),
 }
 
 /// What a checkpoint is served as.
@@ -599,19 +786,59 @@ impl LoadedModel {
         let opts = pmstate_policy::LoadOptions { globals: files.globals };
         let (built, provenance) = load_checked(path, config, device, files, cancel, |config_path| {
             let configs = pmstate_ckpt::Checkpoint::open(config_path).map_err(|e| LoadError::Policy(e.into()))?;
-            if pmstate_policy::model_target(&configs)? == pmstate_policy::config::MASKED_MIMIC_MODEL {
-                drop(configs);
-                let m = MaskedMimic::load_with(path, Some(config_path), device, &opts)?;
-                return Ok((Some(config_path.display().to_string()), Err(Box::new(m))));
-            }
+            let target = pmstate_policy::model_target(&configs)?;
             drop(configs);
+            let shown = Some(config_path.display().to_string());
+            if target == pmstate_policy::config::MASKED_MIMIC_MODEL {
+                let m = MaskedMimic::load_with(path, Some(config_path), device, &opts)?;
+                return Ok((shown, Built::MaskedMimic(Box::new(m))));
+            }
+            if target == pmstate_policy::gpc::config::LATENT_PRIOR_MODEL {
+                let p = LatentPrior::load_with(path, Some(config_path), device, &opts)?;
+                return Ok((shown, Built::Prior(Box::new(p))));
+            }
             let policy = Policy::load_with(path, Some(config_path), device, &opts)?;
-            Ok((policy.config_path().map(str::to_owned), Ok(policy)))
+            Ok((policy.config_path().map(str::to_owned), Built::Policy(Box::new(policy))))
         })?;
         match built {
-            Ok(policy) => Self::from_policy(policy, provenance, pins, version),
-            Err(m) => Self::from_masked_mimic(*m, provenance, pins, version),
+            Built::Policy(policy) => Self::from_policy(*policy, provenance, pins, version),
+            Built::MaskedMimic(m) => Self::from_masked_mimic(*m, provenance, pins, version),
+            Built::Prior(p) => Self::from_prior(*p, provenance, pins, version),
         }
+    }
+
+    /// A GPC prior; `--width` pins do not apply (its widths are the
+    /// checkpoint's). Refused when one row's logits pass [`MAX_LOGITS_PER_FORWARD`].
+    fn from_prior(
+        p: LatentPrior,
+        provenance: Provenance,
+        pins: &[(String, usize)],
+        version: u64,
+    ) -> Result<LoadedModel, LoadError> {
+        let model = pmstate_policy::gpc::config::LATENT_PRIOR_MODEL;
+        if let Some((k, _)) = pins.first() {
+            return Err(LoadError::Pin { key: k.clone(), problem: PinProblem::NotPinnable { model } });
+        }
+        let interface = Interface::of_prior(&p);
+        let per_row = interface.logits_per_row.unwrap_or(usize::MAX);
+        if per_row > MAX_LOGITS_PER_FORWARD {
+            return Err(LoadError::TooManyLogits {
+                path: provenance.checkpoint.clone(),
+                per_row,
+                limit: MAX_LOGITS_PER_FORWARD,
+            });
+        }
+        let description = ModelDescription::Prior(Box::new(p.describe()));
+        Ok(LoadedModel {
+            policy: None,
+            masked_mimic: None,
+            prior: Some(p.with_max_logits(MAX_LOGITS_PER_FORWARD)),
+            version,
+            interface,
+            provenance,
+            description,
+            pipeline: None,
+        })
     }
 
     /// A MaskedMimic model; `--width` pins do not apply (its widths are the checkpoint's).
@@ -632,6 +859,7 @@ impl LoadedModel {
         Ok(LoadedModel {
             policy: None,
             masked_mimic: Some(m),
+            prior: None,
             version,
             interface,
             provenance,
@@ -662,6 +890,7 @@ impl LoadedModel {
         Ok(LoadedModel {
             policy: Some(policy),
             masked_mimic: None,
+            prior: None,
             version,
             interface,
             provenance,
@@ -700,6 +929,7 @@ impl LoadedModel {
         Ok(LoadedModel {
             policy: Some(policy),
             masked_mimic: None,
+            prior: None,
             version,
             interface,
             provenance,
@@ -708,7 +938,7 @@ impl LoadedModel {
         })
     }
 
-    /// The policy's family (`None` for a MaskedMimic model).
+    /// The policy's family (`None` for a MaskedMimic model or a GPC prior).
     pub fn family(&self) -> Option<Family> {
         self.policy.as_ref().map(Policy::family)
     }
@@ -740,6 +970,26 @@ mod tests {
         let ok = LoadedModel::load(&dir.join("last.ckpt"), None, &Device::Cpu, &[], 1).unwrap();
         assert!(ok.policy.is_none() && ok.masked_mimic.is_some());
         assert_eq!(ok.interface.input("vae_noise").map(|i| (i.optional, i.width)), Some((true, Some(8))));
+    }
+
+    /// A GPC prior: no pins; its forwards hold at most MAX_LOGITS_PER_FORWARD logits.
+    #[test]
+    fn a_gpc_prior_bounds_its_rows_by_its_logits() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata/policy/gpc_prior");
+        let ckpt = dir.join("inference_last.ckpt");
+        let e = LoadedModel::load(&ckpt, None, &Device::Cpu, &pins(&[("max_coords_obs", 343)]), 1).err().unwrap();
+        assert!(matches!(&e, LoadError::Pin { problem: PinProblem::NotPinnable { .. }, .. }), "{e}");
+        let m = LoadedModel::load(&ckpt, None, &Device::Cpu, &[], 1).unwrap();
+        assert!(m.prior.is_some() && m.policy.is_none());
+        let per_row = 20 * 81;
+        assert_eq!(m.interface.logits_per_row, Some(per_row));
+        assert_eq!(m.interface.max_rows(256), 256);
+        assert_eq!(m.interface.max_rows(1 << 20), MAX_LOGITS_PER_FORWARD / per_row);
+        let tokens = m.interface.input("prior_tokens").unwrap();
+        assert_eq!(
+            (tokens.datatype, tokens.optional, tokens.int_below, tokens.width),
+            (Datatype::Int64, true, Some(81), Some(20))
+        );
     }
 
     fn pin_problem(policy: &Policy, p: &[(&str, usize)]) -> (String, PinProblem) {

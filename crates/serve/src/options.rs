@@ -99,6 +99,15 @@ pub struct Limits {
     /// body does not fit is refused with 503 and Retry-After (memory stays
     /// bounded whatever the number of connections).
     pub max_inflight_body_bytes: usize,
+    /// Bytes of answers held at once (waiting for their forward, being
+    /// encoded or sent), all clients together. Each request reserves a
+    /// bound of its answer's size before it is queued (its rows times the
+    /// outputs it asks for, 16 bytes a JSON float, 21 a JSON int64, the
+    /// element size in binary), and gives it back once the answer is sent:
+    /// one that does not fit gets 503 and Retry-After, one that could never
+    /// fit 400. What bounds a GPC prior's logits answers (a small request
+    /// asking for many); a policy's answers are a few hundred values a row.
+    pub max_inflight_answer_bytes: usize,
     /// Longest time to receive a body: 408 after it.
     pub body_timeout: Duration,
     /// Longest pause between two pieces of a body: a client that stalls
@@ -126,6 +135,7 @@ impl Default for Limits {
         Limits {
             max_body_bytes: 64 << 20,
             max_inflight_body_bytes: 512 << 20,
+            max_inflight_answer_bytes: 1 << 30,
             body_timeout: Duration::from_secs(30),
             body_stall_timeout: Duration::from_secs(5),
             header_timeout: Duration::from_secs(30),

@@ -6,7 +6,7 @@ use serde::de::{DeserializeSeed, Deserializer, Error as _, MapAccess, SeqAccess,
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
-use crate::model::LoadedModel;
+use crate::model::{Datatype, LoadedModel};
 use crate::options::Batching;
 
 // The request is read into these shadow structs and nothing else: each
@@ -54,7 +54,7 @@ pub struct RequestInput<'a> {
     pub name: Name,
     /// `[rows, width]` (at most [`MAX_DIMS`] dimensions are read).
     pub shape: Shape,
-    /// Must be `FP32`.
+    /// `FP32` (`INT64` for a GPC prior's tokens).
     pub datatype: Name,
     /// `binary_data_size` for the binary extension.
     #[serde(default)]
@@ -325,7 +325,7 @@ impl Default for ServerMetadata {
 pub struct MetadataTensor {
     /// Name.
     pub name: String,
-    /// `FP32`.
+    /// `FP32`, or `INT64` (a GPC prior's tokens).
     pub datatype: &'static str,
     /// `-1` where variable (rows; widths the checkpoint leaves open).
     pub shape: Vec<i64>,
@@ -360,13 +360,17 @@ impl ModelMetadata {
                 .interface
                 .inputs
                 .iter()
-                .map(|i| MetadataTensor { name: i.name.clone(), datatype: "FP32", shape: i.shape() })
+                .map(|i| MetadataTensor { name: i.name.clone(), datatype: i.datatype.name(), shape: i.shape() })
                 .collect(),
             outputs: m
                 .interface
                 .outputs
                 .iter()
-                .map(|o| MetadataTensor { name: o.name.to_owned(), datatype: "FP32", shape: o.shape.clone() })
+                .map(|o| MetadataTensor {
+                    name: o.name.to_owned(),
+                    datatype: o.datatype.name(),
+                    shape: o.shape.clone(),
+                })
                 .collect(),
         }
     }
@@ -386,7 +390,7 @@ pub struct ModelReady {
 pub struct ConfigTensor {
     /// Name.
     pub name: String,
-    /// `TYPE_FP32`.
+    /// `TYPE_FP32`, or `TYPE_INT64` (a GPC prior's tokens).
     pub data_type: &'static str,
     /// Shape without the rows (`-1`: open).
     pub dims: Vec<i64>,
@@ -478,9 +482,9 @@ pub struct ReloadCounts {
 impl<'a> ModelConfigResponse<'a> {
     /// The configuration of `m` served as `name` with `batching`.
     pub fn of(name: &str, m: &'a LoadedModel, batching: &Batching, reloads: ReloadCounts) -> Self {
-        let tensor = |name: &str, shape: &[i64], rows: bool, optional: bool| ConfigTensor {
+        let tensor = |name: &str, datatype: Datatype, shape: &[i64], rows: bool, optional: bool| ConfigTensor {
             name: name.to_owned(),
-            data_type: "TYPE_FP32",
+            data_type: datatype.config_name(),
             dims: if rows { shape[1..].to_vec() } else { shape.to_vec() },
             optional,
         };
@@ -489,12 +493,17 @@ impl<'a> ModelConfigResponse<'a> {
             platform: PLATFORM,
             backend: "pmstate",
             max_batch_size: batching.max_batch,
-            input: m.interface.inputs.iter().map(|i| tensor(&i.name, &i.shape(), true, i.optional)).collect(),
+            input: m
+                .interface
+                .inputs
+                .iter()
+                .map(|i| tensor(&i.name, i.datatype, &i.shape(), true, i.optional))
+                .collect(),
             output: m
                 .interface
                 .outputs
                 .iter()
-                .map(|o| tensor(o.name, &o.shape, o.shape.first() == Some(&-1), false))
+                .map(|o| tensor(o.name, o.datatype, &o.shape, o.shape.first() == Some(&-1), false))
                 .collect(),
             dynamic_batching: DynamicBatching {
                 max_queue_delay_microseconds: batching.max_wait.as_micros() as u64,

@@ -17,7 +17,7 @@ use tokio::sync::oneshot;
 
 use crate::batcher::Job;
 use crate::decode::{decode, Expect};
-use crate::encode::encode;
+use crate::encode::{answer_bound, encode};
 use crate::error::RequestError;
 use crate::model::LoadedModel;
 use crate::protocol::{ModelConfigResponse, ModelMetadata, ModelReady, ServerMetadata};
@@ -360,6 +360,53 @@ async fn read_body(st: &AppState, headers: &HeaderMap, mut body: Body) -> Result
     Ok((Bytes::from(buf), held))
 }
 
+/// Permits for `n` bytes (the budget is under 4 GiB: more never fits).
+fn permits(n: usize) -> u32 {
+    u32::try_from(n).unwrap_or(u32::MAX)
+}
+
+/// Reserves `bytes` of the answer budget: 400 when the whole budget could
+/// not hold them, 503 while answers in flight leave too little.
+fn reserve_answer(st: &AppState, bytes: usize) -> Result<AnswerReservation, RequestError> {
+    let budget = st.limits.max_inflight_answer_bytes;
+    if bytes > budget {
+        return Err(RequestError::AnswerTooLarge { bytes, budget });
+    }
+    let permit = st.answer_budget.clone().try_acquire_many_owned(permits(bytes)).map_err(|e| match e {
+        tokio::sync::TryAcquireError::Closed => RequestError::ShuttingDown,
+        tokio::sync::TryAcquireError::NoPermits => RequestError::AnswersBusy { budget },
+    })?;
+    let gauge = st.metrics.answer_bytes_reserved.clone();
+    gauge.inc_by(permit.num_permits() as i64);
+    Ok(AnswerReservation { permit, gauge })
+}
+
+/// Bytes of the answer budget one request holds, counted in
+/// `pmstate_answer_bytes_reserved`; given back when dropped.
+struct AnswerReservation {
+    permit: tokio::sync::OwnedSemaphorePermit,
+    gauge: prometheus_client::metrics::gauge::Gauge,
+}
+
+impl Drop for AnswerReservation {
+    fn drop(&mut self) {
+        self.gauge.dec_by(self.permit.num_permits() as i64);
+    }
+}
+
+/// An encoded answer and its share of the answer budget, given back when
+/// the last reference to the bytes is dropped (after hyper has written them).
+struct HeldAnswer {
+    body: Vec<u8>,
+    _held: AnswerReservation,
+}
+
+impl AsRef<[u8]> for HeldAnswer {
+    fn as_ref(&self) -> &[u8] {
+        &self.body
+    }
+}
+
 async fn infer_inner(
     st: &Arc<AppState>,
     name: &str,
@@ -387,17 +434,30 @@ async fn infer_inner(
         .await
         .map_err(|e| RequestError::Task { what: "decoding", source: Arc::new(e) })??
     };
+    let bound = answer_bound(&model.interface, decoded.rows, &decoded.outputs);
     drop(model);
+    let mut held = reserve_answer(st, bound)?;
     let id = decoded.id.clone();
     let rows = decoded.rows;
     let (tx, rx) = oneshot::channel();
     st.batcher.submit(Job { req: decoded, enqueued: Instant::now(), reply: tx })?;
     let answer = rx.await.map_err(|_| RequestError::ShuttingDown)??;
     let enc = encode(&st.name, id.as_deref(), &answer);
+    drop(answer);
+    if enc.body.len() > bound {
+        // an open width counted as 1: charge the rest when the budget has it
+        if let Ok(more) = st.answer_budget.clone().try_acquire_many_owned(permits(enc.body.len() - bound)) {
+            held.gauge.inc_by(more.num_permits() as i64);
+            held.permit.merge(more);
+        }
+    }
     st.metrics.rows.inc_by(rows as u64);
-    let mut r = Response::new(Body::from(enc.body));
+    let header_len = enc.header_len;
+    // the reservation lives as long as the bytes: hyper drops them once they are written
+    let bytes = Bytes::from_owner(HeldAnswer { body: enc.body, _held: held });
+    let mut r = Response::new(Body::from(bytes));
     let h = r.headers_mut();
-    match enc.header_len {
+    match header_len {
         Some(n) => {
             h.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/octet-stream"));
             h.insert(HEADER_LENGTH, HeaderValue::from(n));

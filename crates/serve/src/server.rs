@@ -108,8 +108,13 @@ fn check(opts: &ServeOptions) -> Result<(), OptionsError> {
     if u32::try_from(budget).is_err() {
         return Err(OptionsError::BudgetTooLarge { budget });
     }
+    let answers = opts.limits.max_inflight_answer_bytes;
+    if u32::try_from(answers).is_err() {
+        return Err(OptionsError::AnswerBudgetTooLarge { budget: answers });
+    }
     let l = &opts.limits;
     let zero = [
+        ("max_inflight_answer_bytes", l.max_inflight_answer_bytes == 0),
         ("max_connections", l.max_connections == 0),
         ("header_timeout", l.header_timeout.is_zero()),
         ("body_timeout", l.body_timeout.is_zero()),
@@ -191,6 +196,7 @@ impl Server {
             limits,
             non_finite,
             body_budget: Arc::new(Semaphore::new(limits.max_inflight_body_bytes)),
+            answer_budget: Arc::new(Semaphore::new(limits.max_inflight_answer_bytes)),
             draining: AtomicBool::new(false),
             reloads: reloads.clone(),
         });

@@ -32,6 +32,8 @@ pub struct AppState {
     pub non_finite: NonFinite,
     /// Bytes of request bodies that may be held at once.
     pub body_budget: Arc<Semaphore>,
+    /// Bytes of answers that may be held at once ([`Limits::max_inflight_answer_bytes`]).
+    pub answer_budget: Arc<Semaphore>,
     /// Set when shutdown begins (readiness turns false).
     pub draining: AtomicBool,
     /// Reload outcomes.

@@ -163,6 +163,7 @@ pub fn run(a: Args, g: Global) -> Result<ExitCode, CliError> {
     opts.limits = Limits {
         max_body_bytes: a.max_body_bytes,
         max_inflight_body_bytes: defaults.max_inflight_body_bytes.max(a.max_body_bytes),
+        max_inflight_answer_bytes: defaults.max_inflight_answer_bytes,
         drain_timeout: Duration::from_secs_f64(a.drain_timeout),
         header_timeout: Duration::from_secs_f64(a.header_timeout),
         body_timeout: Duration::from_secs_f64(a.body_timeout),

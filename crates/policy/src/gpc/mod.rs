@@ -135,6 +135,16 @@ pub struct Sampling {
     pub top_p: f64,
 }
 
+/// Which draws one batch row of [`LatentPrior::generate_rows`] takes:
+/// those of row `row` under `seed` ([`top_p::draw`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RowDraw {
+    /// The seed of the row's request.
+    pub seed: u64,
+    /// The row's index within its request.
+    pub row: u64,
+}
+
 fn prior_err(path: &str, problem: PriorProblem) -> PolicyError {
     PolicyError::Prior { path: path.to_owned(), problem }
 }
@@ -594,6 +604,24 @@ impl LatentPrior {
     /// ([`top_p::sample`], the draw of each row and step from
     /// `sampling.seed`: [`top_p::draw`]), then decoded. `logits` holds each step's logits.
     pub fn generate(&self, obs: &HashMap<String, Tensor>, sampling: Sampling) -> Result<PriorOutputs> {
+        let b = self.check_obs(obs)?;
+        let draws: Vec<RowDraw> = (0..b as u64).map(|row| RowDraw { seed: sampling.seed, row }).collect();
+        self.generate_rows(obs, sampling, &draws)
+    }
+
+    /// [`LatentPrior::generate`] with each row's draws named apart:
+    /// batch row `i` draws as row `draws[i].row` under `draws[i].seed`
+    /// ([`top_p::draw`]; `sampling.seed` is not read). Rows of several
+    /// requests, each generated under its own seed, run as one batch and
+    /// each row gets exactly the tokens [`LatentPrior::generate`] gives its
+    /// request alone (the forward is row-independent). `draws` has one
+    /// entry per batch row.
+    pub fn generate_rows(
+        &self,
+        obs: &HashMap<String, Tensor>,
+        sampling: Sampling,
+        draws: &[RowDraw],
+    ) -> Result<PriorOutputs> {
         if sampling.temperature.is_nan() || sampling.temperature <= 0.0 || sampling.temperature.is_infinite() {
             return Err(prior_err(
                 "agent.model.temperature",
@@ -602,6 +630,9 @@ impl LatentPrior {
         }
         let b = self.check_obs(obs)?;
         self.check_logits(b)?;
+        if draws.len() != b {
+            return Err(prior_err(self.token_key(), PriorProblem::Draws { draws: draws.len(), batch: b }));
+        }
         if obs.contains_key(self.token_key()) {
             // generation draws its own tokens
             return Err(PolicyError::ExtraObs { key: self.token_key().to_owned(), expected: self.obs_keys() });
@@ -617,7 +648,8 @@ impl LatentPrior {
             let probs = crate::transformer::safe_softmax_last_dim(&logits.broadcast_div(&temp)?)?;
             let probs = probs.to_device(&Device::Cpu)?.to_vec2::<f32>()?;
             for (r, (row, p)) in rows.iter_mut().zip(&probs).enumerate() {
-                let u = top_p::draw(sampling.seed, r as u64, k as u64);
+                let d = draws[r];
+                let u = top_p::draw(d.seed, d.row, k as u64);
                 row.push(top_p::sample(p, sampling.top_p, u) as i64);
             }
             all_logits.push(logits);
@@ -703,5 +735,36 @@ mod tests {
         let big = vec![vec![0i64; 4]; MAX_ONE_HOT_ELEMENTS / (4 * 81) + 1];
         let e = p.encode_tokens(&big, 4).unwrap_err();
         assert!(matches!(e, PolicyError::Prior { problem: PriorProblem::OneHotTooLarge { .. }, .. }), "{e}");
+    }
+    /// Rows of two requests generated as one batch, each under its own
+    /// seed and row numbers, get bit for bit what each request gets alone.
+    #[test]
+    fn generate_rows_matches_each_request_alone() {
+        let p = LatentPrior::load_with(dir().join("inference_last.ckpt"), None, &Device::Cpu, &LoadOptions::default())
+            .unwrap();
+        let obs = candle_core::safetensors::load(dir().join("obs.safetensors"), &Device::Cpu).unwrap();
+        let rows = |a: usize, n: usize| -> HashMap<String, Tensor> {
+            obs.iter()
+                .filter(|(k, _)| k.as_str() != p.token_key())
+                .map(|(k, t)| (k.clone(), t.narrow(0, a, n).unwrap()))
+                .collect()
+        };
+        let (first, second) =
+            (p.generate(&rows(0, 3), p.sampling(7)).unwrap(), p.generate(&rows(3, 2), p.sampling(11)).unwrap());
+        let draws: Vec<RowDraw> =
+            (0..3).map(|row| RowDraw { seed: 7, row }).chain((0..2).map(|row| RowDraw { seed: 11, row })).collect();
+        let both = p.generate_rows(&rows(0, 5), p.sampling(0), &draws).unwrap();
+        let tokens = |t: &Tensor| t.to_vec2::<i64>().unwrap();
+        let mut want = tokens(&first.tokens);
+        want.extend(tokens(&second.tokens));
+        assert_eq!(tokens(&both.tokens), want);
+        let bits = |t: &Tensor| {
+            t.flatten_all().unwrap().to_vec1::<f32>().unwrap().iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+        };
+        let mut want = bits(&first.mean_action);
+        want.extend(bits(&second.mean_action));
+        assert_eq!(bits(&both.mean_action), want);
+        let e = p.generate_rows(&rows(0, 5), p.sampling(0), &draws[..4]).unwrap_err();
+        assert!(matches!(e, PolicyError::Prior { problem: PriorProblem::Draws { draws: 4, batch: 5 }, .. }), "{e}");
     }
 }

@@ -125,6 +125,14 @@ pub enum PriorProblem {
         /// The limit.
         limit: usize,
     },
+    /// [`super::LatentPrior::generate_rows`] given another number of draws than rows.
+    #[error("{draws} row draws for a batch of {batch} rows")]
+    Draws {
+        /// Draws given.
+        draws: usize,
+        /// Rows.
+        batch: usize,
+    },
     /// Teacher forcing without tokens.
     #[error(
         "no tokens: teacher forcing reads int64 [B, {tokens}] tokens here (generation, `--sample`, draws its own)"

@@ -7,6 +7,7 @@ mod common;
 mod bad_input;
 mod batching;
 mod files;
+mod gpc;
 mod hostile;
 mod pipeline;
 mod protocol;
