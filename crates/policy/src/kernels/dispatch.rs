@@ -65,6 +65,24 @@ impl<const W: usize> Kernel<W> {
     }
 }
 
+/// Asks for `rows` (a slice of a packed panel swept soon) to be brought
+/// into L2 (`prefetcht1`, one per 64-byte line; a hint that never faults,
+/// changes no value, and costs a load slot per line); nothing elsewhere
+/// than x86_64.
+#[inline(always)]
+pub(super) fn prefetch<const W: usize>(rows: &[Cols<W>]) {
+    #[cfg(target_arch = "x86_64")]
+    for row in rows {
+        for line in row.0.chunks(16) {
+            // SAFETY: a prefetch reads nothing and cannot fault; the
+            // address is inside `rows`. SSE is part of x86_64's baseline.
+            unsafe { std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(line.as_ptr().cast()) };
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = rows;
+}
+
 /// Panels per block for `mr` rows with 32-column panels (AVX-512): at most
 /// 24 zmm accumulators (two per row and panel), and at least 8 for the
 /// fused multiply-add latency of two pipes where the rows allow.

@@ -463,7 +463,19 @@ impl<const W: usize> Panels<W> {
                     let last = k1 == k;
                     let ep = if last { epilogue } else { Epilogue::Identity };
                     let bk = &b[k0..k1];
+                    // the slice swept next, asked for a share at a time
+                    // before each micro-panel: the first sweep of a slice
+                    // would otherwise wait for it to come from L3 or memory
+                    let next = if k1 < k {
+                        &b[k1..(k1 + blocking.kc).min(k)]
+                    } else if pi + 1 < p {
+                        &self.panels_from(pi + 1)[..blocking.kc.min(k)]
+                    } else {
+                        &[]
+                    };
+                    let share = next.len().div_ceil(rows.div_ceil(MR));
                     for (i, o) in tile.chunks_mut(MR).enumerate() {
+                        dispatch::prefetch(next.chunks(share.max(1)).nth(i).unwrap_or(&[]));
                         let r = o.len();
                         let kernel = if r == MR { &full } else { tail_kernel.as_ref().unwrap_or(&full) };
                         let panel = &a[i * MR * k..][..r * k];
