@@ -802,7 +802,9 @@ def mm_optimize(agent, source, n_epochs, seed, held_out):
     agent.register_algorithm_experience_buffer_keys_from_obs(obs_td)
     buffer_keys = sorted(k for k, _ in buf.named_buffers())
 
-    curve = []
+    curve = [{"epoch": 0, **held_out_loss(agent, held_out)}]  # before any step
+    print(f"   before training: held out: privileged {curve[0]['held_out_privileged_mse']:.5f}, "
+          f"prior {curve[0]['held_out_prior_mse']:.5f}", flush=True)
     done_indices = torch.arange(agent.num_envs, dtype=torch.long)
     agent.model.reset_rollout_context(env_ids=done_indices)  # fit(): reset on start
     agent.fit_start_time = FIXED_RUN_START_TIME
@@ -916,9 +918,9 @@ def _run_masked_mimic(fabric, root, vdir, name, desc, builder, verify, TensorDic
     label_var = float(held_out[1].var(dim=0, unbiased=False).mean())
     print(f"   held-out expert labels: per-action variance {label_var:.5f} (the MSE of their mean)", flush=True)
     curve, buffer_keys = mm_optimize(agent, source, spec["n_epochs"], seed, held_out)
-    first, last = curve[0], curve[-1]
+    first, last = curve[1], curve[-1]
     if not (last["train_loss"] < first["train_loss"] and last["held_out_privileged_mse"]
-            < first["held_out_privileged_mse"]):
+            < curve[0]["held_out_privileged_mse"]):
         raise SystemExit(f"{name}: the supervised loss did not decrease: {first} -> {last}")
     agent.save("last.ckpt")
     shutil.copyfile("last.ckpt", os.path.join(vdir, "last.ckpt"))
@@ -1047,7 +1049,7 @@ def _run_masked_mimic(fabric, root, vdir, name, desc, builder, verify, TensorDic
                    "from a simulator: the student's actions are not applied to anything, rewards and episode "
                    f"ends (p={MM_DONE_PROB}, resetting the rollout vae_noise) are seeded stand-ins",
             "experience_buffer_keys": buffer_keys,
-            "loss_curve": curve,
+            "loss_curve": curve,  # epoch 0: the held-out losses before training
             "held_out_label_variance": label_var,
             "held_out": f"{MM_HELD_OUT} rows of another stream of the same source, labelled by the expert; "
                         "privileged: the encoder path (the loss's prediction), prior: the deployed path "
