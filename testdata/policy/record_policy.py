@@ -638,6 +638,7 @@ def v_masked_mimic(root, expert_model_path=None):
     m.vae.vae_latent_dim = 8
     # the experiment's lr (2e-5) is for thousands of epochs; the few here
     # would leave the student near its initial, nearly constant, output
+    experiment_lr = m.optimizer.lr
     m.optimizer.lr = MM_STUDENT_LR
     try:
         inf = inference_configs(cfgs, mod, args)
@@ -645,7 +646,7 @@ def v_masked_mimic(root, expert_model_path=None):
         print(f"   no inference configs: {type(e).__name__}: {e}")
         inf = None
     return dict(cfgs=cfgs, inference_cfgs=inf, widths=dict(MM_WIDTHS), n_epochs=MM_EPOCHS, seed=22,
-                source=rel,
+                source=rel, experiment_lr=experiment_lr,
                 shrunk="tokens 512 -> 32, ff 1024 -> 48, 4 -> 2 layers (4 heads kept), hidden units "
                        "1024/256/128 -> 24/16/12, latent 64 -> 8; observation widths chosen here "
                        "(5 future and 5 historical steps as the experiment, fewer values per step)")
@@ -720,6 +721,7 @@ def mm_expert(fabric, root, scratch_rel):
     # mean_action for every state: labels without information. The expert is
     # pulled instead towards a fixed function of the standardized state
     # (what its normalizers learn), at a higher actor lr than the experiment's
+    experiment_lr = model.actor_optimizer.lr
     model.actor_optimizer.lr = MM_EXPERT["actor_lr"]
     torch.manual_seed(seed)
     # the student's distribution (same seed, so the same per-column moments;
@@ -758,7 +760,7 @@ def mm_expert(fabric, root, scratch_rel):
         "obs_widths": {k: MM_WIDTHS[k] for k in keys},
         "action_size": cfgs["robot"].number_of_actions,
         "shrunk": "hidden units 1024 -> 16 (actor and critic); observation widths the MaskedMimic variant's; "
-                  f"actor lr 2e-5 -> {MM_EXPERT['actor_lr']}",
+                  f"actor lr {experiment_lr} -> {MM_EXPERT['actor_lr']}",
         "train": {"iters": MM_EXPERT["n_iters"], "batch": MM_EXPERT["batch"], "seed": seed,
                   "how": "train() as for the tracker variants (normalizer moments, one step of each agent "
                          "optimizer per iteration on a synthetic loss), mean_action pulled towards "
@@ -1038,7 +1040,9 @@ def _run_masked_mimic(fabric, root, vdir, name, desc, builder, verify, TensorDic
             "num_envs": agent.num_envs, "num_steps": agent.num_steps, "batch": cfgs["agent"].batch_size,
             "num_mini_epochs": agent.num_mini_epochs,
             "optimizer_steps": spec["n_epochs"] * agent.max_num_batches(),
-            "optimizer": f"{mcfg.optimizer._target_} lr {lr} (the experiment's)",
+            "optimizer": f"{mcfg.optimizer._target_} lr {lr} (the experiment's {spec['experiment_lr']} raised: "
+                         "a few epochs at it leave the student near its initial output)",
+            "kld_term": "compute_model_loss's KL term (mean KL x the schedule's coefficient), as logged",
             "gradient_clip_val": cfgs["agent"].gradient_clip_val,
             "loss": f"compute_supervision_loss ({cfgs['agent'].loss.loss_type.value}: "
                     f"{cfgs['agent'].loss.prediction_key} vs {cfgs['agent'].loss.target_key}) + "
