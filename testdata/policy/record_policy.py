@@ -51,6 +51,20 @@ What each variant is built with (all ProtoMotions' own code):
   incl. training state) and the eval forward must give bit-identical
   tensors; likewise inference_last.ckpt with load_training_state=False.
 
+masked_mimic is trained as SupervisedAgent trains it, from an expert tracker
+(run_masked_mimic): a PPO tracker from the shipped smpl experiment, shrunk,
+fed the student's widths and fitted by train() to a synthetic target (no
+simulator, so no PPO run), is saved by BaseAgent.save with its
+resolved_configs.pt into a scratch dir; the masked_mimic experiment's configs
+are built with --expert-model-path pointing there (its env config adds the
+expert_* observation components, its agent config the path), the real
+SupervisedAgent loads and freezes the expert in create_model, and fit()'s
+epoch runs without a simulator (mm_optimize: the real ExperienceBuffer,
+collect_rollout_step labelling seeded stand-in states with the expert's
+mean_action, optimize_model / perform_optimization_step); saved by
+BaseAgent.save. gpc_prior is trained with SupervisedAgent's loss and
+optimizer on its model alone (run_gpc_prior).
+
 Written per variant, under testdata/policy/<variant>/: last.ckpt,
 [inference_last.ckpt], resolved_configs.pt, [resolved_configs_inference.pt],
 obs.safetensors (one f32 tensor per model in_key), expected.safetensors;
@@ -567,17 +581,45 @@ MM_WIDTHS = {
     "max_coords_obs": 24, "masked_mimic_target_poses": 5 * 10, "masked_mimic_target_masks": 5 * 3,
     "masked_mimic_target_times": 5, "masked_mimic_target_poses_masks": 5, "historical_pose_obs": 5 * 6,
     "previous_actions": 69,
-    # the privileged encoder's (training only)
+    # the privileged encoder's (training only); mimic_target_poses is also the expert's
     "mimic_target_poses": 40, "masked_mimic_target_bodies_masks": 5 * 3,
 }
 MM_MASK_KEYS = ["masked_mimic_target_masks", "masked_mimic_target_poses_masks", "masked_mimic_target_bodies_masks"]
+# observation components of the experiment's env that no model reads (the
+# experience buffer still holds them): width chosen here
+MM_ENV_ONLY_WIDTHS = {"historical_max_coords_obs": 2 * 12}
+# the values ObsSource draws (masks are drawn by mm_masks); env-only keys last,
+# so that the moments drawn for the model keys do not depend on them
+MM_SOURCE_WIDTHS = {**{k: w for k, w in MM_WIDTHS.items() if k not in MM_MASK_KEYS}, **MM_ENV_ONLY_WIDTHS}
+
+MM_EXPERT_REL = "data/pretrained_models/motion_tracker/smpl/experiment_config.py"
+MM_EXPERT_DIR = "masked_mimic_expert"  # relative to the scratch dir the variant runs in
+MM_EXPERT = dict(seed=23, n_iters=2000, batch=16, actor_lr=1e-3)
+# one epoch as fit() runs it: num_steps rollout steps of num_envs envs, then
+# optimize_model (num_envs * num_steps * num_mini_epochs / batch_size steps)
+MM_EPOCHS = 20
+MM_STUDENT_LR = 1e-3
+MM_DONE_PROB = 0.05  # stand-in episode ends (reset the model's rollout vae_noise)
+MM_HELD_OUT = 64
 
 
-def v_masked_mimic(root):
-    """MaskedMimic from the shipped experiment (examples/experiments/masked_mimic/transformer.py),
-    widths shrunk; trained a few steps with its own loss terms (see run_masked_mimic)."""
+def v_masked_mimic(root, expert_model_path=None):
+    """MaskedMimic from the shipped experiment (examples/experiments/masked_mimic/transformer.py)
+    with `--expert-model-path` set to the expert tracker (see mm_expert), widths shrunk."""
     rel = "examples/experiments/masked_mimic/transformer.py"
-    cfgs, mod, args = build_configs(root, rel, "smpl", "masked_mimic")
+    mod = load_experiment(root, rel)
+    args = experiment_args("smpl", "masked_mimic")
+    # additional_experiment_arguments: --expert-model-path
+    args.expert_model_path = expert_model_path
+    cfgs = PM.build_standard_configs(
+        args=args,
+        terrain_config_fn=mod.terrain_config,
+        scene_lib_config_fn=mod.scene_lib_config,
+        motion_lib_config_fn=mod.motion_lib_config,
+        env_config_fn=mod.env_config,
+        configure_robot_and_simulator_fn=getattr(mod, "configure_robot_and_simulator", None),
+        agent_config_fn=getattr(mod, "agent_config", None),
+    )
     m = cfgs["agent"].model
     units = {1024: 24, 256: 16, 128: 12}
     for container in (m.encoder, m.prior, m.trunk):
@@ -594,13 +636,17 @@ def v_masked_mimic(root):
                 sub.ff_size = 48
                 sub.num_layers = 2
     m.vae.vae_latent_dim = 8
+    # the experiment's lr (2e-5) is for thousands of epochs; the few here
+    # would leave the student near its initial, nearly constant, output
+    experiment_lr = m.optimizer.lr
+    m.optimizer.lr = MM_STUDENT_LR
     try:
         inf = inference_configs(cfgs, mod, args)
     except Exception as e:  # noqa: BLE001 (the eval overrides need a motion file)
         print(f"   no inference configs: {type(e).__name__}: {e}")
         inf = None
-    return dict(cfgs=cfgs, inference_cfgs=inf, widths=dict(MM_WIDTHS), n_iters=40, batch=16, seed=22,
-                source=rel, kind="masked_mimic",
+    return dict(cfgs=cfgs, inference_cfgs=inf, widths=dict(MM_WIDTHS), n_epochs=MM_EPOCHS, seed=22,
+                source=rel, experiment_lr=experiment_lr,
                 shrunk="tokens 512 -> 32, ff 1024 -> 48, 4 -> 2 layers (4 heads kept), hidden units "
                        "1024/256/128 -> 24/16/12, latent 64 -> 8; observation widths chosen here "
                        "(5 future and 5 historical steps as the experiment, fewer values per step)")
@@ -622,60 +668,273 @@ def mm_masks(g, n, rows_fixed=False):
     return out
 
 
-def run_masked_mimic(fabric, root, out_dir, name, desc, spec, verify):
-    """MaskedMimicModel built by its own class from the experiment's config,
-    trained `n_iters` Adam steps in train mode (normalizers record moments)
-    on MaskedMimicModel's own training loss terms (MSE of `privileged_action`
-    against a fixed synthetic target, plus the KL term at the experiment's
-    initial coefficient): there is no expert tracker here, so the targets
-    are synthetic, not SupervisedAgent's expert actions. Saved as
-    BaseAgent.save lays out the model (`{"model": state_dict, ...}`)."""
+class ObsView:
+    """The keys of another source a model is fed (the expert's training)."""
+
+    def __init__(self, source, keys):
+        self.source, self.keys = source, list(keys)
+
+    def sample(self, n):
+        obs = self.source.sample(n)
+        return {k: obs[k] for k in self.keys}
+
+
+class MMObsSource:
+    """What the masked_mimic env would observe, from seeded values instead of
+    a simulator: ObsSource's columns, mm_masks' masks, and each expert_<key>
+    the experiment adds (get_expert_observation_components: a copy of the
+    expert's own component, computed from the same state) as the same value
+    as <key>."""
+
+    def __init__(self, seed, expert_keys, stream=0):
+        self.base = ObsSource(MM_SOURCE_WIDTHS, seed, stream=stream)
+        self.g = torch.Generator().manual_seed(6000 + seed + 100000 * stream)
+        self.expert_keys = list(expert_keys)
+
+    def sample(self, n):
+        obs = self.base.sample(n)
+        obs.update(mm_masks(self.g, n))
+        for k in self.expert_keys:
+            obs[f"expert_{k}"] = obs[k].clone()
+        return obs
+
+
+def mm_expert(fabric, root, scratch_rel):
+    """The expert tracker: a PPO tracker from the shipped smpl experiment
+    (ProtoMotions' PPO agent and model), hidden units shrunk, fed the
+    MaskedMimic variant's widths for its keys, trained by train() towards a
+    fixed function of the state (no simulator, so not a PPO run), saved by
+    the real BaseAgent.save into scratch_rel with its resolved_configs.pt,
+    where load_resolved_configs_from_checkpoint finds it."""
+    cfgs, _mod, _args = build_configs(root, MM_EXPERT_REL, "smpl", "masked_mimic_expert")
+    model = cfgs["agent"].model
+    shrink_units(model.actor.mu_model, {1024: 16})
+    shrink_units(model.critic, {1024: 16})
+    keys = list(model.in_keys)
+    missing = [k for k in keys if k not in MM_WIDTHS]
+    if missing:
+        raise SystemExit(f"masked_mimic: the expert reads {missing}, not in MM_WIDTHS")
+    if cfgs["robot"].number_of_actions != MM_WIDTHS["previous_actions"]:
+        raise SystemExit("masked_mimic: the expert's action size is not MM_WIDTHS['previous_actions']")
+    seed = MM_EXPERT["seed"]
+    # an untrained actor (relu MLP, default init) gives nearly the same
+    # mean_action for every state: labels without information. The expert is
+    # pulled instead towards a fixed function of the standardized state
+    # (what its normalizers learn), at a higher actor lr than the experiment's
+    experiment_lr = model.actor_optimizer.lr
+    model.actor_optimizer.lr = MM_EXPERT["actor_lr"]
+    torch.manual_seed(seed)
+    # the student's distribution (same seed, so the same per-column moments;
+    # another stream of draws)
+    base = ObsSource(MM_SOURCE_WIDTHS, 22, stream=2)
+    source = ObsView(base, keys)
+    n_act = cfgs["robot"].number_of_actions
+    d = sum(MM_WIDTHS[k] for k in keys)
+    w = torch.randn(d, n_act, generator=torch.Generator().manual_seed(8000 + seed), dtype=torch.float64) / math.sqrt(d)
+
+    def target(obs):
+        z = torch.cat([(obs[k].double() - base.mean[k]) / base.scale[k] for k in keys], dim=-1)
+        return (0.5 * torch.tanh(z @ w)).float()
+
+    os.makedirs(scratch_rel)
+    agent = make_agent(fabric, cfgs, source, scratch_rel)
+    train(agent, source, MM_EXPERT["n_iters"], MM_EXPERT["batch"], seed, target=target)
+    # how much of the target's spread it follows (on fresh states)
+    check = ObsView(ObsSource(MM_SOURCE_WIDTHS, 22, stream=4), keys).sample(256)
+    with torch.no_grad():
+        mean_action = agent.model(agent.obs_dict_to_tensordict(dict(check)))["mean_action"]
+    goal = target(check)
+    fit = {"target_variance": float(goal.var(dim=0, unbiased=False).mean()),
+           "mean_action_variance": float(mean_action.var(dim=0, unbiased=False).mean()),
+           "mse_to_target": float((mean_action - goal).pow(2).mean())}
+    print(f"   expert on 256 fresh states: {fit}", flush=True)
+    agent.save("last.ckpt")
+    os.remove(os.path.join(scratch_rel, "env_0.ckpt"))
+    save_resolved_configs(cfgs, os.path.join(scratch_rel, "resolved_configs.pt"))
+    ck = os.path.join(scratch_rel, "last.ckpt")
+    return {
+        "source": MM_EXPERT_REL,
+        "agent_target": cfgs["agent"]._target_,
+        "model_target": model._target_,
+        "actor_in_keys": list(model.actor.in_keys),
+        "obs_widths": {k: MM_WIDTHS[k] for k in keys},
+        "action_size": cfgs["robot"].number_of_actions,
+        "shrunk": "hidden units 1024 -> 16 (actor and critic); observation widths the MaskedMimic variant's; "
+                  f"actor lr {experiment_lr} -> {MM_EXPERT['actor_lr']}",
+        "train": {"iters": MM_EXPERT["n_iters"], "batch": MM_EXPERT["batch"], "seed": seed,
+                  "how": "train() as for the tracker variants (normalizer moments, one step of each agent "
+                         "optimizer per iteration on a synthetic loss), mean_action pulled towards "
+                         "0.5 * tanh(z @ W), z the state standardized by the source's moments, W fixed seeded "
+                         "normal / sqrt(width): no simulator, so not a PPO run (an untrained actor's mean_action "
+                         "hardly depends on the state)",
+                  "fit_on_256_fresh_states": fit},
+        "saved_with": "BaseAgent.save (real code path) + resolved_configs.pt, into a scratch dir "
+                      f"(expert_model_path '{ck}', relative to it); not kept",
+        "checkpoint_sha256": sha256(ck),
+    }
+
+
+def mm_optimize(agent, source, n_epochs, seed, held_out):
+    """fit()'s epoch without a simulator: the real ExperienceBuffer, its keys
+    registered as fit() registers them; per epoch num_steps rollout steps in
+    eval mode (observations from `source`, collect_rollout_step: the student's
+    outputs and the expert's mean_action as expert_actions through
+    _collect_rollout_output; post_env_step_modifications and
+    record_rollout_step with stand-in rewards and episode ends), then
+    optimize_model (DictDataset minibatches, perform_optimization_step:
+    supervised_step = compute_supervision_loss with the config's loss +
+    compute_model_loss's KL at the schedule's coefficient, _step_optimizer
+    with gradient clipping and the configured optimizer)."""
+    from protomotions.agents.utils.data import ExperienceBuffer
+    import numpy as np
+    np.random.seed(seed)  # DictDataset.shuffle draws from numpy's global RNG
+    torch.manual_seed(5000 + seed)  # vae_noise resets draw from torch's
+    g = torch.Generator().manual_seed(4000 + seed)
+    agent.experience_buffer = buf = ExperienceBuffer(agent.num_envs, agent.num_steps, device=agent.device)
+    obs_td = agent.obs_dict_to_tensordict(agent.add_agent_info_to_obs(agent.env.get_obs()))
+    for key, t in obs_td.items():
+        buf.register_key(key, shape=t.shape[1:], dtype=t.dtype)
+    with agent._eval_model_for_buffer_registration(), torch.no_grad():
+        agent._register_model_output_keys(agent.model(obs_td))
+    buf.register_key("rewards")
+    if agent.config.normalize_rewards:
+        buf.register_key("unnormalized_rewards")
+    buf.register_key("dones", dtype=torch.long)
+    agent.register_algorithm_experience_buffer_keys()
+    agent.register_algorithm_experience_buffer_keys_from_obs(obs_td)
+    buffer_keys = sorted(k for k, _ in buf.named_buffers())
+
+    curve = [{"epoch": 0, **held_out_loss(agent, held_out)}]  # before any step
+    print(f"   before training: held out: privileged {curve[0]['held_out_privileged_mse']:.5f}, "
+          f"prior {curve[0]['held_out_prior_mse']:.5f}", flush=True)
+    done_indices = torch.arange(agent.num_envs, dtype=torch.long)
+    agent.model.reset_rollout_context(env_ids=done_indices)  # fit(): reset on start
+    agent.fit_start_time = FIXED_RUN_START_TIME
+    for _ in range(n_epochs):
+        agent.eval()
+        with torch.no_grad():
+            for step in range(agent.num_steps):
+                agent.pre_collect_step(step)
+                obs_td = agent.obs_dict_to_tensordict(agent.add_agent_info_to_obs(agent.env.get_obs()))
+                for key, t in obs_td.items():
+                    buf.update_data(key, step, t)
+                out = agent.collect_rollout_step(obs_td, step)
+                agent.check_for_nans(obs_td, out)
+                rewards = torch.randn(agent.num_envs, generator=g) * 0.5 + 1.0
+                dones = (torch.rand(agent.num_envs, generator=g) < MM_DONE_PROB).long()
+                dones, terminated, extras = agent.post_env_step_modifications(dones, dones.clone(), {})
+                done_indices = dones.nonzero(as_tuple=False).squeeze(-1)
+                agent.record_rollout_step(None, out["action"], rewards, dones, terminated, done_indices,
+                                          extras, step)
+                agent.step_count += agent.get_step_count_increment()
+            agent.normalize_rewards_in_buffer()
+        log = agent.optimize_model()
+        agent.current_epoch += 1
+        curve.append({"epoch": agent.current_epoch,
+                      "train_loss": float(log["losses/supervised_loss"]),
+                      "train_mse": float(log[f"{agent.config.loss.log_prefix}/mse"]),
+                      "kld_term": float(log["model/kld_loss"]),
+                      "kld_coeff": float(log["model/kld_coeff"]),
+                      **held_out_loss(agent, held_out)})
+        c = curve[-1]
+        print(f"   epoch {c['epoch']:3d}: train loss {c['train_loss']:.5f} (mse {c['train_mse']:.5f}, "
+              f"kld term {c['kld_term']:.2e}); held out: privileged {c['held_out_privileged_mse']:.5f}, "
+              f"prior {c['held_out_prior_mse']:.5f}", flush=True)
+    agent.eval()
+    return curve, buffer_keys
+
+
+def mm_held_out(agent, source, seed):
+    """A fixed batch with its expert labels (vae_noise given: the batch is
+    larger than the rollout state)."""
+    obs = source.sample(MM_HELD_OUT)
+    obs["vae_noise"] = torch.randn(MM_HELD_OUT, agent.config.model.vae.vae_latent_dim,
+                                   generator=torch.Generator().manual_seed(7000 + seed))
+    td = agent.obs_dict_to_tensordict(obs)
+    agent.eval()
+    with torch.no_grad():
+        labels = agent._collect_rollout_output(td.clone())["expert_actions"].clone()
+    return td, labels
+
+
+def held_out_loss(agent, held_out):
+    td, labels = held_out
+    agent.eval()
+    with torch.no_grad():
+        out = agent.model(td.clone())
+    return {"held_out_privileged_mse": float((out["privileged_action"] - labels).pow(2).mean()),
+            "held_out_prior_mse": float((out["action"] - labels).pow(2).mean())}
+
+
+def run_masked_mimic(fabric, root, out_dir, name, desc, builder, verify):
+    """The expert tracker first (mm_expert), then the masked_mimic experiment's
+    configs with --expert-model-path set to it, the REAL SupervisedAgent
+    (make_agent: its create_model loads and freezes the expert's actor, the
+    stand-in env provides the expert_* observations), trained by mm_optimize,
+    saved by the real BaseAgent.save path. Runs in a scratch dir (the expert's
+    path in resolved_configs.pt is relative to it)."""
     from tensordict import TensorDict
-    cfgs = spec["cfgs"]
-    torch.manual_seed(spec["seed"])
+    out_dir = os.path.abspath(out_dir)
+    root = os.path.abspath(root)
     vdir = os.path.join(out_dir, name)
     if os.path.isdir(vdir):
         shutil.rmtree(vdir)
     os.makedirs(vdir)
+    cwd = os.getcwd()
+    with tempfile.TemporaryDirectory() as scratch:
+        os.chdir(scratch)
+        try:
+            return _run_masked_mimic(fabric, root, vdir, name, desc, builder, verify, TensorDict)
+        finally:
+            os.chdir(cwd)
+
+
+def _run_masked_mimic(fabric, root, vdir, name, desc, builder, verify, TensorDict):
+    expert = mm_expert(fabric, root, MM_EXPERT_DIR)
+    expert_path = os.path.join(MM_EXPERT_DIR, "last.ckpt")
+    spec = builder(root, expert_model_path=expert_path)
+    cfgs = spec["cfgs"]
+    env_keys = list(cfgs["env"].observation_components)
+    expert_keys = [k[len("expert_"):] for k in env_keys if k.startswith("expert_")]
+    if sorted(expert_keys) != sorted(expert["actor_in_keys"]):
+        raise SystemExit(f"{name}: the env's expert_* components {expert_keys} are not the expert actor's "
+                         f"in_keys {expert['actor_in_keys']}")
     mcfg = cfgs["agent"].model
-    model = PM.get_class(mcfg._target_)(config=mcfg)
-    source = ObsSource({k: w for k, w in MM_WIDTHS.items() if k not in MM_MASK_KEYS}, spec["seed"])
-    g = torch.Generator().manual_seed(6000 + spec["seed"])
-    latent = mcfg.vae.vae_latent_dim
-    n_act = MM_WIDTHS["previous_actions"]
-    proj = torch.randn(MM_WIDTHS["max_coords_obs"], n_act, generator=g) * 0.3
-
-    def batch(n):
-        obs = source.sample(n)
-        obs.update(mm_masks(g, n))
-        return obs
-
-    # first forward materializes the lazy normalizers; then Adam
-    model.train()
-    with torch.no_grad():
-        model(TensorDict({**batch(spec["batch"]), "vae_noise": torch.randn(spec["batch"], latent, generator=g)},
-                         batch_size=[spec["batch"]]))
-    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-    for _ in range(spec["n_iters"]):
-        obs = batch(spec["batch"])
-        td = TensorDict({**obs, "vae_noise": torch.randn(spec["batch"], latent, generator=g)},
-                        batch_size=[spec["batch"]])
-        out = model(td)
-        target = torch.tanh(obs["max_coords_obs"] @ proj)
-        loss = (out["privileged_action"] - target).pow(2).mean()
-        loss = loss + 1e-4 * model.kl_loss(out).sum(-1).mean()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-    model.eval()
-    torch.save({"model": model.state_dict(), "epoch": spec["n_iters"]}, os.path.join(vdir, "last.ckpt"))
+    model_keys = set(PM.get_class(mcfg._target_)(config=copy.deepcopy(mcfg)).in_keys)
+    own = [k for k in env_keys if not k.startswith("expert_")]
+    if set(own) != set(MM_WIDTHS) | set(MM_ENV_ONLY_WIDTHS) or not model_keys <= set(MM_WIDTHS):
+        raise SystemExit(f"{name}: env components {own} / model in_keys {sorted(model_keys)} do not match "
+                         "MM_WIDTHS + MM_ENV_ONLY_WIDTHS")
+    seed = spec["seed"]
+    torch.manual_seed(seed)
+    source = MMObsSource(seed, expert_keys)
+    agent = make_agent(fabric, cfgs, source, ".")
+    if agent.expert_model is None or any(p.requires_grad for p in agent.expert_model.parameters()):
+        raise SystemExit(f"{name}: SupervisedAgent did not load a frozen expert")
+    # the expert's actor as the agent loaded it must be the saved one
+    saved = torch.load(expert_path, map_location="cpu", weights_only=False)["model"]
+    for k, v in agent.expert_actor.state_dict().items():
+        if not torch.equal(v, saved[f"_actor.{k}"]):
+            raise SystemExit(f"{name}: expert actor {k} differs from the expert checkpoint")
+    held_out = mm_held_out(agent, MMObsSource(seed, expert_keys, stream=3), seed)
+    label_var = float(held_out[1].var(dim=0, unbiased=False).mean())
+    print(f"   held-out expert labels: per-action variance {label_var:.5f} (the MSE of their mean)", flush=True)
+    curve, buffer_keys = mm_optimize(agent, source, spec["n_epochs"], seed, held_out)
+    first, last = curve[1], curve[-1]
+    if not (last["train_loss"] < first["train_loss"] and last["held_out_privileged_mse"]
+            < curve[0]["held_out_privileged_mse"]):
+        raise SystemExit(f"{name}: the supervised loss did not decrease: {first} -> {last}")
+    agent.save("last.ckpt")
+    shutil.copyfile("last.ckpt", os.path.join(vdir, "last.ckpt"))
     save_resolved_configs(cfgs, os.path.join(vdir, "resolved_configs.pt"))
     if spec.get("inference_cfgs") is not None:
         save_resolved_configs(spec["inference_cfgs"], os.path.join(vdir, "resolved_configs_inference.pt"))
+    model = agent.model
+    latent = mcfg.vae.vae_latent_dim
 
     # eval batch: inference keys only
     inf_keys = model.get_inference_in_keys()
-    ev = source.eval_batch()
+    ev = ObsSource(MM_SOURCE_WIDTHS, seed).eval_batch()
     ev.update(mm_masks(torch.Generator().manual_seed(3001), 8, rows_fixed=True))
     obs = {k: ev[k] for k in inf_keys}
     noise = torch.randn(8, latent, generator=torch.Generator().manual_seed(3002))
@@ -706,6 +965,7 @@ def run_masked_mimic(fabric, root, out_dir, name, desc, spec, verify):
             res[f"norm.{p}.out"] = v
         return res
 
+    model.eval()
     expected = infer(model, obs, noise)
     zero = infer(model, obs, torch.zeros_like(noise))
     expected["zero_noise.action"] = zero["action"]
@@ -717,41 +977,88 @@ def run_masked_mimic(fabric, root, out_dir, name, desc, spec, verify):
     write_safetensors(os.path.join(vdir, "obs.safetensors"), {**obs, "vae_noise": noise})
     write_safetensors(os.path.join(vdir, "expected.safetensors"), expected)
 
+    def check(got, how):
+        for k, v in got.items():
+            if not torch.equal(v, expected[k]):
+                raise SystemExit(f"{name}: {k} differs after {how}")
+
     verified = []
     if verify:
         loaded = torch.load(os.path.join(vdir, "resolved_configs.pt"), map_location="cpu", weights_only=False)
-        torch.manual_seed(999)
-        again = PM.get_class(loaded["agent"].model._target_)(config=loaded["agent"].model)
-        with torch.no_grad():  # materialize the lazy normalizers before load_state_dict
-            again.train()
-            again(TensorDict({**batch(2), "vae_noise": torch.zeros(2, latent)}, batch_size=[2]))
-        ck = torch.load(os.path.join(vdir, "last.ckpt"), map_location="cpu", weights_only=False)
-        again.load_state_dict(ck["model"])
-        again.eval()
-        got = infer(again, obs, noise)
-        for k, v in got.items():
-            if not torch.equal(v, expected[k]):
-                raise SystemExit(f"{name}: {k} differs after load_state_dict")
-        verified.append("last.ckpt (load_state_dict into a fresh MaskedMimicModel)")
+        torch.manual_seed(999)  # different init: everything must come from the checkpoint
+        with tempfile.TemporaryDirectory() as scratch:
+            again = make_agent(fabric, loaded, MMObsSource(seed + 77, expert_keys), scratch)
+            again.load(os.path.join(vdir, "last.ckpt"), load_env=False, load_training_state=True)
+            again.eval()
+            check(infer(again.model, obs, noise), "agent.load")
+        verified.append("last.ckpt (SupervisedAgent from resolved_configs.pt, expert reloaded from its path, "
+                        "agent.load with load_training_state=True)")
+        if spec.get("inference_cfgs") is not None:
+            loaded = torch.load(os.path.join(vdir, "resolved_configs_inference.pt"), map_location="cpu",
+                                weights_only=False)
+            assert loaded["agent"].expert_model_path is None
+            torch.manual_seed(998)
+            fresh = PM.get_class(loaded["agent"].model._target_)(config=loaded["agent"].model)
+            with torch.no_grad():  # materialize the lazy normalizers before load_state_dict
+                fresh.train()
+                fresh(TensorDict({**source.sample(2), "vae_noise": torch.zeros(2, latent)}, batch_size=[2]))
+            fresh.load_state_dict(torch.load(os.path.join(vdir, "last.ckpt"), map_location="cpu",
+                                             weights_only=False)["model"])
+            fresh.eval()
+            check(infer(fresh, obs, noise), "load_state_dict from the inference configs")
+            verified.append("last.ckpt's model through resolved_configs_inference.pt (no expert: "
+                            "load_state_dict into a fresh MaskedMimicModel)")
+    ck = torch.load(os.path.join(vdir, "last.ckpt"), map_location="cpu", weights_only=False)
     files = {}
     for f in sorted(os.listdir(vdir)):
         p = os.path.join(vdir, f)
         files[f] = {"bytes": os.path.getsize(p), "sha256": sha256(p)}
+    lr = mcfg.optimizer.lr
     return {
         "name": name,
         "description": desc,
         "source": spec["source"],
         "shrunk": spec["shrunk"],
         "agent_target": cfgs["agent"]._target_,
+        "agent_class": f"{type(agent).__module__}.{type(agent).__name__}",
         "model_target": mcfg._target_,
         # chosen here, not the env config's component widths (its compute functions need
         # masked-mimic context stand-ins real_obs_widths does not make)
         "chosen_obs_widths": dict(MM_WIDTHS),
+        "env_only_obs_widths": dict(MM_ENV_ONLY_WIDTHS),
         "inference_in_keys": list(inf_keys),
-        "saved_with": "torch.save({'model': model.state_dict(), 'epoch': n}) (BaseAgent.save's model layout; "
-                      "no SupervisedAgent: no expert tracker here)",
-        "train": {"iters": spec["n_iters"], "batch": spec["batch"], "seed": spec["seed"],
-                  "loss": "MSE(privileged_action, tanh(max_coords_obs @ fixed random)) + 1e-4 * KL; Adam lr 1e-3"},
+        "expert": expert,
+        "checkpoint_top_level_keys": list(ck.keys()),
+        "saved_with": "BaseAgent.save (real code path: SupervisedAgent.get_state_dict, model + "
+                      "supervised_optimizer; stand-in env, Fabric DDP/gloo on 1 CPU process)",
+        "resolved_configs_with": "reproduction of train_agent.save_configs; resolved_configs.pt keeps the "
+                                 f"expert's path ('{expert_path}', relative to the scratch dir it ran in) and "
+                                 "its expert_* components; resolved_configs_inference.pt after the "
+                                 "experiment's apply_inference_overrides (expert removed)",
+        "train": {
+            "epochs": spec["n_epochs"], "seed": seed,
+            "num_envs": agent.num_envs, "num_steps": agent.num_steps, "batch": cfgs["agent"].batch_size,
+            "num_mini_epochs": agent.num_mini_epochs,
+            "optimizer_steps": spec["n_epochs"] * agent.max_num_batches(),
+            "optimizer": f"{mcfg.optimizer._target_} lr {lr} (the experiment's {spec['experiment_lr']} raised: "
+                         "a few epochs at it leave the student near its initial output)",
+            "kld_term": "compute_model_loss's KL term (mean KL x the schedule's coefficient), as logged",
+            "gradient_clip_val": cfgs["agent"].gradient_clip_val,
+            "loss": f"compute_supervision_loss ({cfgs['agent'].loss.loss_type.value}: "
+                    f"{cfgs['agent'].loss.prediction_key} vs {cfgs['agent'].loss.target_key}) + "
+                    "MaskedMimicModel.compute_model_loss (KL at the schedule's coefficient)",
+            "how": "SupervisedAgent's own code paths (see mm_optimize): rollouts of the student in eval mode "
+                   "labelled by the frozen expert's mean_action, the real ExperienceBuffer, optimize_model / "
+                   "perform_optimization_step. The states come from the seeded ObsSource (MMObsSource), not "
+                   "from a simulator: the student's actions are not applied to anything, rewards and episode "
+                   f"ends (p={MM_DONE_PROB}, resetting the rollout vae_noise) are seeded stand-ins",
+            "experience_buffer_keys": buffer_keys,
+            "loss_curve": curve,  # epoch 0: the held-out losses before training
+            "held_out_label_variance": label_var,
+            "held_out": f"{MM_HELD_OUT} rows of another stream of the same source, labelled by the expert; "
+                        "privileged: the encoder path (the loss's prediction), prior: the deployed path "
+                        "(action), both with the same vae_noise",
+        },
         "eval": {"rows": EVAL_ROWS, "masks": "row 0 all valid, 1 all masked, 2 alternating, 3 first half masked, "
                                              "others random", "vae_noise": "seeded normal, row 6 zero",
                  "mode": "model.eval(), torch.no_grad(), forward_inference; f64.*: the same in float64"},
@@ -839,7 +1146,8 @@ VARIANTS = [
      v_module_ops_amp),
     ("masked_mimic", "MaskedMimic (VAE prior with a transformer over the current state, 5 masked future "
                      "target poses and 5 historical poses; trunk MLP over the latent), from the shipped "
-                     "masked_mimic/transformer.py experiment, shrunk", v_masked_mimic),
+                     "masked_mimic/transformer.py experiment, shrunk; trained by SupervisedAgent from a frozen "
+                     "expert tracker (smpl PPO, shrunk)", v_masked_mimic),
     ("gpc_prior", "GPC prior (DiscreteAutoregressiveLatentPriorModel) built from the shipped gpc_prior/soma_bones "
                   "experiment config over the frozen soma_fsq_tracker decoder: context MLP (gelu, normalized) as "
                   "the sequence prefix, one-hot token Linear, learned positions, post-norm gelu transformer under "
@@ -853,7 +1161,7 @@ VARIANTS = [
 class ObsSource:
     """Seeded observations with per-column means and scales."""
 
-    def __init__(self, widths, seed):
+    def __init__(self, widths, seed, stream=0):
         self.widths = dict(widths)
         g = torch.Generator().manual_seed(1000 + seed)
         self.mean, self.scale = {}, {}
@@ -861,7 +1169,8 @@ class ObsSource:
             self.mean[k] = (torch.rand(w, generator=g, dtype=torch.float64) * 6.0 - 3.0)
             self.scale[k] = torch.exp(torch.rand(w, generator=g, dtype=torch.float64)
                                       * (math.log(5.0) - math.log(0.05)) + math.log(0.05))
-        self.g = torch.Generator().manual_seed(2000 + seed)
+        # another stream: the same moments, other draws
+        self.g = torch.Generator().manual_seed(2000 + seed + 100000 * stream)
 
     def sample(self, n):
         return {k: (self.mean[k] + self.scale[k] * torch.randn(n, w, generator=self.g, dtype=torch.float64)).float()
@@ -924,15 +1233,21 @@ def agent_optimizers(agent):
     return opts
 
 
-def train(agent, source, n_iters, batch, seed):
+def train(agent, source, n_iters, batch, seed, target=None):
+    """`target`: None (mean_action pulled to 0.3), or a function of the
+    observation dict giving the mean_action to pull to."""
     g = torch.Generator().manual_seed(4000 + seed)
     torch.manual_seed(5000 + seed)  # PPOActor samples actions with the global RNG
     opts = agent_optimizers(agent)
     for _ in range(n_iters):
         agent.train()
-        td = agent.obs_dict_to_tensordict(source.sample(batch))
+        obs = source.sample(batch)
+        td = agent.obs_dict_to_tensordict(obs)
         out = agent.model(td)
-        loss = (out["mean_action"] - 0.3).pow(2).mean() + 1e-2 * out["neglogp"].mean()
+        if target is None:
+            loss = (out["mean_action"] - 0.3).pow(2).mean() + 1e-2 * out["neglogp"].mean()
+        else:
+            loss = (out["mean_action"] - target(obs)).pow(2).mean()
         loss = loss + (out["value"] - 1.0).pow(2).mean()
         if "disc_logits" in out.keys():
             loss = loss + torch.nn.functional.softplus(-out["disc_logits"]).mean()
@@ -1138,8 +1453,6 @@ def norm_pre_clamp(captured, model):
 
 def run_variant(fabric, root, out_dir, name, desc, builder, verify):
     spec = builder(root)
-    if spec.get("kind") == "masked_mimic":
-        return run_masked_mimic(fabric, root, out_dir, name, desc, spec, verify)
     cfgs = spec["cfgs"]
     torch.manual_seed(spec["seed"])
     vdir = os.path.join(out_dir, name)
@@ -1453,7 +1766,7 @@ def run_gpc_prior(fabric, root, out_dir, name, desc, builder, verify):
     }
 
 
-RUNNERS = {"gpc_prior": run_gpc_prior}
+RUNNERS = {"masked_mimic": run_masked_mimic, "gpc_prior": run_gpc_prior}
 
 
 def main():
