@@ -177,9 +177,13 @@ def experiment_args(robot, name):
     )
 
 
-def build_configs(root, rel, robot, name):
+def build_configs(root, rel, robot, name, **extra_args):
+    """The experiment's configs as train_agent.py builds them; `extra_args`
+    are the experiment's additional_experiment_arguments (e.g. expert_model_path)."""
     mod = load_experiment(root, rel)
     args = experiment_args(robot, name)
+    for k, v in extra_args.items():
+        setattr(args, k, v)
     cfgs = PM.build_standard_configs(
         args=args,
         terrain_config_fn=mod.terrain_config,
@@ -607,19 +611,8 @@ def v_masked_mimic(root, expert_model_path=None):
     """MaskedMimic from the shipped experiment (examples/experiments/masked_mimic/transformer.py)
     with `--expert-model-path` set to the expert tracker (see mm_expert), widths shrunk."""
     rel = "examples/experiments/masked_mimic/transformer.py"
-    mod = load_experiment(root, rel)
-    args = experiment_args("smpl", "masked_mimic")
     # additional_experiment_arguments: --expert-model-path
-    args.expert_model_path = expert_model_path
-    cfgs = PM.build_standard_configs(
-        args=args,
-        terrain_config_fn=mod.terrain_config,
-        scene_lib_config_fn=mod.scene_lib_config,
-        motion_lib_config_fn=mod.motion_lib_config,
-        env_config_fn=mod.env_config,
-        configure_robot_and_simulator_fn=getattr(mod, "configure_robot_and_simulator", None),
-        agent_config_fn=getattr(mod, "agent_config", None),
-    )
+    cfgs, mod, args = build_configs(root, rel, "smpl", "masked_mimic", expert_model_path=expert_model_path)
     m = cfgs["agent"].model
     units = {1024: 24, 256: 16, 128: 12}
     for container in (m.encoder, m.prior, m.trunk):
