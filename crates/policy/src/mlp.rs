@@ -400,22 +400,11 @@ pub(crate) fn load_linear_keys(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn values(len: usize, seed: u32) -> Vec<f32> {
-        let mut s = seed | 1;
-        (0..len)
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 17;
-                s ^= s << 5;
-                (s as f32 / u32::MAX as f32) * 6.0 - 2.0
-            })
-            .collect()
-    }
+    use crate::kernels::tests::values;
 
     fn layer_norm(n: usize) -> LayerNorm {
-        let weight = Tensor::from_vec(values(n, 7), n, &Device::Cpu).expect("weight");
-        let bias = Tensor::from_vec(values(n, 11), n, &Device::Cpu).expect("bias");
+        let weight = Tensor::from_vec(values(n, 7, 3.0), n, &Device::Cpu).expect("weight");
+        let bias = Tensor::from_vec(values(n, 11, 3.0), n, &Device::Cpu).expect("bias");
         LayerNorm { weight, bias, key: "ln".into() }
     }
 
@@ -428,10 +417,10 @@ mod tests {
         for n in [1usize, 16, 37, 512] {
             let ln = layer_norm(n);
             let rows = 5;
-            let x = values(rows * n, 3);
+            let x = values(rows * n, 3, 3.0);
             let t = Tensor::from_vec(x.clone(), (rows, n), &Device::Cpu).expect("x");
             let got = ln.forward(&t).expect("forward").to_vec2::<f32>().expect("out");
-            let (g, b) = (values(n, 7), values(n, 11));
+            let (g, b) = (values(n, 7, 3.0), values(n, 11, 3.0));
             for (r, row) in x.chunks(n).enumerate() {
                 let mean = row.iter().map(|&v| v as f64).sum::<f64>() / n as f64;
                 let var = row.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / n as f64;

@@ -15,7 +15,7 @@
 //! action function maps each action row alone. A GPC prior's transformer
 //! is row-independent too (attention mixes positions of one row, never
 //! rows), and its generation draws each row's tokens from its request's
-//! seed and its index within the request (see [`Worker::prior`]).
+//! seed and its index within the request (see `Worker::prior`).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -554,12 +554,12 @@ fn interleave_rows(x: &[f32], m: usize, k: usize) -> Vec<f32> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     /// Uniform in [-1, 1): values that round in every sum, so any change
     /// of order shows in the bits.
-    fn values(len: usize, seed: u32, scale: f32) -> Vec<f32> {
+    pub(crate) fn values(len: usize, seed: u32, scale: f32) -> Vec<f32> {
         let mut s = seed | 1;
         (0..len)
             .map(|_| {
