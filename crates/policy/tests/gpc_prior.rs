@@ -14,10 +14,13 @@
 //! sampler's draws over many seeds against the filtered probabilities with
 //! a chi-square test (a 1e-6 upper-tail quantile).
 
+mod common;
+
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Device, Tensor};
+use common::f32s;
 use pmstate_ckpt::{Checkpoint, Node};
 use pmstate_policy::bound::{within, Bounded};
 use pmstate_policy::gpc::config::PriorModelConfig;
@@ -63,23 +66,7 @@ fn derived(name: &str, got: &Tensor, torch: &Tensor, torch_f64: Option<&Tensor>,
         };
         assert_eq!(within(&f, &widened, 1.0), None, "{name}: torch's float64 forward outside the bound");
     }
-    assert!(g.iter().all(|v| v.is_finite()), "{name}: non-finite");
-    assert_eq!(within(&t, r, 1.0), None, "{name}: torch float32 outside the derived bound");
-    assert_eq!(within(&g, r, 1.0), None, "{name}: ours outside the derived bound");
-    let centred =
-        Bounded { shape: r.shape.clone(), value: t.iter().map(|v| *v as f64).collect(), bound: r.bound.clone() };
-    assert_eq!(within(&g, &centred, 2.0), None, "{name}: |ours - torch| > 2 bound");
-    let max_bound = r.bound.iter().fold(0.0f64, |m, b| m.max(*b));
-    let scale = r.value.iter().fold(0.0f64, |m, v| m.max(v.abs()));
-    // and says something: at most 1 percent of the stage's magnitude (observed: 0.24 percent at most)
-    assert!(max_bound <= 1e-2 * scale.max(1.0), "{name}: bound {max_bound:e} vs scale {scale:e}");
-    let max_err =
-        t.iter().chain(&g).zip(r.value.iter().chain(&r.value)).fold(0.0f64, |m, (a, b)| m.max((*a as f64 - b).abs()));
-    max_bound / max_err.max(f64::MIN_POSITIVE)
-}
-
-fn f32s(t: &Tensor) -> Vec<f32> {
-    t.flatten_all().unwrap().to_vec1::<f32>().unwrap()
+    common::float32_within_bound(name, &g, &t, r, "observed: 0.24 percent at most")
 }
 
 #[test]
