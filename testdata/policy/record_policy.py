@@ -9,7 +9,8 @@ PATH is a checkout of github:NVlabs/ProtoMotions (recorded against commit
 607ca7a0bb92e261120bcab8d9f97f28b3130ffc). Its `protomotions` package is
 imported from PATH at run time; nothing of it is copied here. Needs torch,
 lightning, tensordict (0.9), safetensors-compatible numpy, and what
-`protomotions.agents` imports (see /work/notes/venv-versions.txt).
+`protomotions.agents` imports (testdata/policy/requirements-record.txt pins
+what it last ran with).
 
 What each variant is built with (all ProtoMotions' own code):
 - configs: `protomotions.utils.config_builder.build_standard_configs` on the
