@@ -176,16 +176,10 @@ impl LatentPrior {
     ) -> Result<Self> {
         let checkpoint = checkpoint.as_ref();
         let config_path = find_config(checkpoint, config)?;
-        let mut allowed = Vec::new();
         let configs = Checkpoint::open(&config_path)?;
-        crate::load::vet_globals(&configs, crate::GlobalRule::Config, opts, &mut allowed)?;
-        let node = ["agent.model", "model"]
-            .iter()
-            .find_map(|k| configs.get(k).filter(|n| matches!(n, pmstate_ckpt::Node::Object(_))).map(|n| (k, n)));
-        let Some((key, node)) = node else {
-            return Err(PolicyError::NoModelConfig { file: configs.path_str().to_owned(), path: "agent.model".into() });
-        };
-        let model = PriorModelConfig::from_node(node, key)?;
+        let mut allowed = crate::load::vet(&configs, crate::GlobalRule::Config, opts)?;
+        let (node, key) = crate::load::model_node(&configs)?;
+        let model = PriorModelConfig::from_node(node, &key)?;
         let ckpt = Checkpoint::open(checkpoint)?;
         crate::load::vet_globals(&ckpt, crate::GlobalRule::Checkpoint, opts, &mut allowed)?;
         let mut p = Self::from_parts(model, &ckpt, device)?;
