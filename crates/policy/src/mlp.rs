@@ -109,19 +109,26 @@ impl LayerNorm {
         let g = self.weight.to_vec1::<f32>()?;
         let b = self.bias.to_vec1::<f32>()?;
         let mut v = x.flatten_all()?.to_vec1::<f32>()?;
-        let eps = LAYER_NORM_EPS as f32;
-        v.par_chunks_mut(n).for_each(|row| {
-            let mean = lane_sum(row, |e| e) / n as f32;
-            for e in row.iter_mut() {
-                *e -= mean;
-            }
-            let var = lane_sum(row, |e| e * e) / n as f32;
-            let denom = (var + eps).sqrt();
-            for ((e, &gi), &bi) in row.iter_mut().zip(&g).zip(&b) {
-                *e = *e / denom * gi + bi;
-            }
-        });
+        v.par_chunks_mut(n).for_each(|row| layer_norm_row(row, &g, &b));
         Ok(Tensor::from_vec(v, x.dims(), &Device::Cpu)?)
+    }
+}
+
+/// One row of [`LayerNorm::forward`] in place, float32: `((x - mean) /
+/// sqrt(var + eps)) * g + b` with the two means as [`lane_sum`]s (the order
+/// the row-wise path and the transformer's CPU path share).
+#[inline]
+pub(crate) fn layer_norm_row(row: &mut [f32], g: &[f32], b: &[f32]) {
+    let n = row.len() as f32;
+    let eps = LAYER_NORM_EPS as f32;
+    let mean = lane_sum(row, |e| e) / n;
+    for e in row.iter_mut() {
+        *e -= mean;
+    }
+    let var = lane_sum(row, |e| e * e) / n;
+    let denom = (var + eps).sqrt();
+    for ((e, &gi), &bi) in row.iter_mut().zip(g).zip(b) {
+        *e = *e / denom * gi + bi;
     }
 }
 
@@ -130,7 +137,7 @@ impl LayerNorm {
 /// that the compiler can vectorize, where a left-to-right float sum is one
 /// chain of dependent adds.
 #[inline]
-fn lane_sum(row: &[f32], f: impl Fn(f32) -> f32) -> f32 {
+pub(crate) fn lane_sum(row: &[f32], f: impl Fn(f32) -> f32) -> f32 {
     let mut acc = [0f32; 16];
     let chunks = row.chunks_exact(16);
     let tail = chunks.remainder().iter().map(|&v| f(v)).sum::<f32>();

@@ -38,6 +38,8 @@ use crate::error::{PolicyError, Result};
 use crate::mlp::{load_linear, load_linear_keys, load_vec, LayerNorm, Linear};
 use crate::problem::AttentionProblem;
 
+mod rows;
+
 /// The sizes of a `TransformerEncoder`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TransformerSpec {
@@ -170,6 +172,13 @@ impl TransformerEncoder {
             return Err(self.err(AttentionProblem::InputShape { shape: x.dims().to_vec() }));
         }
         let bias = self.score_bias(b, s, x.device(), masks)?;
+        if x.elem_count() == 0 {
+            // no rows or no tokens: nothing to attend to, nothing to map
+            return Ok(x.clone());
+        }
+        if x.device().is_cpu() && x.dtype() == DType::F32 && self.rows_ready() {
+            return self.forward_rows(x, b, s, masks);
+        }
         let mut h = x.contiguous()?;
         for layer in &self.layers {
             h = layer.forward(&h, bias.as_ref())?;

@@ -7,7 +7,8 @@
 //!
 //! The bound is derived (`pmstate_policy::bound::attention`): torch's and
 //! this crate's float32 outputs lie within it of the float64 reference, and
-//! within twice it of each other.
+//! within twice it of each other; both of this crate's paths are checked
+//! (the float32 CPU row path, and the candle path other devices take).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -56,34 +57,38 @@ fn every_position_matches_torchs_slow_path_within_the_derived_bound() {
     let c = cases();
     let mut loosest = 0.0f64;
     for (act, activation) in [("relu", Activation::Relu), ("gelu", Activation::Gelu)] {
-        let enc = encoder(act, activation);
-        for case in ["none", "pad", "add", "both", "soft"] {
-            let m = masks(&c, case);
-            let reference = enc.reference(&c["x"], &m).unwrap();
-            let got = f32s(&enc.forward(&c["x"], &m).unwrap());
-            let torch = f32s(&c[&format!("{act}.{case}.slow")]);
-            let torch_f64 = flat(&c[&format!("{act}.{case}.f64")]);
-            assert_eq!(reference.shape, c["x"].dims());
-            // the reference is torch's float64 forward (to float64 rounding)
-            for (i, (a, b)) in reference.value.iter().zip(&torch_f64).enumerate() {
-                assert!((a - b).abs() <= 1e-9 * (1.0 + b.abs()), "{act}/{case} [{i}]: f64 {a} vs torch f64 {b}");
+        let rows = encoder(act, activation);
+        for (path, enc) in [("rows", &rows), ("candle", &candle_path(&rows))] {
+            for case in ["none", "pad", "add", "both", "soft"] {
+                let m = masks(&c, case);
+                let reference = enc.reference(&c["x"], &m).unwrap();
+                let got = f32s(&enc.forward(&c["x"], &m).unwrap());
+                let torch = f32s(&c[&format!("{act}.{case}.slow")]);
+                let torch_f64 = flat(&c[&format!("{act}.{case}.f64")]);
+                // messages name the path too
+                let act = format!("{act}/{path}");
+                assert_eq!(reference.shape, c["x"].dims());
+                // the reference is torch's float64 forward (to float64 rounding)
+                for (i, (a, b)) in reference.value.iter().zip(&torch_f64).enumerate() {
+                    assert!((a - b).abs() <= 1e-9 * (1.0 + b.abs()), "{act}/{case} [{i}]: f64 {a} vs torch f64 {b}");
+                }
+                assert!(got.iter().all(|v| v.is_finite()), "{act}/{case}: non-finite output");
+                assert_eq!(within(&torch, &reference, 1.0), None, "{act}/{case}: torch float32 outside the bound");
+                assert_eq!(within(&got, &reference, 1.0), None, "{act}/{case}: ours outside the bound");
+                let torch_as_ref = Bounded {
+                    shape: reference.shape.clone(),
+                    value: torch.iter().map(|v| *v as f64).collect(),
+                    bound: reference.bound.clone(),
+                };
+                assert_eq!(within(&got, &torch_as_ref, 2.0), None, "{act}/{case}: |ours - torch| > 2 bound");
+                loosest = loosest.max(looseness(&reference, &[&torch, &got]));
+                let max_bound = reference.bound.iter().fold(0.0f64, |m, b| m.max(*b));
+                let max_err = torch.iter().zip(&reference.value).fold(0.0f64, |m, (t, v)| m.max((*t as f64 - v).abs()));
+                // the bound says something: far below the outputs' scale
+                let scale = reference.value.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+                assert!(max_bound < 1e-3 * scale, "{act}/{case}: bound {max_bound:e} vs scale {scale:e}");
+                eprintln!("{act}/{case}: max bound {max_bound:.1e}, torch's max error {max_err:.1e}");
             }
-            assert!(got.iter().all(|v| v.is_finite()), "{act}/{case}: non-finite output");
-            assert_eq!(within(&torch, &reference, 1.0), None, "{act}/{case}: torch float32 outside the bound");
-            assert_eq!(within(&got, &reference, 1.0), None, "{act}/{case}: ours outside the bound");
-            let torch_as_ref = Bounded {
-                shape: reference.shape.clone(),
-                value: torch.iter().map(|v| *v as f64).collect(),
-                bound: reference.bound.clone(),
-            };
-            assert_eq!(within(&got, &torch_as_ref, 2.0), None, "{act}/{case}: |ours - torch| > 2 bound");
-            loosest = loosest.max(looseness(&reference, &[&torch, &got]));
-            let max_bound = reference.bound.iter().fold(0.0f64, |m, b| m.max(*b));
-            let max_err = torch.iter().zip(&reference.value).fold(0.0f64, |m, (t, v)| m.max((*t as f64 - v).abs()));
-            // the bound says something: far below the outputs' scale
-            let scale = reference.value.iter().fold(0.0f64, |m, v| m.max(v.abs()));
-            assert!(max_bound < 1e-3 * scale, "{act}/{case}: bound {max_bound:e} vs scale {scale:e}");
-            eprintln!("{act}/{case}: max bound {max_bound:.1e}, torch's max error {max_err:.1e}");
         }
     }
     eprintln!("transformer_encoder: max over elements of bound / observed error = {loosest:.0}");
@@ -103,6 +108,48 @@ fn looseness(r: &Bounded, forwards: &[&[f32]]) -> f64 {
 
 fn f32s(t: &Tensor) -> Vec<f32> {
     t.flatten_all().unwrap().to_vec1::<f32>().unwrap()
+}
+
+/// `enc` with every Linear on candle's matmul: its forward takes the
+/// candle path (the one other devices and dtypes take) instead of the
+/// float32 CPU row path.
+fn candle_path(enc: &TransformerEncoder) -> TransformerEncoder {
+    let mut e = enc.clone();
+    for l in &mut e.layers {
+        for lin in [&mut l.self_attn.in_proj, &mut l.self_attn.out_proj, &mut l.linear1, &mut l.linear2] {
+            lin.packed = None;
+        }
+    }
+    e
+}
+
+/// The server's batching promise on the row path: a batch row's output
+/// bits are the same computed alone (with its own mask row) as inside the
+/// batch, and the same on one thread as on two.
+#[test]
+fn a_rows_bits_do_not_depend_on_the_batch_or_the_thread_count() {
+    let c = cases();
+    let x = &c["x"];
+    let batch = x.dims()[0];
+    let bits = |t: &Tensor| f32s(t).iter().map(|v| v.to_bits()).collect::<Vec<u32>>();
+    let pool = |n: usize| rayon::ThreadPoolBuilder::new().num_threads(n).build().unwrap();
+    for (act, activation) in [("relu", Activation::Relu), ("gelu", Activation::Gelu)] {
+        let enc = encoder(act, activation);
+        for case in ["none", "pad", "add", "both", "soft"] {
+            let m = masks(&c, case);
+            let one = pool(1).install(|| bits(&enc.forward(x, &m).unwrap()));
+            let two = pool(2).install(|| bits(&enc.forward(x, &m).unwrap()));
+            assert_eq!(one, two, "{act}/{case}: one thread and two differ");
+            let per_row = one.len() / batch;
+            for b in 0..batch {
+                let xb = x.narrow(0, b, 1).unwrap();
+                let pb = m.key_padding.map(|p| p.narrow(0, b, 1).unwrap());
+                let mb = AttentionMasks { key_padding: pb.as_ref(), additive: m.additive };
+                let alone = bits(&enc.forward(&xb, &mb).unwrap());
+                assert_eq!(alone, one[b * per_row..(b + 1) * per_row], "{act}/{case}: row {b} alone differs");
+            }
+        }
+    }
 }
 
 #[test]
@@ -157,6 +204,21 @@ fn token_zero_of_a_fully_padded_row_is_finite_as_in_torchs_slow_path() {
     let want = c["relu.pad.slow"].to_vec3::<f32>().unwrap();
     for (g, w) in got[3].iter().flatten().zip(want[3].iter().flatten()) {
         assert!((g - w).abs() <= 1e-5, "{g} vs {w}");
+    }
+}
+
+/// No rows, or rows of no tokens: an empty output of the input's shape on
+/// both paths (no panic on a zero-sized chunk, no softmax over nothing).
+#[test]
+fn an_empty_batch_or_sequence_gives_an_empty_output() {
+    let enc = encoder("relu", Activation::Relu);
+    for (b, s) in [(0usize, 7usize), (3, 0)] {
+        let x = Tensor::zeros((b, s, 16), DType::F32, &Device::Cpu).unwrap();
+        let pad = Tensor::zeros((b, s), DType::U8, &Device::Cpu).unwrap();
+        for e in [&enc, &candle_path(&enc)] {
+            let out = e.forward(&x, &AttentionMasks { key_padding: Some(&pad), additive: None }).unwrap();
+            assert_eq!(out.dims(), &[b, s, 16]);
+        }
     }
 }
 
