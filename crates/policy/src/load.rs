@@ -128,6 +128,40 @@ pub(crate) fn vet_globals(
     }
 }
 
+/// A checkpoint and its resolved configs, opened and vetted as every
+/// family's `load_with` does, with the family's model config read from them.
+pub(crate) struct Opened<T> {
+    /// What `read` made of the configs.
+    pub model: T,
+    /// Where the configs were found.
+    pub config_path: PathBuf,
+    /// The configs file.
+    pub configs: Checkpoint,
+    /// The checkpoint.
+    pub ckpt: Checkpoint,
+    /// The globals `opts` let through, configs first.
+    pub allowed: Vec<AllowedGlobal>,
+}
+
+/// Finds and opens the configs (next to `checkpoint`, or `config`), vets
+/// their globals, reads the model config with `read`, then opens and vets
+/// the checkpoint: in that order, so a bad config is reported before the
+/// (larger) checkpoint is read.
+pub(crate) fn open_vetted<T>(
+    checkpoint: &Path,
+    config: Option<&Path>,
+    opts: &LoadOptions,
+    read: impl FnOnce(&Checkpoint) -> Result<T>,
+) -> Result<Opened<T>> {
+    let config_path = find_config(checkpoint, config)?;
+    let configs = Checkpoint::open(&config_path)?;
+    let mut allowed = vet(&configs, GlobalRule::Config, opts)?;
+    let model = read(&configs)?;
+    let ckpt = Checkpoint::open(checkpoint)?;
+    allowed.extend(vet(&ckpt, GlobalRule::Checkpoint, opts)?);
+    Ok(Opened { model, config_path, configs, ckpt, allowed })
+}
+
 impl Policy {
     /// Loads the policy of a ProtoMotions checkpoint (`last.ckpt`,
     /// `inference_last.ckpt`, `score_based.ckpt`, or a safetensors copy):
@@ -150,18 +184,11 @@ impl Policy {
         device: &Device,
         opts: &LoadOptions,
     ) -> Result<Self> {
-        let checkpoint = checkpoint.as_ref();
-        let config_path = find_config(checkpoint, config)?;
-        let mut allowed = Vec::new();
-        let configs = Checkpoint::open(&config_path)?;
-        vet_globals(&configs, GlobalRule::Config, opts, &mut allowed)?;
-        let model = read_model_config(&configs)?;
-        let ckpt = Checkpoint::open(checkpoint)?;
-        vet_globals(&ckpt, GlobalRule::Checkpoint, opts, &mut allowed)?;
-        let mut p = Policy::from_parts(model, &ckpt, device)?;
-        p.config_file = Some(config_path.display().to_string());
-        p.widths.components = crate::obs_widths::observation_widths(&configs);
-        p.allowed_globals = allowed;
+        let o = open_vetted(checkpoint.as_ref(), config, opts, read_model_config)?;
+        let mut p = Policy::from_parts(o.model, &o.ckpt, device)?;
+        p.config_file = Some(o.config_path.display().to_string());
+        p.widths.components = crate::obs_widths::observation_widths(&o.configs);
+        p.allowed_globals = o.allowed;
         Ok(p)
     }
 

@@ -21,7 +21,7 @@ use serde::Serialize;
 use crate::config::{ModuleConfig, MASKED_MIMIC_MODEL};
 use crate::config_object::Obj;
 use crate::error::{PolicyError, Result};
-use crate::load::{find_config, LoadOptions};
+use crate::load::LoadOptions;
 use crate::network::{Network, TensorMap, Trace};
 use crate::obs_check::{check_obs, ObsKeys};
 use crate::problem::{FieldProblem, GraphProblem};
@@ -195,17 +195,13 @@ impl MaskedMimic {
         device: &Device,
         opts: &LoadOptions,
     ) -> Result<Self> {
-        let checkpoint = checkpoint.as_ref();
-        let config_path = find_config(checkpoint, config)?;
-        let configs = Checkpoint::open(&config_path)?;
-        let mut allowed = crate::load::vet(&configs, crate::GlobalRule::Config, opts)?;
-        let node = crate::load::model_node(&configs)?;
-        let cfg = MaskedMimicConfig::from_node(node.0, &node.1)?;
-        let ckpt = Checkpoint::open(checkpoint)?;
-        allowed.extend(crate::load::vet(&ckpt, crate::GlobalRule::Checkpoint, opts)?);
-        let mut m = Self::from_parts(cfg, &ckpt, device)?;
-        m.widths.components = crate::obs_widths::observation_widths(&configs);
-        m.allowed_globals = allowed;
+        let o = crate::load::open_vetted(checkpoint.as_ref(), config, opts, |configs| {
+            let (node, key) = crate::load::model_node(configs)?;
+            MaskedMimicConfig::from_node(node, &key)
+        })?;
+        let mut m = Self::from_parts(o.model, &o.ckpt, device)?;
+        m.widths.components = crate::obs_widths::observation_widths(&o.configs);
+        m.allowed_globals = o.allowed;
         Ok(m)
     }
 

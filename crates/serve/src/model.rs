@@ -99,6 +99,26 @@ impl Datatype {
 }
 
 impl InputSpec {
+    /// A required float32 observation `[rows, width]` that the actor and
+    /// critic read (the common case; callers adjust the other fields).
+    pub fn observation(name: String, width: Option<usize>) -> Self {
+        InputSpec {
+            name,
+            width,
+            actor_critic: true,
+            discriminator: false,
+            row_shape: None,
+            optional: false,
+            datatype: Datatype::Fp32,
+            int_below: None,
+        }
+    }
+
+    /// An input a request may leave out (`vae_noise`, `prior_tokens`).
+    pub fn optional(name: String, width: usize, datatype: Datatype, int_below: Option<usize>) -> Self {
+        InputSpec { optional: true, datatype, int_below, ..InputSpec::observation(name, Some(width)) }
+    }
+
     /// Its shape in model metadata: `-1` for the rows (and for a width the
     /// checkpoint leaves open).
     pub fn shape(&self) -> Vec<i64> {
@@ -151,14 +171,9 @@ impl Interface {
             .in_keys()
             .into_iter()
             .map(|k| InputSpec {
-                width: widths.get(&k).copied(),
                 actor_critic: ac.contains(&k),
                 discriminator: disc.contains(&k),
-                name: k,
-                row_shape: None,
-                optional: false,
-                datatype: Datatype::Fp32,
-                int_below: None,
+                ..InputSpec::observation(k.clone(), widths.get(&k).copied())
             })
             .collect::<Vec<_>>();
         let ignored = policy.accepted_keys().into_iter().filter(|k| !inputs.iter().any(|i| &i.name == k)).collect();
@@ -239,14 +254,8 @@ impl Interface {
             .inputs()
             .iter()
             .map(|i| InputSpec {
-                name: i.name.clone(),
-                width: Some(i.row_len()),
-                actor_critic: true,
-                discriminator: false,
                 row_shape: Some(i.row_shape.clone()),
-                optional: false,
-                datatype: Datatype::Fp32,
-                int_below: None,
+                ..InputSpec::observation(i.name.clone(), Some(i.row_len()))
             })
             .collect();
         let n = p.dims().num_dofs;
@@ -277,28 +286,13 @@ impl Interface {
         let mut inputs: Vec<InputSpec> = m
             .in_keys()
             .into_iter()
-            .map(|k| InputSpec {
-                width: m.widths.known.get(&k).copied(),
-                actor_critic: true,
-                discriminator: false,
-                name: k,
-                row_shape: None,
-                optional: false,
-                datatype: Datatype::Fp32,
-                int_below: None,
+            .map(|k| {
+                let width = m.widths.known.get(&k).copied();
+                InputSpec::observation(k, width)
             })
             .collect();
         let latent = m.config.latent_dim;
-        inputs.push(InputSpec {
-            name: VAE_NOISE_KEY.to_owned(),
-            width: Some(latent),
-            actor_critic: true,
-            discriminator: false,
-            row_shape: None,
-            optional: true,
-            datatype: Datatype::Fp32,
-            int_below: None,
-        });
+        inputs.push(InputSpec::optional(VAE_NOISE_KEY.to_owned(), latent, Datatype::Fp32, None));
         let a = m.action_size().map_or(-1, |a| a as i64);
         let l = latent as i64;
         let outputs = [("mean_action", a), ("latent_mu", l), ("latent_logvar", l), ("latent", l)]
@@ -331,27 +325,12 @@ impl Interface {
         let mut inputs: Vec<InputSpec> = p
             .obs_keys()
             .into_iter()
-            .map(|k| InputSpec {
-                width: p.widths().known.get(&k).copied(),
-                actor_critic: true,
-                discriminator: false,
-                name: k,
-                row_shape: None,
-                optional: false,
-                datatype: Datatype::Fp32,
-                int_below: None,
+            .map(|k| {
+                let width = p.widths().known.get(&k).copied();
+                InputSpec::observation(k, width)
             })
             .collect();
-        inputs.push(InputSpec {
-            name: p.token_key().to_owned(),
-            width: Some(tok.tokens),
-            actor_critic: true,
-            discriminator: false,
-            row_shape: None,
-            optional: true,
-            datatype: Datatype::Int64,
-            int_below: Some(tok.vocab),
-        });
+        inputs.push(InputSpec::optional(p.token_key().to_owned(), tok.tokens, Datatype::Int64, Some(tok.vocab)));
         let a = p.action_size().map_or(-1, |a| a as i64);
         let (t, v) = (tok.tokens as i64, tok.vocab as i64);
         let out = |name, shape, source, datatype| OutputSpec { name, shape, source, datatype };

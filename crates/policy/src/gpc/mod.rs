@@ -39,7 +39,7 @@ use self::problem::PriorProblem;
 pub use self::reference::PriorReference;
 use self::tokens::Tokenization;
 use crate::error::{PolicyError, Result};
-use crate::load::{find_config, AllowedGlobal, LoadOptions};
+use crate::load::{AllowedGlobal, LoadOptions};
 use crate::network::{Network, TensorMap, Trace};
 use crate::obs_check::{check_obs, ObsKeys};
 use crate::problem::GraphProblem;
@@ -174,17 +174,13 @@ impl LatentPrior {
         device: &Device,
         opts: &LoadOptions,
     ) -> Result<Self> {
-        let checkpoint = checkpoint.as_ref();
-        let config_path = find_config(checkpoint, config)?;
-        let configs = Checkpoint::open(&config_path)?;
-        let mut allowed = crate::load::vet(&configs, crate::GlobalRule::Config, opts)?;
-        let (node, key) = crate::load::model_node(&configs)?;
-        let model = PriorModelConfig::from_node(node, &key)?;
-        let ckpt = Checkpoint::open(checkpoint)?;
-        crate::load::vet_globals(&ckpt, crate::GlobalRule::Checkpoint, opts, &mut allowed)?;
-        let mut p = Self::from_parts(model, &ckpt, device)?;
-        p.config_file = Some(config_path.display().to_string());
-        p.allowed_globals = allowed;
+        let o = crate::load::open_vetted(checkpoint.as_ref(), config, opts, |configs| {
+            let (node, key) = crate::load::model_node(configs)?;
+            PriorModelConfig::from_node(node, &key)
+        })?;
+        let mut p = Self::from_parts(o.model, &o.ckpt, device)?;
+        p.config_file = Some(o.config_path.display().to_string());
+        p.allowed_globals = o.allowed;
         Ok(p)
     }
 
