@@ -24,11 +24,10 @@ over the rounds, and CPU seconds per call. Prints a Markdown table.
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
+from bench_timing import time_calls  # noqa: E402  (benches/, this script's folder)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 STEPS = 5
@@ -39,19 +38,6 @@ KEYS = [("max_coords_obs", 358), ("masked_mimic_target_poses", STEPS * 168),
         ("previous_actions", 69)]
 # the training-only encoder reads these too (any widths: it is not timed)
 ENCODER_ONLY = [("mimic_target_poses", 64), ("masked_mimic_target_bodies_masks", STEPS * 24)]
-
-
-def median_seconds(fn, min_time):
-    for _ in range(3):
-        fn()
-    samples = []
-    cpu0 = time.process_time()
-    start = time.perf_counter()
-    while len(samples) < 7 or (time.perf_counter() - start < min_time and len(samples) < 100000):
-        t = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - t)
-    return statistics.median(samples), min(samples), (time.process_time() - cpu0) / len(samples)
 
 
 def check_outputs(args, torch, model, cfgs, o, tmp):
@@ -146,7 +132,7 @@ def main():
                 def fwd():
                     with torch.inference_mode():
                         model.forward_inference(TensorDict(dict(td_obs), batch_size=[b]))
-                _, mn, cpu = median_seconds(fwd, args.min_time)
+                _, mn, cpu, _ = time_calls(fwd, args.min_time)
                 best = records.setdefault(("torch", b), [float("inf"), float("inf")])
                 best[0] = min(best[0], mn)
                 best[1] = min(best[1], cpu)

@@ -33,31 +33,16 @@ tables (docs/policy-speed.md).
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
 import numpy as np
 import torch
+from bench_timing import time_calls  # noqa: E402  (benches/, this script's folder)
 
 KEYS = [("max_coords_obs", 358), ("mimic_target_poses", 576), ("previous_actions", 69)]
 BATCHES = [1, 64, 1024, 4096]
-
-
-def median_seconds(fn, min_time):
-    """(median, min, CPU seconds per call of the whole process)."""
-    for _ in range(3):
-        fn()
-    samples = []
-    cpu0 = time.process_time()
-    start = time.perf_counter()
-    while len(samples) < 7 or (time.perf_counter() - start < min_time and len(samples) < 100000):
-        t = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - t)
-    return statistics.median(samples), min(samples), (time.process_time() - cpu0) / len(samples)
 
 
 def read_safetensors(path):
@@ -170,9 +155,9 @@ def main():
             for b in batches:
                 x = inputs[b]
                 with torch.inference_mode():
-                    keep(("torch", b), *median_seconds(lambda: model(*x), args.min_time))
+                    keep(("torch", b), *time_calls(lambda: model(*x), args.min_time)[:3])
                 feed = {n: t.numpy() for n, t in zip(names, x)}
-                keep(("ort", b), *median_seconds(lambda: sess.run(None, feed), args.min_time))
+                keep(("ort", b), *time_calls(lambda: sess.run(None, feed), args.min_time)[:3])
 
         stream = best[("pmstate", "stream", 0)]
         wbytes = rust[0]["weight_bytes"]

@@ -16,29 +16,16 @@ Markdown table for the README, with the instruction set pmstate ran with.
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
-import time
 
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "testdata"))
 from pm_reference import Fabric1, load_reference  # noqa: E402
+from bench_timing import time_calls  # noqa: E402  (benches/, this script's folder)
 
 SHAPES = [(4096, 358), (16384, 512), (65536, 64)]
-
-
-def median_seconds(fn, min_time):
-    for _ in range(2):
-        fn()
-    samples = []
-    start = time.perf_counter()
-    while len(samples) < 7 or (time.perf_counter() - start < min_time and len(samples) < 10000):
-        t = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - t)
-    return statistics.median(samples)
 
 
 def torch_rows(ref, threads, min_time):
@@ -59,7 +46,7 @@ def torch_rows(ref, threads, min_time):
             }
             for op, fn in ops.items():
                 out.append({"op": op, "rows": rows, "cols": cols, "threads": threads,
-                            "seconds": median_seconds(fn, min_time)})
+                            "seconds": time_calls(fn, min_time, warmups=2, max_calls=10000)[0]})
     return out
 
 

@@ -5,7 +5,6 @@
 //! `benches/gpc_side_by_side.py` times torch eager on the same structure.
 
 use std::collections::HashMap;
-use std::time::Instant;
 
 use candle_core::{Device, Tensor};
 use pmstate_policy::config::{ContainerConfig, FsqConfig, LayerConfig, MlpConfig, ModuleConfig, NormSettings, Number};
@@ -16,7 +15,7 @@ use pmstate_policy::module_ops::ModuleOp;
 use pmstate_policy::Activation;
 use serde::Serialize;
 
-use super::bench_policy::BenchOptions;
+use super::bench_policy::{time_calls, xorshift, BenchOptions, Timed, Timing};
 use crate::args::OutputFormat;
 use crate::{output, CliError};
 
@@ -114,16 +113,6 @@ pub fn gpc_config() -> PriorModelConfig {
     }
 }
 
-fn xorshift(seed: u64) -> impl FnMut() -> f32 {
-    let mut s = seed | 1;
-    move || {
-        s ^= s << 13;
-        s ^= s >> 7;
-        s ^= s << 17;
-        ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-    }
-}
-
 /// Deterministic weights of [`gpc_config`] (uniform, 1/sqrt(fan_in) scale).
 pub fn gpc_weights() -> Result<HashMap<String, Tensor>, CliError> {
     let dev = Device::Cpu;
@@ -195,22 +184,21 @@ pub struct GpcRecord {
     pub seconds: f64,
     /// Fastest call.
     pub min_seconds: f64,
+    /// CPU seconds per call, all threads (Linux only).
+    pub cpu_seconds: Option<f64>,
     /// Calls timed.
     pub calls: usize,
 }
 
-/// Median and fastest of at least 3 calls (after one warm-up), timing for `min_time` seconds.
-fn time(min_time: f64, mut f: impl FnMut() -> Result<(), CliError>) -> Result<(f64, f64, usize), CliError> {
-    f()?;
-    let mut s = vec![];
-    let start = Instant::now();
-    while s.len() < 3 || (start.elapsed().as_secs_f64() < min_time && s.len() < 10_000) {
-        let t = Instant::now();
-        f()?;
-        s.push(t.elapsed().as_secs_f64());
+/// One warm-up call (a generation at batch 256 takes tens of seconds), at least 3 timed.
+fn time(min_time: f64, f: impl FnMut() -> Result<(), CliError>) -> Result<Timed, CliError> {
+    time_calls(Timing { warmups: 1, min_calls: 3, min_time }, f)
+}
+
+impl GpcRecord {
+    fn new(op: &'static str, batch: usize, threads: usize, t: Timed) -> Self {
+        GpcRecord { op, batch, threads, seconds: t.median, min_seconds: t.min, cpu_seconds: t.cpu, calls: t.calls }
     }
-    s.sort_by(f64::total_cmp);
-    Ok((s[s.len() / 2], s[0], s.len()))
 }
 
 /// `pmstate bench-policy --family gpc-prior`.
@@ -243,28 +231,14 @@ pub fn bench(opts: &BenchOptions, format: OutputFormat) -> Result<std::process::
             std::hint::black_box(prior.teacher_forced(&tf)?);
             Ok(())
         })?;
-        records.push(GpcRecord {
-            op: "teacher_forced",
-            batch: b,
-            threads: opts.threads,
-            seconds: t.0,
-            min_seconds: t.1,
-            calls: t.2,
-        });
+        records.push(GpcRecord::new("teacher_forced", b, opts.threads, t));
         let mut seed = 0u64;
         let t = time(opts.min_time, || {
             seed += 1;
             std::hint::black_box(prior.generate(&ctx, prior.sampling(seed))?);
             Ok(())
         })?;
-        records.push(GpcRecord {
-            op: "generate",
-            batch: b,
-            threads: opts.threads,
-            seconds: t.0,
-            min_seconds: t.1,
-            calls: t.2,
-        });
+        records.push(GpcRecord::new("generate", b, opts.threads, t));
     }
     match format {
         OutputFormat::Json => {
@@ -274,17 +248,19 @@ pub fn bench(opts: &BenchOptions, format: OutputFormat) -> Result<std::process::
         }
         OutputFormat::Text => {
             output::line(format!(
-                "{:<15} {:>6} {:>3} {:>12} {:>12} {:>6}",
-                "op", "batch", "thr", "median ms", "min ms", "calls"
+                "{:<15} {:>6} {:>3} {:>12} {:>12} {:>12} {:>6}",
+                "op", "batch", "thr", "median ms", "min ms", "cpu ms", "calls"
             ));
             for r in &records {
+                let cpu = r.cpu_seconds.map_or("-".to_owned(), |c| format!("{:.2}", c * 1e3));
                 output::line(format!(
-                    "{:<15} {:>6} {:>3} {:>12.2} {:>12.2} {:>6}",
+                    "{:<15} {:>6} {:>3} {:>12.2} {:>12.2} {:>12} {:>6}",
                     r.op,
                     r.batch,
                     r.threads,
                     r.seconds * 1e3,
                     r.min_seconds * 1e3,
+                    cpu,
                     r.calls
                 ));
             }

@@ -236,18 +236,40 @@ fn cpu_ns() -> Option<u64> {
     Some(total)
 }
 
-/// (median, min, CPU seconds per call).
-fn median_seconds(
-    min_time: f64,
-    mut f: impl FnMut() -> Result<(), CliError>,
-) -> Result<(f64, f64, Option<f64>), CliError> {
-    for _ in 0..3 {
+/// How a benchmark times a call: `warmups` untimed calls, then at least
+/// `min_calls` timed ones, and more until `min_time` seconds have passed
+/// (at most 100 000).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Timing {
+    pub warmups: usize,
+    pub min_calls: usize,
+    pub min_time: f64,
+}
+
+/// What [`time_calls`] measured.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Timed {
+    /// Median seconds per call.
+    pub median: f64,
+    /// Fastest call.
+    pub min: f64,
+    /// CPU seconds per call over all threads (Linux only).
+    pub cpu: Option<f64>,
+    /// Calls timed.
+    pub calls: usize,
+}
+
+/// Times `f` as `timing` says.
+pub(crate) fn time_calls(timing: Timing, mut f: impl FnMut() -> Result<(), CliError>) -> Result<Timed, CliError> {
+    for _ in 0..timing.warmups {
         f()?;
     }
     let mut samples = vec![];
     let cpu0 = cpu_ns();
     let start = Instant::now();
-    while samples.len() < 7 || (start.elapsed().as_secs_f64() < min_time && samples.len() < 100_000) {
+    while samples.len() < timing.min_calls.max(1)
+        || (start.elapsed().as_secs_f64() < timing.min_time && samples.len() < 100_000)
+    {
         let t = Instant::now();
         f()?;
         samples.push(t.elapsed().as_secs_f64());
@@ -257,7 +279,13 @@ fn median_seconds(
         _ => None,
     };
     samples.sort_by(f64::total_cmp);
-    Ok((samples[samples.len() / 2], samples[0], cpu))
+    Ok(Timed { median: samples[samples.len() / 2], min: samples[0], cpu, calls: samples.len() })
+}
+
+/// (median, min, CPU seconds per call): 3 warm-up calls, at least 7 timed.
+fn median_seconds(min_time: f64, f: impl FnMut() -> Result<(), CliError>) -> Result<(f64, f64, Option<f64>), CliError> {
+    let t = time_calls(Timing { warmups: 3, min_calls: 7, min_time }, f)?;
+    Ok((t.median, t.min, t.cpu))
 }
 
 /// The benchmark policy and its weights, loaded through a safetensors file
