@@ -17,29 +17,19 @@ the teacher-forced path (logits and the decoded action), without it the
 generation path (8 top-p sampling steps, then the decoder). pmstate's side
 is `pmstate bench-policy --family gpc-prior` (the same structure, its own
 deterministic weights). Statistic: per op and batch, the fastest and the
-median of at least 3 calls after one warm-up (and --min-time seconds).
+median of at least 3 calls after one warm-up (and --min-time seconds),
+and the process's CPU time per call.
 """
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
-import time
+
+from bench_timing import time_calls
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
-
-
-def timed(fn, min_time):
-    fn()
-    s = []
-    start = time.perf_counter()
-    while len(s) < 3 or (time.perf_counter() - start < min_time and len(s) < 10000):
-        t = time.perf_counter()
-        fn()
-        s.append(time.perf_counter() - t)
-    return statistics.median(s), min(s), len(s)
 
 
 def torch_model(root):
@@ -93,8 +83,9 @@ def main():
             with torch.no_grad():
                 model(TensorDict({"max_coords_obs": obs}, batch_size=b))
         for op, fn in [("teacher_forced", tf), ("generate", gen)]:
-            med, mn, n = timed(fn, a.min_time)
-            rows.append({"side": "torch eager", "op": op, "batch": b, "seconds": med, "min_seconds": mn, "calls": n})
+            med, mn, cpu, n = time_calls(fn, a.min_time, warmups=1, min_calls=3, max_calls=10000)
+            rows.append({"side": "torch eager", "op": op, "batch": b, "seconds": med, "min_seconds": mn,
+                         "cpu_seconds": cpu, "calls": n})
             print(json.dumps(rows[-1]), flush=True)
     if not a.skip_pmstate:
         cmd = [a.pmstate, "--json", "bench-policy", "--family", "gpc-prior", "--threads", str(a.threads),
@@ -103,7 +94,7 @@ def main():
         for line in out.splitlines():
             r = json.loads(line)
             rows.append({"side": "pmstate", "op": r["op"], "batch": r["batch"], "seconds": r["seconds"],
-                         "min_seconds": r["min_seconds"], "calls": r["calls"]})
+                         "min_seconds": r["min_seconds"], "cpu_seconds": r.get("cpu_seconds"), "calls": r["calls"]})
             print(json.dumps(rows[-1]), flush=True)
     print("\n| op | batch | pmstate (fastest) | torch eager (fastest) |\n|---|---:|---:|---:|")
     for b in batches:

@@ -700,6 +700,29 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn the_blocked_path_gives_the_same_bits_on_any_number_of_threads() {
+        // 13 panels (the last one partial), rows split into 1 to 9 blocks
+        // (partial micro-panels among them): every split, the bits of one
+        // thread
+        let (n, k) = (200, 300);
+        let w = values(n * k, 0x2545_f491, 0.37);
+        let b = values(n, 0x9e37_79b9, 1.0);
+        for isa in supported() {
+            let p = PackedLinear::with_isa(&w, &b, n, k, isa).expect("a supported instruction set");
+            for m in [13usize, 40, 97] {
+                let x = values(m * k, 0x0bad_cafe ^ m as u32, 3.1);
+                let one = rayon::ThreadPoolBuilder::new().num_threads(1).build().expect("a rayon pool");
+                let want = bits(&one.install(|| p.forward(&x, m, Epilogue::Relu)));
+                for threads in [2, 3, 5, 8] {
+                    let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().expect("a rayon pool");
+                    let got = bits(&pool.install(|| p.forward(&x, m, Epilogue::Relu)));
+                    assert_eq!(got, want, "{isa}: {m} rows on {threads} threads");
+                }
+            }
+        }
+    }
+
+    #[test]
     fn matches_a_plain_product_for_ragged_sizes() {
         for (m, n, k) in [
             (1, 1, 1),
