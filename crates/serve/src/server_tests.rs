@@ -40,9 +40,24 @@ fn metric(text: &str, series: &str) -> Option<f64> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_or_panicking_forward_is_a_500_and_the_server_goes_on() {
+    // one forward thread and three: the same answers, the same recovery
+    // from a panic raised on whichever pool thread runs that part
+    let mut first: Option<Value> = None;
+    for threads in [1, 3] {
+        let good = a_failed_or_panicking_forward_on(threads).await;
+        match &first {
+            None => first = Some(good),
+            Some(want) => assert_eq!(&good, want, "{threads} forward threads"),
+        }
+    }
+}
+
+/// The fault round of the test above on `threads` forward threads; the
+/// good answer's outputs.
+async fn a_failed_or_panicking_forward_on(threads: usize) -> Value {
     let mut opts = ServeOptions::new(ModelSource::Checkpoint { path: smpl_tracker().join("last.ckpt"), config: None });
     opts.addr = SocketAddr::from(([127, 0, 0, 1], 0));
-    opts.threads = Some(1);
+    opts.threads = Some(threads);
     let server = Server::start(opts, ignore_events()).await.expect("the server starts");
     let handle = server.handle();
     let c = Client::new(server.addr()).with_timeout(Duration::from_secs(120));
@@ -70,6 +85,7 @@ async fn a_failed_or_panicking_forward_is_a_500_and_the_server_goes_on() {
     assert_eq!(metric(&text, "pmstate_infer_requests_total "), Some(5.0));
     handle.shutdown();
     server.wait().await.expect("a clean stop");
+    good.json()["outputs"].clone()
 }
 
 #[test]
