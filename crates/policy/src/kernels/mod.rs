@@ -701,9 +701,9 @@ pub(crate) mod tests {
 
     #[test]
     fn the_blocked_path_gives_the_same_bits_on_any_number_of_threads() {
-        // 13 panels (the last one partial), rows split into 1 to 9 blocks
-        // (partial micro-panels among them): every split, the bits of one
-        // thread
+        // 13 panels (the last one partial), rows split into as many blocks
+        // as the pool has threads, at most (partial micro-panels among
+        // them): every split gives the bits of one thread
         let (n, k) = (200, 300);
         let w = values(n * k, 0x2545_f491, 0.37);
         let b = values(n, 0x9e37_79b9, 1.0);
