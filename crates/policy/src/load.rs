@@ -96,7 +96,7 @@ pub struct AllowedGlobal {
 
 /// The globals of `ckpt` that `rule` does not accept: an error under
 /// [`Globals::Refuse`], else added to `allowed`.
-pub(crate) fn vet_globals(
+fn vet_globals(
     ckpt: &Checkpoint,
     rule: GlobalRule,
     opts: &LoadOptions,

@@ -207,6 +207,24 @@ fn token_zero_of_a_fully_padded_row_is_finite_as_in_torchs_slow_path() {
     }
 }
 
+/// A strided input (here `[s, b, d]` data viewed as `[b, s, d]`) is read
+/// element by element in its logical order: the row path gives the bits
+/// its contiguous copy gives.
+#[test]
+fn a_strided_input_gives_the_bits_of_its_contiguous_copy() {
+    let c = cases();
+    let x = &c["x"];
+    let strided = x.transpose(0, 1).unwrap().contiguous().unwrap().transpose(0, 1).unwrap();
+    assert!(!strided.is_contiguous());
+    let bits = |t: &Tensor| f32s(t).iter().map(|v| v.to_bits()).collect::<Vec<u32>>();
+    let enc = encoder("relu", Activation::Relu);
+    for case in ["none", "both"] {
+        let m = masks(&c, case);
+        let want = bits(&enc.forward(x, &m).unwrap());
+        assert_eq!(bits(&enc.forward(&strided, &m).unwrap()), want, "{case}");
+    }
+}
+
 /// No rows, or rows of no tokens: an empty output of the input's shape on
 /// both paths (no panic on a zero-sized chunk, no softmax over nothing).
 #[test]
