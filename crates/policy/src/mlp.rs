@@ -117,7 +117,7 @@ impl LayerNorm {
 /// One row of [`LayerNorm::forward`] in place, float32: `((x - mean) /
 /// sqrt(var + eps)) * g + b` with the two means as [`lane_sum`]s (the order
 /// the row-wise path and the transformer's CPU path share).
-#[inline]
+#[inline(always)]
 pub(crate) fn layer_norm_row(row: &mut [f32], g: &[f32], b: &[f32]) {
     let n = row.len() as f32;
     let eps = LAYER_NORM_EPS as f32;
@@ -136,7 +136,7 @@ pub(crate) fn layer_norm_row(row: &mut [f32], g: &[f32], b: &[f32]) {
 /// sum `i % 16`, the tail into a 17th), added up at the end: a fixed order
 /// that the compiler can vectorize, where a left-to-right float sum is one
 /// chain of dependent adds.
-#[inline]
+#[inline(always)]
 pub(crate) fn lane_sum(row: &[f32], f: impl Fn(f32) -> f32) -> f32 {
     let mut acc = [0f32; 16];
     let chunks = row.chunks_exact(16);

@@ -8,7 +8,8 @@
 //! CPU lacks must not run, which is what makes calling it `unsafe`: the
 //! only way to get a [`Kernel`] is through a [`Supported`] token, made only
 //! after `is_supported` said yes, so every call is sound. This module is
-//! the policy crate's only `unsafe` (the calls through those pointers).
+//! the policy crate's only `unsafe` (the calls through those pointers, and
+//! the calls [`per_isa`] writes for row-wise loops elsewhere in the crate).
 #![allow(unsafe_code)]
 
 use pmstate_norm::{Isa, IsaError};
@@ -18,19 +19,63 @@ use super::{Cols, Epilogue, NR, NR_NARROW};
 
 /// An instruction set this CPU was checked to support.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct Supported(Isa);
+pub(crate) struct Supported(Isa);
 
 impl Supported {
     /// `isa` if this CPU supports it, else the error naming it.
-    pub(super) fn check(isa: Isa) -> Result<Supported, IsaError> {
+    pub(crate) fn check(isa: Isa) -> Result<Supported, IsaError> {
         isa.require().map(Supported)
     }
 
     /// The instruction set.
-    pub(super) fn isa(self) -> Isa {
+    pub(crate) fn isa(self) -> Isa {
         self.0
     }
 }
+
+/// Defines `fn $name(isa: Supported, args...)` that runs `$body(args...)`
+/// compiled for `isa`: one `#[target_feature]` copy per x86_64 instruction
+/// set, the baseline's otherwise.
+///
+/// For row-wise loops outside the matrix product (the transformer's
+/// attention and LayerNorms): the crate is compiled for the target's
+/// baseline (SSE2 on x86_64), where such a loop runs 4 floats at a time.
+/// `$body` must be `#[inline(always)]` and call only `#[inline(always)]`
+/// code for its loops (a call that is not inlined runs with the baseline's
+/// instructions, as `gemv_panels` once did). With the same source on
+/// every instruction set and no `mul_add` in it (Rust never fuses a
+/// multiply and an add by itself), the bits do not depend on `isa`.
+macro_rules! per_isa {
+    ($(#[$doc:meta])* $vis:vis fn $name:ident($($arg:ident: $ty:ty),* $(,)?) => $body:path) => {
+        $(#[$doc])*
+        #[allow(unsafe_code, clippy::too_many_arguments)]
+        $vis fn $name(isa: $crate::kernels::Supported, $($arg: $ty),*) {
+            #[cfg(target_arch = "x86_64")]
+            #[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
+            unsafe fn avx512($($arg: $ty),*) {
+                $body($($arg),*)
+            }
+            #[cfg(target_arch = "x86_64")]
+            #[target_feature(enable = "avx2,fma")]
+            unsafe fn avx2($($arg: $ty),*) {
+                $body($($arg),*)
+            }
+            match isa.isa() {
+                // SAFETY: a `Supported` is only made by `Supported::check`,
+                // after `Isa::require` confirmed this CPU has every feature
+                // of the instruction set; `$body` is safe code (its bounds
+                // checks stay).
+                #[cfg(target_arch = "x86_64")]
+                pmstate_norm::Isa::Avx512 => unsafe { avx512($($arg),*) },
+                // SAFETY: as above.
+                #[cfg(target_arch = "x86_64")]
+                pmstate_norm::Isa::Avx2 => unsafe { avx2($($arg),*) },
+                _ => $body($($arg),*),
+            }
+        }
+    };
+}
+pub(crate) use per_isa;
 
 /// A block function: [`block`] for one shape and instruction set.
 type BlockFn<const W: usize> = unsafe fn(&[f32], &[Cols<W>], usize, &[Cols<W>], &mut [Cols<W>], Start, Epilogue);

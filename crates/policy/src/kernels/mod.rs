@@ -51,10 +51,13 @@
 mod dispatch;
 mod micro;
 
+use std::cell::RefCell;
+
 use pmstate_norm::{Isa, IsaError};
 use rayon::prelude::*;
 
-use dispatch::{Kernel, Supported};
+use dispatch::Kernel;
+pub(crate) use dispatch::{per_isa, Supported};
 use micro::Start;
 
 /// Output columns per packed panel with AVX-512 (the widest panel).
@@ -172,6 +175,11 @@ impl PackedLinear {
     /// The instruction set the kernels run with.
     pub fn isa(&self) -> Isa {
         self.isa.isa()
+    }
+
+    /// The same, as the token [`per_isa`] functions take.
+    pub(crate) fn supported(&self) -> Supported {
+        self.isa
     }
 
     /// `epilogue(x W^T + b)` for `m` rows of `x` (`[m, k]` row-major); `[m, n]` row-major.
@@ -439,59 +447,134 @@ impl<const W: usize> Panels<W> {
         blocking: Blocking,
         pick: impl Pick<W>,
         y: &mut [f32],
-    ) {
-        let (k, n) = (self.k, self.n);
-        let p = n.div_ceil(W);
+    ) where
+        KernelScratch: Tiles<W>,
+    {
+        let n = self.n;
         let mc = blocking.rows_per_task(m, rayon::current_num_threads().max(1), MR);
         let full = kernel(&pick, MR, 1);
         y.par_chunks_mut(mc * n).enumerate().for_each(|(blk, ys)| {
-            let rows = ys.len() / n;
-            let a = pack_rows::<MR>(x, k, blk * mc, rows);
-            // the last micro-panel may hold fewer rows: its own block shape
-            // (no zero rows computed)
-            let tail = rows % MR;
-            let tail_kernel = (tail > 0).then(|| kernel(&pick, tail, 1));
-            let mut tile = vec![Cols::ZERO; rows];
-            for pi in 0..p {
-                let b = self.panels_from(pi);
-                let bias = &self.bias[pi..pi + 1];
-                let (c0, w) = (pi * W, W.min(n - pi * W));
-                let mut k0 = 0;
-                while k0 < k {
-                    let k1 = (k0 + blocking.kc).min(k);
-                    let start = if k0 == 0 { Start::Bias } else { Start::Partial };
-                    let last = k1 == k;
-                    let ep = if last { epilogue } else { Epilogue::Identity };
-                    let bk = &b[k0..k1];
-                    // the slice swept next, asked for a share at a time
-                    // before each micro-panel: the first sweep of a slice
-                    // would otherwise wait for it to come from L3 or memory
-                    let next = if k1 < k {
-                        &b[k1..(k1 + blocking.kc).min(k)]
-                    } else if pi + 1 < p {
-                        &self.panels_from(pi + 1)[..blocking.kc.min(k)]
-                    } else {
-                        &[]
-                    };
-                    let share = next.len().div_ceil(rows.div_ceil(MR));
-                    for (i, o) in tile.chunks_mut(MR).enumerate() {
-                        dispatch::prefetch(next.chunks(share.max(1)).nth(i).unwrap_or(&[]));
-                        let r = o.len();
-                        let kernel = if r == MR { &full } else { tail_kernel.as_ref().unwrap_or(&full) };
-                        let panel = &a[i * MR * k..][..r * k];
-                        kernel.run(&panel[k0 * r..k1 * r], bk, k, bias, o, start, ep);
-                        if last {
-                            // stored now, the stores drain while the next
-                            // micro-panel computes (one pass over the whole
-                            // tile after the sweep stalled on them: 3 % of a
-                            // forward)
-                            store(o, &mut ys[i * MR * n..][..r * n], n, c0, w);
-                        }
-                    }
-                    k0 = k1;
-                }
-            }
+            let task = BlockTask { x, first: blk * mc, epilogue, blocking, full, pick: &pick };
+            TASK_BUFFERS.with(|cell| match cell.try_borrow_mut() {
+                Ok(mut buffers) => self.block_task::<MR>(&task, ys, &mut buffers),
+                // a forward inside a task on this thread: buffers of its own
+                Err(_) => self.block_task::<MR>(&task, ys, &mut KernelScratch::default()),
+            })
         });
+    }
+
+    /// One task of [`Panels::blocked`]: the rows of `ys` (from row
+    /// `task.first` of `x`), packed into `buffers.a`, their outputs built
+    /// in `buffers`' tile.
+    fn block_task<const MR: usize>(
+        &self,
+        task: &BlockTask<'_, W, impl Pick<W>>,
+        ys: &mut [f32],
+        buffers: &mut KernelScratch,
+    ) where
+        KernelScratch: Tiles<W>,
+    {
+        let (k, n) = (self.k, self.n);
+        let p = n.div_ceil(W);
+        let BlockTask { x, first, epilogue, blocking, full, pick } = *task;
+        let rows = ys.len() / n;
+        let (a, tile) = buffers.split();
+        pack_rows::<MR>(x, k, first, rows, a);
+        let a = &a[..];
+        // the last micro-panel may hold fewer rows: its own block shape
+        // (no zero rows computed)
+        let tail = rows % MR;
+        let tail_kernel = (tail > 0).then(|| kernel(pick, tail, 1));
+        // every element of a micro-panel's tile is written (`Start::Bias`)
+        // before it is read
+        tile.resize(rows, Cols::ZERO);
+        let tile = &mut tile[..rows];
+        for pi in 0..p {
+            let b = self.panels_from(pi);
+            let bias = &self.bias[pi..pi + 1];
+            let (c0, w) = (pi * W, W.min(n - pi * W));
+            let mut k0 = 0;
+            while k0 < k {
+                let k1 = (k0 + blocking.kc).min(k);
+                let start = if k0 == 0 { Start::Bias } else { Start::Partial };
+                let last = k1 == k;
+                let ep = if last { epilogue } else { Epilogue::Identity };
+                let bk = &b[k0..k1];
+                // the slice swept next, asked for a share at a time
+                // before each micro-panel: the first sweep of a slice
+                // would otherwise wait for it to come from L3 or memory
+                let next = if k1 < k {
+                    &b[k1..(k1 + blocking.kc).min(k)]
+                } else if pi + 1 < p {
+                    &self.panels_from(pi + 1)[..blocking.kc.min(k)]
+                } else {
+                    &[]
+                };
+                let share = next.len().div_ceil(rows.div_ceil(MR));
+                for (i, o) in tile.chunks_mut(MR).enumerate() {
+                    dispatch::prefetch(next.chunks(share.max(1)).nth(i).unwrap_or(&[]));
+                    let r = o.len();
+                    let kernel = if r == MR { &full } else { tail_kernel.as_ref().unwrap_or(&full) };
+                    let panel = &a[i * MR * k..][..r * k];
+                    kernel.run(&panel[k0 * r..k1 * r], bk, k, bias, o, start, ep);
+                    if last {
+                        // stored now, the stores drain while the next
+                        // micro-panel computes (one pass over the whole
+                        // tile after the sweep stalled on them: 3 % of a
+                        // forward)
+                        store(o, &mut ys[i * MR * n..][..r * n], n, c0, w);
+                    }
+                }
+                k0 = k1;
+            }
+        }
+    }
+}
+
+/// What every task of one [`Panels::blocked`] call shares.
+struct BlockTask<'a, const W: usize, P> {
+    x: &'a [f32],
+    /// The task's first row of `x`.
+    first: usize,
+    epilogue: Epilogue,
+    blocking: Blocking,
+    full: Kernel<W>,
+    pick: &'a P,
+}
+
+impl<const W: usize, P> Clone for BlockTask<'_, W, P> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<const W: usize, P> Copy for BlockTask<'_, W, P> {}
+
+thread_local! {
+    /// Each thread's packed rows and output tile for the blocked path,
+    /// kept across calls. Fresh per task, they were 0.3-2.7 MB blocks
+    /// that the allocator hands back to the kernel between calls: every
+    /// forward then paid page faults and page zeroing for them (7 % of
+    /// MaskedMimic's batch-256 forward on an AVX-512 EPYC). They grow to
+    /// the largest task seen (at most `Blocking::max_rows` rows of the
+    /// widest input) and stay that size.
+    static TASK_BUFFERS: RefCell<KernelScratch> = RefCell::new(KernelScratch::default());
+}
+
+/// The packed rows and the tile buffer of a [`KernelScratch`] for
+/// `W`-column panels.
+trait Tiles<const W: usize> {
+    fn split(&mut self) -> (&mut Vec<f32>, &mut Vec<Cols<W>>);
+}
+
+impl Tiles<NR> for KernelScratch {
+    fn split(&mut self) -> (&mut Vec<f32>, &mut Vec<Cols<NR>>) {
+        (&mut self.a, &mut self.wide)
+    }
+}
+
+impl Tiles<NR_NARROW> for KernelScratch {
+    fn split(&mut self) -> (&mut Vec<f32>, &mut Vec<Cols<NR_NARROW>>) {
+        (&mut self.a, &mut self.narrow)
     }
 }
 
@@ -508,10 +591,11 @@ fn store<const W: usize>(block: &[Cols<W>], y: &mut [f32], n: usize, c0: usize, 
 }
 
 /// Rows `first..first + rows` of `x` (`[m, k]`) packed into micro-panels
-/// `[k][MR]`, the last one `[k][rows % MR]` if the rows do not divide.
-fn pack_rows<const MR: usize>(x: &[f32], k: usize, first: usize, rows: usize) -> Vec<f32> {
-    let mut a = vec![0f32; rows * k];
-    for (i, dst) in a.chunks_mut(MR * k).enumerate() {
+/// `[k][MR]`, the last one `[k][rows % MR]` if the rows do not divide,
+/// into `a` (resized; every element is written).
+fn pack_rows<const MR: usize>(x: &[f32], k: usize, first: usize, rows: usize, a: &mut Vec<f32>) {
+    a.resize(rows * k, 0.0);
+    for (i, dst) in a[..rows * k].chunks_mut(MR * k).enumerate() {
         let f = first + i * MR;
         if dst.len() == MR * k {
             // MR sequential streams in, one contiguous stream out; every
@@ -524,10 +608,13 @@ fn pack_rows<const MR: usize>(x: &[f32], k: usize, first: usize, rows: usize) ->
             }
         } else {
             let r = dst.len() / k.max(1);
-            dst.copy_from_slice(&interleave_rows(&x[f * k..(f + r) * k], r, k));
+            for (row, src) in x[f * k..(f + r) * k].chunks_exact(k.max(1)).enumerate() {
+                for (d, &v) in dst[row..].iter_mut().step_by(r).zip(src) {
+                    *d = v;
+                }
+            }
         }
     }
-    a
 }
 
 /// All `m` rows of `x` (`[m, k]`) interleaved by k: `[k][m]` (one row is
@@ -719,6 +806,43 @@ pub(crate) mod tests {
                     assert_eq!(got, want, "{isa}: {m} rows on {threads} threads");
                 }
             }
+        }
+    }
+
+    #[test]
+    fn a_threads_kept_buffers_give_the_same_bits_after_larger_and_smaller_layers() {
+        // one pool thread runs every task, so each call reuses the packed
+        // rows and tile the call before left behind: larger ones (stale
+        // values past what this call writes) and smaller ones (grown)
+        let layer = |n: usize, k: usize, seed: u32, isa: Isa| {
+            let w = values(n * k, seed, 0.37);
+            let b = values(n, seed ^ 0x85eb_ca6b, 1.0);
+            PackedLinear::with_isa(&w, &b, n, k, isa).expect("a supported instruction set")
+        };
+        for isa in supported() {
+            let (small, large) = (layer(45, 70, 11, isa), layer(130, 600, 13, isa));
+            let xs = values(29 * 70, 17, 3.1);
+            let xl = values(200 * 600, 19, 3.1);
+            let fresh = |p: &PackedLinear, x: &[f32], m: usize| {
+                let pool = rayon::ThreadPoolBuilder::new().num_threads(1).build().expect("a rayon pool");
+                bits(&pool.install(|| p.forward(x, m, Epilogue::Relu)))
+            };
+            let (want_small, want_large) = (fresh(&small, &xs, 29), fresh(&large, &xl, 200));
+            let kept = rayon::ThreadPoolBuilder::new().num_threads(1).build().expect("a rayon pool");
+            kept.install(|| {
+                for round in 0..2 {
+                    assert_eq!(
+                        bits(&small.forward(&xs, 29, Epilogue::Relu)),
+                        want_small,
+                        "{isa}: small, round {round}"
+                    );
+                    assert_eq!(
+                        bits(&large.forward(&xl, 200, Epilogue::Relu)),
+                        want_large,
+                        "{isa}: large, round {round}"
+                    );
+                }
+            });
         }
     }
 
