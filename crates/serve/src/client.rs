@@ -1,5 +1,6 @@
-//! A small HTTP/1.1 client over hyper-util's pooled client: what the load
-//! generator and the tests use to talk to a server like any other client.
+//! A small HTTP/1.1 client over hyper-util's pooled client: what the tests
+//! use to talk to a server like any other client; and [`Caller`], one
+//! connection without a pool, for the load generator.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -134,6 +135,59 @@ impl Client {
         let headers = resp.headers().clone();
         let body = resp.into_body().collect().await.map_err(|e| err(e.into()))?.to_bytes();
         Ok(Reply { status, headers, body })
+    }
+}
+
+/// One keep-alive HTTP/1.1 connection driven directly, without a pool:
+/// what each simulated caller of the load generator holds. It sends the
+/// same request again and again and keeps only the status, so that the
+/// load generator's own work per request (it shares the machine with the
+/// server) stays small: no URL formatted, no header parsed, no pool
+/// checkout, no answer headers copied.
+pub struct Caller {
+    send: hyper::client::conn::http1::SendRequest<Full<Bytes>>,
+    uri: axum::http::Uri,
+    headers: HeaderMap,
+    url: String,
+}
+
+impl Caller {
+    /// Connects to `addr` for `POST path` with `headers`; the connection is
+    /// driven by a task on the current tokio runtime.
+    pub async fn connect(addr: SocketAddr, path: &str, headers: &[(&str, String)]) -> Result<Self, ClientError> {
+        let url = format!("http://{addr}{path}");
+        let err = |e: BoxError| ClientError::Request { url: url.clone(), source: e };
+        let uri: axum::http::Uri = url.parse().map_err(|e: axum::http::uri::InvalidUri| err(e.into()))?;
+        let mut map = HeaderMap::new();
+        for (k, v) in headers {
+            let name = axum::http::HeaderName::from_bytes(k.as_bytes()).map_err(|e| err(e.into()))?;
+            map.insert(name, v.parse().map_err(|e: axum::http::header::InvalidHeaderValue| err(e.into()))?);
+        }
+        map.insert(
+            axum::http::header::HOST,
+            addr.to_string().parse().map_err(|e: axum::http::header::InvalidHeaderValue| err(e.into()))?,
+        );
+        let tcp = tokio::net::TcpStream::connect(addr).await.map_err(|e| err(e.into()))?;
+        tcp.set_nodelay(true).map_err(|e| err(e.into()))?;
+        let (send, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tcp))
+            .await
+            .map_err(|e| err(e.into()))?;
+        // ends with the connection (the server closes it, or `send` is dropped)
+        tokio::spawn(conn);
+        Ok(Caller { send, uri, headers: map, url })
+    }
+
+    /// Sends `body`, reads the whole answer; its HTTP status.
+    pub async fn post(&mut self, body: Bytes) -> Result<u16, ClientError> {
+        let err = |e: BoxError| ClientError::Request { url: self.url.clone(), source: e };
+        let mut req = Request::new(Full::new(body));
+        *req.method_mut() = axum::http::Method::POST;
+        *req.uri_mut() = self.uri.clone();
+        *req.headers_mut() = self.headers.clone();
+        let resp = self.send.send_request(req).await.map_err(|e| err(e.into()))?;
+        let status = resp.status().as_u16();
+        resp.into_body().collect().await.map_err(|e| err(e.into()))?;
+        Ok(status)
     }
 }
 

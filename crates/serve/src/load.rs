@@ -11,11 +11,14 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use serde::Serialize;
 
-use crate::client::Client;
+use crate::client::Caller;
 use crate::error::StartError;
 use crate::events::ignore_events;
 use crate::options::ServeOptions;
 use crate::server::Server;
+
+/// Where every request goes.
+const INFER_PATH: &str = "/v2/models/policy/infer";
 
 /// What to send and for how long.
 #[derive(Debug, Clone)]
@@ -150,18 +153,34 @@ async fn level(server: &Server, clients: &tokio::runtime::Handle, plan: &LoadPla
     let stop = Arc::new(AtomicBool::new(false));
     let mut tasks = Vec::with_capacity(n);
     for _ in 0..n {
-        // one client (one pooled connection) per simulated caller
-        let c = Client::new(server.addr());
+        // one connection per simulated caller
+        let addr = server.addr();
         let (body, measuring, stop) = (plan.body.clone(), measuring.clone(), stop.clone());
         let headers = plan.headers.clone();
         tasks.push(clients.spawn(async move {
             let (mut lat, mut errors) = (Vec::new(), 0u64);
+            let mut caller = None;
             while !stop.load(Ordering::Relaxed) {
                 let t = Instant::now();
-                let ok = matches!(
-                    c.post("/v2/models/policy/infer", body.clone(), &headers).await,
-                    Ok(r) if r.status == 200
-                );
+                if caller.is_none() {
+                    caller = Caller::connect(addr, INFER_PATH, &headers).await.ok();
+                    if caller.is_none() {
+                        // refused (the connection limit, say): counted below,
+                        // tried again without spinning
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                    }
+                }
+                let ok = match caller.as_mut() {
+                    Some(c) => match c.post(body.clone()).await {
+                        Ok(status) => status == 200,
+                        Err(_) => {
+                            // a new connection for the next request
+                            caller = None;
+                            false
+                        }
+                    },
+                    None => false,
+                };
                 if measuring.load(Ordering::Relaxed) {
                     if ok {
                         lat.push(t.elapsed().as_secs_f64());

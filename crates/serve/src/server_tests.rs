@@ -163,3 +163,50 @@ fn a_pipeline_takes_no_width_pins() {
     o.widths = vec![("current_dof_pos".into(), 29)];
     assert_eq!(super::check(&o), Err(OptionsError::PolicyOnly { option: "widths" }));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_load_generators_caller_keeps_its_connection_through_any_status() {
+    use crate::client::Caller;
+    let mut opts = ServeOptions::new(ModelSource::Checkpoint { path: smpl_tracker().join("last.ckpt"), config: None });
+    opts.addr = SocketAddr::from(([127, 0, 0, 1], 0));
+    opts.threads = Some(1);
+    let server = Server::start(opts, ignore_events()).await.expect("the server starts");
+    let headers = [("content-type", "application/json".to_string())];
+    let mut caller = Caller::connect(server.addr(), "/v2/models/policy/infer", &headers).await.expect("a connection");
+    let good = bytes::Bytes::from(request());
+    for body in [good.clone(), good.clone(), bytes::Bytes::from_static(b"{\"inputs\": 3}"), good] {
+        let want = if body.len() < 20 { 400 } else { 200 };
+        let status =
+            tokio::time::timeout(Duration::from_secs(120), caller.post(body)).await.expect("an answer in time");
+        assert_eq!(status.expect("an answer"), want);
+    }
+    let text = server.handle().metrics_text();
+    assert_eq!(metric(&text, "pmstate_infer_requests_total "), Some(4.0));
+    // every request came over the one connection the caller holds open
+    assert_eq!(metric(&text, "pmstate_connections "), Some(1.0), "{text}");
+    server.handle().shutdown();
+    server.wait().await.expect("a clean stop");
+}
+
+#[test]
+fn the_load_generator_counts_the_answers_of_every_client() {
+    let mut opts = ServeOptions::new(ModelSource::Checkpoint { path: smpl_tracker().join("last.ckpt"), config: None });
+    opts.addr = SocketAddr::from(([127, 0, 0, 1], 0));
+    opts.threads = Some(1);
+    let plan = crate::load::LoadPlan {
+        clients: vec![1, 3],
+        seconds: 0.3,
+        warmup: 0.05,
+        body: bytes::Bytes::from(request()),
+        headers: vec![("content-type", "application/json".to_string())],
+        rows_per_request: 1,
+    };
+    let results = crate::load::run_load(opts, &plan).expect("the load runs");
+    assert_eq!(results.iter().map(|r| r.clients).collect::<Vec<_>>(), [1, 3]);
+    for r in &results {
+        assert_eq!(r.errors, 0, "{} clients", r.clients);
+        assert!(r.requests > 0 && r.rows_per_s > 0.0, "{} clients: {} requests", r.clients, r.requests);
+        assert!(r.p50 <= r.p99, "{} clients: p50 {} p99 {}", r.clients, r.p50, r.p99);
+        assert!(r.rows_per_forward >= 1.0, "{} clients: {} rows per forward", r.clients, r.rows_per_forward);
+    }
+}
