@@ -173,6 +173,22 @@ async fn serve_answers_like_policy_run_reloads_on_sighup_and_drains_on_sigterm()
     assert!(status.success(), "{status:?}");
 }
 
+/// `--max-inflight-answer-bytes` reaches the server: an answer larger than
+/// the whole budget is refused with 400, naming the budget.
+#[tokio::test(flavor = "current_thread")]
+async fn the_answer_budget_flag_bounds_every_answer() {
+    let ckpt = data("smpl_tracker/last.ckpt");
+    let obs = data("smpl_tracker/obs.safetensors");
+    let (mut child, _lines, addr) = serve(&ckpt, &["--max-inflight-answer-bytes", "64"]);
+    let c = Client::new(addr).with_timeout(WATCHDOG);
+    let r = c.post("/v2/models/tracker/infer", infer_body(&obs, &[0]), &[]).await.unwrap();
+    let text = String::from_utf8_lossy(&r.body).into_owned();
+    assert_eq!(r.status, 400, "{text}");
+    assert!(text.contains("over the budget of 64 for all answers in flight"), "{text}");
+    signal(child.id(), "-TERM");
+    assert!(exit_of(&mut child).success());
+}
+
 /// `serve --pipeline`: the tracker's deployment pipeline by the exported
 /// graph's input names and shapes; the recorded inputs answered bitwise as
 /// `Pipeline::forward` answers them; the contract as YAML.
@@ -479,6 +495,8 @@ fn serve_refuses_what_it_cannot_serve() {
         (vec!["--name", "a/b"], "model name \"a/b\""),
         (vec!["--max-batch", "0"], "--max-batch"),
         (vec!["--drain-timeout", "0"], "--drain-timeout"),
+        (vec!["--max-inflight-answer-bytes", "0"], "--max-inflight-answer-bytes"),
+        (vec!["--max-inflight-answer-bytes", "5000000000"], "must be under 4 GiB"),
     ] {
         let out = refused(Command::new(bin).arg("serve").args(&args).args(["--addr", "127.0.0.1:0"]).arg(&ckpt));
         let err = String::from_utf8_lossy(&out.stderr);

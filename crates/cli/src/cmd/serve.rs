@@ -72,6 +72,13 @@ pub struct Args {
     /// Largest request body in bytes (413 beyond it).
     #[arg(long, default_value_t = 64 << 20, value_parser = crate::args::positive)]
     max_body_bytes: usize,
+    /// Bytes of answers held at once, all clients together (under 4 GiB):
+    /// each request reserves a bound of its answer's size before it is
+    /// queued; one that does not fit beside the answers in flight gets 503
+    /// and Retry-After, one larger than the whole budget 400. What bounds
+    /// the memory of large answers (a GPC prior's logits).
+    #[arg(long, default_value_t = 1 << 30, value_parser = crate::args::positive)]
+    max_inflight_answer_bytes: usize,
     /// Longest wait for a request's head, in seconds, counted from when the
     /// connection starts waiting for one (so also how long an idle
     /// kept-alive connection is kept): the connection is closed after it.
@@ -163,7 +170,7 @@ pub fn run(a: Args, g: Global) -> Result<ExitCode, CliError> {
     opts.limits = Limits {
         max_body_bytes: a.max_body_bytes,
         max_inflight_body_bytes: defaults.max_inflight_body_bytes.max(a.max_body_bytes),
-        max_inflight_answer_bytes: defaults.max_inflight_answer_bytes,
+        max_inflight_answer_bytes: a.max_inflight_answer_bytes,
         drain_timeout: Duration::from_secs_f64(a.drain_timeout),
         header_timeout: Duration::from_secs_f64(a.header_timeout),
         body_timeout: Duration::from_secs_f64(a.body_timeout),
