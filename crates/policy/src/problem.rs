@@ -363,4 +363,41 @@ pub enum AttentionProblem {
         /// The tokens' sequence length.
         seq: usize,
     },
+    /// Position by position (a key/value cache) needs a causal mask: one
+    /// that forbids every query a later key.
+    #[error(
+        "the additive mask lets query {query} see the later key {key}: a step-by-step forward needs a causal mask"
+    )]
+    NotCausal {
+        /// The query position.
+        query: usize,
+        /// The later key it may see.
+        key: usize,
+    },
+    /// A step-by-step forward's input or position does not fit its cache.
+    #[error(
+        "step input of shape {} at position {position}, expected [{rows}, d_model] and a position under {positions}",
+        Dims(shape)
+    )]
+    StepShape {
+        /// What was given.
+        shape: Vec<usize>,
+        /// The position it would fill.
+        position: usize,
+        /// The cache's rows.
+        rows: usize,
+        /// The cache's positions.
+        positions: usize,
+    },
+    /// The key/value cache's size overflows or the row path cannot run
+    /// (not float32 on the CPU with packed weights).
+    #[error(
+        "no step-by-step forward for {rows} rows of {positions} positions here (float32 on the CPU, sizes that fit)"
+    )]
+    StepCache {
+        /// Rows asked for.
+        rows: usize,
+        /// Positions asked for.
+        positions: usize,
+    },
 }

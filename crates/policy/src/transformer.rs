@@ -40,6 +40,30 @@ use crate::problem::AttentionProblem;
 
 mod rows;
 
+/// Which layers' outputs a forward returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Keep {
+    /// The last layer's (none without layers).
+    Last,
+    /// Every layer's.
+    Every,
+}
+
+impl Keep {
+    /// Whether layer `i` of `n` is kept.
+    fn keeps(self, i: usize, n: usize) -> bool {
+        self == Keep::Every || i + 1 == n
+    }
+
+    /// How many of `n` layers are kept.
+    fn count(self, n: usize) -> usize {
+        match self {
+            Keep::Every => n,
+            Keep::Last => n.min(1),
+        }
+    }
+}
+
 /// The sizes of a `TransformerEncoder`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TransformerSpec {
@@ -167,6 +191,17 @@ impl TransformerEncoder {
 
     /// Runs every layer on `x` (`[B, S, d_model]`, f32) under `masks`; returns `[B, S, d_model]`.
     pub fn forward(&self, x: &Tensor, masks: &AttentionMasks<'_>) -> Result<Tensor> {
+        let mut layers = self.forward_each(x, masks, Keep::Last)?;
+        Ok(layers.pop().unwrap_or_else(|| x.clone()))
+    }
+
+    /// [`TransformerEncoder::forward`] keeping every layer's output
+    /// (`[B, S, d_model]` each, the first layer's first; none without layers).
+    pub fn forward_each_layer(&self, x: &Tensor, masks: &AttentionMasks<'_>) -> Result<Vec<Tensor>> {
+        self.forward_each(x, masks, Keep::Every)
+    }
+
+    fn forward_each(&self, x: &Tensor, masks: &AttentionMasks<'_>, keep: Keep) -> Result<Vec<Tensor>> {
         let (b, s, d) = x.dims3().map_err(|_| self.err(AttentionProblem::InputShape { shape: x.dims().to_vec() }))?;
         if d != self.spec.d_model {
             return Err(self.err(AttentionProblem::InputShape { shape: x.dims().to_vec() }));
@@ -174,16 +209,20 @@ impl TransformerEncoder {
         let bias = self.score_bias(b, s, x.device(), masks)?;
         if x.elem_count() == 0 {
             // no rows or no tokens: nothing to attend to, nothing to map
-            return Ok(x.clone());
+            return Ok(vec![x.clone(); keep.count(self.layers.len())]);
         }
         if x.device().is_cpu() && x.dtype() == DType::F32 && self.rows_ready() {
-            return self.forward_rows(x, b, s, masks);
+            return self.forward_rows(x, b, s, masks, keep);
         }
         let mut h = x.contiguous()?;
-        for layer in &self.layers {
+        let mut out = Vec::with_capacity(keep.count(self.layers.len()));
+        for (i, layer) in self.layers.iter().enumerate() {
             h = layer.forward(&h, bias.as_ref())?;
+            if keep.keeps(i, self.layers.len()) {
+                out.push(h.clone());
+            }
         }
-        Ok(h)
+        Ok(out)
     }
 
     /// The masks as one additive bias on the scores, `[B or 1, 1, S, S]`

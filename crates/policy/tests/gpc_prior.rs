@@ -273,6 +273,27 @@ fn generation_is_seeded_stays_in_the_nucleus_and_decodes_its_tokens() {
     assert_eq!(flat(&out.mean_action), flat(&a.mean_action));
 }
 
+/// Generation runs position by position (a key/value cache on the CPU); its
+/// logits at step k are bitwise the teacher-forced logits at position k of
+/// the tokens it drew, also past one chunk of rows (64).
+#[test]
+fn generation_logits_are_the_teacher_forced_logits_of_its_tokens_bitwise() {
+    let p = load();
+    let mut o = obs();
+    o.remove("prior_tokens");
+    // 72 rows: the 8 recorded ones 9 times (each row draws by its index)
+    let o: HashMap<String, Tensor> =
+        o.iter().map(|(k, v)| (k.clone(), Tensor::cat(&vec![v.clone(); 9], 0).unwrap())).collect();
+    let g = p.generate(&o, p.sampling(11)).unwrap();
+    assert_eq!(g.logits.dims(), [72, 20, 81]);
+    let mut tf = o.clone();
+    tf.insert("prior_tokens".into(), g.tokens.clone());
+    let t = p.teacher_forced(&tf).unwrap();
+    let bits = |t: &Tensor| f32s(t).iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&g.logits), bits(&t.logits));
+    assert_eq!(bits(&g.mean_action), bits(&t.mean_action));
+}
+
 fn prior_problem(e: PolicyError) -> (String, PriorProblem) {
     match e {
         PolicyError::Prior { path, problem } => (path, problem),

@@ -44,7 +44,7 @@ use crate::network::{Network, TensorMap, Trace};
 use crate::obs_check::{check_obs, ObsKeys};
 use crate::problem::GraphProblem;
 use crate::shapes::Widths;
-use crate::transformer::{TransformerEncoder, TransformerSpec};
+use crate::transformer::{AttentionMasks, TransformerEncoder, TransformerSpec};
 
 /// The most elements of a one-hot token tensor built for a token encoder
 /// that is not a plain table (2^26 f32: 256 MiB). The published prior's
@@ -55,6 +55,11 @@ pub const MAX_ONE_HOT_ELEMENTS: usize = 1 << 26;
 /// 2^28, 1 GiB). The published prior's 8 x 59049 logits per row make a
 /// batch of 568 rows at most; a larger batch is refused before any work.
 pub const MAX_LOGITS_ELEMENTS: usize = 1 << 28;
+
+/// Rows generated together position by position ([`LatentPrior::generate`]
+/// on the CPU): what bounds the key/value cache (the published prior:
+/// 64 x 9 x 3072 floats a layer, 7 MB) while keeping the products batched.
+const GENERATION_ROWS: usize = 64;
 
 /// How the token encoder turns tokens into embeddings.
 #[derive(Debug, Clone)]
@@ -452,13 +457,9 @@ impl LatentPrior {
         let seq = Tensor::cat(&[&context.unsqueeze(1)?, token_emb], 1)?;
         let s = seq.dim(1)?;
         let seq = seq.broadcast_add(&self.positions.narrow(0, 0, s)?.unsqueeze(0)?)?.contiguous()?;
-        let bias = causal_mask(s - 1, &self.device)?.reshape((1, 1, s, s))?;
-        let mut layers = Vec::with_capacity(self.transformer.layers.len());
-        let mut h = seq.clone();
-        for l in &self.transformer.layers {
-            h = l.forward(&h, Some(&bias))?;
-            layers.push(h.clone());
-        }
+        let mask = causal_mask(s - 1, &self.device)?;
+        let masks = AttentionMasks { additive: Some(&mask), key_padding: None };
+        let layers = self.transformer.forward_each_layer(&seq, &masks)?;
         Ok((seq, layers))
     }
 
@@ -631,22 +632,28 @@ impl LatentPrior {
         let (context, trace) = self.encode_context(&mut td)?;
         let n = self.config.tokenization.tokens;
         let mut rows: Vec<Vec<i64>> = vec![Vec::with_capacity(n); b];
-        let mut all_logits = Vec::with_capacity(n);
         let temp = Tensor::new(sampling.temperature as f32, &self.device)?;
-        for k in 0..n {
-            let logits = self.step_logits(&context, &rows, k)?;
+        let mut draw = |k: usize, logits: &Tensor, rows: &mut [Vec<i64>], first: usize| -> Result<()> {
             let probs = crate::transformer::safe_softmax_last_dim(&logits.broadcast_div(&temp)?)?;
             let probs = probs.to_device(&Device::Cpu)?.to_vec2::<f32>()?;
             for (r, (row, p)) in rows.iter_mut().zip(&probs).enumerate() {
-                let d = draws[r];
+                let d = draws[first + r];
                 let u = top_p::draw(d.seed, d.row, k as u64);
                 row.push(top_p::sample(p, sampling.top_p, u) as i64);
             }
-            all_logits.push(logits);
-        }
+            Ok(())
+        };
         let logits = if n == 0 {
             Tensor::zeros((b, 0, self.config.tokenization.vocab), DType::F32, &self.device)?
+        } else if self.steps_ready(&context) {
+            self.generate_steps(&context, &mut rows, &mut draw)?
         } else {
+            let mut all_logits = Vec::with_capacity(n);
+            for k in 0..n {
+                let logits = self.step_logits(&context, &rows, k)?;
+                draw(k, &logits, &mut rows, 0)?;
+                all_logits.push(logits);
+            }
             Tensor::stack(&all_logits, 1)?
         };
         let (mean_action, latent_codes, _) = self.decode(&mut td, &rows)?;
@@ -654,6 +661,54 @@ impl LatentPrior {
         let tokens = Tensor::from_vec(flat, (b, n), &self.device)?;
         let norm_obs = trace.norm_outputs.into_iter().next().map(|(_, t)| t);
         Ok(PriorOutputs { logits, mean_action, tokens, latent_codes, norm_obs })
+    }
+
+    /// Whether generation can run position by position (a key/value
+    /// cache): the transformer's float32 CPU row path.
+    fn steps_ready(&self, context: &Tensor) -> bool {
+        context.device().is_cpu() && context.dtype() == DType::F32 && self.transformer.rows_ready()
+    }
+
+    /// Generation position by position with a key/value cache, in chunks
+    /// of [`GENERATION_ROWS`] rows (the cache holds `rows x (tokens + 1) x
+    /// 3 d_model` floats a layer): each step runs the transformer on one
+    /// new position instead of the whole prefix again. Step `k`'s logits
+    /// are bitwise the teacher-forced logits at position `k` of the tokens
+    /// drawn (the same row path over the whole sequence's causal mask;
+    /// tested). `draw(k, logits, rows, first)` appends token `k` to the
+    /// chunk's `rows` (batch rows from `first`). `[B, tokens, vocab]`.
+    fn generate_steps(
+        &self,
+        context: &Tensor,
+        rows: &mut [Vec<i64>],
+        draw: &mut impl FnMut(usize, &Tensor, &mut [Vec<i64>], usize) -> Result<()>,
+    ) -> Result<Tensor> {
+        let n = self.config.tokenization.tokens;
+        let mask = causal_mask(n, &self.device)?;
+        let positions = self.positions.narrow(0, 0, n + 1)?;
+        let mut chunks = Vec::with_capacity(rows.len().div_ceil(GENERATION_ROWS));
+        for (c, chunk) in rows.chunks_mut(GENERATION_ROWS).enumerate() {
+            let first = c * GENERATION_ROWS;
+            let ctx = context.narrow(0, first, chunk.len())?;
+            let mut cache = self.transformer.step_cache(chunk.len(), &mask)?;
+            let mut steps = Vec::with_capacity(n);
+            for k in 0..n {
+                // the sequence's position k: the context, then token k - 1
+                let x = if k == 0 {
+                    ctx.clone()
+                } else {
+                    let last: Vec<Vec<i64>> = chunk.iter().map(|r| vec![r[k - 1]]).collect();
+                    self.encode_tokens(&last, 1)?.squeeze(1)?
+                };
+                let x = x.broadcast_add(&positions.get(k)?)?.contiguous()?;
+                let h = self.transformer.step(&x, &mut cache)?;
+                let logits = self.decode_logits(&h.unsqueeze(1)?)?.squeeze(1)?;
+                draw(k, &logits, chunk, first)?;
+                steps.push(logits);
+            }
+            chunks.push(Tensor::stack(&steps, 1)?);
+        }
+        Ok(Tensor::cat(&chunks, 0)?)
     }
 
     /// `softmax(logits / temperature)` over the last dim, as the sampler computes it.

@@ -27,15 +27,17 @@
 //! other rows or the thread count (the server's batching promise).
 
 use std::cell::RefCell;
+use std::ops::Range;
 
 use candle_core::{DType, Device, Storage, Tensor};
 use rayon::prelude::*;
 
-use super::{AttentionMasks, EncoderLayer, TransformerEncoder};
+use super::{AttentionMasks, EncoderLayer, Keep, TransformerEncoder};
 use crate::activation::Activation;
 use crate::error::{PolicyError, Result};
 use crate::kernels::{per_isa, Epilogue, PackedLinear, Supported};
 use crate::mlp::{lane_sum, layer_norm_row, LayerNorm, Linear};
+use crate::problem::AttentionProblem;
 use crate::problem::GraphProblem;
 
 /// The activation buffers of one forward, kept per thread across calls.
@@ -95,46 +97,179 @@ impl ScoreBias {
     }
 }
 
+thread_local! {
+    /// Each thread's activation buffers, kept across calls.
+    static BUFFERS: RefCell<Buffers> = RefCell::new(Buffers::default());
+}
+
+/// `f` on this thread's [`BUFFERS`], or on fresh buffers for a forward
+/// inside a forward on this thread.
+fn with_buffers<R>(f: impl FnOnce(&mut Buffers) -> R) -> R {
+    BUFFERS.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut bufs) => f(&mut bufs),
+        Err(_) => f(&mut Buffers::default()),
+    })
+}
+
 impl TransformerEncoder {
     /// Whether every Linear has CPU-packed weights (the row path needs them).
-    pub(super) fn rows_ready(&self) -> bool {
+    pub(crate) fn rows_ready(&self) -> bool {
         self.linears().all(|l| l.packed.is_some())
     }
 
     /// [`TransformerEncoder::forward`] on float32 CPU `x` (`[b, s, d]`,
-    /// shape and masks already checked) through the row path.
-    pub(super) fn forward_rows(&self, x: &Tensor, b: usize, s: usize, masks: &AttentionMasks<'_>) -> Result<Tensor> {
-        thread_local! {
-            static BUFFERS: RefCell<Buffers> = RefCell::new(Buffers::default());
-        }
+    /// shape and masks already checked) through the row path; the outputs
+    /// of the layers `keep` names.
+    pub(super) fn forward_rows(
+        &self,
+        x: &Tensor,
+        b: usize,
+        s: usize,
+        masks: &AttentionMasks<'_>,
+        keep: Keep,
+    ) -> Result<Vec<Tensor>> {
         let bias = ScoreBias::new(masks, s)?;
-        BUFFERS.with(|cell| match cell.try_borrow_mut() {
-            Ok(mut bufs) => self.forward_rows_in(x, b, s, &bias, &mut bufs),
-            // a forward inside a forward on this thread: fresh buffers
-            Err(_) => self.forward_rows_in(x, b, s, &bias, &mut Buffers::default()),
-        })
+        with_buffers(|bufs| self.forward_rows_in(x, b, s, &bias, bufs, keep))
     }
 
-    fn forward_rows_in(&self, x: &Tensor, b: usize, s: usize, bias: &ScoreBias, bufs: &mut Buffers) -> Result<Tensor> {
+    fn forward_rows_in(
+        &self,
+        x: &Tensor,
+        b: usize,
+        s: usize,
+        bias: &ScoreBias,
+        bufs: &mut Buffers,
+        keep: Keep,
+    ) -> Result<Vec<Tensor>> {
         let d = self.spec.d_model;
         copy_f32(x, &mut bufs.h)?;
-        for layer in &self.layers {
+        let n = self.layers.len();
+        let mut out = Vec::with_capacity(keep.count(n));
+        for (i, layer) in self.layers.iter().enumerate() {
             layer.forward_rows(b, s, d, bias, bufs)?;
+            if keep.keeps(i, n) {
+                out.push(Tensor::from_slice(&bufs.h, (b, s, d), &Device::Cpu)?);
+            }
         }
-        Ok(Tensor::from_slice(&bufs.h, (b, s, d), &Device::Cpu)?)
+        Ok(out)
     }
+
+    /// A key/value cache for [`TransformerEncoder::step`]: `rows`
+    /// sequences of `mask`'s `S` positions, under `mask` (`[S, S]`, float,
+    /// causal: every later key forbidden to every query).
+    pub(crate) fn step_cache(&self, rows: usize, mask: &Tensor) -> Result<StepCache> {
+        let s = mask.dim(0).unwrap_or(0);
+        if mask.dims() != [s, s] || !mask.dtype().is_float() {
+            let (shape, dtype) = (mask.dims().to_vec(), mask.dtype().as_str());
+            return Err(self.err(AttentionProblem::AdditiveMask { shape, dtype, seq: s }));
+        }
+        let bias = ScoreBias::new(&AttentionMasks { additive: Some(mask), key_padding: None }, s)?;
+        if let Some(a) = &bias.additive {
+            for query in 0..s {
+                if let Some(key) = (query + 1..s).find(|&key| a[query * s + key] != f32::NEG_INFINITY) {
+                    return Err(self.err(AttentionProblem::NotCausal { query, key }));
+                }
+            }
+        } else if s > 1 {
+            return Err(self.err(AttentionProblem::NotCausal { query: 0, key: 1 }));
+        }
+        let d3 = 3 * self.spec.d_model;
+        let per_layer = rows.checked_mul(s).and_then(|n| n.checked_mul(d3)).filter(|&n| n <= isize::MAX as usize / 4);
+        let Some(per_layer) = per_layer.filter(|_| self.rows_ready()) else {
+            return Err(self.err(AttentionProblem::StepCache { rows, positions: s }));
+        };
+        let qkv = (0..self.layers.len()).map(|_| vec![0f32; per_layer]).collect();
+        Ok(StepCache { rows, s, t: 0, qkv, bias })
+    }
+
+    /// The next position of the sequences in `cache`: `x` is its input
+    /// (`[rows, d_model]`, float32 on the CPU), the result the last
+    /// layer's output there (`[rows, d_model]`). Bitwise what
+    /// [`TransformerEncoder::forward`] gives at that position for the
+    /// whole sequence under the cache's mask (tested): the same kernels,
+    /// the same attention over the keys so far (the later ones masked),
+    /// in the same order.
+    pub(crate) fn step(&self, x: &Tensor, cache: &mut StepCache) -> Result<Tensor> {
+        let d = self.spec.d_model;
+        let StepCache { rows, s, t, qkv, bias } = cache;
+        if x.dims() != [*rows, d] || *t >= *s || !x.device().is_cpu() || x.dtype() != DType::F32 {
+            let (shape, position, rows, positions) = (x.dims().to_vec(), *t, *rows, *s);
+            return Err(self.err(AttentionProblem::StepShape { shape, position, rows, positions }));
+        }
+        let h = with_buffers(|bufs| -> Result<Tensor> {
+            copy_f32(x, &mut bufs.h)?;
+            for (layer, cached) in self.layers.iter().zip(qkv.iter_mut()) {
+                layer.step_rows(*rows, *t, *s, d, bias, bufs, cached)?;
+            }
+            Ok(Tensor::from_slice(&bufs.h, (*rows, d), &Device::Cpu)?)
+        })?;
+        *t += 1;
+        Ok(h)
+    }
+}
+
+/// What [`TransformerEncoder::step`] keeps between positions: each layer's
+/// q, k and v of the positions so far.
+pub(crate) struct StepCache {
+    rows: usize,
+    /// Positions in all.
+    s: usize,
+    /// Positions done.
+    t: usize,
+    /// Per layer `[rows, s, 3d]`: each position's `in_proj` output, as
+    /// [`attention`] reads it (positions from `t` on not yet written).
+    qkv: Vec<Vec<f32>>,
+    bias: ScoreBias,
 }
 
 impl EncoderLayer {
     /// One post-norm layer on `bufs.h` (`[b * s, d]`), in place.
     fn forward_rows(&self, b: usize, s: usize, d: usize, bias: &ScoreBias, bufs: &mut Buffers) -> Result<()> {
         let rows = b * s;
-        let Buffers { h, qkv, ctx, y, ff } = bufs;
         let in_proj = packed(&self.self_attn.in_proj)?;
         let isa = in_proj.supported();
-        in_proj.forward_into(h, rows, Epilogue::Identity, qkv);
-        ctx.resize(rows * d, 0.0);
-        attention(isa, qkv, ctx, b, s, d, self.self_attn.heads, bias);
+        in_proj.forward_into(&bufs.h, rows, Epilogue::Identity, &mut bufs.qkv);
+        bufs.ctx.resize(rows * d, 0.0);
+        attention(isa, &bufs.qkv, &mut bufs.ctx, b, s, d, self.self_attn.heads, bias);
+        self.after_attention(isa, rows, d, bufs)
+    }
+
+    /// [`EncoderLayer::forward_rows`] for position `t` of `b` sequences of
+    /// `s` (`bufs.h`: `[b, d]`), the earlier positions' q, k, v in
+    /// `cached` (`[b, s, 3d]`), where this position's are written too.
+    #[allow(clippy::too_many_arguments)]
+    fn step_rows(
+        &self,
+        b: usize,
+        t: usize,
+        s: usize,
+        d: usize,
+        bias: &ScoreBias,
+        bufs: &mut Buffers,
+        cached: &mut [f32],
+    ) -> Result<()> {
+        let in_proj = packed(&self.self_attn.in_proj)?;
+        let isa = in_proj.supported();
+        in_proj.forward_into(&bufs.h, b, Epilogue::Identity, &mut bufs.qkv);
+        let d3 = 3 * d;
+        for (seq, new) in cached.chunks_mut(s * d3).zip(bufs.qkv.chunks(d3)) {
+            seq[t * d3..][..d3].copy_from_slice(new);
+        }
+        bufs.ctx.resize(b * d, 0.0);
+        let heads = self.self_attn.heads;
+        let positions = Positions { queries: t..t + 1, keys: t + 1, s };
+        bufs.ctx
+            .par_chunks_mut(d)
+            .zip(cached.par_chunks(s * d3))
+            .enumerate()
+            .for_each(|(row, (out, tokens))| attention_row(isa, out, tokens, row, positions.clone(), d, heads, bias));
+        self.after_attention(isa, b, d, bufs)
+    }
+
+    /// The rest of the layer after the attention wrote `bufs.ctx`
+    /// (`[rows, d]`): out_proj, add and norm, feed-forward, add and norm.
+    fn after_attention(&self, isa: Supported, rows: usize, d: usize, bufs: &mut Buffers) -> Result<()> {
+        let Buffers { h, qkv: _, ctx, y, ff } = bufs;
         packed(&self.self_attn.out_proj)?.forward_into(ctx, rows, Epilogue::Identity, y);
         add_and_norm(isa, h, y, d, &self.norm1)?;
         match self.activation {
@@ -197,6 +332,21 @@ fn add_and_norm_row_body(row: &mut [f32], add: &[f32], g: &[f32], beta: &[f32]) 
     layer_norm_row(row, g, beta);
 }
 
+/// Which queries and keys of a sequence of `s` positions one attention
+/// call computes.
+#[derive(Debug, Clone)]
+struct Positions {
+    /// The queries (their context rows are written in this order).
+    queries: Range<usize>,
+    /// Keys `0..keys` exist; later ones are masked (position by position,
+    /// under a causal mask, they do not exist yet).
+    keys: usize,
+    /// The sequence's length: the softmax runs over `s` scores, the
+    /// missing keys' as `-inf`, so that its sum adds in the order of the
+    /// whole sequence's.
+    s: usize,
+}
+
 /// Multi-head self attention from `qkv` (`[b * s, 3d]`: q, k, v of each
 /// token side by side) into `ctx` (`[b * s, d]`, head `h` in columns
 /// `h * hd ..`), one batch row per task.
@@ -212,34 +362,48 @@ fn attention(
     bias: &ScoreBias,
 ) {
     debug_assert_eq!(ctx.len(), b * s * d);
+    let all = Positions { queries: 0..s, keys: s, s };
     ctx.par_chunks_mut(s * d)
         .zip(qkv.par_chunks(s * 3 * d))
         .enumerate()
-        .for_each(|(row, (out, tokens))| attention_row(isa, out, tokens, row, s, d, heads, bias));
+        .for_each(|(row, (out, tokens))| attention_row(isa, out, tokens, row, all.clone(), d, heads, bias));
 }
 
 per_isa! {
-    /// The attention of batch row `row`: its `s` tokens' q, k, v in
-    /// `tokens` (`[s, 3d]`), their context into `out` (`[s, d]`).
-    fn attention_row(out: &mut [f32], tokens: &[f32], row: usize, s: usize, d: usize, heads: usize, bias: &ScoreBias)
+    /// The attention of batch row `row` at `at.queries`: its tokens' q, k,
+    /// v in `tokens` (`[keys, 3d]` at least), the queries' context into
+    /// `out` (`[queries, d]`).
+    fn attention_row(out: &mut [f32], tokens: &[f32], row: usize, at: Positions, d: usize, heads: usize, bias: &ScoreBias)
         => attention_row_body
 }
 
 #[inline(always)]
-fn attention_row_body(out: &mut [f32], tokens: &[f32], row: usize, s: usize, d: usize, heads: usize, bias: &ScoreBias) {
+fn attention_row_body(
+    out: &mut [f32],
+    tokens: &[f32],
+    row: usize,
+    at: Positions,
+    d: usize,
+    heads: usize,
+    bias: &ScoreBias,
+) {
     let hd = d / heads;
     // candle's `q / sqrt(hd)` is an affine with the reciprocal
     let scale = (1.0 / (hd as f64).sqrt()) as f32;
     let mut q = vec![0f32; hd];
-    let mut w = vec![0f32; s];
+    let mut w = vec![0f32; at.s];
     for head in 0..heads {
         let col = head * hd;
-        for i in 0..s {
+        for (o, i) in at.queries.clone().enumerate() {
             let qi = &tokens[i * 3 * d + col..][..hd];
             for (dst, &v) in q.iter_mut().zip(qi) {
                 *dst = v * scale;
             }
             for (j, wj) in w.iter_mut().enumerate() {
+                if j >= at.keys {
+                    *wj = f32::NEG_INFINITY;
+                    continue;
+                }
                 let kj = &tokens[j * 3 * d + d + col..][..hd];
                 let dot = lane_dot(&q, kj);
                 *wj = match bias.at(row, i, j) {
@@ -248,9 +412,11 @@ fn attention_row_body(out: &mut [f32], tokens: &[f32], row: usize, s: usize, d: 
                 };
             }
             safe_softmax(&mut w);
-            let ci = &mut out[i * d + col..][..hd];
+            let ci = &mut out[o * d + col..][..hd];
             ci.fill(0.0);
-            for (j, &wj) in w.iter().enumerate() {
+            // a missing key's weight is 0: leaving it out adds nothing
+            // (the sum starts at +0 and never becomes -0)
+            for (j, &wj) in w.iter().enumerate().take(at.keys) {
                 let vj = &tokens[j * 3 * d + 2 * d + col..][..hd];
                 for (c, &v) in ci.iter_mut().zip(vj) {
                     *c += wj * v;
@@ -348,6 +514,60 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// The recorded 2-layer encoder (d 16, 4 heads, ff 24).
+    fn recorded(act: &str, activation: Activation) -> TransformerEncoder {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata/policy/transformer_encoder");
+        let ckpt = pmstate_ckpt::Checkpoint::open(dir.join("weights.safetensors")).expect("the recorded weights");
+        let spec = super::super::TransformerSpec { d_model: 16, heads: 4, ff: 24, layers: 2, activation };
+        TransformerEncoder::load(&ckpt, "", act, spec, "test.transformer", &Device::Cpu).expect("the encoder")
+    }
+
+    #[test]
+    fn step_by_step_gives_the_whole_sequences_bits_at_every_position() {
+        use crate::kernels::tests::values;
+        // 21 positions: the softmax sums more than one 16-lane chunk
+        for (act, activation) in [("relu", Activation::Relu), ("gelu", Activation::Gelu)] {
+            let enc = recorded(act, activation);
+            for (b, s) in [(3usize, 21usize), (1, 5), (2, 1)] {
+                let x = Tensor::from_vec(values(b * s * 16, 0x2545_f491 ^ s as u32, 1.7), (b, s, 16), &Device::Cpu)
+                    .expect("x");
+                let mask = crate::gpc::causal_mask(s - 1, &Device::Cpu).expect("a causal mask");
+                let masks = AttentionMasks { additive: Some(&mask), key_padding: None };
+                let whole = enc.forward(&x, &masks).expect("forward").to_vec3::<f32>().expect("out");
+                let mut cache = enc.step_cache(b, &mask).expect("a cache");
+                for t in 0..s {
+                    let xt = x.narrow(1, t, 1).and_then(|v| v.squeeze(1)).expect("position t");
+                    let got = enc.step(&xt, &mut cache).expect("a step").to_vec2::<f32>().expect("out");
+                    for (r, (got, whole)) in got.iter().zip(&whole).enumerate() {
+                        let same = got.iter().zip(&whole[t]).all(|(a, w)| a.to_bits() == w.to_bits());
+                        assert!(same, "{act}, {b} x {s}: row {r} position {t}: {got:?} vs {:?}", whole[t]);
+                    }
+                }
+                // the cache is full: one more position is refused, named
+                let xt = x.narrow(1, 0, 1).and_then(|v| v.squeeze(1)).expect("position 0");
+                let e = enc.step(&xt, &mut cache).expect_err("past the last position");
+                assert!(e.to_string().contains(&format!("position {s}")), "{e}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_mask_that_lets_a_query_see_a_later_key_gets_no_step_cache() {
+        let enc = recorded("relu", Activation::Relu);
+        let mut v = vec![0f32; 9];
+        v[2] = 0.0; // query 0 sees key 2
+        v[1] = f32::NEG_INFINITY;
+        v[5] = f32::NEG_INFINITY;
+        let mask = Tensor::from_vec(v, (3, 3), &Device::Cpu).expect("mask");
+        let e = enc.step_cache(2, &mask).err().expect("refused");
+        assert!(
+            matches!(&e, PolicyError::Attention { problem: AttentionProblem::NotCausal { query: 0, key: 2 }, .. }),
+            "{e}"
+        );
+        let none = enc.step_cache(2, &Tensor::zeros((3, 3), DType::F32, &Device::Cpu).expect("zeros")).err();
+        assert!(matches!(none, Some(PolicyError::Attention { problem: AttentionProblem::NotCausal { .. }, .. })));
     }
 
     #[test]
