@@ -25,7 +25,7 @@ use pmstate_ckpt::{Checkpoint, Node};
 use pmstate_policy::bound::{within, Bounded};
 use pmstate_policy::gpc::config::PriorModelConfig;
 use pmstate_policy::gpc::problem::PriorProblem;
-use pmstate_policy::gpc::{top_p, LatentPrior};
+use pmstate_policy::gpc::{top_p, LatentPrior, RowDraw};
 use pmstate_policy::{LoadOptions, PolicyError};
 
 fn data(rel: &str) -> PathBuf {
@@ -292,6 +292,12 @@ fn generation_logits_are_the_teacher_forced_logits_of_its_tokens_bitwise() {
     let bits = |t: &Tensor| f32s(t).iter().map(|v| v.to_bits()).collect::<Vec<_>>();
     assert_eq!(bits(&g.logits), bits(&t.logits));
     assert_eq!(bits(&g.mean_action), bits(&t.mean_action));
+    // the second chunk's rows draw as their own indices (60..72 alone,
+    // drawing as rows 60..72, give the batch's tokens there)
+    let tail: HashMap<String, Tensor> = o.iter().map(|(k, v)| (k.clone(), v.narrow(0, 60, 12).unwrap())).collect();
+    let draws: Vec<RowDraw> = (60..72).map(|row| RowDraw { seed: 11, row }).collect();
+    let alone = p.generate_rows(&tail, p.sampling(11), &draws).unwrap().tokens.to_vec2::<i64>().unwrap();
+    assert_eq!(alone, g.tokens.to_vec2::<i64>().unwrap()[60..].to_vec());
 }
 
 fn prior_problem(e: PolicyError) -> (String, PriorProblem) {
