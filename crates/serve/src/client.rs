@@ -184,6 +184,9 @@ impl Caller {
         *req.method_mut() = axum::http::Method::POST;
         *req.uri_mut() = self.uri.clone();
         *req.headers_mut() = self.headers.clone();
+        // the connection takes the next request once it has finished the
+        // last answer: sending before that is an error ("not ready")
+        self.send.ready().await.map_err(|e| err(e.into()))?;
         let resp = self.send.send_request(req).await.map_err(|e| err(e.into()))?;
         let status = resp.status().as_u16();
         resp.into_body().collect().await.map_err(|e| err(e.into()))?;
