@@ -56,10 +56,16 @@ pub const MAX_ONE_HOT_ELEMENTS: usize = 1 << 26;
 /// batch of 568 rows at most; a larger batch is refused before any work.
 pub const MAX_LOGITS_ELEMENTS: usize = 1 << 28;
 
-/// Rows generated together position by position ([`LatentPrior::generate`]
-/// on the CPU): what bounds the key/value cache (the published prior:
-/// 64 x 9 x 3072 floats a layer, 7 MB) while keeping the products batched.
+/// Most rows generated together position by position
+/// ([`LatentPrior::generate`] on the CPU): enough to keep the products
+/// batched.
 const GENERATION_ROWS: usize = 64;
+
+/// Most bytes of key/value cache one chunk of generated rows holds (fewer
+/// rows per chunk when a row's cache is large, one at least): the
+/// published prior's 64 rows take 42 MB (9 positions x 3072 floats x 6
+/// layers a row).
+const GENERATION_CACHE_BYTES: usize = 256 << 20;
 
 /// How the token encoder turns tokens into embeddings.
 #[derive(Debug, Clone)]
@@ -670,8 +676,9 @@ impl LatentPrior {
     }
 
     /// Generation position by position with a key/value cache, in chunks
-    /// of [`GENERATION_ROWS`] rows (the cache holds `rows x (tokens + 1) x
-    /// 3 d_model` floats a layer): each step runs the transformer on one
+    /// of at most [`GENERATION_ROWS`] rows whose cache (`rows x (tokens + 1)
+    /// x 3 d_model` floats a layer) stays within [`GENERATION_CACHE_BYTES`]
+    /// where a row allows: each step runs the transformer on one
     /// new position instead of the whole prefix again. Step `k`'s logits
     /// are bitwise the teacher-forced logits at position `k` of the tokens
     /// drawn (the same row path over the whole sequence's causal mask;
@@ -686,9 +693,14 @@ impl LatentPrior {
         let n = self.config.tokenization.tokens;
         let mask = causal_mask(n, &self.device)?;
         let positions = self.positions.narrow(0, 0, n + 1)?;
-        let mut chunks = Vec::with_capacity(rows.len().div_ceil(GENERATION_ROWS));
-        for (c, chunk) in rows.chunks_mut(GENERATION_ROWS).enumerate() {
-            let first = c * GENERATION_ROWS;
+        let row_bytes = (n + 1)
+            .saturating_mul(3 * self.config.prior.d_model)
+            .saturating_mul(self.transformer.layers.len())
+            .saturating_mul(std::mem::size_of::<f32>());
+        let chunk_rows = (GENERATION_CACHE_BYTES / row_bytes.max(1)).clamp(1, GENERATION_ROWS);
+        let mut chunks = Vec::with_capacity(rows.len().div_ceil(chunk_rows));
+        for (c, chunk) in rows.chunks_mut(chunk_rows).enumerate() {
+            let first = c * chunk_rows;
             let ctx = context.narrow(0, first, chunk.len())?;
             let mut cache = self.transformer.step_cache(chunk.len(), &mask)?;
             let mut steps = Vec::with_capacity(n);
