@@ -554,7 +554,7 @@ mod tests {
     }
 
     #[test]
-    fn a_mask_that_lets_a_query_see_a_later_key_gets_no_step_cache() {
+    fn a_mask_that_lets_a_query_see_a_later_key_or_an_overflowing_size_gets_no_step_cache() {
         let enc = recorded("relu", Activation::Relu);
         let mut v = vec![0f32; 9];
         v[2] = 0.0; // query 0 sees key 2
@@ -568,6 +568,13 @@ mod tests {
         );
         let none = enc.step_cache(2, &Tensor::zeros((3, 3), DType::F32, &Device::Cpu).expect("zeros")).err();
         assert!(matches!(none, Some(PolicyError::Attention { problem: AttentionProblem::NotCausal { .. }, .. })));
+        // a cache whose size overflows is refused before any allocation, named
+        let causal = crate::gpc::causal_mask(2, &Device::Cpu).expect("a causal mask");
+        let e = enc.step_cache(usize::MAX / 2, &causal).err().expect("refused");
+        assert!(
+            matches!(&e, PolicyError::Attention { problem: AttentionProblem::StepCache { positions: 3, .. }, .. }),
+            "{e}"
+        );
     }
 
     #[test]
