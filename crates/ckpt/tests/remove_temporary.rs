@@ -1,0 +1,45 @@
+//! `remove_temporary_files`, the cleanup hook for writes in flight: it
+//! removes their temporary files (those writes then fail, leaving nothing)
+//! and, unlike `abandon_temporary_files`, lets later writes go on.
+//! A test binary of its own: the hook removes every temporary file the
+//! process is writing, so a test beside it writing a file would lose it.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use pmstate_ckpt::{remove_temporary_files, Bytes, Checkpoint, DType, Dict, DictKind, Node, Storage, TensorRef};
+use pmstate_ckpt::{Durability, WriteOptions};
+
+fn small() -> Checkpoint {
+    let t = Node::Tensor(Box::new(TensorRef::contiguous("0".into(), DType::F32, vec![4])));
+    let root = Dict::from_entries(DictKind::Plain, vec![(Node::Str("w".into()), t)]).unwrap();
+    let storage = Storage { typed: true, dtype: DType::F32, location: "cpu".into(), data: Bytes::owned(vec![1; 16]) };
+    Checkpoint::from_parts(Node::Dict(root), HashMap::from([("0".to_owned(), storage)])).unwrap()
+}
+
+fn names(dir: &std::path::Path) -> Vec<String> {
+    std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect()
+}
+
+#[test]
+fn removing_takes_the_writes_in_flight_and_later_writes_go_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = small();
+    for name in ["in_flight.safetensors", "in_flight.pt"] {
+        // Removed from inside the write: its temporary file goes, the write
+        // fails, nothing is left.
+        let removed = AtomicUsize::new(usize::MAX);
+        let progress = |_: u64| {
+            let _ = removed.compare_exchange(usize::MAX, remove_temporary_files(), Ordering::SeqCst, Ordering::SeqCst);
+        };
+        let opts = WriteOptions { progress: Some(&progress), durability: Durability::NoFsync, ..Default::default() };
+        let outcome = ckpt.save_with(dir.path().join(name), &opts);
+        assert!(outcome.is_err(), "{name}: a write whose temporary file was removed cannot succeed");
+        assert_eq!(removed.load(Ordering::SeqCst), 1, "{name}: its temporary file was registered and removed");
+        assert_eq!(names(dir.path()), Vec::<String>::new(), "{name}: something was left");
+    }
+    // nothing in flight: nothing removed, and a later write succeeds
+    assert_eq!(remove_temporary_files(), 0);
+    ckpt.save(dir.path().join("later.pt")).unwrap();
+    assert_eq!(names(dir.path()), ["later.pt"]);
+}
