@@ -4,22 +4,13 @@
 //! A test binary of its own: the hook removes every temporary file the
 //! process is writing, so a test beside it writing a file would lose it.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use pmstate_ckpt::{remove_temporary_files, Bytes, Checkpoint, DType, Dict, DictKind, Node, Storage, TensorRef};
+use pmstate_ckpt::remove_temporary_files;
 use pmstate_ckpt::{Durability, WriteOptions};
 
-fn small() -> Checkpoint {
-    let t = Node::Tensor(Box::new(TensorRef::contiguous("0".into(), DType::F32, vec![4])));
-    let root = Dict::from_entries(DictKind::Plain, vec![(Node::Str("w".into()), t)]).unwrap();
-    let storage = Storage { typed: true, dtype: DType::F32, location: "cpu".into(), data: Bytes::owned(vec![1; 16]) };
-    Checkpoint::from_parts(Node::Dict(root), HashMap::from([("0".to_owned(), storage)])).unwrap()
-}
-
-fn names(dir: &std::path::Path) -> Vec<String> {
-    std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect()
-}
+mod common;
+use common::{names, small};
 
 #[test]
 fn removing_takes_the_writes_in_flight_and_later_writes_go_on() {

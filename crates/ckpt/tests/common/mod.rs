@@ -5,7 +5,9 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use pmstate_ckpt::{Checkpoint, Node};
+use std::collections::HashMap;
+
+use pmstate_ckpt::{Bytes, Checkpoint, DType, Dict, DictKind, Node, Storage, TensorRef};
 use serde_json::Value as J;
 use sha2::{Digest, Sha256};
 
@@ -246,4 +248,17 @@ pub fn torch_compare(py: &str, args: &[&Path]) -> (i32, String) {
     let script = fixture("torch_compare.py");
     let out = Command::new(py).arg(script).args(args).output().expect("run torch_compare.py");
     (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// A one-tensor checkpoint (`w`: four float32 values), for tests of writing.
+pub fn small() -> Checkpoint {
+    let t = Node::Tensor(Box::new(TensorRef::contiguous("0".into(), DType::F32, vec![4])));
+    let root = Dict::from_entries(DictKind::Plain, vec![(Node::Str("w".into()), t)]).unwrap();
+    let storage = Storage { typed: true, dtype: DType::F32, location: "cpu".into(), data: Bytes::owned(vec![1; 16]) };
+    Checkpoint::from_parts(Node::Dict(root), HashMap::from([("0".to_owned(), storage)])).unwrap()
+}
+
+/// The names of the entries of `dir`.
+pub fn names(dir: &Path) -> Vec<String> {
+    std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect()
 }
