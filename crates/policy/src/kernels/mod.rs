@@ -30,7 +30,9 @@
 //!   batch 1 this is a matrix-vector product that streams each weight
 //!   once: memory-bound, as it should be;
 //! - the blocked path: tasks are blocks of rows on the current rayon
-//!   pool; each packs its rows, then goes panel by panel (K in blocks) and
+//!   pool, equal in rows, and where rows are too few to give every thread
+//!   a block of several micro-panels, groups of panels of one block; each
+//!   task packs its rows, then goes panel by panel (K in blocks) and
 //!   sweeps its micro-panels over the panel, which stays in cache;
 //! - bias is the accumulators' start value, ReLU is applied when storing.
 //!
@@ -52,6 +54,7 @@ mod dispatch;
 mod micro;
 
 use std::cell::RefCell;
+use std::ops::Range;
 
 use pmstate_norm::{Isa, IsaError};
 use rayon::prelude::*;
@@ -295,38 +298,72 @@ fn kernel<const W: usize>(pick: &impl Pick<W>, mr: usize, g: usize) -> Kernel<W>
 struct Blocking {
     /// At most this many rows per task.
     max_rows: usize,
-    /// Tasks are a multiple of the thread count (equal tasks) rather than
-    /// one per thread at most `max_rows` long.
-    equal_tasks: bool,
     /// Depth of one pass over a panel.
     kc: usize,
 }
 
 impl Blocking {
-    /// AVX-512: one task per thread where the batch is small (each task
-    /// streams every weight once), at most 168 rows each: their packed
-    /// rows (672 KiB for K = 1024) stay in a 2 MiB L2 while every panel
-    /// goes by; 256 x 32 weights (32 KiB) stay in L1 while every
-    /// micro-panel of the task's rows goes by.
-    const WIDE: Blocking = Blocking { max_rows: 168, equal_tasks: false, kc: 256 };
-    /// AVX2: equal tasks of at most about 504 rows: each task streams
-    /// every weight once (from L3 or memory), and fewer, longer sweeps over
-    /// a panel (64 KiB for K = 1024, in L2) amortize that better than
-    /// packed rows fitting L2 would (measured on Zen 3, 512 KiB of L2:
-    /// 168-row tasks were 10 % slower, 84-row ones 20 %); a whole panel at
-    /// K = 1024 per pass: blocking it to fit L1 measured no faster, and
-    /// every pass costs a store and reload of the outputs.
-    const NARROW: Blocking = Blocking { max_rows: 504, equal_tasks: true, kc: 1024 };
+    /// AVX-512: tasks of at most 168 rows: their packed rows (672 KiB for
+    /// K = 1024) stay in a 2 MiB L2 while every panel goes by; 256 x 32
+    /// weights (32 KiB) stay in L1 while every micro-panel of the task's
+    /// rows goes by.
+    const WIDE: Blocking = Blocking { max_rows: 168, kc: 256 };
+    /// AVX2: tasks of at most about 504 rows: each task streams every
+    /// weight once (from L3 or memory), and fewer, longer sweeps over a
+    /// panel (64 KiB for K = 1024, in L2) amortize that better than packed
+    /// rows fitting L2 would (measured on Zen 3, 512 KiB of L2: 168-row
+    /// tasks were 10 % slower, 84-row ones 20 %); a whole panel at K = 1024
+    /// per pass: blocking it to fit L1 measured no faster, and every pass
+    /// costs a store and reload of the outputs.
+    const NARROW: Blocking = Blocking { max_rows: 504, kc: 1024 };
 
-    /// Rows per task (a multiple of `mr`).
-    fn rows_per_task(self, m: usize, threads: usize, mr: usize) -> usize {
-        if self.equal_tasks {
-            let tasks = m.div_ceil(self.max_rows).div_ceil(threads) * threads;
-            m.div_ceil(tasks.min(m.div_ceil(mr))).div_ceil(mr) * mr
+    /// How `m` rows and `panels` panels split into tasks on `threads`
+    /// threads.
+    ///
+    /// - As few row blocks as `max_rows` allows. Where that is at least the
+    ///   thread count, or where one block per thread still gives every task
+    ///   [`MIN_PANELS_PER_TASK`] micro-panels: blocks rounded up to a
+    ///   multiple of the thread count, whole width each.
+    /// - Otherwise (few rows, many threads) the blocks' panels are split
+    ///   into groups, a task per block and group: row tasks that short
+    ///   would each stream every weight for few rows, and below one
+    ///   micro-panel per thread some threads would have nothing to do (12
+    ///   rows on two threads ran on one: 3.8 ms for the smpl tracker's
+    ///   forward; 2.0 ms in two panel groups, Zen 4).
+    /// - The rows are shared equally between blocks (the last one at most
+    ///   `blocks - 1` rows short), never more blocks than micro-panels.
+    ///   Equal shares, not whole micro-panels: rounding each block up to a
+    ///   multiple of `mr` split 128 rows on two threads 72/56, and the
+    ///   forward waited for the longer task (14.4 ms against 13.3 for
+    ///   64/64, Zen 4); a last micro-panel of fewer rows (its own block
+    ///   shape) costs far less than that.
+    fn grid(self, m: usize, panels: usize, threads: usize, mr: usize) -> Grid {
+        let threads = threads.max(1);
+        let blocks = m.div_ceil(self.max_rows).max(1);
+        let long_enough = m / threads >= MIN_PANELS_PER_TASK * mr;
+        let (blocks, groups) = if blocks >= threads || long_enough {
+            (blocks.div_ceil(threads) * threads, 1)
         } else {
-            (m.div_ceil(threads).div_ceil(mr) * mr).clamp(mr, self.max_rows)
-        }
+            (blocks, (threads / blocks).clamp(1, panels.max(1)))
+        };
+        Grid { rows: m.div_ceil(blocks.min(m.div_ceil(mr)).max(1)), groups }
     }
+}
+
+/// Micro-panels a row task needs before rows are split between threads
+/// rather than panels: row tasks of 32 rows (under three 12-row micro-panels)
+/// made the smpl tracker's forward at 64 rows on two threads 8 % slower
+/// than two panel groups of all 64 rows; at 112 rows and more two row
+/// blocks were up to 4 % faster (two panel groups each pack every row and
+/// copy half their outputs into place). Zen 4, AVX-512.
+const MIN_PANELS_PER_TASK: usize = 4;
+
+/// The tasks of one [`Panels::blocked`] call: blocks of `rows` rows (the
+/// last may be shorter), each split into `groups` groups of panels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Grid {
+    rows: usize,
+    groups: usize,
 }
 
 impl<const W: usize> Panels<W> {
@@ -437,8 +474,9 @@ impl<const W: usize> Panels<W> {
         self.scatter(&tiles, m, g, y);
     }
 
-    /// Row blocks in parallel; each task packs its rows, then goes panel by
-    /// panel (K in blocks) and writes its rows of `y` directly.
+    /// Tasks in parallel ([`Blocking::grid`]: blocks of rows, for few rows
+    /// also groups of panels); each task packs its rows, then goes panel by
+    /// panel of its group (K in blocks) and writes its outputs.
     fn blocked<const MR: usize>(
         &self,
         x: &[f32],
@@ -451,33 +489,67 @@ impl<const W: usize> Panels<W> {
         KernelScratch: Tiles<W>,
     {
         let n = self.n;
-        let mc = blocking.rows_per_task(m, rayon::current_num_threads().max(1), MR);
+        let p = n.div_ceil(W);
+        let Grid { rows: mc, groups } = blocking.grid(m, p, rayon::current_num_threads(), MR);
         let full = kernel(&pick, MR, 1);
-        y.par_chunks_mut(mc * n).enumerate().for_each(|(blk, ys)| {
-            let task = BlockTask { x, first: blk * mc, epilogue, blocking, full, pick: &pick };
+        let run = |first: usize, panels: Range<usize>, out: Out<'_>| {
+            let task = BlockTask { x, first, epilogue, blocking, full, pick: &pick };
             TASK_BUFFERS.with(|cell| match cell.try_borrow_mut() {
-                Ok(mut buffers) => self.block_task::<MR>(&task, ys, &mut buffers),
+                Ok(mut buffers) => self.block_task::<MR>(&task, panels, out, &mut buffers),
                 // a forward inside a task on this thread: buffers of its own
-                Err(_) => self.block_task::<MR>(&task, ys, &mut KernelScratch::default()),
+                Err(_) => self.block_task::<MR>(&task, panels, out, &mut KernelScratch::default()),
             })
+        };
+        if groups == 1 {
+            y.par_chunks_mut(mc * n)
+                .enumerate()
+                .for_each(|(blk, ys)| run(blk * mc, 0..p, Out { y: ys, stride: n, first_col: 0 }));
+            return;
+        }
+        // group 0 writes its columns of `y` in place, the others their own
+        // buffers, copied into place once all are done
+        let bound = |g: usize| g * p / groups;
+        y.par_chunks_mut(mc * n).enumerate().for_each(|(blk, ys)| {
+            let rows = ys.len() / n;
+            let (_, side) = rayon::join(
+                || run(blk * mc, 0..bound(1), Out { y: &mut *ys, stride: n, first_col: 0 }),
+                || {
+                    (1..groups)
+                        .into_par_iter()
+                        .map(|g| {
+                            let (lo, hi) = (bound(g), bound(g + 1));
+                            let cols = (hi * W).min(n) - lo * W;
+                            let mut side = vec![0.0; rows * cols];
+                            run(blk * mc, lo..hi, Out { y: &mut side, stride: cols, first_col: lo * W });
+                            (lo * W, cols, side)
+                        })
+                        .collect::<Vec<_>>()
+                },
+            );
+            for (c0, cols, s) in side {
+                for (dst, src) in ys.chunks_exact_mut(n).zip(s.chunks_exact(cols)) {
+                    dst[c0..c0 + cols].copy_from_slice(src);
+                }
+            }
         });
     }
 
-    /// One task of [`Panels::blocked`]: the rows of `ys` (from row
-    /// `task.first` of `x`), packed into `buffers.a`, their outputs built
-    /// in `buffers`' tile.
+    /// One task of [`Panels::blocked`]: the rows of `out` (from row
+    /// `task.first` of `x`), packed into `buffers.a`, their outputs in
+    /// `panels` built in `buffers`' tile and stored into `out`.
     fn block_task<const MR: usize>(
         &self,
         task: &BlockTask<'_, W, impl Pick<W>>,
-        ys: &mut [f32],
+        panels: Range<usize>,
+        out: Out<'_>,
         buffers: &mut KernelScratch,
     ) where
         KernelScratch: Tiles<W>,
     {
         let (k, n) = (self.k, self.n);
-        let p = n.div_ceil(W);
         let BlockTask { x, first, epilogue, blocking, full, pick } = *task;
-        let rows = ys.len() / n;
+        let Out { y: ys, stride, first_col } = out;
+        let rows = ys.len() / stride;
         let (a, tile) = buffers.split();
         pack_rows::<MR>(x, k, first, rows, a);
         let a = &a[..];
@@ -489,7 +561,8 @@ impl<const W: usize> Panels<W> {
         // before it is read
         tile.resize(rows, Cols::ZERO);
         let tile = &mut tile[..rows];
-        for pi in 0..p {
+        let last_panel = panels.end;
+        for pi in panels {
             let b = self.panels_from(pi);
             let bias = &self.bias[pi..pi + 1];
             let (c0, w) = (pi * W, W.min(n - pi * W));
@@ -505,7 +578,7 @@ impl<const W: usize> Panels<W> {
                 // would otherwise wait for it to come from L3 or memory
                 let next = if k1 < k {
                     &b[k1..(k1 + blocking.kc).min(k)]
-                } else if pi + 1 < p {
+                } else if pi + 1 < last_panel {
                     &self.panels_from(pi + 1)[..blocking.kc.min(k)]
                 } else {
                     &[]
@@ -522,13 +595,21 @@ impl<const W: usize> Panels<W> {
                         // micro-panel computes (one pass over the whole
                         // tile after the sweep stalled on them: 3 % of a
                         // forward)
-                        store(o, &mut ys[i * MR * n..][..r * n], n, c0, w);
+                        store(o, &mut ys[i * MR * stride..][..r * stride], stride, c0 - first_col, w);
                     }
                 }
                 k0 = k1;
             }
         }
     }
+}
+
+/// Where a task of [`Panels::blocked`] writes: rows `stride` wide whose
+/// first element is output column `first_col`.
+struct Out<'a> {
+    y: &'a mut [f32],
+    stride: usize,
+    first_col: usize,
 }
 
 /// What every task of one [`Panels::blocked`] call shares.
@@ -781,6 +862,36 @@ pub(crate) mod tests {
                             "{isa}: row {i} at position {j} of {m}"
                         );
                     }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn tasks_share_rows_equally_and_split_panels_only_for_few_rows() {
+        let wide = Blocking::WIDE;
+        // a row split of whole width where every thread gets 4 micro-panels
+        assert_eq!(wide.grid(128, 32, 2, 12), Grid { rows: 64, groups: 1 });
+        assert_eq!(wide.grid(256, 32, 2, 12), Grid { rows: 128, groups: 1 });
+        // more blocks than threads: rounded up to a multiple of them
+        assert_eq!(wide.grid(400, 32, 2, 12), Grid { rows: 100, groups: 1 });
+        // few rows: every row in one block, the panels in one group per thread
+        assert_eq!(wide.grid(12, 32, 2, 12), Grid { rows: 12, groups: 2 });
+        assert_eq!(wide.grid(64, 32, 2, 12), Grid { rows: 64, groups: 2 });
+        // never more groups than panels
+        assert_eq!(wide.grid(13, 7, 8, 12), Grid { rows: 13, groups: 7 });
+        // one thread: one task
+        assert_eq!(wide.grid(100, 32, 1, 12), Grid { rows: 100, groups: 1 });
+        for blocking in [Blocking::WIDE, Blocking::NARROW] {
+            for threads in 1..=9 {
+                for m in 1..=1200 {
+                    let Grid { rows, groups } = blocking.grid(m, 40, threads, 6);
+                    let blocks = m.div_ceil(rows);
+                    assert!(rows <= blocking.max_rows, "{m} rows on {threads}: blocks of {rows}");
+                    // the last block at most `blocks - 1` rows short
+                    assert!(blocks * rows - m < blocks, "{m} rows on {threads}: blocks of {rows}");
+                    // panel groups only to give idle threads work
+                    assert!(groups == 1 || blocks * groups <= threads, "{m} rows on {threads}: {blocks} x {groups}");
                 }
             }
         }
