@@ -6,9 +6,12 @@
 //! Throughput is in multiply-adds counted twice (`2 m n k`): criterion's
 //! "elem/s" reads as FLOP/s, so "78 Gelem/s" is 78 GFLOP/s on one core.
 //! `pmstate bench-policy` times the whole policy; this isolates the kernel.
+//! Each shape runs twice: with the next-slice hint this CPU gets by default
+//! (`default`) and the other way (`prefetch` or `leave`), so one run says
+//! whether the default is the right one here.
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use pmstate_policy::kernels::{Epilogue, PackedLinear};
+use pmstate_policy::kernels::{Epilogue, NextSlice, PackedLinear};
 
 /// `(m, n, k)`: batch rows, output width, input width.
 const SHAPES: [(usize, usize, usize); 5] =
@@ -36,11 +39,17 @@ fn benches(c: &mut Criterion) {
         let bias = values(n, 0x85eb_ca6b, 0.1);
         let x = values(m * k, 0xc2b2_ae35, 1.0);
         let layer = PackedLinear::new(&weight, &bias, n, k).expect("the CPU kernels' instruction set");
+        let (other, other_name) = match NextSlice::for_this_cpu() {
+            NextSlice::Prefetch => (NextSlice::Leave, "leave"),
+            NextSlice::Leave => (NextSlice::Prefetch, "prefetch"),
+        };
         let mut y = Vec::new();
         g.throughput(Throughput::Elements(2 * (m * n * k) as u64));
-        g.bench_function(BenchmarkId::new("relu", format!("{m}x{n}x{k}")), |b| {
-            pool.install(|| b.iter(|| layer.forward_into(&x, m, Epilogue::Relu, &mut y)))
-        });
+        for (name, layer) in [("default", layer.clone()), (other_name, layer.with_next_slice(other))] {
+            g.bench_function(BenchmarkId::new(format!("relu/{name}"), format!("{m}x{n}x{k}")), |b| {
+                pool.install(|| b.iter(|| layer.forward_into(&x, m, Epilogue::Relu, &mut y)))
+            });
+        }
     }
     g.finish();
 }

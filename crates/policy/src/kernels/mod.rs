@@ -112,6 +112,49 @@ pub struct PackedLinear {
     n: usize,
     isa: Supported,
     packing: Packing,
+    next_slice: NextSlice,
+}
+
+/// Whether the blocked path asks for the next slice of a panel while it
+/// sweeps the current one (`prefetcht1`, a share before each
+/// micro-panel). A hint: it changes no value, only speed, and which way
+/// depends on the CPU:
+///
+/// - on an Intel Xeon (Emerald Rapids, one thread) it made the fastest
+///   calls 3-7 % faster at 64 and 1024 rows, never slower
+///   (docs/policy-speed.md);
+/// - on an AMD EPYC (Zen 4, AVX-512) it made every batch slower: the smpl
+///   tracker's forward on one thread 3.77 -> 2.63 ms at 12 rows, 13.5 ->
+///   12.7 ms at 64, 204 -> 201 ms at 1024 without it; on two threads 1.84
+///   -> 1.46 ms at 12 rows, 7.26 -> 6.83 ms at 64, 13.4 -> 12.9 ms at 128.
+///   A task of few micro-panels asks for a whole 32 KiB slice at once
+///   before a sweep that uses it once, and the hardware's own prefetchers
+///   follow the panel's sequential reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NextSlice {
+    /// Ask for the next slice ahead.
+    Prefetch,
+    /// Leave it to the hardware.
+    Leave,
+}
+
+impl NextSlice {
+    /// What measured faster on this CPU's vendor: [`NextSlice::Prefetch`] on
+    /// Intel, [`NextSlice::Leave`] elsewhere (AMD measured; other vendors
+    /// unmeasured: no hint is the default that cannot make things worse
+    /// than the hardware alone).
+    pub fn for_this_cpu() -> NextSlice {
+        #[cfg(target_arch = "x86_64")]
+        {
+            let id = std::arch::x86_64::__cpuid(0);
+            // the vendor string "GenuineIntel" in ebx, edx, ecx
+            let vendor = [id.ebx, id.edx, id.ecx].map(u32::to_le_bytes);
+            if vendor.concat() == b"GenuineIntel" {
+                return NextSlice::Prefetch;
+            }
+        }
+        NextSlice::Leave
+    }
 }
 
 /// The weights in the panels of the instruction set chosen at packing.
@@ -151,7 +194,14 @@ impl PackedLinear {
             Isa::Avx512 => Packing::Wide(Panels::new(weight, bias, n, k)),
             Isa::Avx2 | Isa::Scalar => Packing::Narrow(Panels::new(weight, bias, n, k)),
         };
-        Ok(PackedLinear { k, n, isa, packing })
+        Ok(PackedLinear { k, n, isa, packing, next_slice: NextSlice::for_this_cpu() })
+    }
+
+    /// The same packed weights with the next-slice hint set (benchmarks
+    /// compare both ways on one machine; the bits do not change).
+    pub fn with_next_slice(mut self, next_slice: NextSlice) -> Self {
+        self.next_slice = next_slice;
+        self
     }
 
     /// Input width.
@@ -218,7 +268,7 @@ impl PackedLinear {
                 if m < MR_WIDE {
                     p.narrow(x, m, epilogue, dispatch::wide_groups(m), pick, y)
                 } else {
-                    p.blocked::<MR_WIDE>(x, m, epilogue, Blocking::WIDE, pick, y)
+                    p.blocked::<MR_WIDE>(x, m, epilogue, Blocking::WIDE.hinting(self.next_slice), pick, y)
                 }
             }
             Packing::Narrow(p) => {
@@ -226,7 +276,7 @@ impl PackedLinear {
                 if m < MR_NARROW {
                     p.narrow(x, m, epilogue, dispatch::narrow_groups(m), pick, y)
                 } else {
-                    p.blocked::<MR_NARROW>(x, m, epilogue, Blocking::NARROW, pick, y)
+                    p.blocked::<MR_NARROW>(x, m, epilogue, Blocking::NARROW.hinting(self.next_slice), pick, y)
                 }
             }
         }
@@ -300,6 +350,8 @@ struct Blocking {
     max_rows: usize,
     /// Depth of one pass over a panel.
     kc: usize,
+    /// Whether to ask for the next slice ahead.
+    next_slice: NextSlice,
 }
 
 impl Blocking {
@@ -307,7 +359,7 @@ impl Blocking {
     /// K = 1024) stay in a 2 MiB L2 while every panel goes by; 256 x 32
     /// weights (32 KiB) stay in L1 while every micro-panel of the task's
     /// rows goes by.
-    const WIDE: Blocking = Blocking { max_rows: 168, kc: 256 };
+    const WIDE: Blocking = Blocking { max_rows: 168, kc: 256, next_slice: NextSlice::Leave };
     /// AVX2: tasks of at most about 504 rows: each task streams every
     /// weight once (from L3 or memory), and fewer, longer sweeps over a
     /// panel (64 KiB for K = 1024, in L2) amortize that better than packed
@@ -315,7 +367,12 @@ impl Blocking {
     /// tasks were 10 % slower, 84-row ones 20 %); a whole panel at K = 1024
     /// per pass: blocking it to fit L1 measured no faster, and every pass
     /// costs a store and reload of the outputs.
-    const NARROW: Blocking = Blocking { max_rows: 504, kc: 1024 };
+    const NARROW: Blocking = Blocking { max_rows: 504, kc: 1024, next_slice: NextSlice::Leave };
+
+    /// This blocking with the next-slice hint `next_slice`.
+    fn hinting(self, next_slice: NextSlice) -> Blocking {
+        Blocking { next_slice, ..self }
+    }
 
     /// How `m` rows and `panels` panels split into tasks on `threads`
     /// threads.
@@ -573,9 +630,10 @@ impl<const W: usize> Panels<W> {
                 let last = k1 == k;
                 let ep = if last { epilogue } else { Epilogue::Identity };
                 let bk = &b[k0..k1];
-                // the slice swept next, asked for a share at a time
-                // before each micro-panel: the first sweep of a slice
-                // would otherwise wait for it to come from L3 or memory
+                // the slice swept next, asked for a share at a time before
+                // each micro-panel where the hint pays ([`NextSlice`]): the
+                // first sweep of a slice would otherwise wait for it to come
+                // from L3 or memory
                 let next = if k1 < k {
                     &b[k1..(k1 + blocking.kc).min(k)]
                 } else if pi + 1 < last_panel {
@@ -585,7 +643,9 @@ impl<const W: usize> Panels<W> {
                 };
                 let share = next.len().div_ceil(rows.div_ceil(MR));
                 for (i, o) in tile.chunks_mut(MR).enumerate() {
-                    dispatch::prefetch(next.chunks(share.max(1)).nth(i).unwrap_or(&[]));
+                    if blocking.next_slice == NextSlice::Prefetch {
+                        dispatch::prefetch(next.chunks(share.max(1)).nth(i).unwrap_or(&[]));
+                    }
                     let r = o.len();
                     let kernel = if r == MR { &full } else { tail_kernel.as_ref().unwrap_or(&full) };
                     let panel = &a[i * MR * k..][..r * k];
@@ -775,7 +835,10 @@ pub(crate) mod tests {
                 for isa in supported() {
                     let p = PackedLinear::with_isa(&w, &b, n, k, isa).expect("a supported instruction set");
                     assert_eq!(p.isa(), isa);
-                    assert_eq!(bits(&p.forward(&x, m, ep)), want, "{isa}: {m} x {n} x {k}, {ep:?}");
+                    for hint in [NextSlice::Prefetch, NextSlice::Leave] {
+                        let p = p.clone().with_next_slice(hint);
+                        assert_eq!(bits(&p.forward(&x, m, ep)), want, "{isa}, {hint:?}: {m} x {n} x {k}, {ep:?}");
+                    }
                 }
             }
         }
