@@ -512,8 +512,8 @@ impl TransformerNetwork {
         }
         let tokens = Tensor::cat(&tokens, 1)?;
         let padding = Tensor::cat(&masks, 1)?;
-        let out = self.encoder.forward(&tokens, &AttentionMasks { key_padding: Some(&padding), additive: None })?;
-        let first = out.narrow(1, 0, 1)?.squeeze(1)?;
+        let first =
+            self.encoder.forward_first(&tokens, &AttentionMasks { key_padding: Some(&padding), additive: None })?;
         Ok(match self.config.output_activation {
             Some(a) => a.apply(&first)?,
             None => first,

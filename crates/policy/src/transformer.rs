@@ -195,6 +195,29 @@ impl TransformerEncoder {
         Ok(layers.pop().unwrap_or_else(|| x.clone()))
     }
 
+    /// The last layer's output at position 0 alone, `[B, d_model]`: what
+    /// ProtoMotions' `Transformer` keeps (`output[:, 0, :]`), bitwise
+    /// [`TransformerEncoder::forward`] there (tested). On the CPU row path the
+    /// last layer computes only what position 0 needs: every position's
+    /// keys and values, then position 0's attention, `out_proj`, norms and
+    /// feed-forward. The other positions' are never read (nothing mixes
+    /// positions after the attention), and they were 14 % of MaskedMimic's
+    /// multiply-adds at the published sizes (11 tokens: 10 of the last
+    /// layer's 11 `out_proj` and feed-forward rows).
+    pub fn forward_first(&self, x: &Tensor, masks: &AttentionMasks<'_>) -> Result<Tensor> {
+        let (b, s, d) = x.dims3().map_err(|_| self.err(AttentionProblem::InputShape { shape: x.dims().to_vec() }))?;
+        if d != self.spec.d_model || s == 0 {
+            return Err(self.err(AttentionProblem::InputShape { shape: x.dims().to_vec() }));
+        }
+        // the masks checked as the whole forward checks them
+        self.score_bias(b, s, x.device(), masks)?;
+        let rows = x.device().is_cpu() && x.dtype() == DType::F32 && self.rows_ready();
+        if rows && b > 0 && !self.layers.is_empty() {
+            return self.forward_rows_first(x, b, s, masks);
+        }
+        Ok(self.forward(x, masks)?.narrow(1, 0, 1)?.squeeze(1)?)
+    }
+
     /// [`TransformerEncoder::forward`] keeping every layer's output
     /// (`[B, S, d_model]` each, the first layer's first; none without layers).
     pub fn forward_each_layer(&self, x: &Tensor, masks: &AttentionMasks<'_>) -> Result<Vec<Tensor>> {

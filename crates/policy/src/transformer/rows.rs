@@ -154,6 +154,30 @@ impl TransformerEncoder {
         Ok(out)
     }
 
+    /// [`TransformerEncoder::forward_first`] on float32 CPU `x` (`[b, s, d]`,
+    /// `b`, `s` and the layers not zero, shape and masks already checked).
+    pub(super) fn forward_rows_first(
+        &self,
+        x: &Tensor,
+        b: usize,
+        s: usize,
+        masks: &AttentionMasks<'_>,
+    ) -> Result<Tensor> {
+        let bias = ScoreBias::new(masks, s)?;
+        let d = self.spec.d_model;
+        with_buffers(|bufs| {
+            copy_f32(x, &mut bufs.h)?;
+            let Some((last, before)) = self.layers.split_last() else {
+                return Ok(x.narrow(1, 0, 1)?.squeeze(1)?);
+            };
+            for layer in before {
+                layer.forward_rows(b, s, d, &bias, bufs)?;
+            }
+            last.forward_rows_first(b, s, d, &bias, bufs)?;
+            Ok(Tensor::from_slice(&bufs.h[..b * d], (b, d), &Device::Cpu)?)
+        })
+    }
+
     /// A key/value cache for [`TransformerEncoder::step`]: `rows`
     /// sequences of `mask`'s `S` positions, under `mask` (`[S, S]`, float,
     /// causal: every later key forbidden to every query).
@@ -232,6 +256,30 @@ impl EncoderLayer {
         bufs.ctx.resize(rows * d, 0.0);
         attention(isa, &bufs.qkv, &mut bufs.ctx, b, s, d, self.self_attn.heads, bias);
         self.after_attention(isa, rows, d, bufs)
+    }
+
+    /// [`EncoderLayer::forward_rows`] for position 0 alone: `bufs.h` goes
+    /// from `[b * s, d]` to position 0's rows, `[b, d]`. Every position's
+    /// q, k and v, then the rest for position 0 (the same code on the same
+    /// rows as the whole layer: the same bits there).
+    fn forward_rows_first(&self, b: usize, s: usize, d: usize, bias: &ScoreBias, bufs: &mut Buffers) -> Result<()> {
+        let in_proj = packed(&self.self_attn.in_proj)?;
+        let isa = in_proj.supported();
+        in_proj.forward_into(&bufs.h, b * s, Epilogue::Identity, &mut bufs.qkv);
+        bufs.ctx.resize(b * d, 0.0);
+        let heads = self.self_attn.heads;
+        let first = Positions { queries: 0..1, keys: s, s };
+        bufs.ctx
+            .par_chunks_mut(d)
+            .zip(bufs.qkv.par_chunks(s * 3 * d))
+            .enumerate()
+            .for_each(|(row, (out, tokens))| attention_row(isa, out, tokens, row, first.clone(), d, heads, bias));
+        // position 0's residual rows, packed to the front
+        for row in 1..b {
+            bufs.h.copy_within(row * s * d..row * s * d + d, row * d);
+        }
+        bufs.h.truncate(b * d);
+        self.after_attention(isa, b, d, bufs)
     }
 
     /// [`EncoderLayer::forward_rows`] for position `t` of `b` sequences of
@@ -550,6 +598,48 @@ mod tests {
                 let e = enc.step(&xt, &mut cache).expect_err("past the last position");
                 assert!(e.to_string().contains(&format!("position {s}")), "{e}");
             }
+        }
+    }
+
+    #[test]
+    fn the_first_position_alone_gives_the_whole_forwards_bits_there() {
+        use crate::kernels::tests::values;
+        let bits = |t: &Tensor| {
+            t.flatten_all()
+                .and_then(|t| t.to_vec1::<f32>())
+                .expect("values")
+                .iter()
+                .map(|v| v.to_bits())
+                .collect::<Vec<_>>()
+        };
+        for (act, activation) in [("relu", Activation::Relu), ("gelu", Activation::Gelu)] {
+            let enc = recorded(act, activation);
+            // 21 positions (softmax over more than one 16-lane chunk), 13 rows
+            // (more than one kernel block), one position
+            for (b, s) in [(3usize, 21usize), (13, 4), (2, 1)] {
+                let mut v = values(b * s * 16, 0x9e37_79b9 ^ s as u32, 1.7);
+                // a padded position holding a NaN: its value still reaches
+                // position 0 as torch's `0 * NaN`, on both paths
+                let mut pad = vec![0u8; b * s];
+                if s > 1 {
+                    pad[s - 1] = 1;
+                    pad[2 * s - 1] = 1;
+                    v[(s - 1) * 16 + 3] = f32::NAN;
+                }
+                let x = Tensor::from_vec(v, (b, s, 16), &Device::Cpu).expect("x");
+                let pad = Tensor::from_vec(pad, (b, s), &Device::Cpu).expect("padding");
+                for masks in [AttentionMasks { additive: None, key_padding: Some(&pad) }, AttentionMasks::default()] {
+                    let whole =
+                        enc.forward(&x, &masks).and_then(|o| Ok(o.narrow(1, 0, 1)?.squeeze(1)?)).expect("forward");
+                    let first = enc.forward_first(&x, &masks).expect("forward_first");
+                    assert_eq!(first.dims(), [b, 16]);
+                    assert_eq!(bits(&first), bits(&whole), "{act}, {b} x {s}");
+                }
+            }
+            // no positions: refused, named
+            let empty = Tensor::zeros((2, 0, 16), DType::F32, &Device::Cpu).expect("empty");
+            let e = enc.forward_first(&empty, &AttentionMasks::default()).expect_err("no position 0");
+            assert!(matches!(&e, PolicyError::Attention { problem: AttentionProblem::InputShape { .. }, .. }), "{e}");
         }
     }
 
