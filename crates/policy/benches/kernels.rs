@@ -3,6 +3,9 @@
 //! `pmstate bench-policy` times, and a block that stays in L1/L2 (the
 //! micro-kernel with its operands in cache).
 //!
+//! 12 rows is a single AVX-512 micro-panel, where asking for the next slice
+//! costs most (a whole slice requested before a sweep that reads it once).
+//!
 //! Throughput is in multiply-adds counted twice (`2 m n k`): criterion's
 //! "elem/s" reads as FLOP/s, so "78 Gelem/s" is 78 GFLOP/s on one core.
 //! `pmstate bench-policy` times the whole policy; this isolates the kernel.
@@ -14,8 +17,8 @@ use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Through
 use pmstate_policy::kernels::{Epilogue, NextSlice, PackedLinear};
 
 /// `(m, n, k)`: batch rows, output width, input width.
-const SHAPES: [(usize, usize, usize); 5] =
-    [(1, 1024, 1024), (64, 1024, 1024), (1024, 1024, 1024), (4096, 1024, 1024), (240, 32, 256)];
+const SHAPES: [(usize, usize, usize); 6] =
+    [(1, 1024, 1024), (12, 1024, 1024), (64, 1024, 1024), (1024, 1024, 1024), (4096, 1024, 1024), (240, 32, 256)];
 
 fn values(len: usize, seed: u32, scale: f32) -> Vec<f32> {
     let mut s = seed | 1;
