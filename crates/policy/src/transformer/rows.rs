@@ -97,6 +97,80 @@ impl ScoreBias {
     }
 }
 
+/// The unpadded positions of each batch row, for a forward that leaves
+/// the padded ones out: row `r`'s present tokens are rows `start[r]..start[r
+/// + 1]` of the compacted buffers, at sequence positions `pos[start[r]..]`
+/// (increasing).
+struct Live {
+    /// Sequence length.
+    s: usize,
+    /// `b + 1` offsets into `pos`.
+    start: Vec<usize>,
+    /// The present positions, row after row.
+    pos: Vec<usize>,
+}
+
+impl Live {
+    /// The present positions under `bias`, or `None` where leaving the
+    /// padded ones out would not be the forward torch's fast path runs:
+    /// an additive mask, no padding at all, or a row whose position 0 is
+    /// padded (the fast path returns zeros there).
+    fn of(bias: &ScoreBias, b: usize) -> Option<Live> {
+        let padding = bias.padding.as_ref().filter(|_| bias.additive.is_none())?;
+        let s = bias.s;
+        if s == 0 || padding.len() != b * s || !padding.iter().any(|&p| p != 0.0) {
+            return None;
+        }
+        if padding.chunks_exact(s).any(|row| row[0] != 0.0) {
+            return None;
+        }
+        let mut start = Vec::with_capacity(b + 1);
+        let mut pos = Vec::new();
+        for row in padding.chunks_exact(s) {
+            start.push(pos.len());
+            pos.extend(row.iter().enumerate().filter(|(_, &p)| p == 0.0).map(|(j, _)| j));
+        }
+        start.push(pos.len());
+        Some(Live { s, start, pos })
+    }
+
+    /// Present tokens in all.
+    fn rows(&self) -> usize {
+        self.pos.len()
+    }
+
+    /// `h` (`[b * s, d]`) down to the present tokens' rows, in order.
+    fn gather(&self, h: &mut Vec<f32>, d: usize) {
+        for (r, w) in self.start.windows(2).enumerate() {
+            for (c, &j) in (w[0]..w[1]).zip(&self.pos[w[0]..w[1]]) {
+                let from = (r * self.s + j) * d;
+                // c <= r * s + j: every row moves down, in order
+                h.copy_within(from..from + d, c * d);
+            }
+        }
+        h.truncate(self.rows() * d);
+    }
+
+    /// Per batch row: its index, its present positions, and its share of
+    /// `ctx` (`width` floats a token) and of `qkv` (`3d` a token).
+    fn split<'a>(
+        &'a self,
+        ctx: &'a mut [f32],
+        width: usize,
+        qkv: &'a [f32],
+        d: usize,
+    ) -> Vec<(usize, &'a [usize], &'a mut [f32], &'a [f32])> {
+        let mut out = Vec::with_capacity(self.start.len().saturating_sub(1));
+        let mut rest = ctx;
+        for (r, w) in self.start.windows(2).enumerate() {
+            let (mine, more) = std::mem::take(&mut rest).split_at_mut((w[1] - w[0]) * width);
+            rest = more;
+            out.push((r, &self.pos[w[0]..w[1]], mine, &qkv[w[0] * 3 * d..w[1] * 3 * d]));
+        }
+        out
+    }
+}
+
 thread_local! {
     /// Each thread's activation buffers, kept across calls.
     static BUFFERS: RefCell<Buffers> = RefCell::new(Buffers::default());
@@ -156,6 +230,17 @@ impl TransformerEncoder {
 
     /// [`TransformerEncoder::forward_first`] on float32 CPU `x` (`[b, s, d]`,
     /// `b`, `s` and the layers not zero, shape and masks already checked).
+    ///
+    /// Under a key-padding mask alone, with position 0 of every row
+    /// unpadded, the padded positions are left out altogether ([`Live`]),
+    /// as torch's fast path (eval, no grad, key padding only) leaves them
+    /// out of its nested tensors: a padded position is a key nobody may
+    /// attend to, so its own outputs reach no other position. Position 0's
+    /// bits are those of the whole forward wherever the padded positions'
+    /// keys and values are finite (their weights are exactly 0, and each
+    /// term they would add is a zero); where one is not, torch's slow path
+    /// and the whole forward give NaN (`0 * inf`), its fast path and this
+    /// one do not.
     pub(super) fn forward_rows_first(
         &self,
         x: &Tensor,
@@ -165,15 +250,27 @@ impl TransformerEncoder {
     ) -> Result<Tensor> {
         let bias = ScoreBias::new(masks, s)?;
         let d = self.spec.d_model;
+        let live = Live::of(&bias, b);
         with_buffers(|bufs| {
             copy_f32(x, &mut bufs.h)?;
             let Some((last, before)) = self.layers.split_last() else {
                 return Ok(x.narrow(1, 0, 1)?.squeeze(1)?);
             };
-            for layer in before {
-                layer.forward_rows(b, s, d, &bias, bufs)?;
+            match &live {
+                Some(live) => {
+                    live.gather(&mut bufs.h, d);
+                    for layer in before {
+                        layer.forward_rows_live(live, d, &bias, bufs)?;
+                    }
+                    last.forward_rows_first_live(live, d, &bias, bufs)?;
+                }
+                None => {
+                    for layer in before {
+                        layer.forward_rows(b, s, d, &bias, bufs)?;
+                    }
+                    last.forward_rows_first(b, s, d, &bias, bufs)?;
+                }
             }
-            last.forward_rows_first(b, s, d, &bias, bufs)?;
             Ok(Tensor::from_slice(&bufs.h[..b * d], (b, d), &Device::Cpu)?)
         })
     }
@@ -277,6 +374,45 @@ impl EncoderLayer {
         // position 0's residual rows, packed to the front
         for row in 1..b {
             bufs.h.copy_within(row * s * d..row * s * d + d, row * d);
+        }
+        bufs.h.truncate(b * d);
+        self.after_attention(isa, b, d, bufs)
+    }
+
+    /// [`EncoderLayer::forward_rows`] on the present tokens alone
+    /// (`bufs.h`: `[live.rows(), d]`, in place).
+    fn forward_rows_live(&self, live: &Live, d: usize, bias: &ScoreBias, bufs: &mut Buffers) -> Result<()> {
+        let rows = live.rows();
+        let in_proj = packed(&self.self_attn.in_proj)?;
+        let isa = in_proj.supported();
+        in_proj.forward_into(&bufs.h, rows, Epilogue::Identity, &mut bufs.qkv);
+        bufs.ctx.resize(rows * d, 0.0);
+        let heads = self.self_attn.heads;
+        live.split(&mut bufs.ctx, d, &bufs.qkv, d).into_par_iter().for_each(|(row, pos, out, tokens)| {
+            attention_row_live(isa, out, tokens, row, pos, 0..pos.len(), live.s, d, heads, bias)
+        });
+        self.after_attention(isa, rows, d, bufs)
+    }
+
+    /// [`EncoderLayer::forward_rows_first`] on the present tokens alone:
+    /// `bufs.h` goes from `[live.rows(), d]` to position 0's rows, `[b, d]`
+    /// (position 0 is every row's first present token).
+    fn forward_rows_first_live(&self, live: &Live, d: usize, bias: &ScoreBias, bufs: &mut Buffers) -> Result<()> {
+        let in_proj = packed(&self.self_attn.in_proj)?;
+        let isa = in_proj.supported();
+        in_proj.forward_into(&bufs.h, live.rows(), Epilogue::Identity, &mut bufs.qkv);
+        let b = live.start.len() - 1;
+        bufs.ctx.resize(b * d, 0.0);
+        let heads = self.self_attn.heads;
+        let qkv = &bufs.qkv;
+        bufs.ctx.par_chunks_mut(d).enumerate().for_each(|(row, out)| {
+            let (from, to) = (live.start[row], live.start[row + 1]);
+            let tokens = &qkv[from * 3 * d..to * 3 * d];
+            attention_row_live(isa, out, tokens, row, &live.pos[from..to], 0..1, live.s, d, heads, bias)
+        });
+        for row in 0..b {
+            let from = live.start[row] * d;
+            bufs.h.copy_within(from..from + d, row * d);
         }
         bufs.h.truncate(b * d);
         self.after_attention(isa, b, d, bufs)
@@ -474,6 +610,76 @@ fn attention_row_body(
     }
 }
 
+per_isa! {
+    /// [`attention_row`] over the present tokens of batch row `row` alone:
+    /// `tokens` holds their q, k, v (`[pos.len(), 3d]`), `pos` their
+    /// sequence positions (increasing), `queries` which of them to compute
+    /// (their context rows into `out` in this order). The same operations
+    /// as over the whole row: scores at every one of the `s` positions, the
+    /// absent ones `-inf` (what a padded key's score is), the softmax over
+    /// all `s`, the context summed over the present keys in position order
+    /// (an absent key's term, weight 0 times a finite value, is a zero).
+    fn attention_row_live(
+        out: &mut [f32],
+        tokens: &[f32],
+        row: usize,
+        pos: &[usize],
+        queries: Range<usize>,
+        s: usize,
+        d: usize,
+        heads: usize,
+        bias: &ScoreBias,
+    ) => attention_row_live_body
+}
+
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn attention_row_live_body(
+    out: &mut [f32],
+    tokens: &[f32],
+    row: usize,
+    pos: &[usize],
+    queries: Range<usize>,
+    s: usize,
+    d: usize,
+    heads: usize,
+    bias: &ScoreBias,
+) {
+    let hd = d / heads;
+    let scale = (1.0 / (hd as f64).sqrt()) as f32;
+    let mut q = vec![0f32; hd];
+    let mut w = vec![0f32; s];
+    for head in 0..heads {
+        let col = head * hd;
+        for (o, c) in queries.clone().enumerate() {
+            let i = pos[c];
+            let qi = &tokens[c * 3 * d + col..][..hd];
+            for (dst, &v) in q.iter_mut().zip(qi) {
+                *dst = v * scale;
+            }
+            w.fill(f32::NEG_INFINITY);
+            for (ck, &j) in pos.iter().enumerate() {
+                let kj = &tokens[ck * 3 * d + d + col..][..hd];
+                let dot = lane_dot(&q, kj);
+                w[j] = match bias.at(row, i, j) {
+                    Some(add) => dot + add,
+                    None => dot,
+                };
+            }
+            safe_softmax(&mut w);
+            let ci = &mut out[o * d + col..][..hd];
+            ci.fill(0.0);
+            for (ck, &j) in pos.iter().enumerate() {
+                let wj = w[j];
+                let vj = &tokens[ck * 3 * d + 2 * d + col..][..hd];
+                for (c, &v) in ci.iter_mut().zip(vj) {
+                    *c += wj * v;
+                }
+            }
+        }
+    }
+}
+
 /// `sum a[i] * b[i]` in [`lane_sum`]'s 16-lane order.
 #[inline(always)]
 fn lane_dot(a: &[f32], b: &[f32]) -> f32 {
@@ -541,6 +747,19 @@ mod tests {
         let run = |isa: Supported| {
             let mut ctx = vec![0f32; b * s * d];
             attention(isa, &qkv, &mut ctx, b, s, d, heads, &bias);
+            // batch row 0 over its present tokens alone (position 3 padded):
+            // the whole row's context at those positions
+            let pos = [0usize, 1, 2, 4];
+            let tokens: Vec<f32> = pos.iter().flat_map(|&j| qkv[j * 3 * d..(j + 1) * 3 * d].iter().copied()).collect();
+            let mut live = vec![0f32; pos.len() * d];
+            attention_row_live(isa, &mut live, &tokens, 0, &pos, 0..pos.len(), s, d, heads, &bias);
+            for (c, &j) in pos.iter().enumerate() {
+                let same = live[c * d..(c + 1) * d]
+                    .iter()
+                    .zip(&ctx[j * d..(j + 1) * d])
+                    .all(|(a, w)| a.to_bits() == w.to_bits());
+                assert!(same, "{}: present token {c} (position {j})", isa.isa());
+            }
             let attended = ctx.clone();
             for (row, add) in ctx.chunks_mut(d).zip(y.chunks(d)) {
                 add_and_norm_row(isa, row, add, &g, &beta);
@@ -612,28 +831,45 @@ mod tests {
                 .map(|v| v.to_bits())
                 .collect::<Vec<_>>()
         };
+        let whole_first = |enc: &TransformerEncoder, x: &Tensor, masks: &AttentionMasks<'_>| {
+            enc.forward(x, masks).and_then(|o| Ok(o.narrow(1, 0, 1)?.squeeze(1)?)).expect("forward")
+        };
         for (act, activation) in [("relu", Activation::Relu), ("gelu", Activation::Gelu)] {
             let enc = recorded(act, activation);
             // 21 positions (softmax over more than one 16-lane chunk), 13 rows
             // (more than one kernel block), one position
             for (b, s) in [(3usize, 21usize), (13, 4), (2, 1)] {
-                let mut v = values(b * s * 16, 0x9e37_79b9 ^ s as u32, 1.7);
-                // a padded position holding a NaN: its value still reaches
-                // position 0 as torch's `0 * NaN`, on both paths
-                let mut pad = vec![0u8; b * s];
-                if s > 1 {
-                    pad[s - 1] = 1;
-                    pad[2 * s - 1] = 1;
-                    v[(s - 1) * 16 + 3] = f32::NAN;
-                }
-                let x = Tensor::from_vec(v, (b, s, 16), &Device::Cpu).expect("x");
+                let v = values(b * s * 16, 0x9e37_79b9 ^ s as u32, 1.7);
+                let x = Tensor::from_vec(v.clone(), (b, s, 16), &Device::Cpu).expect("x");
+                // padded positions here and there (never position 0), a row
+                // with all but position 0 padded, a row with none
+                let pad: Vec<u8> = (0..b * s).map(|i| (i % s != 0 && (i / s == 1 || i % 3 == 1)) as u8).collect();
                 let pad = Tensor::from_vec(pad, (b, s), &Device::Cpu).expect("padding");
-                for masks in [AttentionMasks { additive: None, key_padding: Some(&pad) }, AttentionMasks::default()] {
-                    let whole =
-                        enc.forward(&x, &masks).and_then(|o| Ok(o.narrow(1, 0, 1)?.squeeze(1)?)).expect("forward");
+                // position 0 padded in a row: the whole forward's values there
+                let mut first_padded = vec![0u8; b * s];
+                first_padded[0] = 1;
+                let first_padded = Tensor::from_vec(first_padded, (b, s), &Device::Cpu).expect("padding");
+                for masks in [
+                    AttentionMasks { additive: None, key_padding: Some(&pad) },
+                    AttentionMasks { additive: None, key_padding: Some(&first_padded) },
+                    AttentionMasks::default(),
+                ] {
                     let first = enc.forward_first(&x, &masks).expect("forward_first");
                     assert_eq!(first.dims(), [b, 16]);
-                    assert_eq!(bits(&first), bits(&whole), "{act}, {b} x {s}");
+                    assert_eq!(bits(&first), bits(&whole_first(&enc, &x, &masks)), "{act}, {b} x {s}");
+                }
+                if s > 1 {
+                    // a NaN at a padded position reaches position 0 in the whole
+                    // (torch's slow path: 0 * NaN); here, as in torch's fast
+                    // path, padded positions reach nothing
+                    let masks = AttentionMasks { additive: None, key_padding: Some(&pad) };
+                    let mut nan = v.clone();
+                    nan[(s + 1) * 16 + 3] = f32::NAN;
+                    let nan = Tensor::from_vec(nan, (b, s, 16), &Device::Cpu).expect("x");
+                    let got = enc.forward_first(&nan, &masks).expect("forward_first");
+                    assert_eq!(bits(&got), bits(&enc.forward_first(&x, &masks).expect("forward_first")), "{act}");
+                    let whole = whole_first(&enc, &nan, &masks).to_vec2::<f32>().expect("rows");
+                    assert!(whole[1].iter().all(|v| v.is_nan()), "{act}: the whole forward's row 1");
                 }
             }
             // no positions: refused, named
