@@ -98,9 +98,9 @@ impl ScoreBias {
 }
 
 /// The unpadded positions of each batch row, for a forward that leaves
-/// the padded ones out: row `r`'s present tokens are rows `start[r]..start[r
-/// + 1]` of the compacted buffers, at sequence positions `pos[start[r]..]`
-/// (increasing).
+/// the padded ones out: row `r`'s present tokens are rows
+/// `start[r]..start[r + 1]` of the compacted buffers, at the sequence
+/// positions `pos` holds there (increasing).
 struct Live {
     /// Sequence length.
     s: usize,
@@ -151,24 +151,30 @@ impl Live {
         h.truncate(self.rows() * d);
     }
 
-    /// Per batch row: its index, its present positions, and its share of
-    /// `ctx` (`width` floats a token) and of `qkv` (`3d` a token).
-    fn split<'a>(
-        &'a self,
-        ctx: &'a mut [f32],
-        width: usize,
-        qkv: &'a [f32],
-        d: usize,
-    ) -> Vec<(usize, &'a [usize], &'a mut [f32], &'a [f32])> {
+    /// Each batch row's share of `ctx` (`d` floats a token) and of `qkv`
+    /// (`3d` a token).
+    fn split<'a>(&'a self, ctx: &'a mut [f32], qkv: &'a [f32], d: usize) -> Vec<RowShare<'a>> {
         let mut out = Vec::with_capacity(self.start.len().saturating_sub(1));
         let mut rest = ctx;
-        for (r, w) in self.start.windows(2).enumerate() {
-            let (mine, more) = std::mem::take(&mut rest).split_at_mut((w[1] - w[0]) * width);
+        for (row, w) in self.start.windows(2).enumerate() {
+            let (ctx, more) = std::mem::take(&mut rest).split_at_mut((w[1] - w[0]) * d);
             rest = more;
-            out.push((r, &self.pos[w[0]..w[1]], mine, &qkv[w[0] * 3 * d..w[1] * 3 * d]));
+            out.push(RowShare { row, pos: &self.pos[w[0]..w[1]], ctx, qkv: &qkv[w[0] * 3 * d..w[1] * 3 * d] });
         }
         out
     }
+}
+
+/// One batch row's part of a [`Live`] forward's buffers.
+struct RowShare<'a> {
+    /// The batch row.
+    row: usize,
+    /// Its present positions.
+    pos: &'a [usize],
+    /// Its present tokens' context rows.
+    ctx: &'a mut [f32],
+    /// Its present tokens' q, k, v.
+    qkv: &'a [f32],
 }
 
 thread_local! {
@@ -388,8 +394,8 @@ impl EncoderLayer {
         in_proj.forward_into(&bufs.h, rows, Epilogue::Identity, &mut bufs.qkv);
         bufs.ctx.resize(rows * d, 0.0);
         let heads = self.self_attn.heads;
-        live.split(&mut bufs.ctx, d, &bufs.qkv, d).into_par_iter().for_each(|(row, pos, out, tokens)| {
-            attention_row_live(isa, out, tokens, row, pos, 0..pos.len(), live.s, d, heads, bias)
+        live.split(&mut bufs.ctx, &bufs.qkv, d).into_par_iter().for_each(|RowShare { row, pos, ctx, qkv }| {
+            attention_row_live(isa, ctx, qkv, row, pos, 0..pos.len(), live.s, d, heads, bias)
         });
         self.after_attention(isa, rows, d, bufs)
     }
