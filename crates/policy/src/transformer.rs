@@ -28,7 +28,11 @@
 //!   positions agree with both paths (padded keys never reach them).
 //!   [`zero_padded_positions`] turns an output into the fast path's, for
 //!   callers that want its zeros. MaskedMimic reads token 0, which is never
-//!   padded, so both paths give it the same value.
+//!   padded, so both paths give it the same value wherever the padded
+//!   positions' keys and values are finite. [`TransformerEncoder::forward_first`]
+//!   (token 0 alone, what MaskedMimic reads) leaves padded positions out on
+//!   the CPU as the fast path does, so a non-finite padded position does
+//!   not reach token 0 there (in the slow path it makes it NaN).
 
 use candle_core::{DType, Device, Tensor, D};
 use pmstate_ckpt::Checkpoint;
