@@ -207,7 +207,10 @@ impl TransformerEncoder {
     /// feed-forward. The other positions' are never read (nothing mixes
     /// positions after the attention), and they were 14 % of MaskedMimic's
     /// multiply-adds at the published sizes (11 tokens: 10 of the last
-    /// layer's 11 `out_proj` and feed-forward rows).
+    /// layer's 11 `out_proj` and feed-forward rows). Under a key-padding
+    /// mask alone the padded positions are left out of every layer, as
+    /// torch's fast path leaves them out (see the module docs for the one
+    /// difference from the whole forward: a non-finite padded position).
     pub fn forward_first(&self, x: &Tensor, masks: &AttentionMasks<'_>) -> Result<Tensor> {
         let (b, s, d) = x.dims3().map_err(|_| self.err(AttentionProblem::InputShape { shape: x.dims().to_vec() }))?;
         if d != self.spec.d_model || s == 0 {
