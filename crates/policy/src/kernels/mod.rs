@@ -403,7 +403,14 @@ impl Blocking {
         } else {
             (blocks, (threads / blocks).clamp(1, panels.max(1)))
         };
-        Grid { rows: m.div_ceil(blocks.min(m.div_ceil(mr)).max(1)), groups }
+        let rows = m.div_ceil(blocks.min(m.div_ceil(mr)).max(1));
+        // one thread has nothing to balance: whole micro-panels (as many
+        // blocks), as the one-thread measurements on the Xeon ran them,
+        // rather than a partial one in every block (a micro-panel of 1 to
+        // 3 rows has too few accumulators to hide the FMA latency of a
+        // core with two 512-bit FMA pipes; level either way on Zen 4)
+        let rows = if threads == 1 { (rows.div_ceil(mr) * mr).min(self.max_rows.max(rows)) } else { rows };
+        Grid { rows, groups }
     }
 }
 
@@ -943,18 +950,24 @@ pub(crate) mod tests {
         assert_eq!(wide.grid(64, 32, 2, 12), Grid { rows: 64, groups: 2 });
         // never more groups than panels
         assert_eq!(wide.grid(13, 7, 8, 12), Grid { rows: 13, groups: 7 });
-        // one thread: one task
-        assert_eq!(wide.grid(100, 32, 1, 12), Grid { rows: 100, groups: 1 });
+        // one thread: one task, or blocks of whole micro-panels
+        assert_eq!(wide.grid(100, 32, 1, 12), Grid { rows: 108, groups: 1 });
+        assert_eq!(wide.grid(1024, 32, 1, 12), Grid { rows: 156, groups: 1 });
         for blocking in [Blocking::WIDE, Blocking::NARROW] {
             for threads in 1..=9 {
                 for m in 1..=1200 {
                     let Grid { rows, groups } = blocking.grid(m, 40, threads, 6);
                     let blocks = m.div_ceil(rows);
                     assert!(rows <= blocking.max_rows, "{m} rows on {threads}: blocks of {rows}");
-                    // the last block at most `blocks - 1` rows short
-                    assert!(blocks * rows - m < blocks, "{m} rows on {threads}: blocks of {rows}");
+                    // several threads: the last block at most `blocks - 1` rows short
+                    assert!(threads == 1 || blocks * rows - m < blocks, "{m} rows on {threads}: blocks of {rows}");
                     // panel groups only to give idle threads work
                     assert!(groups == 1 || blocks * groups <= threads, "{m} rows on {threads}: {blocks} x {groups}");
+                    // one thread: as few blocks as the rows allow, whole micro-panels
+                    if threads == 1 {
+                        assert_eq!(blocks, m.div_ceil(blocking.max_rows), "{m} rows: blocks of {rows}");
+                        assert!(rows % 6 == 0, "{m} rows: blocks of {rows}");
+                    }
                 }
             }
         }
