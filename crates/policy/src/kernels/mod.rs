@@ -393,7 +393,8 @@ impl Blocking {
     ///   multiple of `mr` split 128 rows on two threads 72/56, and the
     ///   forward waited for the longer task (14.4 ms against 13.3 for
     ///   64/64, Zen 4); a last micro-panel of fewer rows (its own block
-    ///   shape) costs far less than that.
+    ///   shape) costs far less than that. One thread, with nothing to
+    ///   balance, gets blocks of whole micro-panels.
     fn grid(self, m: usize, panels: usize, threads: usize, mr: usize) -> Grid {
         let threads = threads.max(1);
         let blocks = m.div_ceil(self.max_rows).max(1);
