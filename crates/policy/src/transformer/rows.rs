@@ -577,43 +577,9 @@ fn attention_row_body(
     heads: usize,
     bias: &ScoreBias,
 ) {
-    let hd = d / heads;
-    // candle's `q / sqrt(hd)` is an affine with the reciprocal
-    let scale = (1.0 / (hd as f64).sqrt()) as f32;
-    let mut q = vec![0f32; hd];
-    let mut w = vec![0f32; at.s];
-    for head in 0..heads {
-        let col = head * hd;
-        for (o, i) in at.queries.clone().enumerate() {
-            let qi = &tokens[i * 3 * d + col..][..hd];
-            for (dst, &v) in q.iter_mut().zip(qi) {
-                *dst = v * scale;
-            }
-            for (j, wj) in w.iter_mut().enumerate() {
-                if j >= at.keys {
-                    *wj = f32::NEG_INFINITY;
-                    continue;
-                }
-                let kj = &tokens[j * 3 * d + d + col..][..hd];
-                let dot = lane_dot(&q, kj);
-                *wj = match bias.at(row, i, j) {
-                    Some(add) => dot + add,
-                    None => dot,
-                };
-            }
-            safe_softmax(&mut w);
-            let ci = &mut out[o * d + col..][..hd];
-            ci.fill(0.0);
-            // a missing key's weight is 0: leaving it out adds nothing
-            // (the sum starts at +0 and never becomes -0)
-            for (j, &wj) in w.iter().enumerate().take(at.keys) {
-                let vj = &tokens[j * 3 * d + 2 * d + col..][..hd];
-                for (c, &v) in ci.iter_mut().zip(vj) {
-                    *c += wj * v;
-                }
-            }
-        }
-    }
+    // every key that exists, each at its own position
+    let pos: Vec<usize> = (0..at.keys).collect();
+    attention_row_live_body(out, tokens, row, &pos, at.queries, at.s, d, heads, bias)
 }
 
 per_isa! {
@@ -652,6 +618,7 @@ fn attention_row_live_body(
     bias: &ScoreBias,
 ) {
     let hd = d / heads;
+    // candle's `q / sqrt(hd)` is an affine with the reciprocal
     let scale = (1.0 / (hd as f64).sqrt()) as f32;
     let mut q = vec![0f32; hd];
     let mut w = vec![0f32; s];
@@ -675,6 +642,8 @@ fn attention_row_live_body(
             safe_softmax(&mut w);
             let ci = &mut out[o * d + col..][..hd];
             ci.fill(0.0);
+            // an absent key's weight is 0: leaving it out adds nothing (the
+            // sum starts at +0 and never becomes -0)
             for (ck, &j) in pos.iter().enumerate() {
                 let wj = w[j];
                 let vj = &tokens[ck * 3 * d + 2 * d + col..][..hd];
