@@ -964,6 +964,11 @@ pub(crate) mod tests {
                     assert!(threads == 1 || blocks * rows - m < blocks, "{m} rows on {threads}: blocks of {rows}");
                     // panel groups only to give idle threads work
                     assert!(groups == 1 || blocks * groups <= threads, "{m} rows on {threads}: {blocks} x {groups}");
+                    // and no thread idle where the thread count divides evenly
+                    // (12 rows on two threads once made one task)
+                    if [2, 4, 8].contains(&threads) {
+                        assert!(blocks * groups >= threads, "{m} rows on {threads}: {blocks} x {groups}");
+                    }
                     // one thread: as few blocks as the rows allow, whole micro-panels
                     if threads == 1 {
                         assert_eq!(blocks, m.div_ceil(blocking.max_rows), "{m} rows: blocks of {rows}");
