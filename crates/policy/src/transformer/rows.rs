@@ -395,7 +395,7 @@ impl EncoderLayer {
         bufs.ctx.resize(rows * d, 0.0);
         let heads = self.self_attn.heads;
         live.split(&mut bufs.ctx, &bufs.qkv, d).into_par_iter().for_each(|RowShare { row, pos, ctx, qkv }| {
-            attention_row_live(isa, ctx, qkv, row, pos, 0..pos.len(), live.s, d, heads, bias)
+            attention_row_live(isa, ctx, qkv, Present { row, pos, queries: 0..pos.len(), s: live.s }, d, heads, bias)
         });
         self.after_attention(isa, rows, d, bufs)
     }
@@ -414,7 +414,8 @@ impl EncoderLayer {
         bufs.ctx.par_chunks_mut(d).enumerate().for_each(|(row, out)| {
             let (from, to) = (live.start[row], live.start[row + 1]);
             let tokens = &qkv[from * 3 * d..to * 3 * d];
-            attention_row_live(isa, out, tokens, row, &live.pos[from..to], 0..1, live.s, d, heads, bias)
+            let at = Present { row, pos: &live.pos[from..to], queries: 0..1, s: live.s };
+            attention_row_live(isa, out, tokens, at, d, heads, bias)
         });
         for row in 0..b {
             let from = live.start[row] * d;
@@ -522,6 +523,20 @@ fn add_and_norm_row_body(row: &mut [f32], add: &[f32], g: &[f32], beta: &[f32]) 
     layer_norm_row(row, g, beta);
 }
 
+/// The present tokens of one batch row for [`attention_row_live`]: their
+/// sequence positions (increasing) and which of them are queries.
+#[derive(Debug, Clone)]
+struct Present<'a> {
+    /// The batch row (for the mask bias).
+    row: usize,
+    /// The present tokens' positions, in the order their q, k, v are stored.
+    pos: &'a [usize],
+    /// Which present tokens to compute (their context rows in this order).
+    queries: Range<usize>,
+    /// The sequence's length: the softmax runs over all `s` positions.
+    s: usize,
+}
+
 /// Which queries and keys of a sequence of `s` positions one attention
 /// call computes.
 #[derive(Debug, Clone)]
@@ -579,44 +594,24 @@ fn attention_row_body(
 ) {
     // every key that exists, each at its own position
     let pos: Vec<usize> = (0..at.keys).collect();
-    attention_row_live_body(out, tokens, row, &pos, at.queries, at.s, d, heads, bias)
+    attention_row_live_body(out, tokens, Present { row, pos: &pos, queries: at.queries, s: at.s }, d, heads, bias)
 }
 
 per_isa! {
-    /// [`attention_row`] over the present tokens of batch row `row` alone:
-    /// `tokens` holds their q, k, v (`[pos.len(), 3d]`), `pos` their
-    /// sequence positions (increasing), `queries` which of them to compute
-    /// (their context rows into `out` in this order). The same operations
+    /// [`attention_row`] over the present tokens of one batch row alone
+    /// ([`Present`]): `tokens` holds their q, k, v (`[pos.len(), 3d]`), the
+    /// queries' context rows go into `out` in order. The same operations
     /// as over the whole row: scores at every one of the `s` positions, the
     /// absent ones `-inf` (what a padded key's score is), the softmax over
     /// all `s`, the context summed over the present keys in position order
     /// (an absent key's term, weight 0 times a finite value, is a zero).
-    fn attention_row_live(
-        out: &mut [f32],
-        tokens: &[f32],
-        row: usize,
-        pos: &[usize],
-        queries: Range<usize>,
-        s: usize,
-        d: usize,
-        heads: usize,
-        bias: &ScoreBias,
-    ) => attention_row_live_body
+    fn attention_row_live(out: &mut [f32], tokens: &[f32], at: Present<'_>, d: usize, heads: usize, bias: &ScoreBias)
+        => attention_row_live_body
 }
 
-#[allow(clippy::too_many_arguments)]
 #[inline(always)]
-fn attention_row_live_body(
-    out: &mut [f32],
-    tokens: &[f32],
-    row: usize,
-    pos: &[usize],
-    queries: Range<usize>,
-    s: usize,
-    d: usize,
-    heads: usize,
-    bias: &ScoreBias,
-) {
+fn attention_row_live_body(out: &mut [f32], tokens: &[f32], at: Present<'_>, d: usize, heads: usize, bias: &ScoreBias) {
+    let Present { row, pos, queries, s } = at;
     let hd = d / heads;
     // candle's `q / sqrt(hd)` is an affine with the reciprocal
     let scale = (1.0 / (hd as f64).sqrt()) as f32;
@@ -727,7 +722,8 @@ mod tests {
             let pos = [0usize, 1, 2, 4];
             let tokens: Vec<f32> = pos.iter().flat_map(|&j| qkv[j * 3 * d..(j + 1) * 3 * d].iter().copied()).collect();
             let mut live = vec![0f32; pos.len() * d];
-            attention_row_live(isa, &mut live, &tokens, 0, &pos, 0..pos.len(), s, d, heads, &bias);
+            let at = Present { row: 0, pos: &pos, queries: 0..pos.len(), s };
+            attention_row_live(isa, &mut live, &tokens, at, d, heads, &bias);
             for (c, &j) in pos.iter().enumerate() {
                 let same = live[c * d..(c + 1) * d]
                     .iter()
