@@ -4,13 +4,10 @@
 //! creates a file, so none can appear between the cleanup and the exit.
 //! A test binary of its own: abandoning is for the rest of the process.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-
 use pmstate_ckpt::{abandon_temporary_files, CkptError};
-use pmstate_ckpt::{Durability, WriteOptions};
 
 mod common;
-use common::{names, small};
+use common::{names, save_calling_mid_write, small};
 
 #[test]
 fn abandoning_removes_writes_in_flight_and_refuses_new_ones() {
@@ -21,17 +18,11 @@ fn abandoning_removes_writes_in_flight_and_refuses_new_ones() {
         // its temporary file goes, the write fails, nothing is left. The
         // first call removes one file; every later write is refused before
         // its file exists, so there is nothing left to remove.
-        let removed = AtomicUsize::new(usize::MAX);
-        let progress = |_: u64| {
-            let _ = removed.compare_exchange(usize::MAX, abandon_temporary_files(), Ordering::SeqCst, Ordering::SeqCst);
-        };
-        let opts = WriteOptions { progress: Some(&progress), durability: Durability::NoFsync, ..Default::default() };
-        let out = dir.path().join(name);
-        let outcome = ckpt.save_with(&out, &opts);
+        let (outcome, removed) = save_calling_mid_write(&ckpt, &dir.path().join(name), abandon_temporary_files);
         match name {
             "in_flight.safetensors" => {
                 assert!(outcome.is_err(), "a write whose temporary file was removed cannot succeed");
-                assert_eq!(removed.load(Ordering::SeqCst), 1, "its temporary file was registered");
+                assert_eq!(removed, Some(1), "its temporary file was registered");
             }
             _ => {
                 let err = outcome.unwrap_err();
@@ -39,7 +30,7 @@ fn abandoning_removes_writes_in_flight_and_refuses_new_ones() {
                     matches!(&err, CkptError::Io { source, .. } if source.kind() == std::io::ErrorKind::Interrupted),
                     "{err}"
                 );
-                assert_eq!(removed.load(Ordering::SeqCst), usize::MAX, "refused before it wrote anything");
+                assert_eq!(removed, None, "refused before it wrote anything");
             }
         }
         assert_eq!(names(dir.path()), Vec::<String>::new(), "{name}: something was left");

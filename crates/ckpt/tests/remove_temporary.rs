@@ -4,13 +4,10 @@
 //! A test binary of its own: the hook removes every temporary file the
 //! process is writing, so a test beside it writing a file would lose it.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-
 use pmstate_ckpt::remove_temporary_files;
-use pmstate_ckpt::{Durability, WriteOptions};
 
 mod common;
-use common::{names, small};
+use common::{names, save_calling_mid_write, small};
 
 #[test]
 fn removing_takes_the_writes_in_flight_and_later_writes_go_on() {
@@ -19,14 +16,9 @@ fn removing_takes_the_writes_in_flight_and_later_writes_go_on() {
     for name in ["in_flight.safetensors", "in_flight.pt"] {
         // Removed from inside the write: its temporary file goes, the write
         // fails, nothing is left.
-        let removed = AtomicUsize::new(usize::MAX);
-        let progress = |_: u64| {
-            let _ = removed.compare_exchange(usize::MAX, remove_temporary_files(), Ordering::SeqCst, Ordering::SeqCst);
-        };
-        let opts = WriteOptions { progress: Some(&progress), durability: Durability::NoFsync, ..Default::default() };
-        let outcome = ckpt.save_with(dir.path().join(name), &opts);
+        let (outcome, removed) = save_calling_mid_write(&ckpt, &dir.path().join(name), remove_temporary_files);
         assert!(outcome.is_err(), "{name}: a write whose temporary file was removed cannot succeed");
-        assert_eq!(removed.load(Ordering::SeqCst), 1, "{name}: its temporary file was registered and removed");
+        assert_eq!(removed, Some(1), "{name}: its temporary file was registered and removed");
         assert_eq!(names(dir.path()), Vec::<String>::new(), "{name}: something was left");
     }
     // nothing in flight: nothing removed, and a later write succeeds

@@ -262,3 +262,29 @@ pub fn small() -> Checkpoint {
 pub fn names(dir: &Path) -> Vec<String> {
     std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect()
 }
+
+/// Saves `ckpt` to `path` (no fsync), calling `during` from inside the
+/// write at its first progress report (as a signal landing mid-write);
+/// the save's outcome and what `during` returned (`None`: the write never
+/// reported progress).
+pub fn save_calling_mid_write(
+    ckpt: &Checkpoint,
+    path: &Path,
+    during: impl Fn() -> usize + Sync,
+) -> (pmstate_ckpt::Result<()>, Option<usize>) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let returned = AtomicUsize::new(usize::MAX);
+    let progress = |_: u64| {
+        if returned.load(Ordering::SeqCst) == usize::MAX {
+            returned.store(during(), Ordering::SeqCst);
+        }
+    };
+    let opts = pmstate_ckpt::WriteOptions {
+        progress: Some(&progress),
+        durability: pmstate_ckpt::Durability::NoFsync,
+        ..Default::default()
+    };
+    let outcome = ckpt.save_with(path, &opts);
+    let returned = returned.load(Ordering::SeqCst);
+    (outcome, (returned != usize::MAX).then_some(returned))
+}
