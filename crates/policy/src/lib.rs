@@ -39,6 +39,6 @@ pub use flat::ActorScratch;
 pub use load::{find_config, model_target, read_model_config, AllowedGlobal, Globals, LoadOptions, CONFIG_NAMES};
 pub use masked_mimic::{MaskedMimic, MaskedMimicConfig, MaskedMimicOutputs};
 pub use mlp::CpuKernels;
-pub use model::{AmpNetworks, DiscOutputs, Outputs, Part, Policy, Sampled};
+pub use model::{ActorOutputs, AmpNetworks, DiscOutputs, Outputs, Part, Policy, Sampled};
 pub use network::TensorMap;
 pub use problem::{AttentionProblem, ExprProblem, FieldProblem, FsqKeyRole, GraphProblem, OpProblem};

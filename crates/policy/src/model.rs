@@ -60,6 +60,19 @@ pub struct Outputs {
     pub latent_codes: Option<Tensor>,
 }
 
+/// What [`Policy::act`] returns: [`Outputs`] without the critic's value.
+#[derive(Debug, Clone)]
+pub struct ActorOutputs {
+    /// The actor's mean, `[B, A]`.
+    pub mean_action: Tensor,
+    /// `exp(logstd)`, `[A]`.
+    pub std: Tensor,
+    /// As [`Outputs::norm_obs`].
+    pub norm_obs: Option<Tensor>,
+    /// As [`Outputs::latent_codes`].
+    pub latent_codes: Option<Tensor>,
+}
+
 /// What [`Policy::sample`] adds.
 #[derive(Debug, Clone)]
 pub struct Sampled {
@@ -280,12 +293,35 @@ impl Policy {
     pub fn mean_action(&self, obs: &HashMap<String, Tensor>) -> Result<Tensor> {
         self.check_required(obs, self.actor_keys())?;
         let mut td = self.obs_map(obs)?;
+        Ok(self.run_actor(&mut td)?.0)
+    }
+
+    /// The eval-mode actor alone: [`Policy::forward`]'s outputs but the
+    /// value, at the actor's cost (the critic is most of the rest: 40 % of
+    /// the full-size smpl tracker's multiply-adds). What a caller that acts
+    /// and never asks for the value needs, as the server's requests for
+    /// `mean_action` alone. `obs` needs only [`Policy::actor_keys`].
+    pub fn act(&self, obs: &HashMap<String, Tensor>) -> Result<ActorOutputs> {
+        self.check_required(obs, self.actor_keys())?;
+        let mut td = self.obs_map(obs)?;
+        let (mean_action, trace) = self.run_actor(&mut td)?;
+        Ok(ActorOutputs {
+            mean_action,
+            std: self.actor.std.clone(),
+            norm_obs: trace.norm_outputs.into_iter().next().map(|(_, t)| t),
+            latent_codes: trace.latent_codes.into_iter().next().map(|(_, t)| t),
+        })
+    }
+
+    /// The actor's mean over `td` (which it extends), and what it traced.
+    fn run_actor(&self, td: &mut TensorMap) -> Result<(Tensor, Trace)> {
         let mut trace = Trace::default();
-        self.actor.mu.forward(&mut td, &mut trace)?;
-        td.get(&self.actor.mu_key).cloned().ok_or_else(|| PolicyError::Graph {
+        self.actor.mu.forward(td, &mut trace)?;
+        let mean_action = td.get(&self.actor.mu_key).cloned().ok_or_else(|| PolicyError::Graph {
             path: "agent.model.actor.mu_model".into(),
             problem: GraphProblem::Unwritten { key: self.actor.mu_key.clone() },
-        })
+        })?;
+        Ok((mean_action, trace))
     }
 
     fn check_required(&self, obs: &HashMap<String, Tensor>, required: Vec<String>) -> Result<usize> {
@@ -329,12 +365,7 @@ impl Policy {
     pub fn forward(&self, obs: &HashMap<String, Tensor>) -> Result<Outputs> {
         self.check_obs(obs, Part::ActorCritic)?;
         let mut td = self.obs_map(obs)?;
-        let mut actor_trace = Trace::default();
-        self.actor.mu.forward(&mut td, &mut actor_trace)?;
-        let mean_action = td.get(&self.actor.mu_key).cloned().ok_or_else(|| PolicyError::Graph {
-            path: "agent.model.actor.mu_model".into(),
-            problem: GraphProblem::Unwritten { key: self.actor.mu_key.clone() },
-        })?;
+        let (mean_action, actor_trace) = self.run_actor(&mut td)?;
         let mut critic_trace = Trace::default();
         self.critic.forward(&mut td, &mut critic_trace)?;
         let value = td.get(self.critic.out_key()).cloned().ok_or_else(|| PolicyError::Graph {

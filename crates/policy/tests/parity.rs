@@ -76,6 +76,7 @@ fn check_variant(v: &str, ckpt_name: &str) {
     let exp = load(&d.join("expected.safetensors"));
     let out = policy.forward(&obs).unwrap_or_else(|e| panic!("{v}: {e}"));
     let reference = policy.reference(&obs).unwrap();
+    check_act(v, &policy, &obs, &out);
 
     // normalizer outputs: bit for bit given torch's sqrt, within NORM_ULPS of torch's, all within the bound
     let norm_obs = out.norm_obs.as_ref().expect("actor normalizes");
@@ -132,6 +133,20 @@ fn check_variant(v: &str, ckpt_name: &str) {
     } else {
         assert!(policy.required_keys(Part::Discriminator).is_empty());
     }
+}
+
+/// The actor alone (`Policy::act`, what the server runs for requests that
+/// do not ask for the value), given the actor's keys alone: `forward`'s
+/// actor outputs bit for bit.
+fn check_act(v: &str, policy: &Policy, obs: &HashMap<String, Tensor>, out: &pmstate_policy::Outputs) {
+    let bits = |t: &Tensor| flat(t).into_iter().map(f32::to_bits).collect::<Vec<_>>();
+    let actor_obs: HashMap<String, Tensor> =
+        policy.actor_keys().into_iter().filter_map(|k| obs.get(&k).map(|t| (k, t.clone()))).collect();
+    let act = policy.act(&actor_obs).unwrap_or_else(|e| panic!("{v}: act: {e}"));
+    assert_eq!(bits(&act.mean_action), bits(&out.mean_action), "{v}: act's mean_action");
+    assert_eq!(bits(&act.std), bits(&out.std), "{v}: act's std");
+    assert_eq!(act.norm_obs.as_ref().map(bits), out.norm_obs.as_ref().map(bits), "{v}: act's norm_obs");
+    assert_eq!(act.latent_codes.as_ref().map(bits), out.latent_codes.as_ref().map(bits), "{v}: act's latent_codes");
 }
 
 /// The FSQ actor: the recomputed `half_L` is torch's buffer bit for bit;

@@ -27,7 +27,7 @@ use std::time::Instant;
 use candle_core::{Device, Tensor};
 use pmstate_deploy::{DeployError, Pipeline};
 use pmstate_policy::gpc::{LatentPrior, RowDraw};
-use pmstate_policy::{MaskedMimic, Part, Policy, PolicyError};
+use pmstate_policy::{ActorOutputs, MaskedMimic, Part, Policy, PolicyError};
 use tokio::sync::oneshot;
 
 use crate::decode::{Decoded, Values, Wanted};
@@ -592,11 +592,25 @@ impl Worker {
         idx: &[usize],
         outs: &mut [Outs],
     ) -> Result<(), PolicyError> {
-        let (o, rows) = self.forward(model, p, jobs, idx, Part::ActorCritic, |p, obs| p.forward(obs))?;
+        // the critic runs only when some request of the group asks for the
+        // value: a deployment asks for actions, and the critic is 40 % of
+        // the full-size tracker's work (each row's actor outputs are the
+        // same bits either way)
+        let wants_value = idx.iter().any(|&i| jobs[i].req.critic());
+        let ((o, value), rows) = self.forward(model, p, jobs, idx, Part::ActorCritic, |p, obs| {
+            if wants_value {
+                let o = p.forward(obs)?;
+                let actor =
+                    ActorOutputs { mean_action: o.mean_action, std: o.std, norm_obs: o.norm_obs, latent_codes: o.latent_codes };
+                Ok((actor, Some(o.value)))
+            } else {
+                Ok((p.act(obs)?, None))
+            }
+        })?;
         let a = model.interface.action_size;
         let mean = host(&o.mean_action)?;
-        let value = host(&o.value)?;
-        let vw = value.len() / rows.max(1);
+        let value = value.as_ref().map(host).transpose()?;
+        let vw = value.as_ref().map_or(0, |v| v.len() / rows.max(1));
         let std = host(&o.std)?;
         let norm = match &o.norm_obs {
             Some(n) if n.dims().first() == Some(&rows) && n.rank() == 2 => Some((host(n)?, n.dims()[1])),
@@ -614,7 +628,9 @@ impl Worker {
             for w in &jobs[i].req.outputs {
                 match w.name {
                     "value" => {
-                        o.insert("value", (vec![r, vw], Values::F32(value[off * vw..(off + r) * vw].to_vec())));
+                        if let Some(v) = &value {
+                            o.insert("value", (vec![r, vw], Values::F32(v[off * vw..(off + r) * vw].to_vec())));
+                        }
                     }
                     "std" => {
                         o.insert("std", (vec![a], Values::F32(std.clone())));

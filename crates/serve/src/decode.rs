@@ -48,9 +48,14 @@ pub struct Decoded {
 }
 
 impl Decoded {
-    /// Whether actor and critic run.
+    /// Whether the actor (and maybe the critic) runs.
     pub fn actor_critic(&self) -> bool {
         self.outputs.iter().any(|o| o.source != Source::Discriminator)
+    }
+
+    /// Whether the critic runs too (some output is the critic's).
+    pub fn critic(&self) -> bool {
+        self.outputs.iter().any(|o| o.source == Source::Critic)
     }
 
     /// Whether the discriminator networks run.
@@ -418,9 +423,13 @@ pub fn select_outputs(
         None => {
             let disc = iface.inputs.iter().filter(|i| i.discriminator);
             let disc_inputs = disc.clone().all(|i| has(&i.name)) && disc.count() > 0;
+            // the value when the critic's own inputs are given (a robot's
+            // client sends the actor's alone and gets the actor's outputs)
+            let critic_inputs = iface.inputs.iter().filter(|i| i.actor_critic && !i.actor).all(|i| has(&i.name));
             for spec in &iface.outputs {
                 let take = match spec.source {
-                    Source::ActorCritic | Source::Pipeline => true,
+                    Source::Actor | Source::Pipeline => true,
+                    Source::Critic => critic_inputs,
                     Source::Sample => params.sample,
                     Source::Discriminator => disc_inputs,
                 };
@@ -454,9 +463,12 @@ pub fn order_inputs(
             return Err(InputError::NotGiven { input: spec.name.clone(), width: spec.width });
         }
     }
-    let need_ac = outputs.iter().any(|o| o.source != Source::Discriminator);
+    let need_actor = outputs.iter().any(|o| matches!(o.source, Source::Actor | Source::Sample | Source::Pipeline));
+    let need_critic = outputs.iter().any(|o| o.source == Source::Critic);
     let need_disc = outputs.iter().any(|o| o.source == Source::Discriminator);
-    let needed = |i: &&InputSpec| (need_ac && i.actor_critic) || (need_disc && i.discriminator);
+    let needed = |i: &&InputSpec| {
+        (need_critic && i.actor_critic) || (need_actor && i.actor) || (need_disc && i.discriminator)
+    };
     let mut ordered = Vec::with_capacity(inputs.len());
     for spec in iface.inputs.iter().filter(needed) {
         let Some(pos) = inputs.iter().position(|(n, _, _)| *n == spec.name) else {

@@ -27,9 +27,12 @@ use crate::options::FileLimits;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Source {
-    /// Actor and critic.
-    ActorCritic,
-    /// Actor and critic, then actions drawn with the request's seed.
+    /// A policy's actor; for MaskedMimic and a GPC prior, their one forward.
+    Actor,
+    /// A policy's critic (its `value`): the actor runs too, and the
+    /// request sends the critic's inputs as well.
+    Critic,
+    /// The actor, then actions drawn with the request's seed.
     Sample,
     /// The AMP discriminator and its critic.
     Discriminator,
@@ -47,6 +50,10 @@ pub struct InputSpec {
     pub width: Option<usize>,
     /// Whether the actor or critic read it.
     pub actor_critic: bool,
+    /// Whether the actor reads it: what a request asking for no critic or
+    /// discriminator output must send (a robot has no privileged critic
+    /// observations). True for every input of the other families.
+    pub actor: bool,
     /// Whether the discriminator networks read it.
     pub discriminator: bool,
     /// The shape of one row when the model fixes it whole (a pipeline's
@@ -106,6 +113,7 @@ impl InputSpec {
             name,
             width,
             actor_critic: true,
+            actor: true,
             discriminator: false,
             row_shape: None,
             optional: false,
@@ -165,6 +173,7 @@ pub struct Interface {
 impl Interface {
     fn of(policy: &Policy, pins: &[(String, usize)]) -> Result<Interface, LoadError> {
         let ac = policy.required_keys(Part::ActorCritic);
+        let actor = policy.actor_keys();
         let disc = policy.required_keys(Part::Discriminator);
         let widths = resolve_widths(policy, pins)?;
         let inputs = policy
@@ -172,6 +181,7 @@ impl Interface {
             .into_iter()
             .map(|k| InputSpec {
                 actor_critic: ac.contains(&k),
+                actor: actor.contains(&k),
                 discriminator: disc.contains(&k),
                 ..InputSpec::observation(k.clone(), widths.get(&k).copied())
             })
@@ -184,18 +194,18 @@ impl Interface {
             OutputSpec {
                 name: "mean_action",
                 shape: vec![-1, a],
-                source: Source::ActorCritic,
+                source: Source::Actor,
                 datatype: Datatype::Fp32,
             },
-            OutputSpec { name: "value", shape: vec![-1, value], source: Source::ActorCritic, datatype: Datatype::Fp32 },
-            OutputSpec { name: "std", shape: vec![a], source: Source::ActorCritic, datatype: Datatype::Fp32 },
+            OutputSpec { name: "value", shape: vec![-1, value], source: Source::Critic, datatype: Datatype::Fp32 },
+            OutputSpec { name: "std", shape: vec![a], source: Source::Actor, datatype: Datatype::Fp32 },
         ];
         let description = policy.describe()?;
         if let Some(w) = per_row_norm_width(&description) {
             outputs.push(OutputSpec {
                 name: "norm_obs",
                 shape: vec![-1, w as i64],
-                source: Source::ActorCritic,
+                source: Source::Actor,
                 datatype: Datatype::Fp32,
             });
         }
@@ -203,7 +213,7 @@ impl Interface {
             outputs.push(OutputSpec {
                 name: "latent_codes",
                 shape: vec![-1, scalars as i64],
-                source: Source::ActorCritic,
+                source: Source::Actor,
                 datatype: Datatype::Fp32,
             });
         }
@@ -300,7 +310,7 @@ impl Interface {
             .map(|(name, w)| OutputSpec {
                 name,
                 shape: vec![-1, w],
-                source: Source::ActorCritic,
+                source: Source::Actor,
                 datatype: Datatype::Fp32,
             })
             .collect();
@@ -335,9 +345,9 @@ impl Interface {
         let (t, v) = (tok.tokens as i64, tok.vocab as i64);
         let out = |name, shape, source, datatype| OutputSpec { name, shape, source, datatype };
         let outputs = vec![
-            out("logits", vec![-1, t, v], Source::ActorCritic, Datatype::Fp32),
-            out("mean_action", vec![-1, a], Source::ActorCritic, Datatype::Fp32),
-            out("latent_codes", vec![-1, tok.scalars as i64], Source::ActorCritic, Datatype::Fp32),
+            out("logits", vec![-1, t, v], Source::Actor, Datatype::Fp32),
+            out("mean_action", vec![-1, a], Source::Actor, Datatype::Fp32),
+            out("latent_codes", vec![-1, tok.scalars as i64], Source::Actor, Datatype::Fp32),
             out(PRIOR_TOKENS_OUTPUT, vec![-1, t], Source::Sample, Datatype::Int64),
         ];
         let groups = p.widths().groups.iter().map(|g| (g.path.clone(), g.keys.clone(), g.total)).collect();

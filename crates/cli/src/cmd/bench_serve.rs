@@ -4,7 +4,9 @@
 //! each (JSON, or the binary tensor extension that `tritonclient` uses by
 //! default), with dynamic batching on and with `--max-batch 1`, beside the
 //! in-process forward at batch 1 and at the largest batch, and the issue's
-//! goals checked against them, per encoding.
+//! goals checked against them, per encoding. Clients ask for `mean_action`
+//! (the server runs the actor alone) unless `--ask action-and-value`; the
+//! in-process forward does the same work as the server.
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -39,6 +41,31 @@ pub struct Args {
     /// How the clients encode tensors (repeatable; default both, JSON first).
     #[arg(long = "encoding", value_enum)]
     encodings: Vec<Encoding>,
+    /// What every client asks for; the in-process forward beside it does
+    /// the same work.
+    #[arg(long, value_enum, default_value_t = Ask::Action)]
+    ask: Ask,
+}
+
+/// The outputs every request asks for.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Ask {
+    /// `mean_action` alone (what a controller stepping one robot asks
+    /// for): the server runs the actor alone, as `Policy::act` does.
+    Action,
+    /// `mean_action` and `value`: actor and critic, as `Policy::forward`.
+    ActionAndValue,
+}
+
+impl Ask {
+    /// The output names asked for.
+    fn outputs(self) -> &'static [&'static str] {
+        match self {
+            Ask::Action => &["mean_action"],
+            Ask::ActionAndValue => &["mean_action", "value"],
+        }
+    }
 }
 
 impl Encoding {
@@ -66,9 +93,10 @@ pub enum Encoding {
 #[derive(Debug, Serialize)]
 #[serde(tag = "record", rename_all = "snake_case")]
 enum Record {
-    /// The in-process forward at `batch` rows: median wall seconds, and
-    /// CPU seconds of the process per row.
-    Forward { batch: usize, seconds: f64, rows_per_s: f64, cpu_seconds_per_row: Option<f64> },
+    /// The in-process forward at `batch` rows (the actor alone, or actor
+    /// and critic: what `ask` makes the server run): median wall seconds,
+    /// and CPU seconds of the process per row.
+    Forward { batch: usize, ask: Ask, seconds: f64, rows_per_s: f64, cpu_seconds_per_row: Option<f64> },
     /// A load level: `batching` true for --max-batch N, false for --max-batch 1.
     Load {
         encoding: Encoding,
@@ -84,10 +112,10 @@ enum Record {
     Goal { encoding: Encoding, goal: &'static str, measured: f64, target: f64, met: bool },
 }
 
-/// The JSON request every client sends: one row per key, mean_action asked
-/// for (what a controller stepping one robot sends), floats written as
-/// `tritonclient` writes them (shortest round-trip digits).
-fn body_of(rows: &[(String, usize, Vec<f32>)]) -> Vec<u8> {
+/// The JSON request every client sends: one row per key, `outputs` asked
+/// for, floats written as `tritonclient` writes them (shortest round-trip
+/// digits).
+fn body_of(rows: &[(String, usize, Vec<f32>)], outputs: &[&str]) -> Vec<u8> {
     let mut out = b"{\"inputs\":[".to_vec();
     for (i, (k, w, v)) in rows.iter().enumerate() {
         if i > 0 {
@@ -99,15 +127,16 @@ fn body_of(rows: &[(String, usize, Vec<f32>)]) -> Vec<u8> {
         pmstate_serve::json_floats::write_array(&mut out, v);
         out.push(b'}');
     }
-    out.extend_from_slice(b"],\"outputs\":[{\"name\":\"mean_action\"}]}");
+    let asked: Vec<String> = outputs.iter().map(|o| format!("{{\"name\":\"{o}\"}}")).collect();
+    out.extend_from_slice(format!("],\"outputs\":[{}]}}", asked.join(",")).as_bytes());
     out
 }
 
 /// The same request with the binary tensor data extension: a JSON header
-/// naming each input's `binary_data_size` and asking for `mean_action` in
+/// naming each input's `binary_data_size` and asking for `outputs` in
 /// binary, then the floats (little-endian, in the header's order). Returns
 /// the body and the header's length (`Inference-Header-Content-Length`).
-fn binary_body_of(rows: &[(String, usize, Vec<f32>)]) -> (Vec<u8>, usize) {
+fn binary_body_of(rows: &[(String, usize, Vec<f32>)], outputs: &[&str]) -> (Vec<u8>, usize) {
     let inputs: Vec<_> = rows
         .iter()
         .map(|(k, w, v)| {
@@ -119,7 +148,10 @@ fn binary_body_of(rows: &[(String, usize, Vec<f32>)]) -> (Vec<u8>, usize) {
         .collect();
     let header = serde_json::json!({
         "inputs": inputs,
-        "outputs": [{"name": "mean_action", "parameters": {"binary_data": true}}],
+        "outputs": outputs
+            .iter()
+            .map(|o| serde_json::json!({"name": o, "parameters": {"binary_data": true}}))
+            .collect::<Vec<_>>(),
     });
     let mut out = header.to_string().into_bytes();
     let header_len = out.len();
@@ -179,12 +211,16 @@ pub fn run(a: Args, g: Global) -> Result<ExitCode, CliError> {
         let obs = bench_obs(b)?;
         let (s, cpu) = pool.install(|| {
             median(|| {
-                std::hint::black_box(p.forward(&obs)?);
+                match a.ask {
+                    Ask::Action => drop(std::hint::black_box(p.act(&obs)?)),
+                    Ask::ActionAndValue => drop(std::hint::black_box(p.forward(&obs)?)),
+                }
                 Ok(())
             })
         })?;
         records.push(Record::Forward {
             batch: b,
+            ask: a.ask,
             seconds: s,
             rows_per_s: b as f64 / s,
             cpu_seconds_per_row: cpu.map(|c| c / b as f64),
@@ -200,9 +236,9 @@ pub fn run(a: Args, g: Global) -> Result<ExitCode, CliError> {
     let encodings = if a.encodings.is_empty() { vec![Encoding::Json, Encoding::Binary] } else { a.encodings.clone() };
     for &encoding in &encodings {
         let (body, headers) = match encoding {
-            Encoding::Json => (body_of(&rows), vec![("content-type", "application/json".to_string())]),
+            Encoding::Json => (body_of(&rows, a.ask.outputs()), vec![("content-type", "application/json".to_string())]),
             Encoding::Binary => {
-                let (body, header_len) = binary_body_of(&rows);
+                let (body, header_len) = binary_body_of(&rows, a.ask.outputs());
                 let headers = vec![
                     ("content-type", "application/octet-stream".to_string()),
                     ("inference-header-content-length", header_len.to_string()),
@@ -230,7 +266,7 @@ pub fn run(a: Args, g: Global) -> Result<ExitCode, CliError> {
             value: fb / f1,
         });
     }
-    print(&records, g, threads)?;
+    print(&records, g, threads, a.ask)?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -351,17 +387,20 @@ fn goals(records: &mut Vec<Record>, encoding: Encoding, clients: &[usize], max_b
     records.extend(out);
 }
 
-fn print(records: &[Record], g: Global, threads: usize) -> Result<(), CliError> {
+fn print(records: &[Record], g: Global, threads: usize, ask: Ask) -> Result<(), CliError> {
     if g.json {
         for r in records {
             output::json_line(r)?;
         }
         return Ok(());
     }
-    output::line(format!("full-size smpl tracker, {threads} forward threads, clients on the same machine"));
+    output::line(format!(
+        "full-size smpl tracker, {threads} forward threads, clients on the same machine asking for {}",
+        ask.outputs().join(" and ")
+    ));
     for r in records {
         match r {
-            Record::Forward { batch, seconds, rows_per_s, cpu_seconds_per_row } => output::line(format!(
+            Record::Forward { batch, seconds, rows_per_s, cpu_seconds_per_row, .. } => output::line(format!(
                 "in-process forward  batch {batch:>4}: {:>10.1} us  {rows_per_s:>10.0} rows/s  {:>8.1} cpu us/row",
                 seconds * 1e6,
                 cpu_seconds_per_row.unwrap_or(f64::NAN) * 1e6

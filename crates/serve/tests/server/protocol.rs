@@ -174,6 +174,53 @@ async fn amp_models_serve_the_discriminator_when_its_inputs_are_given() {
     s.server.wait().await.unwrap();
 }
 
+/// The g1 AMP tracker's critic reads privileged observations a robot does
+/// not have (`max_coords_obs`, `mimic_max_coords_target_poses`): a request
+/// with the actor's inputs alone gets the actor's outputs, bit for bit as
+/// with every input, and `value` only with the critic's inputs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_actors_inputs_alone_get_the_actors_outputs() {
+    let v = "g1_amp_deploy";
+    let s = start_variant(v).await;
+    let policy = Policy::load(testdata(v).join("last.ckpt"), None, &Device::Cpu).unwrap();
+    let o = obs(v);
+    let r = rows(&o, &[0, 3, 5]);
+    let want = policy.forward(&tensors(&r)).unwrap();
+    let actor_keys = policy.actor_keys();
+    let critic_only: Vec<String> = policy
+        .required_keys(pmstate_policy::Part::ActorCritic)
+        .into_iter()
+        .filter(|k| !actor_keys.contains(k))
+        .collect();
+    assert!(!critic_only.is_empty(), "{v}'s critic reads keys of its own");
+    let actor_only: Vec<_> = r.iter().filter(|(k, _, _)| actor_keys.contains(k)).cloned().collect();
+
+    // no outputs named: the actor's, not the value
+    let got = outputs(&infer(&s.client, json_request(&actor_only, json!({}))).await);
+    assert!(!got.contains_key("value") && !got.contains_key("disc_logits"), "{:?}", got.keys());
+    assert_eq!(bits(&got["mean_action"].1), bits(&host(&want.mean_action)));
+    assert_eq!(bits(&got["std"].1), bits(&host(&want.std)));
+    assert_eq!(bits(&got["norm_obs"].1), bits(&host(want.norm_obs.as_ref().unwrap())));
+    // sampled from the actor alone: Policy::sample's draw
+    let sampled = policy.sample(&tensors(&r), 11).unwrap();
+    let asked = json!({"parameters": {"sample": true, "seed": 11}, "outputs": [{"name": "action"}, {"name": "neglogp"}]});
+    let got = outputs(&infer(&s.client, json_request(&actor_only, asked)).await);
+    assert_eq!(bits(&got["action"].1), bits(&host(&sampled.action)));
+    assert_eq!(bits(&got["neglogp"].1), bits(&host(&sampled.neglogp)));
+
+    // the value without the critic's inputs: refused, naming one
+    let reply = infer(&s.client, json_request(&actor_only, json!({"outputs": [{"name": "value"}]}))).await;
+    assert_eq!(reply.status, 400);
+    let msg = reply.json()["error"].as_str().unwrap().to_owned();
+    assert!(critic_only.iter().any(|k| msg.contains(&format!("missing input {k}"))), "{msg}");
+    // every input: the value by default, and the actor's outputs the same bits
+    let got = outputs(&infer(&s.client, json_request(&r, json!({}))).await);
+    assert_eq!(bits(&got["value"].1), bits(&host(&want.value)));
+    assert_eq!(bits(&got["mean_action"].1), bits(&host(&want.mean_action)));
+    s.server.handle().shutdown();
+    s.server.wait().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pinned_widths_are_in_the_metadata_and_refuse_another_split() {
     let ckpt = testdata("smpl_tracker").join("last.ckpt");
