@@ -600,8 +600,12 @@ impl Worker {
         let ((o, value), rows) = self.forward(model, p, jobs, idx, Part::ActorCritic, |p, obs| {
             if wants_value {
                 let o = p.forward(obs)?;
-                let actor =
-                    ActorOutputs { mean_action: o.mean_action, std: o.std, norm_obs: o.norm_obs, latent_codes: o.latent_codes };
+                let actor = ActorOutputs {
+                    mean_action: o.mean_action,
+                    std: o.std,
+                    norm_obs: o.norm_obs,
+                    latent_codes: o.latent_codes,
+                };
                 Ok((actor, Some(o.value)))
             } else {
                 Ok((p.act(obs)?, None))

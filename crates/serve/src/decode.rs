@@ -466,9 +466,8 @@ pub fn order_inputs(
     let need_actor = outputs.iter().any(|o| matches!(o.source, Source::Actor | Source::Sample | Source::Pipeline));
     let need_critic = outputs.iter().any(|o| o.source == Source::Critic);
     let need_disc = outputs.iter().any(|o| o.source == Source::Discriminator);
-    let needed = |i: &&InputSpec| {
-        (need_critic && i.actor_critic) || (need_actor && i.actor) || (need_disc && i.discriminator)
-    };
+    let needed =
+        |i: &&InputSpec| (need_critic && i.actor_critic) || (need_actor && i.actor) || (need_disc && i.discriminator);
     let mut ordered = Vec::with_capacity(inputs.len());
     for spec in iface.inputs.iter().filter(needed) {
         let Some(pos) = inputs.iter().position(|(n, _, _)| *n == spec.name) else {

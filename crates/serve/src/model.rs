@@ -191,12 +191,7 @@ impl Interface {
         let a = policy.action_size() as i64;
         let value = policy.widths().known.get(policy.critic().out_key()).map_or(-1, |&w| w as i64);
         let mut outputs = vec![
-            OutputSpec {
-                name: "mean_action",
-                shape: vec![-1, a],
-                source: Source::Actor,
-                datatype: Datatype::Fp32,
-            },
+            OutputSpec { name: "mean_action", shape: vec![-1, a], source: Source::Actor, datatype: Datatype::Fp32 },
             OutputSpec { name: "value", shape: vec![-1, value], source: Source::Critic, datatype: Datatype::Fp32 },
             OutputSpec { name: "std", shape: vec![a], source: Source::Actor, datatype: Datatype::Fp32 },
         ];
@@ -307,12 +302,7 @@ impl Interface {
         let l = latent as i64;
         let outputs = [("mean_action", a), ("latent_mu", l), ("latent_logvar", l), ("latent", l)]
             .into_iter()
-            .map(|(name, w)| OutputSpec {
-                name,
-                shape: vec![-1, w],
-                source: Source::Actor,
-                datatype: Datatype::Fp32,
-            })
+            .map(|(name, w)| OutputSpec { name, shape: vec![-1, w], source: Source::Actor, datatype: Datatype::Fp32 })
             .collect();
         let groups = m.widths.groups.iter().map(|g| (g.path.clone(), g.keys.clone(), g.total)).collect();
         Interface {

@@ -203,7 +203,8 @@ async fn the_actors_inputs_alone_get_the_actors_outputs() {
     assert_eq!(bits(&got["norm_obs"].1), bits(&host(want.norm_obs.as_ref().unwrap())));
     // sampled from the actor alone: Policy::sample's draw
     let sampled = policy.sample(&tensors(&r), 11).unwrap();
-    let asked = json!({"parameters": {"sample": true, "seed": 11}, "outputs": [{"name": "action"}, {"name": "neglogp"}]});
+    let asked =
+        json!({"parameters": {"sample": true, "seed": 11}, "outputs": [{"name": "action"}, {"name": "neglogp"}]});
     let got = outputs(&infer(&s.client, json_request(&actor_only, asked)).await);
     assert_eq!(bits(&got["action"].1), bits(&host(&sampled.action)));
     assert_eq!(bits(&got["neglogp"].1), bits(&host(&sampled.neglogp)));
