@@ -90,6 +90,8 @@ step masked-mimic "$py" benches/masked_mimic_side_by_side.py --protomotions "$pm
 step deploy "$py" benches/deploy_side_by_side.py --protomotions "$pm" --threads 1 --steps "$steps" \
   --pmstate "$bin" --json "$out/deploy.json"
 step serve "$bin" bench-serve --encoding json --encoding binary --seconds "$seconds"
+# what the issue's serving goals were measured on until 2026-12-05: clients asking for the value too
+step serve-value "$bin" bench-serve --ask action-and-value --encoding binary --clients 256 --seconds "$seconds"
 step ckpt "$py" benches/ckpt_side_by_side.py --pmstate "$bin" --runs "$runs" --json "$out/ckpt.json"
 if [ "$gpc" = 1 ]; then
   gpc_batches=(--batch 1 --batch 256)

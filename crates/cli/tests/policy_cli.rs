@@ -318,6 +318,9 @@ fn bench_serve_answers_json_and_binary_clients_and_splits_the_cpu_time() {
         let goals = records.iter().filter(|r| r["record"] == "goal" && r["encoding"] == e).count();
         assert_eq!(goals, 2, "{e}: {records:?}");
     }
+    // the clients ask for mean_action alone, and the in-process forward does the actor's work alone
+    let forwards: Vec<&J> = records.iter().filter(|r| r["record"] == "forward").collect();
+    assert!(!forwards.is_empty() && forwards.iter().all(|r| r["ask"] == "action"), "{forwards:?}");
 }
 
 #[test]
