@@ -416,6 +416,59 @@ fn policy_run_samples_reproducibly() {
     assert_ne!(flat(&a["action"]), flat(&a["mean_action"]));
 }
 
+/// A robot's observations (the g1 AMP tracker's actor keys, without the
+/// privileged ones its critic reads): the actor's outputs, the same bits
+/// as with every key, no value, and a note naming what the critic lacked.
+#[test]
+fn policy_run_on_the_actors_keys_alone_runs_the_actor() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ckpt = data("g1_amp_deploy/last.ckpt");
+    let all = load(&data("g1_amp_deploy/obs.safetensors"));
+    let actor_keys = [
+        "noisy_reduced_coords_obs",
+        "noisy_mimic_reduced_coords_target_poses",
+        "historical_previous_processed_actions",
+    ];
+    let actor: HashMap<String, Tensor> = actor_keys.iter().map(|k| (k.to_string(), all[*k].clone())).collect();
+    let actor_obs = tmp.path().join("actor.safetensors");
+    candle_core::safetensors::save(&actor, &actor_obs).unwrap();
+    let (whole, alone) = (tmp.path().join("whole.safetensors"), tmp.path().join("alone.safetensors"));
+    let run = |obs: &str, out: &std::path::Path| {
+        let out = pmstate(&[
+            "policy",
+            "run",
+            &ckpt,
+            "--obs",
+            obs,
+            "--out",
+            &out.display().to_string(),
+            "--sample",
+            "--seed",
+            "3",
+        ]);
+        assert!(out.status.success(), "{}", text(&out));
+        out
+    };
+    run(&data("g1_amp_deploy/obs.safetensors"), &whole);
+    let out = run(&actor_obs.display().to_string(), &alone);
+    let note = String::from_utf8_lossy(&out.stderr);
+    assert!(note.contains("no value") && note.contains("max_coords_obs"), "{note}");
+    let (whole, alone) = (load(&whole.display().to_string()), load(&alone.display().to_string()));
+    assert!(whole.contains_key("value") && !alone.contains_key("value"));
+    for k in ["mean_action", "std", "norm_obs", "action", "neglogp"] {
+        let bits = |t: &Tensor| flat(t).into_iter().map(f32::to_bits).collect::<Vec<_>>();
+        assert_eq!(bits(&alone[k]), bits(&whole[k]), "{k}");
+    }
+    // one actor key missing too: the whole forward's error, naming it
+    let mut short = actor.clone();
+    short.remove(actor_keys[0]);
+    let short_obs = tmp.path().join("short.safetensors");
+    candle_core::safetensors::save(&short, &short_obs).unwrap();
+    let out = pmstate(&["policy", "run", &ckpt, "--obs", &short_obs.display().to_string(), "--out", "/dev/null"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(text(&out).contains(actor_keys[0]), "{}", text(&out));
+}
+
 #[test]
 fn bad_observations_exit_2_naming_the_key_and_width() {
     let tmp = tempfile::tempdir().unwrap();

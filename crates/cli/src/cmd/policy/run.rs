@@ -54,6 +54,36 @@ pub fn run(a: Args, g: Global) -> Result<ExitCode, CliError> {
     };
     let obs = super::obs::read_obs(&a.obs, &policy)?;
     let mut tensors: Vec<(String, Tensor)> = Vec::new();
+    let missing = critic_keys_missing(&policy, &obs);
+    if !missing.is_empty() {
+        // a robot's observations: the actor's outputs, as the server gives a
+        // request without the critic's own inputs
+        if !g.quiet && !g.json {
+            output::err_line(format!(
+                "pmstate: note: no value: the observations lack the critic's own input(s) {}; the actor ran alone",
+                missing.join(", ")
+            ));
+        }
+        let out = policy.act(&obs)?;
+        if a.sample {
+            let action = policy.actor().sample(&out.mean_action, a.seed)?;
+            let neglogp = policy.neglogp(&out.mean_action, &action)?;
+            tensors.push(("action".into(), action));
+            tensors.push(("neglogp".into(), neglogp));
+        }
+        tensors.push(("mean_action".into(), out.mean_action));
+        tensors.push(("std".into(), out.std));
+        if let Some(n) = out.norm_obs {
+            tensors.push(("norm_obs".into(), n));
+        }
+        if let Some(c) = out.latent_codes {
+            tensors.push(("latent_codes".into(), c));
+        }
+        if a.discriminator {
+            push_discriminator(&policy, &obs, &mut tensors)?;
+        }
+        return write_report(&a.out, &tensors, g);
+    }
     let outputs = if a.sample {
         let s = policy.sample(&obs, a.seed)?;
         tensors.push(("action".into(), s.action));
@@ -72,12 +102,36 @@ pub fn run(a: Args, g: Global) -> Result<ExitCode, CliError> {
         tensors.push(("latent_codes".into(), c));
     }
     if a.discriminator {
-        let d = policy.discriminate(&obs)?;
-        tensors.push(("disc_logits".into(), d.disc_logits));
-        tensors.push(("disc_reward".into(), d.disc_reward));
-        tensors.push(("disc_value".into(), d.disc_value));
+        push_discriminator(&policy, &obs, &mut tensors)?;
     }
     write_report(&a.out, &tensors, g)
+}
+
+/// The keys only the critic reads that `obs` lacks, when it has every key
+/// the actor reads (else none: the whole forward names what is missing).
+fn critic_keys_missing(policy: &pmstate_policy::Policy, obs: &HashMap<String, Tensor>) -> Vec<String> {
+    let actor = policy.actor_keys();
+    if !actor.iter().all(|k| obs.contains_key(k)) {
+        return Vec::new();
+    }
+    policy
+        .required_keys(pmstate_policy::Part::ActorCritic)
+        .into_iter()
+        .filter(|k| !actor.contains(k) && !obs.contains_key(k))
+        .collect()
+}
+
+/// The AMP discriminator's outputs (`--discriminator`).
+fn push_discriminator(
+    policy: &pmstate_policy::Policy,
+    obs: &HashMap<String, Tensor>,
+    tensors: &mut Vec<(String, Tensor)>,
+) -> Result<(), CliError> {
+    let d = policy.discriminate(obs)?;
+    tensors.push(("disc_logits".into(), d.disc_logits));
+    tensors.push(("disc_reward".into(), d.disc_reward));
+    tensors.push(("disc_value".into(), d.disc_value));
+    Ok(())
 }
 
 /// A GPC prior: teacher-forced on the file's tokens, or (`--sample`)
