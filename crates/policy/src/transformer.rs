@@ -101,6 +101,11 @@ pub struct SelfAttention {
     pub out_proj: Linear,
     /// Number of heads.
     pub heads: usize,
+    /// `in_proj` split into its query rows and its key/value rows, packed
+    /// on first use by the last layer of [`TransformerEncoder::forward_first`]
+    /// (the only one that needs the queries of some tokens alone); `None`
+    /// inside when `in_proj` has no packed weights.
+    pub(crate) first_only: std::sync::OnceLock<Option<rows::SplitInProj>>,
 }
 
 /// One `nn.TransformerEncoderLayer` (post-norm).
@@ -182,7 +187,7 @@ impl TransformerEncoder {
                 })
             };
             layers.push(EncoderLayer {
-                self_attn: SelfAttention { in_proj, out_proj, heads: spec.heads },
+                self_attn: SelfAttention { in_proj, out_proj, heads: spec.heads, first_only: Default::default() },
                 linear1,
                 linear2,
                 norm1: norm("norm1")?,

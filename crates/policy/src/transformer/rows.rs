@@ -32,7 +32,7 @@ use std::ops::Range;
 use candle_core::{DType, Device, Storage, Tensor};
 use rayon::prelude::*;
 
-use super::{AttentionMasks, EncoderLayer, Keep, TransformerEncoder};
+use super::{AttentionMasks, EncoderLayer, Keep, SelfAttention, TransformerEncoder};
 use crate::activation::Activation;
 use crate::error::{PolicyError, Result};
 use crate::kernels::{per_isa, Epilogue, PackedLinear, Supported};
@@ -366,9 +366,7 @@ impl EncoderLayer {
     /// q, k and v, then the rest for position 0 (the same code on the same
     /// rows as the whole layer: the same bits there).
     fn forward_rows_first(&self, b: usize, s: usize, d: usize, bias: &ScoreBias, bufs: &mut Buffers) -> Result<()> {
-        let in_proj = packed(&self.self_attn.in_proj)?;
-        let isa = in_proj.supported();
-        in_proj.forward_into(&bufs.h, b * s, Epilogue::Identity, &mut bufs.qkv);
+        let isa = self.in_proj_first(b * s, (0..b).map(|row| row * s), d, bufs)?;
         bufs.ctx.resize(b * d, 0.0);
         let heads = self.self_attn.heads;
         let first = Positions { queries: 0..1, keys: s, s };
@@ -404,10 +402,8 @@ impl EncoderLayer {
     /// `bufs.h` goes from `[live.rows(), d]` to position 0's rows, `[b, d]`
     /// (position 0 is every row's first present token).
     fn forward_rows_first_live(&self, live: &Live, d: usize, bias: &ScoreBias, bufs: &mut Buffers) -> Result<()> {
-        let in_proj = packed(&self.self_attn.in_proj)?;
-        let isa = in_proj.supported();
-        in_proj.forward_into(&bufs.h, live.rows(), Epilogue::Identity, &mut bufs.qkv);
         let b = live.start.len() - 1;
+        let isa = self.in_proj_first(live.rows(), live.start[..b].iter().copied(), d, bufs)?;
         bufs.ctx.resize(b * d, 0.0);
         let heads = self.self_attn.heads;
         let qkv = &bufs.qkv;
@@ -423,6 +419,49 @@ impl EncoderLayer {
         }
         bufs.h.truncate(b * d);
         self.after_attention(isa, b, d, bufs)
+    }
+
+    /// `in_proj` of the `tokens` rows of `bufs.h` into `bufs.qkv`
+    /// (`[tokens, 3d]`) where only the rows `firsts` (each row's position
+    /// 0) are asked for their query: keys and values of every token, the
+    /// queries of those alone ([`SplitInProj`]); the other tokens' query
+    /// columns are left as they were (the attention of position 0 reads
+    /// none of them). The same bits where written as the whole `in_proj`:
+    /// each output is its own column's sum, whichever columns are packed
+    /// beside it.
+    fn in_proj_first(
+        &self,
+        tokens: usize,
+        firsts: impl Iterator<Item = usize> + Clone,
+        d: usize,
+        bufs: &mut Buffers,
+    ) -> Result<Supported> {
+        let in_proj = packed(&self.self_attn.in_proj)?;
+        let isa = in_proj.supported();
+        let queries = firsts.clone().count();
+        let split = if queries < tokens { self.self_attn.split_in_proj() } else { None };
+        let Some(split) = split else {
+            in_proj.forward_into(&bufs.h, tokens, Epilogue::Identity, &mut bufs.qkv);
+            return Ok(isa);
+        };
+        // y and ff are free until the attention has run: keys and values
+        // of every token in y, the first tokens' rows and queries in ff
+        split.kv.forward_into(&bufs.h, tokens, Epilogue::Identity, &mut bufs.y);
+        let mut firsts_h = std::mem::take(&mut bufs.ff);
+        firsts_h.clear();
+        for t in firsts.clone() {
+            firsts_h.extend_from_slice(&bufs.h[t * d..(t + 1) * d]);
+        }
+        split.q.forward_into(&firsts_h, queries, Epilogue::Identity, &mut bufs.ctx);
+        bufs.ff = firsts_h;
+        bufs.qkv.resize(tokens * 3 * d, 0.0);
+        for (row, kv) in bufs.qkv.chunks_exact_mut(3 * d).zip(bufs.y.chunks_exact(2 * d)) {
+            row[d..].copy_from_slice(kv);
+        }
+        for (i, t) in firsts.enumerate() {
+            bufs.qkv[t * 3 * d..][..d].copy_from_slice(&bufs.ctx[i * d..(i + 1) * d]);
+        }
+        Ok(isa)
     }
 
     /// [`EncoderLayer::forward_rows`] for position `t` of `b` sequences of
@@ -476,6 +515,42 @@ impl EncoderLayer {
         }
         packed(&self.linear2)?.forward_into(ff, rows, Epilogue::Identity, y);
         add_and_norm(isa, h, y, d, &self.norm2)
+    }
+}
+
+/// `in_proj`'s query rows and its key/value rows, packed apart for the
+/// last layer of a first-position forward: there every token needs its key
+/// and value, and only position 0 its query, so the other tokens' queries
+/// (a third of `in_proj`, d x d multiply-adds a token) are not computed.
+#[derive(Debug, Clone)]
+pub(crate) struct SplitInProj {
+    /// Rows `0..d`: `[d, d]`.
+    q: PackedLinear,
+    /// Rows `d..3d`: `[2d, d]`.
+    kv: PackedLinear,
+}
+
+impl SelfAttention {
+    /// [`SplitInProj`] of `in_proj`, packed once (for the instruction set
+    /// `in_proj`'s kernels run with); `None` without packed weights.
+    fn split_in_proj(&self) -> Option<&SplitInProj> {
+        self.first_only.get_or_init(|| SplitInProj::of(&self.in_proj).ok()).as_ref()
+    }
+}
+
+impl SplitInProj {
+    fn of(l: &Linear) -> Result<SplitInProj> {
+        let isa = packed(l)?.isa();
+        let (n, k) = (l.out_features(), l.in_features());
+        let d = n / 3;
+        let w = l.weight.flatten_all()?.to_vec1::<f32>()?;
+        let b = l.bias.to_vec1::<f32>()?;
+        let (wq, wkv) = w.split_at(d * k);
+        let (bq, bkv) = b.split_at(d);
+        Ok(SplitInProj {
+            q: PackedLinear::with_isa(wq, bq, d, k, isa)?,
+            kv: PackedLinear::with_isa(wkv, bkv, n - d, k, isa)?,
+        })
     }
 }
 
