@@ -73,6 +73,14 @@ pub struct ActorOutputs {
     pub latent_codes: Option<Tensor>,
 }
 
+impl Outputs {
+    /// The actor's outputs ([`Policy::act`]'s, the same bits) and the value.
+    pub fn into_actor_and_value(self) -> (ActorOutputs, Tensor) {
+        let Outputs { mean_action, std, value, norm_obs, normalized: _, latent_codes } = self;
+        (ActorOutputs { mean_action, std, norm_obs, latent_codes }, value)
+    }
+}
+
 /// What [`Policy::sample`] adds.
 #[derive(Debug, Clone)]
 pub struct Sampled {

@@ -27,7 +27,7 @@ use std::time::Instant;
 use candle_core::{Device, Tensor};
 use pmstate_deploy::{DeployError, Pipeline};
 use pmstate_policy::gpc::{LatentPrior, RowDraw};
-use pmstate_policy::{ActorOutputs, MaskedMimic, Part, Policy, PolicyError};
+use pmstate_policy::{MaskedMimic, Part, Policy, PolicyError};
 use tokio::sync::oneshot;
 
 use crate::decode::{Decoded, Values, Wanted};
@@ -599,14 +599,8 @@ impl Worker {
         let wants_value = idx.iter().any(|&i| jobs[i].req.critic());
         let ((o, value), rows) = self.forward(model, p, jobs, idx, Part::ActorCritic, |p, obs| {
             if wants_value {
-                let o = p.forward(obs)?;
-                let actor = ActorOutputs {
-                    mean_action: o.mean_action,
-                    std: o.std,
-                    norm_obs: o.norm_obs,
-                    latent_codes: o.latent_codes,
-                };
-                Ok((actor, Some(o.value)))
+                let (actor, value) = p.forward(obs)?.into_actor_and_value();
+                Ok((actor, Some(value)))
             } else {
                 Ok((p.act(obs)?, None))
             }

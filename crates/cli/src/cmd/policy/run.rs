@@ -55,7 +55,10 @@ pub fn run(a: Args, g: Global) -> Result<ExitCode, CliError> {
     let obs = super::obs::read_obs(&a.obs, &policy)?;
     let mut tensors: Vec<(String, Tensor)> = Vec::new();
     let missing = critic_keys_missing(&policy, &obs);
-    if !missing.is_empty() {
+    let (actor, value) = if missing.is_empty() {
+        let (actor, value) = policy.forward(&obs)?.into_actor_and_value();
+        (actor, Some(value))
+    } else {
         // a robot's observations: the actor's outputs, as the server gives a
         // request without the critic's own inputs
         if !g.quiet && !g.json {
@@ -64,41 +67,24 @@ pub fn run(a: Args, g: Global) -> Result<ExitCode, CliError> {
                 missing.join(", ")
             ));
         }
-        let out = policy.act(&obs)?;
-        if a.sample {
-            let action = policy.actor().sample(&out.mean_action, a.seed)?;
-            let neglogp = policy.neglogp(&out.mean_action, &action)?;
-            tensors.push(("action".into(), action));
-            tensors.push(("neglogp".into(), neglogp));
-        }
-        tensors.push(("mean_action".into(), out.mean_action));
-        tensors.push(("std".into(), out.std));
-        if let Some(n) = out.norm_obs {
-            tensors.push(("norm_obs".into(), n));
-        }
-        if let Some(c) = out.latent_codes {
-            tensors.push(("latent_codes".into(), c));
-        }
-        if a.discriminator {
-            push_discriminator(&policy, &obs, &mut tensors)?;
-        }
-        return write_report(&a.out, &tensors, g);
-    }
-    let outputs = if a.sample {
-        let s = policy.sample(&obs, a.seed)?;
-        tensors.push(("action".into(), s.action));
-        tensors.push(("neglogp".into(), s.neglogp));
-        s.outputs
-    } else {
-        policy.forward(&obs)?
+        (policy.act(&obs)?, None)
     };
-    tensors.push(("mean_action".into(), outputs.mean_action));
-    tensors.push(("value".into(), outputs.value));
-    tensors.push(("std".into(), outputs.std));
-    if let Some(n) = outputs.norm_obs {
+    if a.sample {
+        // Policy::sample's draw: around the mean with the noise of --seed
+        let action = policy.actor().sample(&actor.mean_action, a.seed)?;
+        let neglogp = policy.neglogp(&actor.mean_action, &action)?;
+        tensors.push(("action".into(), action));
+        tensors.push(("neglogp".into(), neglogp));
+    }
+    tensors.push(("mean_action".into(), actor.mean_action));
+    if let Some(v) = value {
+        tensors.push(("value".into(), v));
+    }
+    tensors.push(("std".into(), actor.std));
+    if let Some(n) = actor.norm_obs {
         tensors.push(("norm_obs".into(), n));
     }
-    if let Some(c) = outputs.latent_codes {
+    if let Some(c) = actor.latent_codes {
         tensors.push(("latent_codes".into(), c));
     }
     if a.discriminator {
