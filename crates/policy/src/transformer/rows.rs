@@ -829,6 +829,46 @@ mod tests {
         }
     }
 
+    /// What [`SplitInProj`] relies on, on every instruction set: `in_proj`
+    /// packed as its query rows and its key/value rows gives the whole
+    /// packing's columns bit for bit, at widths that fill no panel and row
+    /// counts on both sides of the kernels' small-batch switch.
+    #[test]
+    fn query_and_key_value_rows_packed_apart_give_the_whole_projections_bits() {
+        use crate::kernels::tests::values;
+        use pmstate_norm::Isa;
+        for isa in Isa::ALL {
+            if let Err(e) = Supported::check(isa) {
+                eprintln!("skipped {isa}: {e}");
+                continue;
+            }
+            for (d, k) in [(16usize, 16usize), (76, 40), (64, 64)] {
+                let w = values(3 * d * k, 0x5bd1_e995 ^ d as u32, 0.3);
+                let b = values(3 * d, 0x27d4_eb2d, 0.5);
+                let whole = PackedLinear::with_isa(&w, &b, 3 * d, k, isa).expect("whole");
+                let q = PackedLinear::with_isa(&w[..d * k], &b[..d], d, k, isa).expect("q");
+                let kv = PackedLinear::with_isa(&w[d * k..], &b[d..], 2 * d, k, isa).expect("kv");
+                for m in [1usize, 3, 13, 40] {
+                    let x = values(m * k, 0x1656_67b1 ^ m as u32, 1.1);
+                    let (all, yq, ykv) = (
+                        whole.forward(&x, m, Epilogue::Identity),
+                        q.forward(&x, m, Epilogue::Identity),
+                        kv.forward(&x, m, Epilogue::Identity),
+                    );
+                    for r in 0..m {
+                        let row = &all[r * 3 * d..(r + 1) * 3 * d];
+                        let same = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
+                        assert!(same(&row[..d], &yq[r * d..(r + 1) * d]), "{isa}, d {d}, {m} rows: query of row {r}");
+                        assert!(
+                            same(&row[d..], &ykv[r * 2 * d..(r + 1) * 2 * d]),
+                            "{isa}, d {d}, {m} rows: k/v of row {r}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
     /// The recorded 2-layer encoder (d 16, 4 heads, ff 24).
     fn recorded(act: &str, activation: Activation) -> TransformerEncoder {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata/policy/transformer_encoder");
