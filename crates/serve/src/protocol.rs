@@ -394,7 +394,9 @@ pub struct ConfigTensor {
     pub data_type: &'static str,
     /// Shape without the rows (`-1`: open).
     pub dims: Vec<i64>,
-    /// Triton's `optional`: a request may leave the input out (written only when true).
+    /// Triton's `optional`: a request may leave the input out (written only
+    /// when true): `vae_noise`, `prior_tokens`, and the inputs only a
+    /// policy's critic or discriminator networks read.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub optional: bool,
 }
@@ -497,7 +499,10 @@ impl<'a> ModelConfigResponse<'a> {
                 .interface
                 .inputs
                 .iter()
-                .map(|i| tensor(&i.name, i.datatype, &i.shape(), true, i.optional))
+                // an input the actor does not read (the critic's or the
+                // discriminator's own) may be left out too: the request then
+                // gets the actor's outputs
+                .map(|i| tensor(&i.name, i.datatype, &i.shape(), true, i.optional || !i.actor))
                 .collect(),
             output: m
                 .interface

@@ -194,6 +194,16 @@ async fn the_actors_inputs_alone_get_the_actors_outputs() {
         .collect();
     assert!(!critic_only.is_empty(), "{v}'s critic reads keys of its own");
     let actor_only: Vec<_> = r.iter().filter(|(k, _, _)| actor_keys.contains(k)).cloned().collect();
+    // the configuration marks every input the actor does not read optional, as Triton's
+    let cfg = s.client.get("/v2/models/policy/config").await.unwrap().json();
+    let optional: Vec<(String, bool)> = cfg["input"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| (i["name"].as_str().unwrap().to_owned(), i.get("optional") == Some(&json!(true))))
+        .collect();
+    assert!(critic_only.iter().all(|k| optional.contains(&(k.clone(), true))), "{optional:?}");
+    assert!(actor_keys.iter().all(|k| optional.contains(&(k.clone(), false))), "{optional:?}");
 
     // no outputs named: the actor's, not the value
     let got = outputs(&infer(&s.client, json_request(&actor_only, json!({}))).await);
