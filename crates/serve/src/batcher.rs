@@ -324,7 +324,7 @@ impl Worker {
         // requests merge only with inputs of the same keys and widths
         let mut groups: Vec<Vec<Job>> = Vec::new();
         for j in live {
-            match groups.iter_mut().find(|g| g[0].req.signature() == j.req.signature()) {
+            match groups.iter_mut().find(|g| g[0].req.signature().eq(j.req.signature())) {
                 Some(g) => g.push(j),
                 None => groups.push(vec![j]),
             }

@@ -63,9 +63,11 @@ impl Decoded {
         self.outputs.iter().any(|o| o.source == Source::Discriminator)
     }
 
-    /// The keys and widths of the inputs: requests merge only when equal.
-    pub fn signature(&self) -> Vec<(&str, usize)> {
-        self.inputs.iter().map(|(k, w, _)| (k.as_str(), *w)).collect()
+    /// The keys and widths of the inputs: requests merge only when equal
+    /// (compared as iterators: the batcher compares every queued request's
+    /// against its groups' while the next forward waits, without allocating).
+    pub fn signature(&self) -> impl Iterator<Item = (&str, usize)> + '_ {
+        self.inputs.iter().map(|(k, w, _)| (k.as_str(), *w))
     }
 }
 
@@ -602,7 +604,7 @@ mod tests {
         }
         let ok = decode(&body(&TRACKER, json!({})), None, &expect(&open, 256)).expect("a good request");
         assert_eq!(
-            (ok.rows, ok.signature()),
+            (ok.rows, ok.signature().collect::<Vec<_>>()),
             (2, vec![("max_coords_obs", 358), ("mimic_target_poses", 576), ("previous_actions", 69)])
         );
         assert_eq!(ok.outputs.iter().map(|o| o.name).collect::<Vec<_>>(), ["mean_action", "value", "std", "norm_obs"]);
