@@ -141,13 +141,19 @@ async fn json_and_binary_inference_match_the_policy_bit_for_bit() {
     s.server.wait().await.unwrap();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn amp_models_serve_the_discriminator_when_its_inputs_are_given() {
+/// The g1 AMP tracker served, the same policy loaded here, and rows 0, 3
+/// and 5 of its recorded observations (every key).
+async fn g1_served() -> (Running, Policy, Rows) {
     let v = "g1_amp_deploy";
     let s = start_variant(v).await;
     let policy = Policy::load(testdata(v).join("last.ckpt"), None, &Device::Cpu).unwrap();
-    let o = obs(v);
-    let r = rows(&o, &[0, 3, 5]);
+    let r = rows(&obs(v), &[0, 3, 5]);
+    (s, policy, r)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn amp_models_serve_the_discriminator_when_its_inputs_are_given() {
+    let (s, policy, r) = g1_served().await;
     let got = outputs(&infer(&s.client, json_request(&r, json!({}))).await);
     let t = tensors(&r);
     let f = policy.forward(&t).unwrap();
@@ -180,11 +186,7 @@ async fn amp_models_serve_the_discriminator_when_its_inputs_are_given() {
 /// with every input, and `value` only with the critic's inputs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_actors_inputs_alone_get_the_actors_outputs() {
-    let v = "g1_amp_deploy";
-    let s = start_variant(v).await;
-    let policy = Policy::load(testdata(v).join("last.ckpt"), None, &Device::Cpu).unwrap();
-    let o = obs(v);
-    let r = rows(&o, &[0, 3, 5]);
+    let (s, policy, r) = g1_served().await;
     let want = policy.forward(&tensors(&r)).unwrap();
     let actor_keys = policy.actor_keys();
     let critic_only: Vec<String> = policy
@@ -192,7 +194,7 @@ async fn the_actors_inputs_alone_get_the_actors_outputs() {
         .into_iter()
         .filter(|k| !actor_keys.contains(k))
         .collect();
-    assert!(!critic_only.is_empty(), "{v}'s critic reads keys of its own");
+    assert!(!critic_only.is_empty(), "g1_amp_deploy's critic reads keys of its own");
     let actor_only: Vec<_> = r.iter().filter(|(k, _, _)| actor_keys.contains(k)).cloned().collect();
     // the configuration marks every input the actor does not read optional, as Triton's
     let cfg = s.client.get("/v2/models/policy/config").await.unwrap().json();
