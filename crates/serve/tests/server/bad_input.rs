@@ -251,7 +251,7 @@ async fn oversized_bodies_full_queues_stalled_and_vanished_clients() {
             tokio::spawn(async move { infer(&c, b).await.status })
         })
         .collect();
-    until("2 queued", || metric(&handle.metrics_text(), "pmstate_queue_depth") == 2.0).await;
+    until_metric("2 queued", &handle, "pmstate_queue_depth", 2.0).await;
     let r = infer(c, body.clone()).await;
     assert_names(&error_of(&r, 503), &["queue of 2 requests is full"]);
     assert_eq!(r.header("retry-after"), Some("1"));
@@ -269,12 +269,12 @@ async fn oversized_bodies_full_queues_stalled_and_vanished_clients() {
     );
     tcp.write_all(head.as_bytes()).await.unwrap();
     tcp.write_all(&body).await.unwrap();
-    until("the request queued", || metric(&handle.metrics_text(), "pmstate_queue_depth") == 1.0).await;
+    until_metric("the request queued", &handle, "pmstate_queue_depth", 1.0).await;
     drop(tcp);
     // the server sees the closed connection and drops the handler before the forward may run
-    until("the handler dropped", || metric(&handle.metrics_text(), "pmstate_requests_in_flight") == 0.0).await;
+    until_metric("the handler dropped", &handle, "pmstate_requests_in_flight", 0.0).await;
     drop(paused);
-    until("the queue drained", || metric(&handle.metrics_text(), "pmstate_queue_depth") == 0.0).await;
+    until_metric("the queue drained", &handle, "pmstate_queue_depth", 0.0).await;
     assert_eq!(metric(&handle.metrics_text(), "pmstate_infer_cancelled_total"), 1.0);
 
     // a client that stops mid-body: 408 once the body timeout passes
@@ -323,17 +323,21 @@ pub(crate) async fn raw_request(addr: std::net::SocketAddr, head: &str, body: &[
     let _ = tcp.write_all(body).await;
     let mut buf = vec![0u8; 4096];
     let mut got = Vec::new();
-    loop {
-        match tcp.read(&mut buf).await {
-            Ok(0) | Err(_) => break,
-            Ok(n) => {
-                got.extend_from_slice(&buf[..n]);
-                if got.windows(4).any(|w| w == b"\r\n\r\n") && got.ends_with(b"}") {
-                    break;
+    let read = async {
+        loop {
+            match tcp.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    got.extend_from_slice(&buf[..n]);
+                    if got.windows(4).any(|w| w == b"\r\n\r\n") && got.ends_with(b"}") {
+                        break;
+                    }
                 }
             }
         }
-    }
+    };
+    // a server that neither answers nor closes fails the test, naming the request
+    tokio::time::timeout(WATCHDOG, read).await.unwrap_or_else(|_| panic!("no answer to {head:?}"));
     String::from_utf8_lossy(&got).into_owned()
 }
 

@@ -35,7 +35,7 @@ async fn concurrent_clients_are_batched_and_each_gets_its_own_rows() {
             (i, r, infer(&c, body).await)
         }));
     }
-    until("64 queued requests", || metric(&handle.metrics_text(), "pmstate_queue_depth") == 64.0).await;
+    until_metric("64 queued requests", &handle, "pmstate_queue_depth", 64.0).await;
     drop(paused);
 
     for t in tasks {

@@ -336,7 +336,7 @@ async fn logits_answers_in_flight_stay_within_the_answer_budget() {
         let (c, body) = (s.client.clone(), json());
         async move { infer(&c, body).await }
     });
-    until("one queued request", || metric(&handle.metrics_text(), "pmstate_queue_depth") == 1.0).await;
+    until_metric("one queued request", &handle, "pmstate_queue_depth", 1.0).await;
     // a second JSON answer does not fit beside it
     let r = infer(&s.client, json()).await;
     let text = String::from_utf8_lossy(&r.body).into_owned();
@@ -348,7 +348,7 @@ async fn logits_answers_in_flight_stay_within_the_answer_budget() {
         let (c, body) = (s.client.clone(), binary());
         async move { infer(&c, body).await }
     });
-    until("two queued requests", || metric(&handle.metrics_text(), "pmstate_queue_depth") == 2.0).await;
+    until_metric("two queued requests", &handle, "pmstate_queue_depth", 2.0).await;
     let held = metric(&handle.metrics_text(), "pmstate_answer_bytes_reserved");
     assert!(held > 200_000.0 && held <= 300_000.0, "{held} bytes reserved");
     drop(paused);
@@ -367,7 +367,7 @@ async fn logits_answers_in_flight_stay_within_the_answer_budget() {
         assert!(start.elapsed() < WATCHDOG, "the budget never came back");
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    until("the budget given back", || metric(&handle.metrics_text(), "pmstate_answer_bytes_reserved") == 0.0).await;
+    until_metric("the budget given back", &handle, "pmstate_answer_bytes_reserved", 0.0).await;
     // 16 rows in JSON could never fit: 400, before any work
     let (obs16, tokens16) = (obs.repeat(2), tokens.repeat(2));
     let r = infer(&s.client, json_body(&obs16, Some((&json!(tokens16), 20)), json!({}))).await;

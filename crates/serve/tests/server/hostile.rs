@@ -163,7 +163,7 @@ async fn a_body_that_stalls_gets_408_long_before_the_body_timeout() {
     let answer = String::from_utf8_lossy(&until_closed(&mut tcp).await).into_owned();
     assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
     assert!(answer.contains("no byte of the request body arrived for 0.3 s"), "{answer}");
-    until("the budget given back", || metric(&handle.metrics_text(), "pmstate_body_bytes_reserved") == 0.0).await;
+    until_metric("the budget given back", &handle, "pmstate_body_bytes_reserved", 0.0).await;
     assert_eq!(metric(&handle.metrics_text(), "pmstate_infer_errors_total{kind=\"body_timeout\"}"), 1.0);
     // the server answers as before
     let (body, _) = row_request(&obs("smpl_tracker"), &[0], json!({}));

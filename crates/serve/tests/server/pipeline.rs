@@ -188,7 +188,7 @@ async fn answers_equal_the_pipeline_bit_for_bit_batched_or_not_and_onnxruntime_w
         let (c, all) = (s.client.clone(), all.clone());
         tasks.push(tokio::spawn(async move { (i, infer(&c, json_body(&shaped_rows(&all, &[i]))).await) }));
     }
-    until("16 queued requests", || metric(&handle.metrics_text(), "pmstate_queue_depth") == 16.0).await;
+    until_metric("16 queued requests", &handle, "pmstate_queue_depth", 16.0).await;
     drop(paused);
     for t in tasks {
         let (i, reply) = t.await.unwrap();

@@ -18,7 +18,7 @@ async fn shutdown_drains_the_requests_in_flight() {
         let (c, (body, _)) = (s.client.clone(), row_request(&o, &[i], json!({})));
         waiting.push(tokio::spawn(async move { infer(&c, body).await }));
     }
-    until("3 queued", || metric(&handle.metrics_text(), "pmstate_queue_depth") == 3.0).await;
+    until_metric("3 queued", &handle, "pmstate_queue_depth", 3.0).await;
 
     handle.shutdown();
     until("draining", || s.events.all().iter().any(|e| matches!(e, Event::Draining { .. }))).await;
@@ -54,7 +54,7 @@ async fn a_request_that_outlasts_the_drain_timeout_does_not_hold_the_shutdown() 
     // a client that stalls mid-body (its body timeouts are far off)
     let (body, _) = row_request(&obs("smpl_tracker"), &[0], json!({}));
     let _stalled = Held::start(s.addr, &body).await;
-    until("the request in flight", || metric(&handle.metrics_text(), "pmstate_requests_in_flight") == 1.0).await;
+    until_metric("the request in flight", &handle, "pmstate_requests_in_flight", 1.0).await;
     handle.shutdown();
     // wait returns: the drain was cut short, the batcher and reload thread stopped
     tokio::time::timeout(WATCHDOG, s.server.wait()).await.expect("a shutdown within the watchdog").unwrap();

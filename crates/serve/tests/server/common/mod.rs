@@ -232,6 +232,25 @@ pub async fn until(what: &str, mut cond: impl FnMut() -> bool) {
     }
 }
 
+/// Polls the server's metric `name` every 5 ms until it reads `want`;
+/// after [`WATCHDOG`] panics with what it read and the whole metrics text,
+/// so that a hang says what the server was doing.
+pub async fn until_metric(what: &str, handle: &pmstate_serve::ServerHandle, name: &str, want: f64) {
+    let start = std::time::Instant::now();
+    loop {
+        let text = handle.metrics_text();
+        let got = metric(&text, name);
+        if got == want {
+            return;
+        }
+        assert!(
+            start.elapsed() < WATCHDOG,
+            "timed out waiting for {what}: {name} is {got}, not {want}; metrics:\n{text}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+}
+
 /// A request sent over a raw connection, headers and its body but for the
 /// last byte: in flight at the server (holding what it sent of the body
 /// budget) until [`Held::finish`] sends the rest.
