@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 c=fuzz/corpus
-mkdir -p $c/pickle_reader $c/torch_zip $c/torch_legacy $c/safetensors_bridge $c/trace_reader
+mkdir -p $c/pickle_reader $c/torch_zip $c/torch_legacy $c/safetensors_bridge $c/trace_reader $c/infer_request
 # Pickles: CPython's vectors (protocols 0-5), the hostile pickles, and every
 # zip fixture's data.pkl (extracted with Python's zipfile: nothing is unpickled).
 find crates/pickle/tests/data/vectors -name '*.pkl' -exec cp {} $c/pickle_reader/ \;
@@ -30,7 +30,7 @@ for f in testdata/checkpoints/*.pt testdata/checkpoints/*.ckpt testdata/hostile/
 done
 cp testdata/hostile/*.safetensors $c/safetensors_bridge/
 cp testdata/traces/*.safetensors $c/trace_reader/
-for t in pickle_reader torch_zip torch_legacy safetensors_bridge trace_reader; do
+for t in pickle_reader torch_zip torch_legacy safetensors_bridge trace_reader infer_request; do
   if [ -d fuzz/seeds/$t ]; then cp fuzz/seeds/$t/* $c/$t/ 2>/dev/null || true; fi
 done
 echo "seeded: $(for t in $c/*; do printf '%s=%s ' "$(basename $t)" "$(ls $t | wc -l)"; done)"
