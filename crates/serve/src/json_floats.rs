@@ -42,10 +42,25 @@ pub enum DataError {
 /// Reads a tensor's JSON data (flat or nested), at most `cap` values: one
 /// more is refused as it is read, so the values never take more than
 /// `cap` floats, nor more than one float per two bytes of `raw`.
+///
+/// Each number is rounded once, to the float32 nearest the decimal sent
+/// (see [`read_elements`]); what is not an array of numbers and
+/// non-finite literals is refused with serde_json's message.
 pub fn read_data(raw: &serde_json::value::RawValue, cap: usize) -> Result<Vec<f32>, DataError> {
     let text = raw.get();
     // every value takes at least two bytes of JSON (a digit and a separator)
     let mut out = Vec::with_capacity(cap.min(text.len() / 2 + 1));
+    if read_elements(text, cap, &mut out) {
+        return Ok(out);
+    }
+    // serde_json says what is wrong (and reads, through float64, anything
+    // valid the scan did not take: nothing that is known)
+    out.clear();
+    read_data_serde(text, cap, out)
+}
+
+/// [`read_data`] through serde_json's number model (see [`Flatten`]).
+fn read_data_serde(text: &str, cap: usize, mut out: Vec<f32>) -> Result<Vec<f32>, DataError> {
     let mut de = serde_json::Deserializer::from_str(text);
     let r = Flatten { out: &mut out, depth: 0, cap }.deserialize(&mut de).and_then(|()| de.end());
     match r {
@@ -57,6 +72,103 @@ pub fn read_data(raw: &serde_json::value::RawValue, cap: usize) -> Result<Vec<f3
 
 /// Nesting deeper than this is refused (a tensor has at most a few dims).
 const MAX_DEPTH: usize = 32;
+
+/// Reads `text`, valid JSON, into `out` when it is a number, a non-finite
+/// literal string, or arrays (nested at most [`MAX_DEPTH`] deep) of those,
+/// at most `cap` values, each number within float64's range: true then.
+/// False otherwise (another string, `true`, `null`, an object, a number
+/// past float64's range, too many values, too deep), leaving `out` partly
+/// filled; [`read_data`] then has serde_json name what is wrong.
+///
+/// Why by hand: serde_json hands a visitor every number as a float64, and
+/// rounding that to float32 rounds twice. Shortest float32 digits (what
+/// [`write_array`] and many clients write) then come back one ulp off for
+/// two of the 2^32 float32s: `7.038531e-26` is 0x15ae43fd, but its nearest
+/// float64 lies exactly halfway between 0x15ae43fd and 0x15ae43fe and rounds
+/// to the even one. Here each number's text is parsed straight to float32
+/// (`str::parse`, correctly rounded), so every float32 written as its
+/// shortest float32 or float64 digits reads back with its bits (tested for
+/// all of them, `--ignored`), and any decimal becomes the float32 nearest it.
+fn read_elements(text: &str, cap: usize, out: &mut Vec<f32>) -> bool {
+    let b = text.as_bytes();
+    let (mut i, mut depth) = (0, 0usize);
+    while i < b.len() {
+        let value = match b[i] {
+            b' ' | b'\t' | b'\n' | b'\r' | b',' => {
+                i += 1;
+                continue;
+            }
+            b'[' => {
+                depth += 1;
+                if depth > MAX_DEPTH {
+                    return false;
+                }
+                i += 1;
+                continue;
+            }
+            b']' => {
+                let Some(d) = depth.checked_sub(1) else { return false };
+                depth = d;
+                i += 1;
+                continue;
+            }
+            b'-' | b'0'..=b'9' => {
+                let start = i;
+                while i < b.len() && matches!(b[i], b'0'..=b'9' | b'-' | b'+' | b'.' | b'e' | b'E') {
+                    i += 1;
+                }
+                // ASCII, so a slice at character boundaries
+                match number_f32(&text[start..i]) {
+                    Some(v) => v,
+                    None => return false,
+                }
+            }
+            b'"' => {
+                let start = i;
+                i += 1;
+                let mut escaped = false;
+                while i < b.len() && b[i] != b'"' {
+                    // an escape takes the next byte with it (`\"` does not end the string)
+                    escaped |= b[i] == b'\\';
+                    i += if b[i] == b'\\' { 2 } else { 1 };
+                }
+                if i >= b.len() {
+                    return false;
+                }
+                i += 1;
+                let literal = if escaped {
+                    match serde_json::from_str::<String>(&text[start..i]) {
+                        Ok(s) => non_finite_literal(&s),
+                        Err(_) => None,
+                    }
+                } else {
+                    non_finite_literal(&text[start + 1..i - 1])
+                };
+                match literal {
+                    Some(v) => v,
+                    None => return false,
+                }
+            }
+            _ => return false,
+        };
+        if out.len() == cap {
+            return false;
+        }
+        out.push(value);
+    }
+    depth == 0
+}
+
+/// A JSON number's float32, rounded once from its decimal value; None past
+/// float64's range, which serde_json refuses (`1e39` is infinity, as a
+/// float32 of any float64 that large is; `1e309` is an error).
+fn number_f32(token: &str) -> Option<f32> {
+    let v: f32 = token.parse().ok()?;
+    if v.is_infinite() && !token.parse::<f64>().ok()?.is_finite() {
+        return None;
+    }
+    Some(v)
+}
 
 /// Appends every number of a (nested) array to `out`.
 struct Flatten<'a> {
@@ -415,6 +527,112 @@ pub fn write_array(out: &mut Vec<u8>, data: &[f32]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    fn raw(text: &str) -> Box<serde_json::value::RawValue> {
+        serde_json::value::RawValue::from_string(text.to_owned()).unwrap()
+    }
+
+    fn bits(v: &[f32]) -> Vec<u32> {
+        v.iter().map(|v| v.to_bits()).collect()
+    }
+
+    #[test]
+    fn numbers_round_once_to_the_nearest_float32() {
+        // the float32 whose shortest digits round twice through float64
+        let x = f32::from_bits(0x15ae_43fd);
+        let mut text = Vec::new();
+        write_array(&mut text, &[x, -x]);
+        assert_eq!(text, b"[7.038531e-26,-7.038531e-26]");
+        let back = read_data(&raw(std::str::from_utf8(&text).unwrap()), 2).unwrap();
+        assert_eq!(bits(&back), [0x15ae_43fd, 0x95ae_43fd]);
+        // through float64 it is one ulp off (what reading it as serde_json's number did)
+        assert_eq!((7.038531e-26f64 as f32).to_bits(), 0x15ae_43fe);
+        // its float64 digits (what a client holding float64s writes) read back too
+        let text = format!("[{}]", f64::from(x));
+        assert_eq!(bits(&read_data(&raw(&text), 1).unwrap()), [0x15ae_43fd]);
+        // integers of every size, -0, the ends of float32's range, underflow
+        let cases: [(&str, f32); 11] = [
+            ("16777217", 16_777_216.0),
+            ("-16777219", -16_777_220.0),
+            ("-0", -0.0),
+            ("123456789012345678901234567890", 1.234_567_9e29),
+            ("3.4028235e38", f32::MAX),
+            // float32's largest and the midpoint past it (3.40282357e38), where overflow starts
+            ("3.40282356e38", f32::MAX),
+            ("3.4028236e38", f32::INFINITY),
+            ("1e39", f32::INFINITY),
+            ("-1e39", f32::NEG_INFINITY),
+            ("1e-46", 0.0),
+            ("1.4e-45", f32::from_bits(1)),
+        ];
+        for (t, want) in cases {
+            assert_eq!(bits(&read_data(&raw(&format!("[{t}]")), 1).unwrap()), [want.to_bits()], "{t}");
+        }
+    }
+
+    #[test]
+    fn data_of_every_shape_reads_and_the_rest_is_refused_as_before() {
+        let read = |t: &str, cap: usize| read_data(&raw(t), cap).map(|v| bits(&v));
+        let want = bits(&[1.0, 2.5, -300.0, 4.0]);
+        for t in ["[[1, 2.5], [-3e2, 4]]", "[1,2.5,-300,4]", " [ [ [1] ] ,\n[2.5,[-3E+2]],4 ] ", "[[1],2.5,[-300,[4]]]"]
+        {
+            assert_eq!(read(t, 4).unwrap(), want, "{t}");
+        }
+        assert_eq!(read("7", 1).unwrap(), [7.0f32.to_bits()]);
+        assert_eq!(read("[]", 0).unwrap(), Vec::<u32>::new());
+        // non-finite literals as quote_non_finite leaves them, escaped or not
+        let v = read_data(&raw(r#"["NaN", "-Infinity", "Inf", "N\u0061N", -1]"#), 5).unwrap();
+        assert!(v[0].is_nan() && v[3].is_nan());
+        assert_eq!(bits(&v[1..3]), bits(&[f32::NEG_INFINITY, f32::INFINITY]));
+        assert_eq!(v[4], -1.0);
+        // refused with serde_json's messages: strings, literals, objects, out of range, too deep, too many
+        let message = |t: &str, cap: usize| match read_data(&raw(t), cap) {
+            Err(DataError::Json(e)) => e.to_string(),
+            other => panic!("{t}: {other:?}"),
+        };
+        assert!(message(r#"[1, "x"]"#, 9).contains("the string \"x\" is not a number"));
+        assert!(message(r#"[1, "a\"b"]"#, 9).contains("is not a number"));
+        assert!(message("[true]", 9).contains("true is not a number"));
+        assert!(message("[null]", 9).contains("null"));
+        assert!(message("[{}]", 9).contains("map"));
+        assert!(message("[1e309]", 9).contains("number out of range"));
+        let deep = |n: usize| format!("{}1{}", "[".repeat(n), "]".repeat(n));
+        assert_eq!(read(&deep(MAX_DEPTH), 1).unwrap(), [1.0f32.to_bits()]);
+        assert!(message(&deep(MAX_DEPTH + 1), 9).contains("deeper"));
+        assert!(matches!(read_data(&raw("[1, 2, 3]"), 2), Err(DataError::TooMany)));
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 4096, ..ProptestConfig::default() })]
+
+        /// Any float32, written as its shortest float32 digits or as its
+        /// float64's, reads back with its bits.
+        #[test]
+        fn written_float32s_read_back_with_their_bits(b in any::<u32>()) {
+            let x = f32::from_bits(b);
+            prop_assume!(x.is_finite());
+            let mut text = Vec::new();
+            write_array(&mut text, &[x]);
+            let text = String::from_utf8(text).unwrap();
+            prop_assert_eq!(bits(&read_data(&raw(&text), 1).unwrap()), [b], "{}", text);
+            let text = format!("[{}]", f64::from(x));
+            prop_assert_eq!(bits(&read_data(&raw(&text), 1).unwrap()), [b], "{}", text);
+        }
+
+        /// Any decimal reads as the float32 nearest it (std's correctly
+        /// rounded parse), or is refused past float64's range.
+        #[test]
+        fn decimals_read_as_the_nearest_float32(
+            text in "-?(0|[1-9][0-9]{0,30})(\\.[0-9]{1,30})?([eE][-+]?[0-9]{1,3})?",
+        ) {
+            let want: f32 = text.parse().unwrap();
+            match read_data(&raw(&format!("[{text}]")), 1) {
+                Ok(v) => prop_assert_eq!(bits(&v), [want.to_bits()], "{}", text),
+                Err(_) => prop_assert!(!text.parse::<f64>().unwrap().is_finite(), "{} refused", text),
+            }
+        }
+    }
 
     #[test]
     fn nested_and_flat_arrays_flatten_row_major() {
@@ -504,5 +722,55 @@ mod tests {
         let mut out = Vec::new();
         write_array(&mut out, &[f32::NAN, f32::INFINITY, f32::NEG_INFINITY]);
         assert_eq!(out, b"[NaN,Infinity,-Infinity]");
+    }
+
+    /// Every finite float32, written as JSON by [`write_array`] and read back
+    /// by [`read_data`] (the server's two JSON paths: its answers, and a
+    /// client such as `tritonclient` writing shortest round-trip digits as
+    /// [`write_array`] does), comes back with its own bits: the shortest
+    /// digits parsed as a correctly rounded float64 and then rounded to
+    /// float32 never land on the wrong side of a float32 midpoint. About
+    /// 4.3 billion values: minutes on a few cores, so not part of the
+    /// default run; `cargo test --release -p pmstate-serve --lib
+    /// every_finite_float32 -- --ignored` checks it.
+    #[test]
+    #[ignore = "exhaustive over all 2^32 bit patterns: minutes; run with --ignored"]
+    fn every_finite_float32_written_as_json_reads_back_with_its_bits() {
+        const CHUNK: u64 = 1 << 16;
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
+        let chunks = (1u64 << 32) / CHUNK;
+        let failures: Vec<u32> = std::thread::scope(|scope| {
+            let workers: Vec<_> = (0..threads)
+                .map(|t| {
+                    scope.spawn(move || {
+                        let mut bad = Vec::new();
+                        let mut text = Vec::new();
+                        let mut values = Vec::with_capacity(CHUNK as usize);
+                        for c in (t..chunks).step_by(threads as usize) {
+                            values.clear();
+                            values.extend(
+                                (c * CHUNK..(c + 1) * CHUNK)
+                                    .map(|b| f32::from_bits(b as u32))
+                                    .filter(|v| v.is_finite()),
+                            );
+                            text.clear();
+                            write_array(&mut text, &values);
+                            let raw =
+                                serde_json::value::RawValue::from_string(String::from_utf8(text.clone()).unwrap())
+                                    .unwrap();
+                            let back = read_data(&raw, values.len()).unwrap();
+                            for (v, w) in values.iter().zip(&back) {
+                                if v.to_bits() != w.to_bits() && bad.len() < 16 {
+                                    bad.push(v.to_bits());
+                                }
+                            }
+                        }
+                        bad
+                    })
+                })
+                .collect();
+            workers.into_iter().flat_map(|w| w.join().unwrap()).collect()
+        });
+        assert!(failures.is_empty(), "float32s that do not read back: {:08x?}", failures);
     }
 }
