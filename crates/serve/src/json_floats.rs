@@ -85,10 +85,11 @@ const MAX_DEPTH: usize = 32;
 /// [`write_array`] and many clients write) then come back one ulp off for
 /// two of the 2^32 float32s: `7.038531e-26` is 0x15ae43fd, but its nearest
 /// float64 lies exactly halfway between 0x15ae43fd and 0x15ae43fe and rounds
-/// to the even one. Here each number's text is parsed straight to float32
-/// (`str::parse`, correctly rounded), so every float32 written as its
-/// shortest float32 or float64 digits reads back with its bits (tested for
-/// all of them, `--ignored`), and any decimal becomes the float32 nearest it.
+/// to the even one. Here each number's text is rounded straight to float32
+/// ([`number_f32`]), so every float32 written as its shortest float32 or
+/// float64 digits reads back with its bits (tested for all of them,
+/// `--ignored`), and any decimal becomes the float32 nearest it; at the
+/// speed of serde_json's path (measured under JSON load).
 fn read_elements(text: &str, cap: usize, out: &mut Vec<f32>) -> bool {
     let b = text.as_bytes();
     let (mut i, mut depth) = (0, 0usize);
@@ -163,12 +164,79 @@ fn read_elements(text: &str, cap: usize, out: &mut Vec<f32>) -> bool {
 /// float64's range, which serde_json refuses (`1e39` is infinity, as a
 /// float32 of any float64 that large is; `1e309` is an error).
 fn number_f32(token: &str) -> Option<f32> {
+    if let Some(v) = exact_case_f32(token) {
+        return Some(v);
+    }
     let v: f32 = token.parse().ok()?;
     if v.is_infinite() && !token.parse::<f64>().ok()?.is_finite() {
         return None;
     }
     Some(v)
 }
+
+/// [`number_f32`] for most numbers clients send, at a fraction of
+/// `str::parse`'s cost: Clinger's exact case. A significand within 53 bits
+/// and a power of ten within 10^22 are both float64s, so one division or
+/// multiplication gives the float64 nearest the decimal; that rounds to the
+/// float32 nearest the decimal too, unless it is exactly a float32 midpoint
+/// (the decimal may then lie on either side of it: None, and `str::parse`
+/// decides). None for anything else.
+fn exact_case_f32(token: &str) -> Option<f32> {
+    let b = token.as_bytes();
+    let (negative, rest) = match b.split_first() {
+        Some((b'-', rest)) => (true, rest),
+        _ => (false, b),
+    };
+    let (mut significand, mut fraction_digits, mut in_fraction, mut i) = (0u64, 0i32, false, 0);
+    while i < rest.len() {
+        match rest[i] {
+            d @ b'0'..=b'9' => {
+                significand = significand.checked_mul(10)?.checked_add(u64::from(d - b'0'))?;
+                fraction_digits += i32::from(in_fraction);
+            }
+            b'.' => in_fraction = true,
+            _ => break,
+        }
+        i += 1;
+    }
+    let exponent = match &rest[i..] {
+        [] => 0,
+        [b'e' | b'E', e @ ..] => {
+            let (sign, digits) = match e {
+                [b'-', d @ ..] => (-1, d),
+                [b'+', d @ ..] => (1, d),
+                d => (1, d),
+            };
+            if digits.is_empty() || digits.len() > 3 {
+                return None;
+            }
+            sign * digits.iter().try_fold(0i32, |a, &d| d.is_ascii_digit().then(|| a * 10 + i32::from(d - b'0')))?
+        }
+        _ => return None,
+    };
+    let e = exponent - fraction_digits;
+    if significand > 1 << 53 || !(-22..=22).contains(&e) {
+        return None;
+    }
+    let m = significand as f64;
+    let y = if e < 0 { m / POWERS_OF_TEN[e.unsigned_abs() as usize] } else { m * POWERS_OF_TEN[e as usize] };
+    // y is within float32's normal range (1e-22 to 9e37 or zero): no overflow, no subnormal
+    let x = y as f32;
+    let xd = f64::from(x);
+    if xd != y {
+        let other = if xd < y { x.next_up() } else { x.next_down() };
+        if (xd + f64::from(other)) * 0.5 == y {
+            return None;
+        }
+    }
+    Some(if negative { -x } else { x })
+}
+
+/// 10^0 to 10^22, every one exactly a float64.
+const POWERS_OF_TEN: [f64; 23] = [
+    1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11, 1e12, 1e13, 1e14, 1e15, 1e16, 1e17, 1e18, 1e19, 1e20,
+    1e21, 1e22,
+];
 
 /// Appends every number of a (nested) array to `out`.
 struct Flatten<'a> {
@@ -551,8 +619,11 @@ mod tests {
         // its float64 digits (what a client holding float64s writes) read back too
         let text = format!("[{}]", f64::from(x));
         assert_eq!(bits(&read_data(&raw(&text), 1).unwrap()), [0x15ae_43fd]);
-        // integers of every size, -0, the ends of float32's range, underflow
-        let cases: [(&str, f32); 11] = [
+        // integers of every size (16777217 and 16777219 are float32 midpoints:
+        // ties to even), -0, the ends of float32's range, underflow
+        let cases: [(&str, f32); 13] = [
+            ("16777219", 16_777_220.0),
+            ("33554434", 33_554_432.0),
             ("16777217", 16_777_216.0),
             ("-16777219", -16_777_220.0),
             ("-0", -0.0),
@@ -618,6 +689,34 @@ mod tests {
             prop_assert_eq!(bits(&read_data(&raw(&text), 1).unwrap()), [b], "{}", text);
             let text = format!("[{}]", f64::from(x));
             prop_assert_eq!(bits(&read_data(&raw(&text), 1).unwrap()), [b], "{}", text);
+        }
+
+        /// Integers between 2^24 and 2^53, where every other odd one is a
+        /// float32 midpoint (the exact case's float64 is then exact and on
+        /// the midpoint), and decimals of up to 16 digits with an exponent,
+        /// read as std's correctly rounded parse reads them.
+        #[test]
+        fn midpoints_and_short_decimals_read_as_the_nearest_float32(
+            n in (1u64 << 24)..(1u64 << 53),
+            m in 0u64..10_000_000_000_000_000,
+            e in -30i32..30,
+            negative in any::<bool>(),
+        ) {
+            let sign = if negative { "-" } else { "" };
+            // a float32 midpoint's 15 and 16 significant digits: the nearest
+            // float64 is often the midpoint itself, with the decimal on either side
+            let x = f32::from_bits(0x3580_0000 + (m % 0x1400_0000) as u32);
+            let midpoint = (f64::from(x) + f64::from(x.next_up())) / 2.0;
+            for text in [
+                format!("{sign}{n}"),
+                format!("{sign}{m}e{e}"),
+                format!("{sign}0.{m:016}"),
+                format!("{sign}{midpoint:.14e}"),
+                format!("{sign}{midpoint:.15e}"),
+            ] {
+                let want: f32 = text.parse().unwrap();
+                prop_assert_eq!(bits(&read_data(&raw(&format!("[{text}]")), 1).unwrap()), [want.to_bits()], "{}", text);
+            }
         }
 
         /// Any decimal reads as the float32 nearest it (std's correctly
