@@ -44,7 +44,7 @@ pub enum DataError {
 /// `cap` floats, nor more than one float per two bytes of `raw`.
 ///
 /// Each number is rounded once, to the float32 nearest the decimal sent
-/// (see [`read_elements`]); what is not an array of numbers and
+/// (see `read_elements`); what is not an array of numbers and
 /// non-finite literals is refused with serde_json's message.
 pub fn read_data(raw: &serde_json::value::RawValue, cap: usize) -> Result<Vec<f32>, DataError> {
     let text = raw.get();
@@ -576,11 +576,17 @@ pub fn quote_non_finite(text: &[u8]) -> Option<Vec<u8>> {
 /// 2^32 (checked, `--ignored`).
 const TWICE_ROUNDED: u32 = 0x15ae_43fd;
 
+/// What [`write_array`] writes for [`TWICE_ROUNDED`]: one digit more, well
+/// inside its rounding interval (not near a float32 midpoint), so that both
+/// kinds of reader get its bits; 14 characters with the sign, within the 15
+/// [`crate::encode::answer_bound`] counts for a JSON float.
+const TWICE_ROUNDED_TEXT: &str = "7.0385307e-26";
+
 /// Appends `data` as a JSON array: shortest digits that read back to the
 /// same float32 (ryu), non-finite values as `NaN`, `Infinity`, `-Infinity`.
 /// The one float32 whose shortest digits a reader going through float64
-/// gets wrong ([`TWICE_ROUNDED`]) is written with its float64's shortest
-/// digits instead, so that such readers, too, get every value's bits.
+/// gets wrong (`TWICE_ROUNDED`) is written with a digit more
+/// (`TWICE_ROUNDED_TEXT`), so that such readers, too, get every value's bits.
 pub fn write_array(out: &mut Vec<u8>, data: &[f32]) {
     let mut buf = ryu::Buffer::new();
     out.push(b'[');
@@ -589,7 +595,10 @@ pub fn write_array(out: &mut Vec<u8>, data: &[f32]) {
             out.push(b',');
         }
         if v.abs().to_bits() == TWICE_ROUNDED {
-            out.extend_from_slice(buf.format_finite(f64::from(v)).as_bytes());
+            if v < 0.0 {
+                out.push(b'-');
+            }
+            out.extend_from_slice(TWICE_ROUNDED_TEXT.as_bytes());
         } else if v.is_finite() {
             out.extend_from_slice(buf.format_finite(v).as_bytes());
         } else if v.is_nan() {
@@ -624,11 +633,11 @@ mod tests {
         assert_eq!(bits(&back), [0x15ae_43fd, 0x95ae_43fd]);
         // through float64 it is one ulp off (what reading it as serde_json's number did)
         assert_eq!((7.038531e-26f64 as f32).to_bits(), 0x15ae_43fe);
-        // so the server writes it with its float64's digits, which readers going through float64 get right too
+        // so the server writes it with a digit more, which readers going through float64 get right too
         let mut text = Vec::new();
         write_array(&mut text, &[x, -x, 1.5]);
         let text = String::from_utf8(text).unwrap();
-        assert_eq!(text, "[7.038530691851209e-26,-7.038530691851209e-26,1.5]");
+        assert_eq!(text, "[7.0385307e-26,-7.0385307e-26,1.5]");
         let through_f64: Vec<f64> = serde_json::from_str(&text).unwrap();
         assert_eq!(bits(&through_f64.iter().map(|&v| v as f32).collect::<Vec<_>>()), bits(&[x, -x, 1.5]));
         assert_eq!(bits(&read_data(&raw(&text), 3).unwrap()), bits(&[x, -x, 1.5]));
