@@ -36,7 +36,7 @@ pub use io::source::open_regular;
 pub use io::storage::{Bytes, Storage};
 pub use normalizers::{LoadWarning, NormalizerGroup, NormalizerSummary, SavedBuffers, Summary, Trained};
 pub use parsed::{Format, ReadOptions};
-pub use safetensors::{save_safetensors, ExportReport, SafetensorsOptions};
+pub use safetensors::{save_safetensors, save_tensors, ExportReport, SafetensorsOptions};
 pub use torch::{is_config_global, is_safe_global, save_torch};
 pub use tree::json::{node_from_json, value_from_json, NodeJson, ValueJson};
 pub use tree::json_problem::JsonProblem;

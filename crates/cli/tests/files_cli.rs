@@ -198,6 +198,34 @@ fn temporary_files_in(dir: &Path) -> Vec<String> {
     names_in(dir).into_iter().filter(|n| n.starts_with(".pmstate-") && n.ends_with(".tmp")).collect()
 }
 
+/// `policy run --out` writes as `convert` does: through a temporary file
+/// that is renamed into place (none left behind), with the mode `cp` would
+/// give; a folder that does not exist is an I/O error naming the output
+/// (not a temporary file, not a usage error), and nothing appears.
+#[test]
+fn policy_run_outputs_are_written_like_checkpoints() {
+    let p = |rel: &str| {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/policy").join(rel).display().to_string()
+    };
+    let (ckpt, obs) = (p("smpl_tracker/last.ckpt"), p("smpl_tracker/obs.safetensors"));
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out.safetensors");
+    let o = under_umask("027", &["policy", "run", &ckpt, "--obs", &obs, "--out", out.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(mode(&out), 0o640);
+    let back = candle_core::safetensors::load(&out, &candle_core::Device::Cpu).unwrap();
+    assert!(back.contains_key("mean_action") && back.contains_key("value"), "{:?}", back.keys());
+    assert_eq!(names_in(dir.path()), ["out.safetensors"]);
+
+    let missing = dir.path().join("no_such_folder/out.safetensors");
+    let o = pmstate(&["--json", "policy", "run", &ckpt, "--obs", &obs, "--out", missing.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    let e: serde_json::Value = serde_json::from_slice(&o.stderr).unwrap();
+    assert_eq!(e["kind"], "ckpt.io", "{e}");
+    assert_eq!(e["file"], missing.display().to_string(), "{e}");
+    assert_eq!(names_in(dir.path()), ["out.safetensors"]);
+}
+
 /// SIGINT or SIGTERM while a convert has its temporary file open and
 /// partly written: the file is removed, the process exits as the signal
 /// would (130, 143), and no output appears; a file it would have replaced

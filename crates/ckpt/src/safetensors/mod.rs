@@ -12,9 +12,11 @@
 
 mod header;
 mod read;
+mod tensors;
 mod write;
 
 pub(crate) use read::{looks_like_safetensors, read};
+pub use tensors::save_tensors;
 pub use write::{save_safetensors, ExportReport, SafetensorsOptions};
 
 #[cfg(test)]

@@ -41,7 +41,7 @@ pub struct ExportReport {
 }
 
 /// Where an entry's bytes come from.
-enum Data<'a> {
+pub(super) enum Data<'a> {
     /// A range of a storage.
     Storage { bytes: &'a Bytes, offset: usize, len: usize },
     /// Gathered from a non-contiguous view.
@@ -49,7 +49,7 @@ enum Data<'a> {
 }
 
 impl Data<'_> {
-    fn len(&self) -> usize {
+    pub(super) fn len(&self) -> usize {
         match self {
             Data::Storage { len, .. } => *len,
             Data::Owned(v) => v.len(),
@@ -57,11 +57,11 @@ impl Data<'_> {
     }
 }
 
-struct Entry<'a> {
-    name: String,
-    dtype: safetensors::Dtype,
-    shape: Vec<usize>,
-    data: Data<'a>,
+pub(super) struct Entry<'a> {
+    pub(super) name: String,
+    pub(super) dtype: safetensors::Dtype,
+    pub(super) shape: Vec<usize>,
+    pub(super) data: Data<'a>,
 }
 
 /// `__metadata__` entries, in the order they are written.
@@ -171,7 +171,7 @@ impl Serialize for HeaderDoc<'_, '_> {
     }
 }
 
-fn header_bytes(entries: &[Entry<'_>], metadata: &[(String, String)], output: &Path) -> Result<Vec<u8>> {
+pub(super) fn header_bytes(entries: &[Entry<'_>], metadata: &[(String, String)], output: &Path) -> Result<Vec<u8>> {
     let mut text = serde_json::to_vec(&HeaderDoc { metadata, entries })
         .map_err(|e| CkptError::Io { path: output.display().to_string(), source: e.into() })?;
     // Pad to a multiple of 8 with spaces, as the safetensors writer does, so the data is 8-aligned.

@@ -203,12 +203,9 @@ pub fn run(a: Args, g: Global) -> Result<ExitCode, CliError> {
             let p = r.files.load_pipeline()?;
             let inputs = read_tensors(&r.inputs, &PipelineSchema { pipeline: &p })?;
             let out = p.forward(&inputs)?;
-            let map: HashMap<String, Tensor> = out
-                .named()
-                .iter()
-                .map(|(k, t)| Ok(((*k).to_owned(), t.contiguous()?)))
-                .collect::<Result<_, CliError>>()?;
-            write_atomic(&r.out, &map)?;
+            let named: Vec<(String, Tensor)> =
+                out.named().iter().map(|(k, t)| ((*k).to_owned(), (*t).clone())).collect();
+            write_atomic(&r.out, &named)?;
             let report = RunReport {
                 out: r.out.display().to_string(),
                 tensors: out.named().iter().map(|(k, t)| ((*k).to_owned(), t.dims().to_vec())).collect(),
@@ -286,10 +283,11 @@ fn replay(r: ReplayArgs, g: Global) -> Result<(), CliError> {
         targets.extend_from_slice(&out.joint_pos_targets);
     }
     let dev = candle_core::Device::Cpu;
-    let mut map = HashMap::new();
-    map.insert("actions".to_owned(), Tensor::from_vec(actions, (steps, nd), &dev)?);
-    map.insert("joint_pos_targets".to_owned(), Tensor::from_vec(targets, (steps, nd), &dev)?);
-    write_atomic(&r.out, &map)?;
+    let named = [
+        ("actions".to_owned(), Tensor::from_vec(actions, (steps, nd), &dev)?),
+        ("joint_pos_targets".to_owned(), Tensor::from_vec(targets, (steps, nd), &dev)?),
+    ];
+    write_atomic(&r.out, &named)?;
     #[derive(Serialize)]
     struct ReplayReport {
         out: String,

@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use candle_core::{Device, Tensor};
+use candle_core::Tensor;
 use pmstate_norm::Dims;
 use pmstate_policy::gpc::LatentPrior;
 use serde::Serialize;
@@ -163,11 +163,7 @@ fn run_masked_mimic(a: &Args, model: &pmstate_policy::MaskedMimic, g: Global) ->
 
 /// Writes `tensors` to `out` and prints what was written.
 fn write_report(out: &Path, tensors: &[(String, Tensor)], g: Global) -> Result<ExitCode, CliError> {
-    let map: HashMap<String, Tensor> = tensors
-        .iter()
-        .map(|(k, t)| Ok((k.clone(), t.to_device(&Device::Cpu)?.contiguous()?)))
-        .collect::<Result<_, CliError>>()?;
-    write_atomic(out, &map)?;
+    write_atomic(out, tensors)?;
     let report = RunReport {
         out: out.display().to_string(),
         tensors: tensors.iter().map(|(k, t)| (k.clone(), t.dims().to_vec())).collect(),
@@ -182,17 +178,11 @@ fn write_report(out: &Path, tensors: &[(String, Tensor)], g: Global) -> Result<E
     Ok(ExitCode::SUCCESS)
 }
 
-/// Writes next to the target, then renames over it.
-pub(crate) fn write_atomic(path: &Path, map: &HashMap<String, Tensor>) -> Result<(), CliError> {
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "out".into());
-    let tmp = path.with_file_name(format!(".{name}.{}.tmp", std::process::id()));
-    if let Err(e) = candle_core::safetensors::save(map, &tmp) {
-        // a failed write leaves nothing behind
-        let _ = std::fs::remove_file(&tmp);
-        return Err(CliError::Usage(format!("{}: {e}", path.display())));
-    }
-    std::fs::rename(&tmp, path).map_err(|e| {
-        let _ = std::fs::remove_file(&tmp);
-        CliError::Io(std::io::Error::new(e.kind(), format!("{}: {e}", path.display())))
-    })
+/// Writes `tensors` (in this order) as safetensors at `path`, atomically:
+/// through the checkpoint writer's temporary file (removed on an error or
+/// a signal, recognized by `pmstate clean-tmp` if the process is killed),
+/// synced, then renamed over `path`.
+pub(crate) fn write_atomic(path: &Path, tensors: &[(String, Tensor)]) -> Result<(), CliError> {
+    pmstate_ckpt::save_tensors(path, tensors, pmstate_ckpt::Durability::Fsync)?;
+    Ok(())
 }
