@@ -91,7 +91,8 @@ size_t pmstate_tracker_num_dofs(const PmstateTracker *tracker);
 // `tracker` is a live tracker; `sensors` points to a valid
 // [`PmstateSensors`] whose arrays hold `num_dofs` floats (3 for a non-null
 // `anchor_pos`; the body arrays, when `body_pos` is non-null, their
-// `num_bodies` multiples); the outputs hold `num_dofs` floats each.
+// `num_bodies` multiples, and `num_bodies` is the robot's); the outputs hold
+// `num_dofs` floats each.
 PmstateStatus pmstate_tracker_step(PmstateTracker *tracker,
                                    const PmstateSensors *sensors,
                                    float *joint_pos_targets,

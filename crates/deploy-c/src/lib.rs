@@ -194,7 +194,8 @@ pub unsafe extern "C" fn pmstate_tracker_num_dofs(tracker: *const PmstateTracker
 /// `tracker` is a live tracker; `sensors` points to a valid
 /// [`PmstateSensors`] whose arrays hold `num_dofs` floats (3 for a non-null
 /// `anchor_pos`; the body arrays, when `body_pos` is non-null, their
-/// `num_bodies` multiples); the outputs hold `num_dofs` floats each.
+/// `num_bodies` multiples, and `num_bodies` is the robot's); the outputs hold
+/// `num_dofs` floats each.
 #[no_mangle]
 pub unsafe extern "C" fn pmstate_tracker_step(
     tracker: *mut PmstateTracker,
@@ -238,7 +239,16 @@ pub unsafe extern "C" fn pmstate_tracker_step(
         let bodies = if s.body_pos.is_null() {
             None
         } else {
-            let nb = s.num_bodies;
+            // checked before any slice is formed: a wrong count (an
+            // uninitialized field, another robot's) is an error, never a read
+            // past the caller's arrays
+            let nb = t.tracker.pipeline().dims().num_bodies;
+            if s.num_bodies != nb {
+                return Err(Failure::Message(format!(
+                    "the robot has {nb} bodies; sensors.num_bodies is {}",
+                    s.num_bodies
+                )));
+            }
             for (p, what) in [
                 (s.body_rot, "sensors.body_rot"),
                 (s.body_vel, "sensors.body_vel"),
@@ -248,9 +258,7 @@ pub unsafe extern "C" fn pmstate_tracker_step(
                     return Err(Failure::Null(what));
                 }
             }
-            let len =
-                |n: usize| nb.checked_mul(n).ok_or_else(|| Failure::Message(format!("num_bodies {nb} is too large")));
-            let (l3, l4) = (len(3)?, len(4)?);
+            let (l3, l4) = (nb * 3, nb * 4);
             // SAFETY: non-null and holding num_bodies * 3 (rot: * 4) floats per the contract.
             unsafe {
                 Some(BodyState {

@@ -67,6 +67,19 @@ int main(int argc, char **argv) {
       CHECK(pmstate_tracker_step(t, NULL, targets, NULL, NULL, nd) == PMSTATE_NULL_ARGUMENT, "null sensors accepted");
       CHECK(pmstate_tracker_step(t, &sensors, targets + nd, NULL, NULL, nd + 1) == PMSTATE_ERROR, "wrong num_dofs accepted");
       CHECK(strstr(pmstate_tracker_last_error(), "joints") != NULL, "reason: %s", pmstate_tracker_last_error());
+      /* body state for one body more than the robot has: refused before it is read */
+      size_t nb = pmstate_tracker_num_bodies(t) + 1;
+      float *body = calloc(nb * 4, sizeof(float));
+      CHECK(body != NULL, "out of memory");
+      PmstateSensors wrong = sensors;
+      wrong.body_pos = body;
+      wrong.body_rot = body;
+      wrong.body_vel = body;
+      wrong.body_ang_vel = body;
+      wrong.num_bodies = nb;
+      CHECK(pmstate_tracker_step(t, &wrong, targets + nd, NULL, NULL, nd) == PMSTATE_ERROR, "wrong num_bodies accepted");
+      CHECK(strstr(pmstate_tracker_last_error(), "bodies") != NULL, "reason: %s", pmstate_tracker_last_error());
+      free(body);
     }
   }
   CHECK(stiffness[0] > 0.0f && damping[0] > 0.0f, "no gains");
