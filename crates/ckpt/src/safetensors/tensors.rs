@@ -46,7 +46,7 @@ pub fn save_tensors(
                 path: output(),
                 key: Some(name.clone()),
                 storage: None,
-                dtype: format!("{d:?} (safetensors has no such dtype)"),
+                dtype: format!("{} (safetensors has no such dtype)", d.as_str()),
             },
         })?;
         entries.push(Entry { name: name.clone(), dtype, shape: t.dims().to_vec(), data: Data::Owned(bytes) });

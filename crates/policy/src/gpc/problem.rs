@@ -1,5 +1,7 @@
 //! What the GPC prior refuses, in its config and in its inputs.
 
+use pmstate_norm::Dims;
+
 /// What is wrong with a GPC prior's config, weights or inputs
 /// ([`crate::PolicyError::Prior`] names the config path or input key).
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -91,7 +93,8 @@ pub enum PriorProblem {
     },
     /// `_pos_emb` is not `[1, max_seq_len, d_model]` or too short for the context and every token.
     #[error(
-        "_pos_emb has shape {shape:?}: expected [1, L, {d_model}] with L >= {needed} (the context and every token)"
+        "_pos_emb has shape {}: expected [1, L, {d_model}] with L >= {needed} (the context and every token)",
+        Dims(shape)
     )]
     Positions {
         /// Its shape.
@@ -150,7 +153,7 @@ pub enum PriorProblem {
         tokens: usize,
     },
     /// The token input is not `[B, num_tokens]` with the observations' B.
-    #[error("prior tokens must be [{batch}, {tokens}], got {shape:?}")]
+    #[error("prior tokens must be [{batch}, {tokens}], got {}", Dims(shape))]
     TokensShape {
         /// Its shape.
         shape: Vec<usize>,
