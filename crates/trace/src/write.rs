@@ -214,12 +214,13 @@ pub fn write_file(trace: &Trace, path: &Path) -> Result<()> {
         source: std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a file path"),
     })?;
     let tmp = dir.join(format!(".{}.tmp{}", name.to_string_lossy(), std::process::id()));
-    let io = |source| TraceError::Io { path: tmp.display().to_string(), source };
+    // errors name the file asked for, not the temporary one beside it
+    let io = |source| TraceError::Io { path: path.display().to_string(), source };
     let result = (|| {
         let mut f = std::fs::File::create(&tmp).map_err(io)?;
         f.write_all(&bytes).map_err(io)?;
         f.sync_all().map_err(io)?;
-        std::fs::rename(&tmp, path).map_err(|source| TraceError::Io { path: path.display().to_string(), source })
+        std::fs::rename(&tmp, path).map_err(io)
     })();
     if result.is_err() {
         let _ = std::fs::remove_file(&tmp);

@@ -201,3 +201,21 @@ fn many_steps_normalizing_one_large_input_are_over_the_replay_budget() {
     trace.steps.truncate(8);
     pmstate_trace::replay(&trace, &ReplayOptions::default()).unwrap();
 }
+
+/// `write_file` reads back what it wrote, leaves nothing else in the
+/// folder, and a folder that does not exist is an I/O error naming the
+/// file asked for (not the temporary file beside it).
+#[test]
+fn write_file_is_atomic_and_its_errors_name_the_target() {
+    let dir = tempfile::tempdir().unwrap();
+    let bytes = valid();
+    let trace = read_bytes(&bytes).unwrap();
+    let out = dir.path().join("t.pmtrace");
+    pmstate_trace::write_file(&trace, &out).unwrap();
+    assert_eq!(std::fs::read(&out).unwrap(), bytes);
+    let names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(names, ["t.pmtrace"]);
+    let missing = dir.path().join("no_such_folder/t.pmtrace");
+    let e = pmstate_trace::write_file(&trace, &missing).unwrap_err();
+    assert!(matches!(&e, TraceError::Io { path, .. } if path == &missing.display().to_string()), "{e}");
+}
