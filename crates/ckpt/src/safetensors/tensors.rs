@@ -11,18 +11,23 @@ use std::collections::HashSet;
 use std::io::Write;
 use std::path::Path;
 
-use candle_core::{DType as CandleDType, Device, Tensor};
+use candle_core::{CpuStorage, DType as CandleDType, Device, Storage, Tensor};
 
-use super::write::{header_bytes, Data, Entry, ExportReport};
+use super::write::{header_bytes, ExportReport, HeaderRow};
 use crate::error::{CkptError, Result, ValueProblem};
 use crate::io::atomic::write_atomically;
 use crate::write_options::Durability;
 
+/// Bytes converted to little-endian at a time while writing a tensor.
+const CHUNK_BYTES: usize = 1 << 16;
+
 /// Writes `tensors` under their names (in this order) as a safetensors file
 /// at `path`, atomically: on any error `path` is untouched and no
 /// temporary file is left. Tensors may live on any device and in any
-/// layout (they are copied to the CPU, contiguous); every dtype candle has
-/// that safetensors has too is written as itself.
+/// layout (a tensor on another device or not contiguous is copied to a
+/// contiguous CPU one first; a CPU tensor in row-major order is written
+/// from its own storage, 64 KiB at a time, with no copy of the whole);
+/// every dtype candle has that safetensors has too is written as itself.
 pub fn save_tensors(
     path: impl AsRef<Path>,
     tensors: &[(String, Tensor)],
@@ -31,7 +36,7 @@ pub fn save_tensors(
     let path = path.as_ref();
     let output = || path.display().to_string();
     let mut seen = HashSet::new();
-    let mut entries = Vec::with_capacity(tensors.len());
+    let mut cpu = Vec::with_capacity(tensors.len());
     for (name, t) in tensors {
         if !seen.insert(name.as_str()) {
             return Err(CkptError::Unwritable {
@@ -40,69 +45,80 @@ pub fn save_tensors(
                 problem: ValueProblem::DuplicateKey(name.clone()),
             });
         }
-        let (dtype, bytes) = le_bytes(t).map_err(|problem| match problem {
-            Problem::Candle(e) => CkptError::Candle { key: Some(name.clone()), storage: None, source: Box::new(e) },
-            Problem::Dtype(d) => CkptError::UnsupportedDtype {
-                path: output(),
-                key: Some(name.clone()),
-                storage: None,
-                dtype: format!("{} (safetensors has no such dtype)", d.as_str()),
-            },
+        let dtype = st_dtype(t.dtype()).ok_or_else(|| CkptError::UnsupportedDtype {
+            path: output(),
+            key: Some(name.clone()),
+            storage: None,
+            dtype: format!("{} (safetensors has no such dtype)", t.dtype().as_str()),
         })?;
-        entries.push(Entry { name: name.clone(), dtype, shape: t.dims().to_vec(), data: Data::Owned(bytes) });
+        let candle = |e| CkptError::Candle { key: Some(name.clone()), storage: None, source: Box::new(e) };
+        // both are free for a CPU tensor already in row-major order
+        let t = t.to_device(&Device::Cpu).and_then(|t| t.contiguous()).map_err(candle)?;
+        let len = t.elem_count() * t.dtype().size_in_bytes();
+        cpu.push((name.as_str(), dtype, t, len));
     }
-    let header = header_bytes(&entries, &[], path)?;
-    let report = ExportReport {
-        tensors: entries.len(),
-        bytes: entries.iter().map(|e| e.data.len() as u64).sum(),
-        skipped: Vec::new(),
-    };
+    let rows: Vec<HeaderRow<'_>> =
+        cpu.iter().map(|(name, dtype, t, len)| HeaderRow { name, dtype: *dtype, shape: t.dims(), len: *len }).collect();
+    let header = header_bytes(&rows, &[], path)?;
+    let report =
+        ExportReport { tensors: rows.len(), bytes: rows.iter().map(|r| r.len as u64).sum(), skipped: Vec::new() };
     write_atomically(path, durability == Durability::Fsync, |w| {
         let ioerr = |e| CkptError::Io { path: output(), source: e };
         w.write_all(&header).map_err(ioerr)?;
-        for e in &entries {
-            if let Data::Owned(v) = &e.data {
-                w.write_all(v).map_err(ioerr)?;
-            }
+        for (_, _, t, _) in &cpu {
+            write_le(t, w).map_err(ioerr)?;
         }
         Ok(())
     })?;
     Ok(report)
 }
 
-/// Why a tensor's bytes could not be had.
-enum Problem {
-    Candle(candle_core::Error),
-    Dtype(CandleDType),
-}
-
-impl From<candle_core::Error> for Problem {
-    fn from(e: candle_core::Error) -> Self {
-        Problem::Candle(e)
-    }
-}
-
-/// The tensor's elements in row-major order as little-endian bytes, and
-/// its safetensors dtype.
-fn le_bytes(t: &Tensor) -> std::result::Result<(safetensors::Dtype, Vec<u8>), Problem> {
+/// The safetensors dtype of a candle dtype, where safetensors has it.
+fn st_dtype(d: CandleDType) -> Option<safetensors::Dtype> {
     use safetensors::Dtype as S;
-    let flat = t.to_device(&Device::Cpu)?.flatten_all()?;
-    fn bytes<T: candle_core::WithDType, const N: usize>(
-        flat: &Tensor,
-        le: impl Fn(T) -> [u8; N],
-    ) -> std::result::Result<Vec<u8>, Problem> {
-        Ok(flat.to_vec1::<T>()?.into_iter().flat_map(le).collect())
-    }
-    Ok(match t.dtype() {
-        CandleDType::F32 => (S::F32, bytes::<f32, 4>(&flat, f32::to_le_bytes)?),
-        CandleDType::F64 => (S::F64, bytes::<f64, 8>(&flat, f64::to_le_bytes)?),
-        CandleDType::F16 => (S::F16, bytes::<half::f16, 2>(&flat, half::f16::to_le_bytes)?),
-        CandleDType::BF16 => (S::BF16, bytes::<half::bf16, 2>(&flat, half::bf16::to_le_bytes)?),
-        CandleDType::I64 => (S::I64, bytes::<i64, 8>(&flat, i64::to_le_bytes)?),
-        CandleDType::U32 => (S::U32, bytes::<u32, 4>(&flat, u32::to_le_bytes)?),
-        CandleDType::U8 => (S::U8, bytes::<u8, 1>(&flat, u8::to_le_bytes)?),
-        other => return Err(Problem::Dtype(other)),
+    Some(match d {
+        CandleDType::F32 => S::F32,
+        CandleDType::F64 => S::F64,
+        CandleDType::F16 => S::F16,
+        CandleDType::BF16 => S::BF16,
+        CandleDType::I64 => S::I64,
+        CandleDType::I32 => S::I32,
+        CandleDType::I16 => S::I16,
+        CandleDType::U32 => S::U32,
+        CandleDType::U8 => S::U8,
+        _ => return None,
     })
+}
+
+/// Writes a contiguous CPU tensor's elements in row-major order as
+/// little-endian bytes.
+fn write_le(t: &Tensor, w: &mut impl Write) -> std::io::Result<()> {
+    let (storage, layout) = t.storage_and_layout();
+    let not_ready = || std::io::Error::other("internal: a tensor to write is not a contiguous CPU tensor");
+    let Storage::Cpu(cpu) = &*storage else { return Err(not_ready()) };
+    let (start, end) = layout.contiguous_offsets().ok_or_else(not_ready)?;
+    fn le<T: Copy, const N: usize>(v: &[T], bytes: fn(T) -> [u8; N], w: &mut impl Write) -> std::io::Result<()> {
+        let mut buf = Vec::with_capacity(CHUNK_BYTES);
+        for part in v.chunks(CHUNK_BYTES / N) {
+            buf.clear();
+            buf.extend(part.iter().flat_map(|&x| bytes(x)));
+            w.write_all(&buf)?;
+        }
+        Ok(())
+    }
+    match cpu {
+        CpuStorage::F32(v) => le(&v[start..end], f32::to_le_bytes, w),
+        CpuStorage::F64(v) => le(&v[start..end], f64::to_le_bytes, w),
+        CpuStorage::F16(v) => le(&v[start..end], half::f16::to_le_bytes, w),
+        CpuStorage::BF16(v) => le(&v[start..end], half::bf16::to_le_bytes, w),
+        CpuStorage::I64(v) => le(&v[start..end], i64::to_le_bytes, w),
+        CpuStorage::I32(v) => le(&v[start..end], i32::to_le_bytes, w),
+        CpuStorage::I16(v) => le(&v[start..end], i16::to_le_bytes, w),
+        CpuStorage::U32(v) => le(&v[start..end], u32::to_le_bytes, w),
+        CpuStorage::U8(v) => w.write_all(&v[start..end]),
+        // refused by st_dtype before anything is written
+        _ => Err(not_ready()),
+    }
 }
 
 #[cfg(test)]
@@ -118,10 +134,19 @@ mod tests {
         let nan = Tensor::new(&[f32::from_bits(0x7fc0_1234), -0.0], &Device::Cpu).unwrap();
         let ints = Tensor::new(&[i64::MAX, -3, (1i64 << 53) + 1], &Device::Cpu).unwrap();
         let bytes = Tensor::new(&[7u8, 255], &Device::Cpu).unwrap();
-        let tensors =
-            vec![("a".to_owned(), a.clone()), ("nan".into(), nan), ("ints".into(), ints), ("u8".into(), bytes)];
+        // a row-major view that starts inside its storage, and one over several 64 KiB chunks
+        let from = Tensor::arange(0f32, 12.0, &Device::Cpu).unwrap().reshape((4, 3)).unwrap().narrow(0, 1, 2).unwrap();
+        let long = Tensor::arange(0i64, 20_001, &Device::Cpu).unwrap();
+        let tensors = vec![
+            ("a".to_owned(), a.clone()),
+            ("nan".into(), nan),
+            ("ints".into(), ints),
+            ("u8".into(), bytes),
+            ("from".into(), from),
+            ("long".into(), long),
+        ];
         let report = save_tensors(&out, &tensors, Durability::NoFsync).unwrap();
-        assert_eq!((report.tensors, report.bytes), (4, 24 + 8 + 24 + 2));
+        assert_eq!((report.tensors, report.bytes), (6, 24 + 8 + 24 + 2 + 24 + 8 * 20_001));
         let back = candle_core::safetensors::load(&out, &Device::Cpu).unwrap();
         assert_eq!(back["a"].dims(), &[3, 2]);
         assert_eq!(back["a"].to_vec2::<f32>().unwrap(), a.to_vec2::<f32>().unwrap());
@@ -129,6 +154,8 @@ mod tests {
         assert_eq!(nan_bits, vec![0x7fc0_1234, 0x8000_0000]);
         assert_eq!(back["ints"].to_vec1::<i64>().unwrap(), vec![i64::MAX, -3, (1i64 << 53) + 1]);
         assert_eq!(back["u8"].to_vec1::<u8>().unwrap(), vec![7, 255]);
+        assert_eq!(back["from"].to_vec2::<f32>().unwrap(), vec![vec![3.0, 4.0, 5.0], vec![6.0, 7.0, 8.0]]);
+        assert_eq!(back["long"].to_vec1::<i64>().unwrap(), (0..20_001).collect::<Vec<i64>>());
         // nothing else in the folder: the temporary file was renamed
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
     }

@@ -41,7 +41,7 @@ pub struct ExportReport {
 }
 
 /// Where an entry's bytes come from.
-pub(super) enum Data<'a> {
+enum Data<'a> {
     /// A range of a storage.
     Storage { bytes: &'a Bytes, offset: usize, len: usize },
     /// Gathered from a non-contiguous view.
@@ -49,7 +49,7 @@ pub(super) enum Data<'a> {
 }
 
 impl Data<'_> {
-    pub(super) fn len(&self) -> usize {
+    fn len(&self) -> usize {
         match self {
             Data::Storage { len, .. } => *len,
             Data::Owned(v) => v.len(),
@@ -57,11 +57,26 @@ impl Data<'_> {
     }
 }
 
-pub(super) struct Entry<'a> {
-    pub(super) name: String,
+struct Entry<'a> {
+    name: String,
+    dtype: safetensors::Dtype,
+    shape: Vec<usize>,
+    data: Data<'a>,
+}
+
+impl Entry<'_> {
+    fn header_row(&self) -> HeaderRow<'_> {
+        HeaderRow { name: &self.name, dtype: self.dtype, shape: &self.shape, len: self.data.len() }
+    }
+}
+
+/// What the header says of one tensor: its name, dtype, shape and byte
+/// length (the data follow in the rows' order).
+pub(super) struct HeaderRow<'a> {
+    pub(super) name: &'a str,
     pub(super) dtype: safetensors::Dtype,
-    pub(super) shape: Vec<usize>,
-    pub(super) data: Data<'a>,
+    pub(super) shape: &'a [usize],
+    pub(super) len: usize,
 }
 
 /// `__metadata__` entries, in the order they are written.
@@ -96,7 +111,8 @@ pub fn save_safetensors(
             (entries, metadata, Vec::new())
         }
     };
-    let header = header_bytes(&entries, &metadata, path)?;
+    let rows: Vec<HeaderRow<'_>> = entries.iter().map(Entry::header_row).collect();
+    let header = header_bytes(&rows, &metadata, path)?;
     let report =
         ExportReport { tensors: entries.len(), bytes: entries.iter().map(|e| e.data.len() as u64).sum(), skipped };
     let progress = opts.write.progress;
@@ -151,7 +167,7 @@ struct TensorHeader<'a> {
 
 struct HeaderDoc<'a, 'b> {
     metadata: &'a [(String, String)],
-    entries: &'a [Entry<'b>],
+    rows: &'a [HeaderRow<'b>],
 }
 
 impl Serialize for HeaderDoc<'_, '_> {
@@ -161,18 +177,19 @@ impl Serialize for HeaderDoc<'_, '_> {
             m.serialize_entry("__metadata__", &Ordered(self.metadata))?;
         }
         let mut offset = 0usize;
-        for e in self.entries {
-            let len = e.data.len();
-            let t = TensorHeader { dtype: e.dtype, shape: &e.shape, data_offsets: (offset, offset + len) };
-            m.serialize_entry(&e.name, &t)?;
-            offset += len;
+        for r in self.rows {
+            let t = TensorHeader { dtype: r.dtype, shape: r.shape, data_offsets: (offset, offset + r.len) };
+            m.serialize_entry(r.name, &t)?;
+            offset += r.len;
         }
         m.end()
     }
 }
 
-pub(super) fn header_bytes(entries: &[Entry<'_>], metadata: &[(String, String)], output: &Path) -> Result<Vec<u8>> {
-    let mut text = serde_json::to_vec(&HeaderDoc { metadata, entries })
+/// The header (its length, then the JSON padded to 8 bytes) of a file
+/// whose tensors are `rows`, in order.
+pub(super) fn header_bytes(rows: &[HeaderRow<'_>], metadata: &[(String, String)], output: &Path) -> Result<Vec<u8>> {
+    let mut text = serde_json::to_vec(&HeaderDoc { metadata, rows })
         .map_err(|e| CkptError::Io { path: output.display().to_string(), source: e.into() })?;
     // Pad to a multiple of 8 with spaces, as the safetensors writer does, so the data is 8-aligned.
     while (text.len() + 8) % 8 != 0 {
