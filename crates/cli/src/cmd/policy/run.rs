@@ -36,7 +36,17 @@ pub struct Args {
     /// Also run the AMP discriminator and its critic.
     #[arg(long)]
     discriminator: bool,
+    /// Rows per forward (PPO/AMP policies and MaskedMimic models): the
+    /// memory a forward takes grows with it, the outputs do not change (every
+    /// row's outputs are the same bits whatever else is in its batch).
+    #[arg(long, default_value_t = DEFAULT_CHUNK_ROWS, value_parser = crate::args::positive)]
+    chunk_rows: usize,
 }
+
+/// `--chunk-rows`' default: a few MB of activations per layer for the
+/// published trackers, a few hundred MB for MaskedMimic at its published
+/// sizes (about 285 KB a row).
+const DEFAULT_CHUNK_ROWS: usize = 1024;
 
 #[derive(Serialize)]
 struct RunReport {
@@ -53,43 +63,51 @@ pub fn run(a: Args, g: Global) -> Result<ExitCode, CliError> {
         super::Loaded::Prior(p) => return run_prior(&a, &p, g),
     };
     let obs = super::obs::read_obs(&a.obs, &policy)?;
-    let mut tensors: Vec<(String, Tensor)> = Vec::new();
     let missing = critic_keys_missing(&policy, &obs);
-    let (actor, value) = if missing.is_empty() {
-        let (actor, value) = policy.forward(&obs)?.into_actor_and_value();
-        (actor, Some(value))
-    } else {
+    if !missing.is_empty() && !g.quiet && !g.json {
         // a robot's observations: the actor's outputs, as the server gives a
         // request without the critic's own inputs
-        if !g.quiet && !g.json {
-            output::err_line(format!(
-                "pmstate: note: no value: the observations lack the critic's own input(s) {}; the actor ran alone",
-                missing.join(", ")
-            ));
+        output::err_line(format!(
+            "pmstate: note: no value: the observations lack the critic's own input(s) {}; the actor ran alone",
+            missing.join(", ")
+        ));
+    }
+    // the action distribution's std is one row for the whole batch: kept from the first chunk
+    let mut std = None;
+    let mut per_row = by_chunks(&obs, a.chunk_rows, |o| {
+        let (actor, value) = if missing.is_empty() {
+            let (actor, value) = policy.forward(o)?.into_actor_and_value();
+            (actor, Some(value))
+        } else {
+            (policy.act(o)?, None)
+        };
+        std.get_or_insert(actor.std);
+        let mut out = vec![("mean_action", actor.mean_action)];
+        out.extend(value.map(|v| ("value", v)));
+        out.extend(actor.norm_obs.map(|n| ("norm_obs", n)));
+        out.extend(actor.latent_codes.map(|c| ("latent_codes", c)));
+        if a.discriminator {
+            let d = policy.discriminate(o)?;
+            out.extend([("disc_logits", d.disc_logits), ("disc_reward", d.disc_reward), ("disc_value", d.disc_value)]);
         }
-        (policy.act(&obs)?, None)
-    };
+        Ok(out)
+    })?;
+    let mut take = |name: &str| per_row.iter().position(|(k, _)| k == name).map(|i| per_row.remove(i));
+    let mut tensors: Vec<(String, Tensor)> = Vec::new();
+    let mean = take("mean_action");
     if a.sample {
-        // Policy::sample's draw: around the mean with the noise of --seed
-        let action = policy.actor().sample(&actor.mean_action, a.seed)?;
-        let neglogp = policy.neglogp(&actor.mean_action, &action)?;
-        tensors.push(("action".into(), action));
-        tensors.push(("neglogp".into(), neglogp));
+        if let Some((_, mean)) = &mean {
+            // Policy::sample's draw: around the mean with the noise of --seed
+            let action = policy.actor().sample(mean, a.seed)?;
+            let neglogp = policy.neglogp(mean, &action)?;
+            tensors.push(("action".into(), action));
+            tensors.push(("neglogp".into(), neglogp));
+        }
     }
-    tensors.push(("mean_action".into(), actor.mean_action));
-    if let Some(v) = value {
-        tensors.push(("value".into(), v));
-    }
-    tensors.push(("std".into(), actor.std));
-    if let Some(n) = actor.norm_obs {
-        tensors.push(("norm_obs".into(), n));
-    }
-    if let Some(c) = actor.latent_codes {
-        tensors.push(("latent_codes".into(), c));
-    }
-    if a.discriminator {
-        push_discriminator(&policy, &obs, &mut tensors)?;
-    }
+    tensors.extend(mean);
+    tensors.extend(take("value"));
+    tensors.extend(std.map(|s| ("std".to_owned(), s)));
+    tensors.extend(per_row);
     write_report(&a.out, &tensors, g)
 }
 
@@ -105,19 +123,6 @@ fn critic_keys_missing(policy: &pmstate_policy::Policy, obs: &HashMap<String, Te
         .into_iter()
         .filter(|k| !actor.contains(k) && !obs.contains_key(k))
         .collect()
-}
-
-/// The AMP discriminator's outputs (`--discriminator`).
-fn push_discriminator(
-    policy: &pmstate_policy::Policy,
-    obs: &HashMap<String, Tensor>,
-    tensors: &mut Vec<(String, Tensor)>,
-) -> Result<(), CliError> {
-    let d = policy.discriminate(obs)?;
-    tensors.push(("disc_logits".into(), d.disc_logits));
-    tensors.push(("disc_reward".into(), d.disc_reward));
-    tensors.push(("disc_value".into(), d.disc_value));
-    Ok(())
 }
 
 /// A GPC prior: teacher-forced on the file's tokens, or (`--sample`)
@@ -151,14 +156,49 @@ fn run_masked_mimic(a: &Args, model: &pmstate_policy::MaskedMimic, g: Global) ->
         )));
     }
     let obs = super::obs::read_masked_mimic_obs(&a.obs, model)?;
-    let out = model.forward(&obs)?;
-    let tensors = vec![
-        ("mean_action".to_owned(), out.mean_action),
-        ("latent_mu".to_owned(), out.latent_mu),
-        ("latent_logvar".to_owned(), out.latent_logvar),
-        ("latent".to_owned(), out.latent),
-    ];
+    let tensors = by_chunks(&obs, a.chunk_rows, |o| {
+        let out = model.forward(o)?;
+        Ok(vec![
+            ("mean_action", out.mean_action),
+            ("latent_mu", out.latent_mu),
+            ("latent_logvar", out.latent_logvar),
+            ("latent", out.latent),
+        ])
+    })?;
     write_report(&a.out, &tensors, g)
+}
+
+/// Runs `forward` on `chunk_rows` rows of `obs` at a time and joins each
+/// of its outputs along the rows, so that a forward's working memory is
+/// bounded by the chunk, not by the file. Every output of `forward` must
+/// have one row per input row. Observations whose batch sizes differ are
+/// passed whole, for the model to name the mismatch.
+fn by_chunks(
+    obs: &HashMap<String, Tensor>,
+    chunk_rows: usize,
+    mut forward: impl FnMut(&HashMap<String, Tensor>) -> Result<Vec<(&'static str, Tensor)>, CliError>,
+) -> Result<Vec<(String, Tensor)>, CliError> {
+    let owned = |out: Vec<(&str, Tensor)>| out.into_iter().map(|(k, t)| (k.to_owned(), t)).collect();
+    let mut batch = obs.values().map(|t| t.dims().first().copied().unwrap_or(0));
+    let rows = batch.next().unwrap_or(0);
+    if rows <= chunk_rows || !batch.all(|b| b == rows) {
+        return forward(obs).map(owned);
+    }
+    let mut parts: Vec<(&'static str, Vec<Tensor>)> = Vec::new();
+    for start in (0..rows).step_by(chunk_rows) {
+        let len = chunk_rows.min(rows - start);
+        let chunk =
+            obs.iter().map(|(k, t)| Ok((k.clone(), t.narrow(0, start, len)?))).collect::<Result<_, CliError>>()?;
+        let out = forward(&chunk)?;
+        if parts.is_empty() {
+            parts = out.into_iter().map(|(k, t)| (k, vec![t])).collect();
+        } else {
+            for ((_, acc), (_, t)) in parts.iter_mut().zip(out) {
+                acc.push(t);
+            }
+        }
+    }
+    parts.into_iter().map(|(k, ts)| Ok((k.to_owned(), Tensor::cat(&ts, 0)?))).collect()
 }
 
 /// Writes `tensors` to `out` and prints what was written.
