@@ -61,18 +61,26 @@ fn contract_prints_the_pipelines_contract_as_yaml_and_json() {
 }
 
 /// `deploy run` writes the four outputs of the library's forward, bit for
-/// bit, and they are the recorded onnxruntime outputs within 1e-6.
+/// bit, and they are the recorded onnxruntime outputs within 1e-6; run
+/// 5 rows at a time (16 rows as 5 + 5 + 5 + 1), the same bits.
 #[test]
 fn run_writes_the_pipeline_outputs() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let out_path = dir.path().join("out.safetensors").display().to_string();
-    let out = pmstate(&["deploy", "run", &ckpt(), "--inputs", &recorded("inputs_b16.safetensors"), "--out", &out_path]);
-    assert!(out.status.success(), "{}", text(&out));
-    assert!(text(&out).contains("joint_pos_targets [16, 29]"), "{}", text(&out));
-    let got = load(&out_path);
     let p = Pipeline::load(ckpt(), None).expect("load");
     let want = p.forward(&load(&recorded("inputs_b16.safetensors"))).expect("forward");
     let ort = load(&recorded("ort_b16.safetensors"));
+    for chunk in ["1024", "5"] {
+        let out_path = dir.path().join(format!("out_{chunk}.safetensors")).display().to_string();
+        let inputs = recorded("inputs_b16.safetensors");
+        let out = pmstate(&["deploy", "run", &ckpt(), "--inputs", &inputs, "--out", &out_path, "--chunk-rows", chunk]);
+        assert!(out.status.success(), "{}", text(&out));
+        assert!(text(&out).contains("joint_pos_targets [16, 29]"), "{}", text(&out));
+        check_outputs(&load(&out_path), &want, &ort);
+    }
+}
+
+/// `got` holds `want`'s outputs bit for bit, within 1e-6 of onnxruntime's.
+fn check_outputs(got: &HashMap<String, Tensor>, want: &pmstate_deploy::Outputs, ort: &HashMap<String, Tensor>) {
     for (name, t) in want.named() {
         assert_eq!(flat(&got[name]), flat(t), "{name}");
         for (a, b) in flat(&got[name]).iter().zip(flat(&ort[name])) {

@@ -13,7 +13,7 @@ use serde::Serialize;
 
 use crate::args::OutputFormat;
 use crate::cmd::policy::obs::{read_tensors, Schema};
-use crate::cmd::policy::run::write_atomic;
+use crate::cmd::policy::run::{by_chunks, write_atomic, DEFAULT_CHUNK_ROWS};
 use crate::cmd::policy::PolicyFiles;
 use crate::{output, CliError, Global};
 
@@ -145,6 +145,10 @@ pub struct RunArgs {
     /// Where to write the outputs (safetensors).
     #[arg(long)]
     out: PathBuf,
+    /// Rows per forward: the memory a forward takes grows with it, the
+    /// outputs do not change (rows are independent, bit for bit).
+    #[arg(long, default_value_t = DEFAULT_CHUNK_ROWS, value_parser = crate::args::positive)]
+    chunk_rows: usize,
 }
 
 /// The pipeline's inputs, each f32 of its row shape.
@@ -202,13 +206,13 @@ pub fn run(a: Args, g: Global) -> Result<ExitCode, CliError> {
         DeployCommand::Run(r) => {
             let p = r.files.load_pipeline()?;
             let inputs = read_tensors(&r.inputs, &PipelineSchema { pipeline: &p })?;
-            let out = p.forward(&inputs)?;
-            let named: Vec<(String, Tensor)> =
-                out.named().iter().map(|(k, t)| ((*k).to_owned(), (*t).clone())).collect();
+            let named = by_chunks(&inputs, r.chunk_rows, |chunk| {
+                Ok(p.forward(chunk)?.named().iter().map(|(k, t)| (*k, (*t).clone())).collect())
+            })?;
             write_atomic(&r.out, &named)?;
             let report = RunReport {
                 out: r.out.display().to_string(),
-                tensors: out.named().iter().map(|(k, t)| ((*k).to_owned(), t.dims().to_vec())).collect(),
+                tensors: named.iter().map(|(k, t)| (k.clone(), t.dims().to_vec())).collect(),
             };
             match g.format() {
                 OutputFormat::Json => output::json_line(&report)?,

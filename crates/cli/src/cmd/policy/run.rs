@@ -46,7 +46,7 @@ pub struct Args {
 /// `--chunk-rows`' default: a few MB of activations per layer for the
 /// published trackers, a few hundred MB for MaskedMimic at its published
 /// sizes (about 285 KB a row).
-const DEFAULT_CHUNK_ROWS: usize = 1024;
+pub(crate) const DEFAULT_CHUNK_ROWS: usize = 1024;
 
 #[derive(Serialize)]
 struct RunReport {
@@ -173,7 +173,7 @@ fn run_masked_mimic(a: &Args, model: &pmstate_policy::MaskedMimic, g: Global) ->
 /// bounded by the chunk, not by the file. Every output of `forward` must
 /// have one row per input row. Observations whose batch sizes differ are
 /// passed whole, for the model to name the mismatch.
-fn by_chunks(
+pub(crate) fn by_chunks(
     obs: &HashMap<String, Tensor>,
     chunk_rows: usize,
     mut forward: impl FnMut(&HashMap<String, Tensor>) -> Result<Vec<(&'static str, Tensor)>, CliError>,
