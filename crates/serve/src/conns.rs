@@ -16,12 +16,15 @@
 
 use std::collections::HashMap;
 use std::convert::Infallible;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
+use axum::http::header::CONNECTION;
+use axum::http::HeaderValue;
 use axum::Router;
 use http_body_util::BodyExt;
-use hyper::body::Incoming;
+use hyper::body::{Body as _, Incoming};
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use prometheus_client::metrics::counter::Counter;
@@ -257,6 +260,52 @@ pub async fn serve(
     Ok(())
 }
 
+/// A request body that records whether it was read to its end. An answer
+/// given before that (a refusal: 413 for a declared length over the limit,
+/// 408, a 404 on a POST) makes hyper close the connection once the answer
+/// is written, since the rest of the body would otherwise be read as the
+/// next request; the answer must then say `Connection: close` (RFC 9112,
+/// 9.6), or a keep-alive client may send its next request on the closing
+/// connection and lose it.
+struct ReadToEnd {
+    inner: Incoming,
+    read: Arc<AtomicBool>,
+}
+
+impl ReadToEnd {
+    /// The request with its body tracked, and the flag that turns true once
+    /// the body has been read to its end (at once for a request without one).
+    fn track(req: hyper::Request<Incoming>) -> (hyper::Request<ReadToEnd>, Arc<AtomicBool>) {
+        let read = Arc::new(AtomicBool::new(req.body().is_end_stream()));
+        let flag = read.clone();
+        (req.map(|inner| ReadToEnd { inner, read: flag }), read)
+    }
+}
+
+impl hyper::body::Body for ReadToEnd {
+    type Data = bytes::Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
+        let polled = std::pin::Pin::new(&mut self.inner).poll_frame(cx);
+        if matches!(polled, std::task::Poll::Ready(None)) || self.inner.is_end_stream() {
+            self.read.store(true, Ordering::Relaxed);
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
 /// What one connection's task needs.
 struct Connection {
     reg: Arc<Registry>,
@@ -280,9 +329,13 @@ impl Connection {
                     let answer = match crate::routes::unknown_coding(req.headers()) {
                         Some(coding) => crate::routes::refuse_coding(&state, coding),
                         None => {
+                            let (req, read) = ReadToEnd::track(req);
                             let mut app = app;
                             // a Router is always ready (its poll_ready returns Ready)
-                            let Ok(answer) = tower_service::Service::call(&mut app, req).await;
+                            let Ok(mut answer) = tower_service::Service::call(&mut app, req).await;
+                            if !read.load(Ordering::Relaxed) {
+                                answer.headers_mut().insert(CONNECTION, HeaderValue::from_static("close"));
+                            }
                             answer
                         }
                     };

@@ -315,6 +315,83 @@ fn chunked(body: &[u8]) -> Vec<u8> {
     out
 }
 
+/// One answer read from `tcp` (head and JSON body; the watchdog names
+/// `what` if none comes), and whether the server closed the connection
+/// with it or within `linger` after it.
+async fn answer_then_closed(tcp: &mut tokio::net::TcpStream, what: &str, linger: Duration) -> (String, bool) {
+    let mut got = Vec::new();
+    let mut buf = vec![0u8; 4096];
+    let read = async {
+        loop {
+            match tcp.read(&mut buf).await {
+                Ok(0) | Err(_) => return true,
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+            }
+            let text = String::from_utf8_lossy(&got);
+            let Some((head, body)) = text.split_once("\r\n\r\n") else { continue };
+            let len = head
+                .lines()
+                .find_map(|l| l.to_ascii_lowercase().strip_prefix("content-length:").map(|v| v.trim().to_owned()))
+                .and_then(|v| v.parse::<usize>().ok());
+            if len.is_some_and(|n| body.len() >= n) {
+                return false;
+            }
+        }
+    };
+    let closed_early = tokio::time::timeout(WATCHDOG, read).await.unwrap_or_else(|_| panic!("no answer to {what}"));
+    let closed = closed_early
+        || tokio::time::timeout(linger, tcp.read(&mut buf)).await.is_ok_and(|r| matches!(r, Ok(0) | Err(_)));
+    (String::from_utf8_lossy(&got).into_owned(), closed)
+}
+
+fn says_close(answer: &str) -> bool {
+    answer.lines().any(|l| l.eq_ignore_ascii_case("connection: close"))
+}
+
+/// An answer given before the request's body was read to its end (413 for
+/// a declared length over the limit, 408 for a stalled body) says
+/// `Connection: close`, and the server then closes: a keep-alive client
+/// told nothing would send its next request on the closing connection and
+/// lose it (as the pooled client of the test above once lost a queued
+/// request after a 413). An answer to a body read whole keeps the
+/// connection open for the next request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answers_before_the_body_is_read_say_connection_close() {
+    let mut opts = options(testdata("smpl_tracker").join("last.ckpt"));
+    opts.limits = Limits { max_body_bytes: 64 << 10, body_timeout: Duration::from_secs(1), ..Limits::default() };
+    let s = start(opts).await;
+    let (body, _) = row_request(&obs("smpl_tracker"), &[0], json!({}));
+    let post = |len: usize| {
+        format!(
+            "POST /v2/models/policy/infer HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {len}\r\n\r\n"
+        )
+    };
+
+    let mut tcp = tokio::net::TcpStream::connect(s.addr).await.unwrap();
+    tcp.write_all(post(100_000).as_bytes()).await.unwrap();
+    let _ = tcp.write_all(&[b' '; 1000]).await;
+    let (answer, closed) = answer_then_closed(&mut tcp, "a declared length over the limit", WATCHDOG).await;
+    assert!(answer.starts_with("HTTP/1.1 413") && says_close(&answer) && closed, "closed {closed}: {answer}");
+
+    let mut tcp = tokio::net::TcpStream::connect(s.addr).await.unwrap();
+    tcp.write_all(post(1000).as_bytes()).await.unwrap();
+    tcp.write_all(b"{\"inputs\"").await.unwrap();
+    let (answer, closed) = answer_then_closed(&mut tcp, "a stalled body", WATCHDOG).await;
+    assert!(answer.starts_with("HTTP/1.1 408") && says_close(&answer) && closed, "closed {closed}: {answer}");
+
+    // a body read whole: two answers on one connection (the second shows it
+    // stayed open), neither says close
+    let mut tcp = tokio::net::TcpStream::connect(s.addr).await.unwrap();
+    for round in 0..2 {
+        tcp.write_all(post(body.len()).as_bytes()).await.unwrap();
+        tcp.write_all(&body).await.unwrap();
+        let (answer, closed) = answer_then_closed(&mut tcp, "a whole body", Duration::ZERO).await;
+        assert!(answer.starts_with("HTTP/1.1 200") && !says_close(&answer) && !closed, "round {round}: {answer}");
+    }
+    s.server.handle().shutdown();
+    s.server.wait().await.unwrap();
+}
+
 /// Sends `head` and `body` on a fresh connection and reads the answer's first bytes.
 pub(crate) async fn raw_request(addr: std::net::SocketAddr, head: &str, body: &[u8]) -> String {
     let mut tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
