@@ -133,14 +133,25 @@ impl ActionFunction {
                 }
             }
         };
-        Ok(ActionFunction {
+        if let Transform::Clamp(v) = transform {
+            let k = key("clamp_value");
+            crate::limits::domain(&c.file, &k, f64::from(v), v.is_finite() && v > 0.0, "a finite number > 0")?;
+        }
+        let f = ActionFunction {
             function,
             offset: vector("pd_action_offset")?,
             scale: vector(scale_key)?,
             stiffness: vector("stiffness")?,
             damping: vector("damping")?,
             transform,
-        })
+        };
+        // every number the targets are made of is finite, every gain >= 0
+        use crate::limits::check_vector;
+        check_vector(&c.file, &key("pd_action_offset"), &f.offset, false)?;
+        check_vector(&c.file, &key(scale_key), &f.scale, false)?;
+        check_vector(&c.file, &key("stiffness"), &f.stiffness, true)?;
+        check_vector(&c.file, &key("damping"), &f.damping, true)?;
+        Ok(f)
     }
 
     /// PD targets of one row: `offset + scale * transform(action)`, in

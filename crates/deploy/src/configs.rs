@@ -173,13 +173,23 @@ impl<'a> Params<'a> {
         let wrong = |n: &Node| {
             self.bad(name, ConfigProblem::WrongType { expected: "an int or a list of ints", found: found(n) })
         };
-        match self.get(name) {
-            None => Ok(None),
+        // bounded here, so the widths and buffers a selection implies stay small
+        let bound = crate::limits::MAX_FUTURE_OFFSET.max(crate::limits::MAX_HISTORY_STEPS);
+        let too_far = |value: usize| self.bad(name, ConfigProblem::Bound { value, bound });
+        let steps = match self.get(name) {
+            None => return Ok(None),
             Some(Node::List(v)) | Some(Node::Tuple(v)) => {
+                if v.len() > crate::limits::MAX_FUTURE_STEPS.max(crate::limits::MAX_HISTORY_STEPS) {
+                    return Err(too_far(v.len()));
+                }
                 let s: Option<Vec<usize>> = v.iter().map(as_usize).collect();
-                Ok(Some(Steps::Indices(s.ok_or_else(|| wrong(&Node::List(v.clone())))?)))
+                Steps::Indices(s.ok_or_else(|| wrong(&Node::List(v.clone())))?)
             }
-            Some(n) => as_usize(n).map(|k| Some(Steps::First(k))).ok_or_else(|| wrong(n)),
+            Some(n) => Steps::First(as_usize(n).ok_or_else(|| wrong(n))?),
+        };
+        match steps.needed() {
+            n if n > bound => Err(too_far(n)),
+            _ => Ok(Some(steps)),
         }
     }
 

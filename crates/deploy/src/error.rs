@@ -102,8 +102,8 @@ pub enum DeployError {
         /// What is wrong.
         problem: MotionProblem,
     },
-    /// A control period that is not a positive number of seconds.
-    #[error("control period {0} s: expected a positive number of seconds")]
+    /// A control period that is not a positive number of seconds (at most [`crate::limits::MAX_CONTROL_DT`]).
+    #[error("control period {0} s: expected a positive number of seconds, at most 1")]
     ControlDt(f64),
     /// The tracker cannot source a pipeline input from sensors and the clip.
     #[error("the pipeline reads {path}, which the tracker cannot source from sensors and the reference motion (it sources: {})", sourced.join(", "))]
@@ -130,6 +130,46 @@ pub enum DeployError {
         clip: usize,
         /// The robot's.
         robot: usize,
+    },
+    /// The observations the configs imply do not have the width the actor reads.
+    #[error(
+        "{file}: the actor reads {key} with {actor} values per row; the configs' observation components give {observations}"
+    )]
+    Width {
+        /// The configs file.
+        file: String,
+        /// The observation key (or keys, joined, for a sum the actor fixes).
+        key: String,
+        /// The width the configs imply.
+        observations: usize,
+        /// The width the actor's checkpoint reads.
+        actor: usize,
+    },
+    /// An allocation sized by input failed: an error, never an abort.
+    #[error("could not allocate {bytes} bytes for {what}")]
+    Allocation {
+        /// What the memory was for.
+        what: &'static str,
+        /// How much was asked for.
+        bytes: usize,
+    },
+    /// A tracker option outside its domain.
+    #[error("tracker option {option}: {value} is outside its domain ({domain})")]
+    Option {
+        /// The option (`action_ema_alpha`, `envelope.max_tilt`, ...).
+        option: &'static str,
+        /// The value given.
+        value: String,
+        /// What it must be.
+        domain: &'static str,
+    },
+    /// A flight-recorder log that cannot be written or read.
+    #[error("flight recorder {file}: {problem}")]
+    Log {
+        /// The log file.
+        file: String,
+        /// What is wrong.
+        problem: String,
     },
     /// Loading or running the policy failed.
     #[error(transparent)]
@@ -180,6 +220,22 @@ pub enum ConfigProblem {
         /// The parameters it takes.
         known: String,
     },
+    /// A number outside the domain the deploy path accepts (docs/deploy.md).
+    #[error("{value}: expected {domain}")]
+    OutOfDomain {
+        /// The value found.
+        value: String,
+        /// What is accepted.
+        domain: &'static str,
+    },
+    /// A size past a bound stated in [`crate::limits`].
+    #[error("{value} is past the bound of {bound}")]
+    Bound {
+        /// The size found.
+        value: usize,
+        /// The bound.
+        bound: usize,
+    },
     /// Lengths that must agree do not.
     #[error("has {got} values, expected {expected}")]
     Length {
@@ -211,10 +267,57 @@ pub enum MotionProblem {
     /// No frames, or more than [`crate::motion::MAX_FRAMES`].
     #[error("{0} frames (1 to 10368000 are played)")]
     Frames(usize),
+    /// An array whose length is not frames x values per frame.
+    #[error("{key} has {got} values, expected {frames} frames x {width}")]
+    Length {
+        /// The key.
+        key: &'static str,
+        /// Its length.
+        got: usize,
+        /// Frames.
+        frames: usize,
+        /// Values per frame.
+        width: usize,
+    },
+    /// A value that is NaN or infinite.
+    #[error("{key}[{index}] is {value}: every value of a clip must be finite")]
+    NonFinite {
+        /// The key.
+        key: &'static str,
+        /// The flat index of the value.
+        index: usize,
+        /// The value.
+        value: f32,
+    },
+    /// A rotation that is not a unit quaternion.
+    #[error(
+        "rigid_body_rot of frame {frame}, body {body} has norm {norm}: expected 1 within {}",
+        crate::limits::QUAT_NORM_TOLERANCE
+    )]
+    NotUnit {
+        /// The source frame.
+        frame: usize,
+        /// The body.
+        body: usize,
+        /// Its norm.
+        norm: f32,
+    },
+    /// Resampled at the control period, the clip would take more memory than the player may hold.
+    #[error("resampled at {control_dt} s the clip has {frames} frames, {bytes} bytes: past the player's bound of {} bytes (a clip's fps or length is off)", crate::limits::MAX_PLAYER_BYTES)]
+    TooLong {
+        /// The control period.
+        control_dt: f64,
+        /// Frames at that period.
+        frames: usize,
+        /// What they would take.
+        bytes: usize,
+    },
 }
 
-/// What is wrong with a sensor reading.
-#[derive(Debug, Clone, PartialEq, Eq, Error)]
+/// What is wrong with a sensor reading. [`SensorProblem::Length`] and
+/// [`SensorProblem::Missing`] are the caller's wiring; the others are a
+/// reading refused for one step ([`DeployError::is_refused_reading`]).
+#[derive(Debug, Clone, PartialEq, Error)]
 #[non_exhaustive]
 pub enum SensorProblem {
     /// Another length than the robot needs.
@@ -228,4 +331,49 @@ pub enum SensorProblem {
     /// The pipeline reads it but it was not given.
     #[error("the pipeline reads it, and none was given")]
     Missing,
+    /// NaN or infinite.
+    #[error("value {index} is {value}")]
+    NonFinite {
+        /// Its index in the sensor's array.
+        index: usize,
+        /// The value.
+        value: f32,
+    },
+    /// A quaternion that is not of unit norm (zero, or a corrupt reading).
+    #[error("quaternion {index} has norm {norm}: expected 1 within {}", crate::limits::QUAT_NORM_TOLERANCE)]
+    NotUnit {
+        /// Which quaternion (0 for the anchor's; the body for body rotations).
+        index: usize,
+        /// Its norm.
+        norm: f32,
+    },
+    /// Beyond the physical bound stated for the sensor ([`crate::SensorBounds`]).
+    #[error("value {index} is {value}, beyond the bound of {bound}")]
+    OutOfRange {
+        /// Its index in the sensor's array.
+        index: usize,
+        /// The value.
+        value: f32,
+        /// The bound on its magnitude.
+        bound: f32,
+    },
+}
+
+impl DeployError {
+    /// Whether this is a sensor reading refused for one step (NaN, inf, a
+    /// quaternion off unit norm, a value beyond its physical bound): the
+    /// tracker's state is as it was before the call, and the next reading
+    /// may be good. Wrong lengths and missing sensors are not: they are the
+    /// caller's wiring and fail every step.
+    pub fn is_refused_reading(&self) -> bool {
+        matches!(
+            self,
+            DeployError::Sensor {
+                problem: SensorProblem::NonFinite { .. }
+                    | SensorProblem::NotUnit { .. }
+                    | SensorProblem::OutOfRange { .. },
+                ..
+            }
+        )
+    }
 }

@@ -8,10 +8,13 @@ pub mod actions;
 mod configs;
 pub mod context;
 pub mod contract;
+pub mod envelope;
 mod error;
+pub mod limits;
 pub mod motion;
 pub mod observations;
 mod pipeline;
+mod recorder;
 pub mod rotations;
 /// The heading bound the unit tests share with tests/parity.rs.
 #[cfg(test)]
@@ -21,9 +24,12 @@ mod tracker;
 
 pub use configs::Steps;
 pub use contract::Contract;
+pub use envelope::{EndOfClip, Envelope, JointLimits, SafePose, SafeReason, SensorBounds, TrackerStatus};
 pub use error::{ConfigProblem, DeployError, MotionProblem, Result, SensorProblem};
 pub use motion::{MotionClip, MotionPlayer};
+pub use pipeline::RobotLimits;
 pub use pipeline::{Input, Observation, Outputs, Pipeline, OUTPUT_NAMES};
+pub use recorder::{read_log, LogMeta, LogReader, LogRecord, LoggedSensors, RecordKind, RecorderSummary, LOG_VERSION};
 pub use tracker::{
-    quat_mul_np, quat_rotate_np, yaw_quat_np, Alignment, BodyState, PdTargets, Sensors, Tracker, TrackerOptions,
+    quat_mul_np, quat_rotate_np, yaw_quat_np, Alignment, BodyState, PdTargets, Sensors, Stamp, Tracker, TrackerOptions,
 };

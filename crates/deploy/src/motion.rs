@@ -57,7 +57,7 @@ impl MotionClip {
         let ckpt = Checkpoint::open(path)?;
         let bad = |problem| DeployError::Motion { file: file.clone(), problem };
         let fps = ckpt.get("fps").and_then(as_f64).ok_or_else(|| bad(MotionProblem::Missing("fps")))?;
-        if !(fps.is_finite() && fps > 0.0) {
+        if !(fps.is_finite() && fps > 0.0 && fps <= crate::limits::MAX_FPS) {
             return Err(bad(MotionProblem::Fps(fps)));
         }
         let read = |key: &'static str| -> Result<(Vec<usize>, Vec<f32>)> {
@@ -94,8 +94,64 @@ impl MotionClip {
             dof_pos,
             body_pos,
         };
-        Ok(MotionClip { fps, frames, num_dofs, num_bodies, arrays })
+        let clip = MotionClip { fps, frames, num_dofs, num_bodies, arrays };
+        clip.validate().map_err(bad)?;
+        Ok(clip)
     }
+
+    /// Checks what [`MotionClip::load`] checks, for a clip built in code:
+    /// a frame rate in (0, [`crate::limits::MAX_FPS`]], 1 to [`MAX_FRAMES`]
+    /// frames, arrays of the lengths the counts imply, every value finite,
+    /// every rotation a unit quaternion.
+    pub fn validate(&self) -> std::result::Result<(), MotionProblem> {
+        if !(self.fps.is_finite() && self.fps > 0.0 && self.fps <= crate::limits::MAX_FPS) {
+            return Err(MotionProblem::Fps(self.fps));
+        }
+        if self.frames == 0 || self.frames > MAX_FRAMES {
+            return Err(MotionProblem::Frames(self.frames));
+        }
+        let (f, nd, nb) = (self.frames, self.num_dofs, self.num_bodies);
+        let a = &self.arrays;
+        for (key, v, width) in [
+            ("dof_pos", &a.dof_pos, nd),
+            ("dof_vel", &a.dof_vel, nd),
+            ("rigid_body_pos", &a.body_pos, nb.saturating_mul(3)),
+            ("rigid_body_rot", &a.body_rot, nb.saturating_mul(4)),
+            ("rigid_body_vel", &a.body_vel, nb.saturating_mul(3)),
+            ("rigid_body_ang_vel", &a.body_ang_vel, nb.saturating_mul(3)),
+        ] {
+            if f.checked_mul(width) != Some(v.len()) {
+                return Err(MotionProblem::Length { key, got: v.len(), frames: f, width });
+            }
+        }
+        check_values(a, nb)
+    }
+}
+
+/// Every value finite and every rotation a unit quaternion (within
+/// [`crate::limits::QUAT_NORM_TOLERANCE`]): a clip is checked once, so a
+/// step never meets a NaN reference.
+fn check_values(a: &MotionArrays, num_bodies: usize) -> std::result::Result<(), MotionProblem> {
+    for (key, v) in [
+        ("dof_pos", &a.dof_pos),
+        ("dof_vel", &a.dof_vel),
+        ("rigid_body_pos", &a.body_pos),
+        ("rigid_body_rot", &a.body_rot),
+        ("rigid_body_vel", &a.body_vel),
+        ("rigid_body_ang_vel", &a.body_ang_vel),
+    ] {
+        if let Some((index, &value)) = v.iter().enumerate().find(|(_, x)| !x.is_finite()) {
+            return Err(MotionProblem::NonFinite { key, index, value });
+        }
+    }
+    for (i, q) in a.body_rot.chunks_exact(4).enumerate() {
+        let norm = q.iter().map(|x| x * x).sum::<f32>().sqrt();
+        if (norm - 1.0).abs() > crate::limits::QUAT_NORM_TOLERANCE {
+            let nb = num_bodies.max(1);
+            return Err(MotionProblem::NotUnit { frame: i / nb, body: i % nb, norm });
+        }
+    }
+    Ok(())
 }
 
 /// `torch.linspace(start, end, steps)` in float32 as torch's CPU kernel
@@ -176,20 +232,42 @@ impl MotionPlayer {
     /// Resamples `clip` to one frame per `control_dt` seconds over its
     /// length (`round(length / dt) + 1` frames), as `MotionPlayer` does.
     pub fn new(clip: &MotionClip, control_dt: f64) -> Result<Self> {
-        if !(control_dt.is_finite() && control_dt > 0.0) {
+        if !(control_dt.is_finite() && control_dt > 0.0 && control_dt <= crate::limits::MAX_CONTROL_DT) {
             return Err(DeployError::ControlDt(control_dt));
         }
+        clip.validate().map_err(|problem| DeployError::Motion { file: "the motion clip".into(), problem })?;
         let src_dt = 1.0 / clip.fps;
-        let length = src_dt * (clip.frames - 1) as f64;
+        let length = src_dt * clip.frames.saturating_sub(1) as f64;
+        // a float-to-int cast saturates: a huge ratio is caught by the bound below
         let n = ((length / control_dt).round_ties_even() as usize).saturating_add(1).max(1);
-        if n > MAX_FRAMES {
-            return Err(DeployError::Motion { file: String::new(), problem: MotionProblem::Frames(n) });
+        let (nd, nb) = (clip.num_dofs, clip.num_bodies);
+        // the bound first, in checked arithmetic: floats per frame, then bytes
+        let per_frame = nd
+            .checked_mul(2)
+            .and_then(|d| nb.checked_mul(13).and_then(|b| d.checked_add(b)))
+            .and_then(|f| f.checked_mul(std::mem::size_of::<f32>()));
+        let bytes = per_frame.and_then(|f| f.checked_mul(n));
+        match bytes {
+            Some(b) if b <= crate::limits::MAX_PLAYER_BYTES && n <= MAX_FRAMES => {}
+            _ => {
+                return Err(DeployError::Motion {
+                    file: "the motion clip".into(),
+                    problem: MotionProblem::TooLong { control_dt, frames: n, bytes: bytes.unwrap_or(usize::MAX) },
+                })
+            }
         }
         let times = linspace_f32(0.0, length as f32, n);
         let (len32, dt32) = (length as f32, src_dt as f32);
-        let (nd, nb) = (clip.num_dofs, clip.num_bodies);
         let src = &clip.arrays;
-        let mut a = MotionArrays::default();
+        let cap = |width: usize, what| crate::limits::with_capacity::<f32>(n * width, what);
+        let mut a = MotionArrays {
+            dof_pos: cap(nd, "the player's joint positions")?,
+            dof_vel: cap(nd, "the player's joint velocities")?,
+            body_pos: cap(nb * 3, "the player's body positions")?,
+            body_rot: cap(nb * 4, "the player's body rotations")?,
+            body_vel: cap(nb * 3, "the player's body velocities")?,
+            body_ang_vel: cap(nb * 3, "the player's body angular velocities")?,
+        };
         for t in times {
             let (f0, f1, blend) = frame_blend(t, len32, clip.frames, dt32);
             let w0 = 1.0 - blend;

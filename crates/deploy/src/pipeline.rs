@@ -102,6 +102,60 @@ pub struct Pipeline {
     observations: Vec<Observation>,
     action: ActionFunction,
     contract: Contract,
+    limits: RobotLimits,
+}
+
+/// The limits a robot config gives, per joint in the contract's order.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RobotLimits {
+    /// `robot.kinematic_info.dof_limits_lower` and `dof_limits_upper`
+    /// (radians; infinite: no limit).
+    pub joints: Option<crate::envelope::JointLimits>,
+    /// `robot.control.control_info.<joint>.velocity_limit` (radians per
+    /// second), when every joint has one.
+    pub velocity: Option<Vec<f32>>,
+}
+
+/// Reads [`RobotLimits`], each value held to its domain: limits not NaN
+/// with lower <= upper, velocity limits finite and > 0.
+fn robot_limits(c: &Configs, joints: &[String]) -> Result<RobotLimits> {
+    let nd = joints.len();
+    let (lo_key, hi_key) = ("robot.kinematic_info.dof_limits_lower", "robot.kinematic_info.dof_limits_upper");
+    let joint_limits = match (c.ckpt.get(lo_key), c.ckpt.get(hi_key)) {
+        (Some(Node::Tensor(_)), Some(Node::Tensor(_))) => {
+            let (lower, upper) = (c.f32_tensor(lo_key)?, c.f32_tensor(hi_key)?);
+            for (key, v) in [(lo_key, &lower), (hi_key, &upper)] {
+                if v.len() != nd {
+                    return Err(c.bad(key, ConfigProblem::Length { got: v.len(), expected: nd }));
+                }
+            }
+            for (j, (lo, hi)) in lower.iter().zip(&upper).enumerate() {
+                let ok = !lo.is_nan() && !hi.is_nan() && lo <= hi;
+                crate::limits::domain(
+                    &c.file,
+                    &format!("{lo_key}[{j}]"),
+                    f64::from(*lo),
+                    ok,
+                    "not NaN and <= dof_limits_upper",
+                )?;
+            }
+            Some(crate::envelope::JointLimits { lower, upper })
+        }
+        _ => None,
+    };
+    let mut velocity = Vec::with_capacity(nd);
+    for j in joints {
+        let key = format!("robot.control.control_info.{j}.velocity_limit");
+        match c.ckpt.get(&key) {
+            None | Some(Node::None) => break,
+            Some(_) => {
+                let v = c.f64(&key)?;
+                crate::limits::domain(&c.file, &key, v, v.is_finite() && v > 0.0, "a finite number > 0, or None")?;
+                velocity.push(v as f32);
+            }
+        }
+    }
+    Ok(RobotLimits { joints: joint_limits, velocity: (velocity.len() == nd && nd > 0).then_some(velocity) })
 }
 
 const COMPONENTS: &str = "env.observation_components";
@@ -190,6 +244,12 @@ impl Pipeline {
             }
         }
         let history_steps = parsed.iter().map(|(_, f, _)| f.history_needed()).max().unwrap_or(0).max(1);
+        if history_steps > crate::limits::MAX_HISTORY_STEPS {
+            return Err(c.bad(
+                COMPONENTS,
+                ConfigProblem::Bound { value: history_steps, bound: crate::limits::MAX_HISTORY_STEPS },
+            ));
+        }
         let dims = Dims { num_dofs, num_bodies: bodies.len(), future_steps: future_indices.len(), history_steps };
 
         // Inputs: every path a read argument is bound to, sorted (the graph's order).
@@ -250,6 +310,7 @@ impl Pipeline {
             let function = f.qualified_name().to_owned();
             observations.push(Observation { key, function, compute: f, args, width });
         }
+        check_actor_widths(c, &policy, &observations)?;
         let action = ActionFunction::read(c, num_dofs)?;
         if policy.action_size() != num_dofs {
             return Err(c.bad(
@@ -282,7 +343,14 @@ impl Pipeline {
                 file: c.file.clone(),
                 key: policy.actor_keys().join(", "),
             })?;
-        Ok(Pipeline { policy, actor_obs, dims, inputs, observations, action, contract })
+        let limits = robot_limits(c, &joints)?;
+        Ok(Pipeline { policy, actor_obs, dims, inputs, observations, action, contract, limits })
+    }
+
+    /// The joint position and velocity limits the robot config gives (the
+    /// safety envelope's defaults, [`crate::TrackerOptions::new`]).
+    pub fn limits(&self) -> &RobotLimits {
+        &self.limits
     }
 
     /// The inputs, in the graph's order.
@@ -515,21 +583,77 @@ fn context_path(n: &Node) -> Option<String> {
 /// `env.control_components.mimic.future_steps`: a list of step offsets, or
 /// N for 1..=N.
 fn future_step_indices(c: &Configs) -> Result<Vec<usize>> {
+    use crate::limits::{MAX_FUTURE_OFFSET, MAX_FUTURE_STEPS};
     let key = "env.control_components.mimic.future_steps";
-    match c.node(key)? {
-        Node::List(v) | Node::Tuple(v) => v
-            .iter()
-            .map(|n| {
-                as_usize(n).ok_or_else(|| {
-                    c.bad(key, ConfigProblem::WrongType { expected: "a list of ints", found: n.kind().into() })
+    let bound = |value: usize, bound: usize| c.bad(key, ConfigProblem::Bound { value, bound });
+    let steps: Vec<usize> = match c.node(key)? {
+        Node::List(v) | Node::Tuple(v) => {
+            if v.len() > MAX_FUTURE_STEPS {
+                return Err(bound(v.len(), MAX_FUTURE_STEPS));
+            }
+            v.iter()
+                .map(|n| {
+                    as_usize(n).ok_or_else(|| {
+                        c.bad(key, ConfigProblem::WrongType { expected: "a list of ints", found: n.kind().into() })
+                    })
                 })
-            })
-            .collect(),
-        n => Ok((1..=as_usize(n).ok_or_else(|| {
-            c.bad(key, ConfigProblem::WrongType { expected: "an int or a list of ints", found: n.kind().into() })
-        })?)
-            .collect()),
+                .collect::<Result<_>>()?
+        }
+        n => {
+            let count = as_usize(n).ok_or_else(|| {
+                c.bad(key, ConfigProblem::WrongType { expected: "an int or a list of ints", found: n.kind().into() })
+            })?;
+            // checked before the list is made: a huge count is an error, not an allocation
+            if count > MAX_FUTURE_STEPS {
+                return Err(bound(count, MAX_FUTURE_STEPS));
+            }
+            (1..=count).collect()
+        }
+    };
+    if let Some(&far) = steps.iter().find(|&&s| s > MAX_FUTURE_OFFSET) {
+        return Err(bound(far, MAX_FUTURE_OFFSET));
     }
+    Ok(steps)
+}
+
+/// The observations the configs imply against the widths the actor's
+/// checkpoint reads: each key whose width the checkpoint fixes, and each
+/// sum a first layer fixes over several keys. A mismatch (future or history
+/// steps that do not fit the trained actor) is refused here, at load,
+/// naming both widths, rather than failing every step.
+fn check_actor_widths(c: &Configs, policy: &Policy, observations: &[Observation]) -> Result<()> {
+    let widths = policy.widths();
+    let width_of = |k: &str| observations.iter().find(|o| o.key == k).map(|o| o.width);
+    for o in observations {
+        if let Some(&actor) = widths.known.get(&o.key) {
+            if actor != o.width {
+                return Err(DeployError::Width {
+                    file: c.file.clone(),
+                    key: o.key.clone(),
+                    observations: o.width,
+                    actor,
+                });
+            }
+        }
+    }
+    for g in &widths.groups {
+        let parts: Option<Vec<usize>> =
+            g.keys.iter().map(|k| width_of(k).or_else(|| widths.known.get(k).copied())).collect();
+        let Some(parts) = parts else { continue };
+        if !g.keys.iter().any(|k| width_of(k).is_some()) {
+            continue;
+        }
+        let sum = parts.iter().try_fold(0usize, |a, &w| a.checked_add(w)).unwrap_or(usize::MAX);
+        if sum != g.total {
+            return Err(DeployError::Width {
+                file: c.file.clone(),
+                key: format!("{} (at {})", g.keys.join(" + "), g.path),
+                observations: sum,
+                actor: g.total,
+            });
+        }
+    }
+    Ok(())
 }
 
 struct ContractParts<'a> {
@@ -552,16 +676,33 @@ fn per_joint(c: &Configs, joints: &[String], field: &str) -> Result<Vec<f64>> {
 /// Timing as the exporter derives it: MuJoCo's parameters of the robot
 /// config (what `update_simulator_config_for_test` switches to), else the
 /// training simulator's, else 1 kHz physics at decimation 20.
-fn timing(c: &Configs) -> Timing {
-    let read = |base: &str| -> Option<(f64, usize)> {
-        let fps = c.f64(&format!("{base}.fps")).ok()?;
-        let dec = c.usize(&format!("{base}.decimation")).ok()?;
-        (fps > 0.0).then_some((fps, dec))
+///
+/// A source whose keys are present is used and held to its domain (fps in
+/// (0, [`crate::limits::MAX_FPS`]], decimation in 1 to
+/// [`crate::limits::MAX_DECIMATION`], the control period at most
+/// [`crate::limits::MAX_CONTROL_DT`]): a decimation of 0 is an error, not a
+/// control period of 0.
+fn timing(c: &Configs) -> Result<Timing> {
+    use crate::limits::{domain, MAX_CONTROL_DT, MAX_DECIMATION, MAX_FPS};
+    let read = |base: &str| -> Result<Option<(f64, usize)>> {
+        let (fps_key, dec_key) = (format!("{base}.fps"), format!("{base}.decimation"));
+        if c.ckpt.get(&fps_key).is_none() || c.ckpt.get(&dec_key).is_none() {
+            return Ok(None);
+        }
+        let fps = c.f64(&fps_key)?;
+        domain(&c.file, &fps_key, fps, fps.is_finite() && fps > 0.0 && fps <= MAX_FPS, "a frame rate in (0, 100000]")?;
+        let dec = c.usize(&dec_key)?;
+        domain(&c.file, &dec_key, dec as f64, (1..=MAX_DECIMATION).contains(&dec), "an int in 1 to 10000")?;
+        let control_dt = dec as f64 / fps;
+        domain(&c.file, &dec_key, dec as f64, control_dt <= MAX_CONTROL_DT, "at most 1 s of physics per control step")?;
+        Ok(Some((fps, dec)))
     };
-    let (physics_dt, decimation) = read("robot.simulation_params.mujoco")
-        .or_else(|| read("simulator.sim"))
-        .map_or((0.001, 20), |(fps, dec)| (1.0 / fps, dec));
-    Timing { control_dt: physics_dt * decimation as f64, physics_dt, decimation }
+    let source = match read("robot.simulation_params.mujoco")? {
+        Some(s) => Some(s),
+        None => read("simulator.sim")?,
+    };
+    let (physics_dt, decimation) = source.map_or((0.001, 20), |(fps, dec)| (1.0 / fps, dec));
+    Ok(Timing { control_dt: physics_dt * decimation as f64, physics_dt, decimation })
 }
 
 fn contract(c: &Configs, p: &ContractParts<'_>) -> Result<Contract> {
@@ -570,7 +711,20 @@ fn contract(c: &Configs, p: &ContractParts<'_>) -> Result<Contract> {
     let stiffness = per_joint(c, &joints, "stiffness")?;
     let damping = per_joint(c, &joints, "damping")?;
     let effort_limits = per_joint(c, &joints, "effort_limit").ok();
-    let timing = timing(c);
+    for (field, values) in
+        [("stiffness", Some(&stiffness)), ("damping", Some(&damping)), ("effort_limit", effort_limits.as_ref())]
+    {
+        for (j, &v) in joints.iter().zip(values.into_iter().flatten()) {
+            let key = format!("robot.control.control_info.{j}.{field}");
+            crate::limits::domain(&c.file, &key, v, v.is_finite() && v >= 0.0, "a finite number >= 0")?;
+        }
+    }
+    let timing = timing(c)?;
+    let pd_target_max_accel = c.opt_f64("simulator.pd_target_max_accel")?;
+    if let Some(a) = pd_target_max_accel {
+        let key = "simulator.pd_target_max_accel";
+        crate::limits::domain(&c.file, key, a, a.is_finite() && a > 0.0, "a finite number > 0, or None")?;
+    }
     let nf = p.future_indices.len();
     let mut policy_inputs = Vec::new();
     let mut name_to_key = serde_json::Map::new();
@@ -638,7 +792,7 @@ fn contract(c: &Configs, p: &ContractParts<'_>) -> Result<Contract> {
             effort_limits,
             action_scale: Some(f64s(&p.action.scale)),
             pd_action_offset: Some(f64s(&p.action.offset)),
-            pd_target_max_accel: c.opt_f64("simulator.pd_target_max_accel")?,
+            pd_target_max_accel,
             action_ema_alpha: 1.0,
             action_function: p.action.function.rsplit('.').next().unwrap_or(p.action.function).to_owned(),
             action_transform: p.action.transform.name(),

@@ -10,11 +10,16 @@
 //! float32 (the textbook quaternion product, not the 8-multiply one of
 //! `rotations.py`): the same formulas, in the same order.
 
+use std::time::Instant;
+
 use crate::context::Feedback;
 use crate::contract::Contract;
+use crate::envelope::{events, tilt, EndOfClip, Envelope, SafePose, SafeReason, SensorBounds, TrackerStatus};
 use crate::error::{DeployError, Result, SensorProblem};
+use crate::limits::zeroed;
 use crate::motion::MotionPlayer;
 use crate::pipeline::{Pipeline, StepScratch};
+use crate::recorder::{Record, RecordKind, Recorder};
 use crate::rotations::{Quat, Vec3};
 
 /// One control step's sensor readings (the robot's state, xyzw quaternions).
@@ -36,6 +41,19 @@ pub struct Sensors<'a> {
     /// such as soma-bones: `current.rigid_body_*`); from a simulator, or
     /// forward kinematics of the joint readings and a state estimate.
     pub bodies: Option<BodyState<'a>>,
+    /// When the readings were taken, for the stale-sensor guard
+    /// ([`Envelope::stale_after_periods`]; required while it is on).
+    pub stamp: Option<Stamp>,
+}
+
+/// The age of a reading: when it was taken and the time of the step, in
+/// seconds on one clock (a monotonic one; the origin does not matter).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Stamp {
+    /// When the sensors were read.
+    pub taken: f64,
+    /// Now, as the control step starts.
+    pub now: f64,
 }
 
 /// The state of every rigid body, in the contract's body order, world frame.
@@ -53,22 +71,64 @@ pub struct BodyState<'a> {
     pub ground_height: f32,
 }
 
-/// How the targets are filtered: what the contract's `control` says, unless overridden.
-#[derive(Debug, Clone, Copy, PartialEq)]
+/// How the targets are filtered (the contract's `control`, unless
+/// overridden) and the safety envelope around them.
+#[derive(Debug, Clone, PartialEq)]
 pub struct TrackerOptions {
-    /// `targets = alpha * targets + (1 - alpha) * previous` (1: no filter).
+    /// `targets = alpha * targets + (1 - alpha) * previous` (1: no filter); in (0, 1].
     pub action_ema_alpha: f64,
-    /// Limit on the second difference of the targets per step.
+    /// Limit on the second difference of the targets per step (> 0, or none).
     pub pd_target_max_accel: Option<f64>,
+    /// The safety envelope.
+    pub envelope: Envelope,
 }
 
 impl TrackerOptions {
-    /// The contract's settings.
-    pub fn from_contract(c: &Contract) -> Self {
+    /// The contract's filters with the safety envelope on where the robot
+    /// config gives its numbers: the targets clamped to the joint limits and
+    /// rate-limited to the joints' velocity limits. The other guards (soft
+    /// start, tilt, stale sensors, stop at the end of the clip) are off
+    /// until set.
+    pub fn new(pipeline: &Pipeline) -> Self {
+        let limits = pipeline.limits();
+        TrackerOptions {
+            envelope: Envelope {
+                joint_limits: limits.joints.clone(),
+                max_target_rate: limits.velocity.clone(),
+                ..Envelope::off()
+            },
+            ..Self::reference(pipeline.contract())
+        }
+    }
+
+    /// ProtoMotions' own deployment loop (`test_tracker_mujoco.py`): the
+    /// contract's filters and [`Envelope::off`]. Readings that are not
+    /// finite or beyond the physical bounds are still refused, and a
+    /// non-finite output still enters the safe mode.
+    pub fn reference(c: &Contract) -> Self {
         TrackerOptions {
             action_ema_alpha: c.control.action_ema_alpha,
             pd_target_max_accel: c.control.pd_target_max_accel,
+            envelope: Envelope::off(),
         }
+    }
+
+    /// Checks every option's domain for a robot of `num_dofs` joints.
+    pub fn validate(&self, num_dofs: usize) -> Result<()> {
+        let a = self.action_ema_alpha;
+        if !(a.is_finite() && a > 0.0 && a <= 1.0) {
+            return Err(DeployError::Option { option: "action_ema_alpha", value: a.to_string(), domain: "(0, 1]" });
+        }
+        if let Some(m) = self.pd_target_max_accel {
+            if !(m.is_finite() && m > 0.0) {
+                return Err(DeployError::Option {
+                    option: "pd_target_max_accel",
+                    value: m.to_string(),
+                    domain: "finite and > 0, or none",
+                });
+            }
+        }
+        self.envelope.validate(num_dofs)
     }
 }
 
@@ -241,7 +301,16 @@ impl Alignment {
     }
 }
 
-/// The control loop of one tracker on one reference motion.
+/// The control loop of one tracker on one reference motion, inside its
+/// safety envelope.
+///
+/// A step that returns `Ok` wrote only finite numbers. A reading that is
+/// not finite, not a unit quaternion or beyond its physical bound is
+/// refused ([`DeployError::is_refused_reading`]) and leaves the tracker's
+/// state (history, filters, alignment, clip time) exactly as it was, so a
+/// transient glitch never poisons later steps. State changes only when a
+/// step's outputs are known good: each step computes candidates, checks
+/// them, then commits.
 #[derive(Debug)]
 pub struct Tracker {
     pipeline: Pipeline,
@@ -256,19 +325,35 @@ pub struct Tracker {
     fed_actions: Vec<f32>,
     frame: usize,
     alignment: Option<Alignment>,
-    ema_prev: Option<Vec<f32>>,
+    /// The EMA's previous output, valid once `has_ema`.
+    ema_prev: Vec<f32>,
+    has_ema: bool,
     /// The last two targets before the EMA (the acceleration clamp's history).
     prev: Vec<f32>,
     prev_prev: Vec<f32>,
     /// How many of `prev`, `prev_prev` hold a step (0 to 2).
     clamp_history: usize,
+    /// This step's candidates, committed only when finite.
+    cand_actions: Vec<f32>,
+    cand_targets: Vec<f32>,
+    pre_ema: Vec<f32>,
+    /// Policy steps since the clip (re)started: the soft start's clock.
+    run_steps: u64,
+    /// The measured pose at the first step (the soft start's origin).
+    start_pose: Vec<f32>,
+    /// The targets last commanded (the rate limit's origin), once `has_last_cmd`.
+    last_cmd: Vec<f32>,
+    has_last_cmd: bool,
+    status: TrackerStatus,
+    recorder: Option<Recorder>,
     scratch: StepScratch,
     out: PdTargets,
 }
 
 impl Tracker {
     /// A tracker for `pipeline` playing `player` (resampled at the
-    /// contract's `dt`); refuses a pipeline input it cannot source.
+    /// contract's `dt`); refuses a pipeline input it cannot source and
+    /// options outside their domain ([`TrackerOptions::validate`]).
     pub fn new(pipeline: Pipeline, player: MotionPlayer, options: TrackerOptions) -> Result<Self> {
         let dims = pipeline.dims();
         if player.num_dofs() != dims.num_dofs {
@@ -281,6 +366,7 @@ impl Tracker {
                 robot: dims.num_bodies,
             });
         }
+        options.validate(dims.num_dofs)?;
         let mut sources = Vec::new();
         let mut buffers = Vec::new();
         for i in pipeline.inputs() {
@@ -289,27 +375,39 @@ impl Tracker {
                 sourced: SOURCED.iter().map(|s| (*s).to_owned()).collect(),
             })?;
             sources.push(s);
-            buffers.push(vec![0f32; i.row_len()]);
+            buffers.push(zeroed(i.row_len(), "an input buffer")?);
         }
         let c = pipeline.contract();
         let future_steps = c.motion.future_step_indices.clone();
         let anchor = c.robot.anchor_body_index;
         let nd = dims.num_dofs;
         let history = dims.history_steps;
+        // sizes from the configs, bounded at load (crate::limits); allocated fallibly
+        let fed = history.checked_mul(nd).ok_or(DeployError::Allocation { what: "the history", bytes: usize::MAX })?;
         Ok(Tracker {
             future_steps,
             anchor,
             sources,
             buffers,
             history,
-            fed_targets: vec![0.0; history * nd],
-            fed_actions: vec![0.0; history * nd],
+            fed_targets: zeroed(fed, "the history")?,
+            fed_actions: zeroed(fed, "the history")?,
             frame: 0,
             alignment: None,
-            ema_prev: None,
+            ema_prev: vec![0.0; nd],
+            has_ema: false,
             prev: vec![0.0; nd],
             prev_prev: vec![0.0; nd],
             clamp_history: 0,
+            cand_actions: vec![0.0; nd],
+            cand_targets: vec![0.0; nd],
+            pre_ema: vec![0.0; nd],
+            run_steps: 0,
+            start_pose: vec![0.0; nd],
+            last_cmd: vec![0.0; nd],
+            has_last_cmd: false,
+            status: TrackerStatus::default(),
+            recorder: None,
             scratch: StepScratch::default(),
             out: PdTargets {
                 actions: vec![0.0; nd],
@@ -323,14 +421,42 @@ impl Tracker {
         })
     }
 
-    /// Back to the clip's first frame: alignment, history and filters cleared.
+    /// Back to the clip's first frame: alignment, history, filters and soft
+    /// start cleared, the safe mode left. The rate limit still starts from
+    /// the targets last commanded (the motors are where they were told).
     pub fn reset(&mut self) {
         self.frame = 0;
         self.alignment = None;
-        self.ema_prev = None;
+        self.has_ema = false;
         self.clamp_history = 0;
+        self.run_steps = 0;
         self.fed_targets.iter_mut().for_each(|x| *x = 0.0);
         self.fed_actions.iter_mut().for_each(|x| *x = 0.0);
+        self.status.safe_mode = None;
+        self.record(RecordKind::Reset, 0, None, None);
+    }
+
+    /// An operator's stop: the safe mode, latched until [`Tracker::reset`].
+    pub fn stop(&mut self) {
+        if self.status.safe_mode.is_none() {
+            self.status.trip(SafeReason::Operator);
+        }
+        self.record(RecordKind::Stop, events::OPERATOR_STOP, None, None);
+    }
+
+    /// What the tracker did since it was opened, and its safe mode.
+    pub fn status(&self) -> TrackerStatus {
+        let mut s = self.status;
+        if let Some(r) = &self.recorder {
+            s.recorder_dropped = r.dropped();
+            s.recorder_failed = r.failed();
+        }
+        s
+    }
+
+    /// The options it runs with.
+    pub fn options(&self) -> &TrackerOptions {
+        &self.options
     }
 
     /// The next step's frame of the clip.
@@ -338,7 +464,8 @@ impl Tracker {
         self.frame
     }
 
-    /// Whether every frame of the clip has been played (later steps hold its last frame).
+    /// Whether every frame of the clip has been played (later steps hold
+    /// its last frame, or enter the safe mode with [`EndOfClip::Stop`]).
     pub fn finished(&self) -> bool {
         self.frame >= self.player.total_frames()
     }
@@ -346,6 +473,11 @@ impl Tracker {
     /// The pipeline.
     pub fn pipeline(&self) -> &Pipeline {
         &self.pipeline
+    }
+
+    /// The motion player.
+    pub fn player(&self) -> &MotionPlayer {
+        &self.player
     }
 
     /// The alignment captured at the first step.
@@ -358,6 +490,30 @@ impl Tracker {
         &self.buffers
     }
 
+    /// Logs every later step (sensors in, targets out, events, step time)
+    /// to `path` through a bounded in-memory ring that a thread of its own
+    /// writes out: a step never blocks on the file and allocates nothing;
+    /// when the ring is full a record is dropped and counted
+    /// ([`TrackerStatus::recorder_dropped`]). `pmstate deploy replay
+    /// --from-log` reproduces the logged targets bit for bit. Replaces (and
+    /// finishes) a recording under way.
+    pub fn record_to(&mut self, path: &std::path::Path, meta: &crate::recorder::LogMeta) -> Result<()> {
+        self.finish_recording()?;
+        let dims = self.pipeline.dims();
+        let layout = crate::recorder::Layout::new(dims.num_dofs, dims.num_bodies);
+        self.recorder = Some(Recorder::start(path, layout, &self.options, meta)?);
+        Ok(())
+    }
+
+    /// Stops the recording: every record still in the ring is written and
+    /// the file closed. Returns what was written (none when not recording).
+    pub fn finish_recording(&mut self) -> Result<Option<crate::recorder::RecorderSummary>> {
+        match self.recorder.take() {
+            Some(r) => r.finish().map(Some),
+            None => Ok(None),
+        }
+    }
+
     fn check(&self, s: &Sensors<'_>) -> Result<()> {
         let nd = self.pipeline.dims().num_dofs;
         for (name, got) in [("dof_pos", s.dof_pos.len()), ("dof_vel", s.dof_vel.len())] {
@@ -368,6 +524,9 @@ impl Tracker {
         let needs_pos = self.sources.contains(&Source::AnchorPos);
         if needs_pos && s.anchor_pos.is_none() {
             return Err(DeployError::Sensor { name: "anchor_pos", problem: SensorProblem::Missing });
+        }
+        if self.options.envelope.stale_after_periods.is_some() && s.stamp.is_none() {
+            return Err(DeployError::Sensor { name: "stamp", problem: SensorProblem::Missing });
         }
         let needs_bodies = self.sources.iter().any(|x| matches!(x, Source::Body(_) | Source::GroundHeight));
         match (&s.bodies, needs_bodies) {
@@ -394,15 +553,137 @@ impl Tracker {
     }
 
     /// One control step: the PD targets for the robot's current state.
+    ///
+    /// `Ok` means every value of the returned targets, actions and gains is
+    /// finite and inside the envelope; in the safe mode they are the safe
+    /// pose's. A refused reading is an `Err` for which
+    /// [`DeployError::is_refused_reading`] holds, and changes nothing but
+    /// the count of refusals.
     pub fn step(&mut self, s: &Sensors<'_>) -> Result<&PdTargets> {
+        let started = self.recorder.as_ref().map(|_| Instant::now());
         self.check(s)?;
+        match self.step_checked(s) {
+            Ok(ev) => {
+                self.status.steps += 1;
+                self.status.last_events = ev;
+                if ev & events::SAFE_MODE != 0 {
+                    self.status.safe_mode_steps += 1;
+                }
+                self.record(RecordKind::Step, ev, Some(s), started);
+                Ok(&self.out)
+            }
+            Err(e) => {
+                if e.is_refused_reading() {
+                    self.status.refused_readings += 1;
+                    self.status.last_events = events::REFUSED;
+                    self.record(RecordKind::Refused, events::REFUSED, Some(s), started);
+                }
+                Err(e)
+            }
+        }
+    }
+
+    fn record(&mut self, kind: RecordKind, events: u32, s: Option<&Sensors<'_>>, started: Option<Instant>) {
+        if let Some(r) = &mut self.recorder {
+            let step_ns = started.map_or(0, |t| u64::try_from(t.elapsed().as_nanos()).unwrap_or(u64::MAX));
+            r.push(&Record { kind, events, step_ns, sensors: s, out: &self.out });
+        }
+    }
+
+    fn step_checked(&mut self, s: &Sensors<'_>) -> Result<u32> {
+        check_reading(s, &self.options.envelope.sensor_bounds)?;
+        let mut ev = 0;
+        if self.status.safe_mode.is_none() {
+            if let Some(reason) = self.guard(s) {
+                self.status.trip(reason);
+                ev |= reason.event();
+            }
+        }
+        if self.status.safe_mode.is_none() {
+            match self.policy_step(s)? {
+                Some(e) => ev |= e,
+                None => {
+                    self.status.trip(SafeReason::NonFiniteOutput);
+                    ev |= events::NON_FINITE_OUTPUT;
+                }
+            }
+        }
+        if self.status.safe_mode.is_some() {
+            ev |= events::SAFE_MODE | self.safe_step(s);
+        }
+        Ok(ev)
+    }
+
+    /// The guard that trips on this reading, if one does.
+    fn guard(&self, s: &Sensors<'_>) -> Option<SafeReason> {
+        let env = &self.options.envelope;
+        if let (Some(n), Some(st)) = (env.stale_after_periods, s.stamp) {
+            if st.now - st.taken > f64::from(n) * self.player.control_dt() {
+                return Some(SafeReason::Stale);
+            }
+        }
+        if let Some(max) = env.max_tilt {
+            if tilt(s.anchor_rot) > max {
+                return Some(SafeReason::Tilt);
+            }
+        }
+        if env.end_of_clip == EndOfClip::Stop && self.finished() {
+            return Some(SafeReason::EndOfClip);
+        }
+        None
+    }
+
+    /// The policy's step: candidates computed from the state, checked, put
+    /// through the envelope and committed. `None`: a non-finite output,
+    /// nothing committed.
+    fn policy_step(&mut self, s: &Sensors<'_>) -> Result<Option<u32>> {
+        let align = match self.alignment {
+            Some(a) => a,
+            None => {
+                let f = self.player.frame(0);
+                let a = self.anchor;
+                let p = &f.body_pos[a * 3..a * 3 + 3];
+                let q = &f.body_rot[a * 4..a * 4 + 4];
+                Alignment::new(
+                    s.anchor_pos.unwrap_or([0.0; 3]),
+                    s.anchor_rot,
+                    [p[0], p[1], p[2]],
+                    [q[0], q[1], q[2], q[3]],
+                )
+            }
+        };
+        self.assemble(s, &align);
+        self.pipeline.step_into(&self.buffers, &mut self.scratch, &mut self.cand_actions, &mut self.cand_targets)?;
+        self.filter_candidate();
+        if !all_finite(&self.cand_actions) || !all_finite(&self.cand_targets) {
+            return Ok(None);
+        }
+        let ev = self.apply_envelope(s.dof_pos);
+        if !all_finite(&self.out.joint_pos_targets) {
+            return Ok(None);
+        }
+        // commit
+        self.out.actions.copy_from_slice(&self.cand_actions);
+        self.last_cmd.copy_from_slice(&self.out.joint_pos_targets);
+        self.has_last_cmd = true;
+        self.alignment = Some(align);
+        self.commit_filter();
+        let nd = self.cand_targets.len();
+        if self.history > 0 {
+            // newest first: step 1 (the previous control step) at index 0
+            self.fed_targets.copy_within(..(self.history - 1) * nd, nd);
+            self.fed_targets[..nd].copy_from_slice(&self.cand_targets);
+            self.fed_actions.copy_within(..(self.history - 1) * nd, nd);
+            self.fed_actions[..nd].copy_from_slice(&self.cand_actions);
+        }
+        self.frame = self.frame.saturating_add(1);
+        self.run_steps += 1;
+        Ok(Some(ev))
+    }
+
+    /// The pipeline's inputs of this step into `buffers`.
+    fn assemble(&mut self, s: &Sensors<'_>, align: &Alignment) {
         let anchor = self.anchor;
-        let align = *self.alignment.get_or_insert_with(|| {
-            let f = self.player.frame(0);
-            let p = &f.body_pos[anchor * 3..anchor * 3 + 3];
-            let q = &f.body_rot[anchor * 4..anchor * 4 + 4];
-            Alignment::new(s.anchor_pos.unwrap_or([0.0; 3]), s.anchor_rot, [p[0], p[1], p[2]], [q[0], q[1], q[2], q[3]])
-        });
         let nb = self.player.num_bodies();
         for (src, buf) in self.sources.iter().zip(self.buffers.iter_mut()) {
             buf.clear();
@@ -462,59 +743,187 @@ impl Tracker {
                 }
             }
         }
-        let PdTargets { actions, joint_pos_targets: pd, .. } = &mut self.out;
-        self.pipeline.step_into(&self.buffers, &mut self.scratch, actions, pd)?;
-        Self::filter(
-            &self.options,
-            &mut self.prev,
-            &mut self.prev_prev,
-            &mut self.clamp_history,
-            &mut self.ema_prev,
-            pd,
-        );
-        let nd = pd.len();
-        if self.history > 0 {
-            // newest first: step 1 (the previous control step) at index 0
-            self.fed_targets.copy_within(..(self.history - 1) * nd, nd);
-            self.fed_targets[..nd].copy_from_slice(pd);
-            self.fed_actions.copy_within(..(self.history - 1) * nd, nd);
-            self.fed_actions[..nd].copy_from_slice(actions);
-        }
-        self.frame = self.frame.saturating_add(1);
-        Ok(&self.out)
     }
 
-    /// The acceleration clamp, then the EMA filter, in NumPy float32 as the
-    /// deployment loop computes them (Python floats rounded to float32).
-    fn filter(
-        options: &TrackerOptions,
-        prev: &mut Vec<f32>,
-        prev_prev: &mut Vec<f32>,
-        clamp_history: &mut usize,
-        ema_prev: &mut Option<Vec<f32>>,
-        pd: &mut [f32],
-    ) {
-        if let (Some(max), 2) = (options.pd_target_max_accel, *clamp_history) {
+    /// The acceleration clamp, then the EMA filter, on the candidate
+    /// targets, in NumPy float32 as the deployment loop computes them
+    /// (Python floats rounded to float32); the state is read, not changed.
+    fn filter_candidate(&mut self) {
+        let pd = &mut self.cand_targets;
+        if let (Some(max), 2) = (self.options.pd_target_max_accel, self.clamp_history) {
             let m = max as f32;
-            for ((x, p), pp) in pd.iter_mut().zip(prev.iter()).zip(prev_prev.iter()) {
+            for ((x, p), pp) in pd.iter_mut().zip(self.prev.iter()).zip(self.prev_prev.iter()) {
                 let delta = *x - p;
                 let prev_delta = p - pp;
                 *x = p + prev_delta + clip(delta - prev_delta, -m, m);
             }
         }
-        std::mem::swap(prev, prev_prev);
-        prev.copy_from_slice(pd);
-        *clamp_history = (*clamp_history + 1).min(2);
-        let alpha = options.action_ema_alpha;
+        self.pre_ema.copy_from_slice(pd);
+        let alpha = self.options.action_ema_alpha;
         if alpha < 1.0 {
-            let prev = ema_prev.get_or_insert_with(|| pd.to_vec());
+            // the first filtered step starts from its own targets
+            let prev = if self.has_ema { &self.ema_prev } else { &self.pre_ema };
             let (a, b) = (alpha as f32, (1.0 - alpha) as f32);
-            for (x, p) in pd.iter_mut().zip(prev.iter_mut()) {
+            for (x, p) in pd.iter_mut().zip(prev.iter()) {
                 *x = a * *x + b * *p;
-                *p = *x;
             }
         }
     }
+
+    /// The filters' state after a committed step.
+    fn commit_filter(&mut self) {
+        std::mem::swap(&mut self.prev, &mut self.prev_prev);
+        self.prev.copy_from_slice(&self.pre_ema);
+        self.clamp_history = (self.clamp_history + 1).min(2);
+        if self.options.action_ema_alpha < 1.0 {
+            self.ema_prev.copy_from_slice(&self.cand_targets);
+            self.has_ema = true;
+        }
+    }
+
+    /// The envelope on the candidate targets into `out`: the soft start,
+    /// the rate limit, the joint limits. Counts what it did; commits nothing.
+    fn apply_envelope(&mut self, measured: &[f32]) -> u32 {
+        if self.run_steps == 0 {
+            self.start_pose.copy_from_slice(measured);
+            if !self.has_last_cmd {
+                self.last_cmd.copy_from_slice(measured);
+                self.has_last_cmd = true;
+            }
+        }
+        let env = &self.options.envelope;
+        let out = &mut self.out.joint_pos_targets;
+        out.copy_from_slice(&self.cand_targets);
+        let mut ev = 0;
+        if env.soft_start_seconds > 0.0 {
+            let elapsed = (self.run_steps + 1) as f64 * self.player.control_dt();
+            if elapsed < env.soft_start_seconds {
+                let w = (elapsed / env.soft_start_seconds) as f32;
+                for (x, s0) in out.iter_mut().zip(&self.start_pose) {
+                    *x = s0 + w * (*x - s0);
+                }
+                ev |= events::SOFT_START;
+                self.status.soft_start_steps += 1;
+            }
+        }
+        ev | limit(env, self.player.control_dt() as f32, &self.last_cmd, out, &mut self.status)
+    }
+
+    /// The safe mode's targets: the safe pose, rate-limited and clamped,
+    /// with the contract's gains and zero actions.
+    fn safe_step(&mut self, s: &Sensors<'_>) -> u32 {
+        if !self.has_last_cmd {
+            self.last_cmd.copy_from_slice(s.dof_pos);
+            self.has_last_cmd = true;
+        }
+        let env = &self.options.envelope;
+        let out = &mut self.out.joint_pos_targets;
+        match &env.safe_pose {
+            SafePose::Measured => out.copy_from_slice(s.dof_pos),
+            SafePose::Pose(p) => out.copy_from_slice(p),
+        }
+        let ev = limit(env, self.player.control_dt() as f32, &self.last_cmd, out, &mut self.status);
+        self.out.actions.iter_mut().for_each(|a| *a = 0.0);
+        self.last_cmd.copy_from_slice(out);
+        ev
+    }
+}
+
+/// The rate limit (from `last`) and the joint limits on `out`, counted.
+fn limit(env: &Envelope, dt: f32, last: &[f32], out: &mut [f32], status: &mut TrackerStatus) -> u32 {
+    let mut ev = 0;
+    if let Some(rate) = &env.max_target_rate {
+        let mut n = 0u64;
+        for ((x, l), r) in out.iter_mut().zip(last).zip(rate) {
+            let step = r * dt;
+            let (lo, hi) = (l - step, l + step);
+            if *x < lo {
+                *x = lo;
+                n += 1;
+            } else if *x > hi {
+                *x = hi;
+                n += 1;
+            }
+        }
+        if n > 0 {
+            ev |= events::RATE_LIMIT;
+            status.rate_limited += n;
+        }
+    }
+    if let Some(l) = &env.joint_limits {
+        let mut n = 0u64;
+        for ((x, lo), hi) in out.iter_mut().zip(&l.lower).zip(&l.upper) {
+            if *x < *lo {
+                *x = *lo;
+                n += 1;
+            } else if *x > *hi {
+                *x = *hi;
+                n += 1;
+            }
+        }
+        if n > 0 {
+            ev |= events::JOINT_LIMIT;
+            status.joint_limit_clamps += n;
+        }
+    }
+    ev
+}
+
+fn all_finite(v: &[f32]) -> bool {
+    v.iter().all(|x| x.is_finite())
+}
+
+/// Every value finite and within `bound` (an infinite bound: finite only).
+fn bounded(name: &'static str, v: &[f32], bound: f32) -> Result<()> {
+    for (index, &value) in v.iter().enumerate() {
+        if !value.is_finite() {
+            return Err(DeployError::Sensor { name, problem: SensorProblem::NonFinite { index, value } });
+        }
+        if value.abs() > bound {
+            return Err(DeployError::Sensor { name, problem: SensorProblem::OutOfRange { index, value, bound } });
+        }
+    }
+    Ok(())
+}
+
+/// Every quaternion of `v` (xyzw, packed) finite and of unit norm.
+fn unit_quats(name: &'static str, v: &[f32]) -> Result<()> {
+    bounded(name, v, f32::INFINITY)?;
+    for (index, q) in v.chunks_exact(4).enumerate() {
+        let norm = q.iter().map(|x| x * x).sum::<f32>().sqrt();
+        if !((norm - 1.0).abs() <= crate::limits::QUAT_NORM_TOLERANCE) {
+            return Err(DeployError::Sensor { name, problem: SensorProblem::NotUnit { index, norm } });
+        }
+    }
+    Ok(())
+}
+
+/// Refuses a reading that is not finite, not of unit quaternions, or
+/// beyond `b`, naming the sensor and index.
+fn check_reading(s: &Sensors<'_>, b: &SensorBounds) -> Result<()> {
+    bounded("dof_pos", s.dof_pos, b.joint_position)?;
+    bounded("dof_vel", s.dof_vel, b.joint_velocity)?;
+    unit_quats("anchor_rot", &s.anchor_rot)?;
+    bounded("root_local_ang_vel", &s.root_local_ang_vel, b.angular_velocity)?;
+    if let Some(p) = &s.anchor_pos {
+        bounded("anchor_pos", p, b.position)?;
+    }
+    if let Some(body) = &s.bodies {
+        bounded("bodies.pos", body.pos, b.position)?;
+        unit_quats("bodies.rot", body.rot)?;
+        bounded("bodies.vel", body.vel, b.linear_velocity)?;
+        bounded("bodies.ang_vel", body.ang_vel, b.angular_velocity)?;
+        bounded("bodies.ground_height", &[body.ground_height], b.position)?;
+    }
+    if let Some(st) = &s.stamp {
+        for (index, t) in [st.taken, st.now].into_iter().enumerate() {
+            if !t.is_finite() {
+                let problem = SensorProblem::NonFinite { index, value: t as f32 };
+                return Err(DeployError::Sensor { name: "stamp", problem });
+            }
+        }
+    }
+    Ok(())
 }
 
 /// `np.clip`: NaN stays NaN, bounds in either order never panic.

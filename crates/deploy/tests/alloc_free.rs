@@ -1,8 +1,9 @@
-//! A control step allocates nothing once the tracker has run one: every
+//! A control step allocates nothing once the tracker has run one, with the
+//! safety envelope's every guard and the flight recorder on: every
 //! allocation of this process is counted (a global allocator wrapping the
 //! system's), and 200 steps of the g1 tracker after a warm-up must make
-//! none. The test binary holds only this test, so no other thread allocates
-//! while it counts.
+//! none. The test binary holds only this test; the recorder's writer
+//! thread allocates nothing per record (it writes the ring's slices).
 // A GlobalAlloc is unsafe to implement; it forwards to the system allocator.
 #![allow(unsafe_code)]
 
@@ -11,7 +12,9 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use candle_core::Device;
-use pmstate_deploy::{MotionClip, MotionPlayer, Pipeline, Sensors, Tracker, TrackerOptions};
+use pmstate_deploy::{
+    EndOfClip, JointLimits, LogMeta, MotionClip, MotionPlayer, Pipeline, Sensors, Stamp, Tracker, TrackerOptions,
+};
 
 struct Counting;
 
@@ -51,11 +54,22 @@ fn a_step_allocates_nothing_after_the_first() {
     let pipeline = Pipeline::load(root().join("testdata/policy/g1_amp_deploy/last.ckpt"), None).expect("load");
     let clip = MotionClip::load(root().join("testdata/deploy/synthetic.motion")).expect("clip");
     let player = MotionPlayer::new(&clip, pipeline.contract().dt).expect("player");
-    let mut opts = TrackerOptions::from_contract(pipeline.contract());
-    // the filters on too: their buffers are allocated at the first step
+    let nd = pipeline.dims().num_dofs;
+    let mut opts = TrackerOptions::new(&pipeline);
+    // the filters on too
     opts.action_ema_alpha = 0.8;
     opts.pd_target_max_accel = Some(50.0);
+    // every guard on, none tripping: soft start, rate limit, joint limits, tilt, stale sensors
+    opts.envelope.soft_start_seconds = 1.0;
+    opts.envelope.max_target_rate = Some(vec![20.0; nd]);
+    opts.envelope.joint_limits = Some(JointLimits { lower: vec![-0.05; nd], upper: vec![0.05; nd] });
+    opts.envelope.max_tilt = Some(3.1);
+    opts.envelope.stale_after_periods = Some(5);
+    opts.envelope.end_of_clip = EndOfClip::Hold;
     let mut t = Tracker::new(pipeline, player, opts).expect("tracker");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log = dir.path().join("flight.pmlog");
+    t.record_to(&log, &LogMeta::default()).expect("recorder");
     let s =
         candle_core::safetensors::load(root().join("testdata/deploy/g1_amp_deploy/sensors.safetensors"), &Device::Cpu)
             .expect("sensors");
@@ -72,6 +86,7 @@ fn a_step_allocates_nothing_after_the_first() {
             root_local_ang_vel: [av[3 * k], av[3 * k + 1], av[3 * k + 2]],
             anchor_pos: None,
             bodies: None,
+            stamp: Some(Stamp { taken: k as f64 * 0.02, now: k as f64 * 0.02 + 0.001 }),
         };
         let out = t.step(&sensors).expect("step");
         out.joint_pos_targets[0]
@@ -86,5 +101,11 @@ fn a_step_allocates_nothing_after_the_first() {
     }
     let made = ALLOCATIONS.load(Ordering::Relaxed) - before;
     assert!(sum.is_finite());
+    let status = t.status();
     assert_eq!(made, 0, "200 steps made {made} allocations");
+    // the guards ran: the soft start blended, the tight limits clamped
+    assert!(status.soft_start_steps > 0 && status.joint_limit_clamps > 0, "{status:?}");
+    assert_eq!(status.safe_mode, None);
+    let summary = t.finish_recording().expect("finish").expect("recording");
+    assert_eq!(summary.records + summary.dropped, 203, "{summary:?}");
 }

@@ -76,7 +76,7 @@ fn check_player(r: &Recording) {
 
 fn run(r: &Recording, alpha: f64) -> Vec<Vec<f32>> {
     let pipeline = Pipeline::load(root().join("testdata/policy/g1_amp_deploy/last.ckpt"), None).expect("load");
-    let mut opts = TrackerOptions::from_contract(pipeline.contract());
+    let mut opts = TrackerOptions::reference(pipeline.contract());
     opts.action_ema_alpha = alpha;
     let mut t = Tracker::new(pipeline, player(r), opts).expect("tracker");
     let s = load(&r.dir.join("sensors.safetensors"));
@@ -100,6 +100,7 @@ fn run(r: &Recording, alpha: f64) -> Vec<Vec<f32>> {
             root_local_ang_vel: [av[3 * k], av[3 * k + 1], av[3 * k + 2]],
             anchor_pos: Some([ap[3 * k], ap[3 * k + 1], ap[3 * k + 2]]),
             bodies: None,
+            stamp: None,
         };
         let pd = t.step(&sensors).expect("step").joint_pos_targets.clone();
         if alpha == 1.0 {

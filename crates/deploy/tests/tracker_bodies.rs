@@ -52,7 +52,7 @@ fn max_coords_inputs_come_from_the_body_state_and_raw_actions() {
     let (nd, nb) = (p.dims().num_dofs, p.dims().num_bodies);
     let names: Vec<String> = p.inputs().iter().map(|i| i.name.clone()).collect();
     let player = MotionPlayer::new(&clip(nd, nb), p.contract().dt).expect("player");
-    let opts = TrackerOptions::from_contract(p.contract());
+    let opts = TrackerOptions::reference(p.contract());
     let mut t = Tracker::new(p, player.clone(), opts).expect("tracker");
     let (dof_pos, dof_vel) = (vec![0.1f32; nd], vec![-0.2f32; nd]);
     let f0 = player.frame(0);
@@ -70,6 +70,7 @@ fn max_coords_inputs_come_from_the_body_state_and_raw_actions() {
         root_local_ang_vel: [0.1, 0.2, 0.3],
         anchor_pos: Some([1.0, 2.0, 0.9]),
         bodies: None,
+        stamp: None,
     };
     match t.step(&s) {
         Err(DeployError::Sensor { name: "bodies", problem: SensorProblem::Missing }) => {}
