@@ -19,10 +19,63 @@ typedef enum {
   PMSTATE_NULL_ARGUMENT = 2,
   // A bug in pmstate (a panic, caught); the tracker should not be used again.
   PMSTATE_PANIC = 3,
+  // The sensor reading was refused (NaN, inf, a quaternion off unit
+  // norm, a value beyond its physical bound; [`pmstate_tracker_last_error`]
+  // names the sensor and index). Nothing was written and the tracker's
+  // state is as it was: hold the last targets and step again with the
+  // next reading.
+  PMSTATE_REFUSED = 4,
 } PmstateStatus;
 
 // An open tracker (opaque).
 typedef struct PmstateTracker PmstateTracker;
+
+// The tracker's options: the contract's filters and the safety envelope
+// (docs/deploy.md, "Safety"). [`pmstate_tracker_default_options`] fills
+// the defaults.
+typedef struct {
+  // Non-zero: the targets clamped to the robot config's joint limits (default 1).
+  int32_t joint_limits;
+  // Non-zero: the targets rate-limited to the robot config's velocity limits (default 1).
+  int32_t rate_limit;
+  // The EMA filter's alpha in (0, 1] (default: the contract's, 1).
+  double action_ema_alpha;
+  // Seconds of soft start from the measured pose (0: off, the default).
+  double soft_start_seconds;
+  // The tilt guard's threshold in radians (0: off, the default).
+  float max_tilt;
+  // The stale-sensor guard's age in control periods (0: off, the default).
+  uint32_t stale_after_periods;
+  // Non-zero: enter the safe mode after the clip's last frame (default 0: hold it).
+  int32_t stop_at_end_of_clip;
+} PmstateOptions;
+
+// What the tracker did since it was opened (`pmstate_tracker_status`).
+typedef struct {
+  // Steps that returned targets.
+  uint64_t steps;
+  // Readings refused.
+  uint64_t refused_readings;
+  // 0: not in the safe mode; else why: 1 tilt, 2 stale sensors, 3 a
+  // non-finite policy output, 4 end of clip, 5 operator stop.
+  uint32_t safe_mode;
+  // The last step's events (bits: 1 refused, 2 safe mode, 4 joint limit,
+  // 8 rate limit, 16 soft start, 32 tilt, 64 stale, 128 non-finite
+  // output, 256 end of clip, 512 operator stop).
+  uint32_t last_events;
+  // Steps in the safe mode.
+  uint64_t safe_mode_steps;
+  // Joint targets clamped to a limit.
+  uint64_t joint_limit_clamps;
+  // Joint targets rate-limited.
+  uint64_t rate_limited;
+  // Steps blended by the soft start.
+  uint64_t soft_start_steps;
+  // Flight-recorder records dropped (ring full).
+  uint64_t recorder_dropped;
+  // Non-zero when the flight recorder's writer failed.
+  int32_t recorder_failed;
+} PmstateTrackerStatus;
 
 // One control step's sensor readings. Quaternions are xyzw.
 typedef struct {
@@ -52,6 +105,13 @@ typedef struct {
   size_t num_bodies;
   // The ground's height under the robot (with `body_pos`).
   float ground_height;
+  // Non-zero when `stamp_taken` and `stamp_now` are set (required while
+  // the stale-sensor guard is on).
+  int32_t has_stamp;
+  // When the readings were taken, seconds on a monotonic clock.
+  double stamp_taken;
+  // Now, as the control step starts, on the same clock.
+  double stamp_now;
 } PmstateSensors;
 
 #ifdef __cplusplus
@@ -64,11 +124,18 @@ extern "C" {
 // `tracker` is null or a tracker from [`pmstate_tracker_open`] not yet closed.
 size_t pmstate_tracker_num_bodies(const PmstateTracker *tracker);
 
+// Fills `options` with the defaults: joint limits and rate limit on (where
+// the robot config gives them), the contract's filter, every other guard off.
+//
+// # Safety
+// `options` is null or points to writable storage for one [`PmstateOptions`].
+PmstateStatus pmstate_tracker_default_options(PmstateOptions *options);
+
 // Opens a tracker: the checkpoint's pipeline (configs from `config`, or
 // `resolved_configs_inference.pt` next to it when null), playing the
-// `.motion` clip at the contract's control period, with the contract's
-// filters. On success `*out` holds the tracker (free it with
-// [`pmstate_tracker_close`]).
+// `.motion` clip at the contract's control period, with the default
+// options ([`pmstate_tracker_default_options`]). On success `*out` holds
+// the tracker (free it with [`pmstate_tracker_close`]).
 //
 // # Safety
 // `checkpoint` and `motion` are NUL-terminated strings; `config` is one or
@@ -78,6 +145,45 @@ PmstateStatus pmstate_tracker_open(const char *checkpoint,
                                    const char *config,
                                    PmstateTracker **out);
 
+// [`pmstate_tracker_open`] with `options` (null: the defaults). Options
+// outside their domain are an error naming the option.
+//
+// # Safety
+// As [`pmstate_tracker_open`]; `options` is null or points to a valid [`PmstateOptions`].
+PmstateStatus pmstate_tracker_open_with(const char *checkpoint,
+                                        const char *motion,
+                                        const char *config,
+                                        const PmstateOptions *options,
+                                        PmstateTracker **out);
+
+// What the tracker did since it was opened, into `*status`.
+//
+// # Safety
+// `tracker` is a live tracker; `status` points to writable storage for one [`PmstateTrackerStatus`].
+PmstateStatus pmstate_tracker_status(const PmstateTracker *tracker,
+                                     PmstateTrackerStatus *status);
+
+// An operator's stop: the safe mode, latched until [`pmstate_tracker_reset`].
+//
+// # Safety
+// `tracker` is null or a live tracker.
+PmstateStatus pmstate_tracker_stop(PmstateTracker *tracker);
+
+// Starts the flight recorder: every later step is logged to `path` by a
+// thread of its own, never blocking the step (`pmstate deploy replay
+// --from-log` replays it bit for bit). A recording under way is finished first.
+//
+// # Safety
+// `tracker` is a live tracker; `path` a NUL-terminated string.
+PmstateStatus pmstate_tracker_record(PmstateTracker *tracker, const char *path);
+
+// Finishes the flight recording: what the ring holds is written and the
+// file closed (also done by [`pmstate_tracker_close`]).
+//
+// # Safety
+// `tracker` is null or a live tracker.
+PmstateStatus pmstate_tracker_finish_recording(PmstateTracker *tracker);
+
 // The number of joints (the length of every per-joint array).
 //
 // # Safety
@@ -85,7 +191,9 @@ PmstateStatus pmstate_tracker_open(const char *checkpoint,
 size_t pmstate_tracker_num_dofs(const PmstateTracker *tracker);
 
 // One control step: writes `num_dofs` joint position targets, stiffness
-// and damping values (`stiffness` and `damping` may be null).
+// and damping values (`stiffness` and `damping` may be null). On
+// `PmstateOk` every value written is finite and inside the envelope (in
+// the safe mode: the safe pose); on `PmstateRefused` nothing is written.
 //
 // # Safety
 // `tracker` is a live tracker; `sensors` points to a valid

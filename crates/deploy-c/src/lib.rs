@@ -15,7 +15,10 @@ use std::ffi::{c_char, CStr, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::Path;
 
-use pmstate_deploy::{BodyState, MotionClip, MotionPlayer, Pipeline, Sensors, Tracker, TrackerOptions};
+use pmstate_deploy::{
+    BodyState, DeployError, EndOfClip, LogMeta, MotionClip, MotionPlayer, Pipeline, Sensors, Stamp, Tracker,
+    TrackerOptions,
+};
 
 /// What a call returns.
 #[repr(C)]
@@ -29,6 +32,12 @@ pub enum PmstateStatus {
     PmstateNullArgument = 2,
     /// A bug in pmstate (a panic, caught); the tracker should not be used again.
     PmstatePanic = 3,
+    /// The sensor reading was refused (NaN, inf, a quaternion off unit
+    /// norm, a value beyond its physical bound; [`pmstate_tracker_last_error`]
+    /// names the sensor and index). Nothing was written and the tracker's
+    /// state is as it was: hold the last targets and step again with the
+    /// next reading.
+    PmstateRefused = 4,
 }
 
 /// One control step's sensor readings. Quaternions are xyzw.
@@ -61,11 +70,70 @@ pub struct PmstateSensors {
     pub num_bodies: usize,
     /// The ground's height under the robot (with `body_pos`).
     pub ground_height: f32,
+    /// Non-zero when `stamp_taken` and `stamp_now` are set (required while
+    /// the stale-sensor guard is on).
+    pub has_stamp: i32,
+    /// When the readings were taken, seconds on a monotonic clock.
+    pub stamp_taken: f64,
+    /// Now, as the control step starts, on the same clock.
+    pub stamp_now: f64,
+}
+
+/// The tracker's options: the contract's filters and the safety envelope
+/// (docs/deploy.md, "Safety"). [`pmstate_tracker_default_options`] fills
+/// the defaults.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct PmstateOptions {
+    /// Non-zero: the targets clamped to the robot config's joint limits (default 1).
+    pub joint_limits: i32,
+    /// Non-zero: the targets rate-limited to the robot config's velocity limits (default 1).
+    pub rate_limit: i32,
+    /// The EMA filter's alpha in (0, 1] (default: the contract's, 1).
+    pub action_ema_alpha: f64,
+    /// Seconds of soft start from the measured pose (0: off, the default).
+    pub soft_start_seconds: f64,
+    /// The tilt guard's threshold in radians (0: off, the default).
+    pub max_tilt: f32,
+    /// The stale-sensor guard's age in control periods (0: off, the default).
+    pub stale_after_periods: u32,
+    /// Non-zero: enter the safe mode after the clip's last frame (default 0: hold it).
+    pub stop_at_end_of_clip: i32,
+}
+
+/// What the tracker did since it was opened (`pmstate_tracker_status`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PmstateTrackerStatus {
+    /// Steps that returned targets.
+    pub steps: u64,
+    /// Readings refused.
+    pub refused_readings: u64,
+    /// 0: not in the safe mode; else why: 1 tilt, 2 stale sensors, 3 a
+    /// non-finite policy output, 4 end of clip, 5 operator stop.
+    pub safe_mode: u32,
+    /// The last step's events (bits: 1 refused, 2 safe mode, 4 joint limit,
+    /// 8 rate limit, 16 soft start, 32 tilt, 64 stale, 128 non-finite
+    /// output, 256 end of clip, 512 operator stop).
+    pub last_events: u32,
+    /// Steps in the safe mode.
+    pub safe_mode_steps: u64,
+    /// Joint targets clamped to a limit.
+    pub joint_limit_clamps: u64,
+    /// Joint targets rate-limited.
+    pub rate_limited: u64,
+    /// Steps blended by the soft start.
+    pub soft_start_steps: u64,
+    /// Flight-recorder records dropped (ring full).
+    pub recorder_dropped: u64,
+    /// Non-zero when the flight recorder's writer failed.
+    pub recorder_failed: i32,
 }
 
 /// An open tracker (opaque).
 pub struct PmstateTracker {
     tracker: Tracker,
+    meta: LogMeta,
 }
 
 thread_local! {
@@ -90,6 +158,10 @@ fn guard(f: impl FnOnce() -> Result<(), Failure>) -> PmstateStatus {
             set_error(m);
             PmstateStatus::PmstateError
         }
+        Ok(Err(Failure::Refused(m))) => {
+            set_error(m);
+            PmstateStatus::PmstateRefused
+        }
         Err(_) => {
             set_error("internal error (a panic in pmstate, caught at the C boundary)".into());
             PmstateStatus::PmstatePanic
@@ -100,10 +172,20 @@ fn guard(f: impl FnOnce() -> Result<(), Failure>) -> PmstateStatus {
 enum Failure {
     Null(&'static str),
     Message(String),
+    Refused(String),
 }
 
 impl<E: std::fmt::Display> From<E> for Failure {
     fn from(e: E) -> Self {
+        Failure::Message(e.to_string())
+    }
+}
+
+/// A deploy error, a refused reading told apart.
+fn deploy_failure(e: DeployError) -> Failure {
+    if e.is_refused_reading() {
+        Failure::Refused(e.to_string())
+    } else {
         Failure::Message(e.to_string())
     }
 }
@@ -134,11 +216,54 @@ pub unsafe extern "C" fn pmstate_tracker_num_bodies(tracker: *const PmstateTrack
     }
 }
 
+/// Fills `options` with the defaults: joint limits and rate limit on (where
+/// the robot config gives them), the contract's filter, every other guard off.
+///
+/// # Safety
+/// `options` is null or points to writable storage for one [`PmstateOptions`].
+#[no_mangle]
+pub unsafe extern "C" fn pmstate_tracker_default_options(options: *mut PmstateOptions) -> PmstateStatus {
+    guard(|| {
+        // SAFETY: null or writable per the contract.
+        let o = unsafe { options.as_mut() }.ok_or(Failure::Null("options"))?;
+        *o = PmstateOptions {
+            joint_limits: 1,
+            rate_limit: 1,
+            action_ema_alpha: f64::NAN,
+            soft_start_seconds: 0.0,
+            max_tilt: 0.0,
+            stale_after_periods: 0,
+            stop_at_end_of_clip: 0,
+        };
+        Ok(())
+    })
+}
+
+/// The Rust options of `o` for `p` (a NaN alpha: the contract's).
+fn options_of(p: &Pipeline, o: Option<&PmstateOptions>) -> TrackerOptions {
+    let mut t = TrackerOptions::new(p);
+    let Some(o) = o else { return t };
+    if o.joint_limits == 0 {
+        t.envelope.joint_limits = None;
+    }
+    if o.rate_limit == 0 {
+        t.envelope.max_target_rate = None;
+    }
+    if !o.action_ema_alpha.is_nan() {
+        t.action_ema_alpha = o.action_ema_alpha;
+    }
+    t.envelope.soft_start_seconds = o.soft_start_seconds;
+    t.envelope.max_tilt = (o.max_tilt != 0.0).then_some(o.max_tilt);
+    t.envelope.stale_after_periods = (o.stale_after_periods != 0).then_some(o.stale_after_periods);
+    t.envelope.end_of_clip = if o.stop_at_end_of_clip != 0 { EndOfClip::Stop } else { EndOfClip::Hold };
+    t
+}
+
 /// Opens a tracker: the checkpoint's pipeline (configs from `config`, or
 /// `resolved_configs_inference.pt` next to it when null), playing the
-/// `.motion` clip at the contract's control period, with the contract's
-/// filters. On success `*out` holds the tracker (free it with
-/// [`pmstate_tracker_close`]).
+/// `.motion` clip at the contract's control period, with the default
+/// options ([`pmstate_tracker_default_options`]). On success `*out` holds
+/// the tracker (free it with [`pmstate_tracker_close`]).
 ///
 /// # Safety
 /// `checkpoint` and `motion` are NUL-terminated strings; `config` is one or
@@ -148,6 +273,23 @@ pub unsafe extern "C" fn pmstate_tracker_open(
     checkpoint: *const c_char,
     motion: *const c_char,
     config: *const c_char,
+    out: *mut *mut PmstateTracker,
+) -> PmstateStatus {
+    // SAFETY: the caller's contract is this function's.
+    unsafe { pmstate_tracker_open_with(checkpoint, motion, config, std::ptr::null(), out) }
+}
+
+/// [`pmstate_tracker_open`] with `options` (null: the defaults). Options
+/// outside their domain are an error naming the option.
+///
+/// # Safety
+/// As [`pmstate_tracker_open`]; `options` is null or points to a valid [`PmstateOptions`].
+#[no_mangle]
+pub unsafe extern "C" fn pmstate_tracker_open_with(
+    checkpoint: *const c_char,
+    motion: *const c_char,
+    config: *const c_char,
+    options: *const PmstateOptions,
     out: *mut *mut PmstateTracker,
 ) -> PmstateStatus {
     guard(|| {
@@ -162,14 +304,96 @@ pub unsafe extern "C" fn pmstate_tracker_open(
             // SAFETY: non-null, NUL-terminated per the contract.
             Some(unsafe { arg_str(config, "config")? })
         };
+        // SAFETY: null or a valid PmstateOptions per the contract.
+        let options = unsafe { options.as_ref() };
         let pipeline = Pipeline::load(ckpt, config.map(Path::new))?;
         let clip = MotionClip::load(motion)?;
         let player = MotionPlayer::new(&clip, pipeline.contract().dt)?;
-        let opts = TrackerOptions::from_contract(pipeline.contract());
+        let opts = options_of(&pipeline, options);
         let tracker = Tracker::new(pipeline, player, opts)?;
-        let boxed = Box::into_raw(Box::new(PmstateTracker { tracker }));
+        let meta =
+            LogMeta { checkpoint: ckpt.to_owned(), config: config.map(str::to_owned), motion: motion.to_owned() };
+        let boxed = Box::into_raw(Box::new(PmstateTracker { tracker, meta }));
         // SAFETY: `out` is non-null and writable per the contract.
         unsafe { *out = boxed };
+        Ok(())
+    })
+}
+
+/// What the tracker did since it was opened, into `*status`.
+///
+/// # Safety
+/// `tracker` is a live tracker; `status` points to writable storage for one [`PmstateTrackerStatus`].
+#[no_mangle]
+pub unsafe extern "C" fn pmstate_tracker_status(
+    tracker: *const PmstateTracker,
+    status: *mut PmstateTrackerStatus,
+) -> PmstateStatus {
+    guard(|| {
+        // SAFETY: null or a live tracker per the contract.
+        let t = unsafe { tracker.as_ref() }.ok_or(Failure::Null("tracker"))?;
+        // SAFETY: null or writable per the contract.
+        let out = unsafe { status.as_mut() }.ok_or(Failure::Null("status"))?;
+        let s = t.tracker.status();
+        *out = PmstateTrackerStatus {
+            steps: s.steps,
+            refused_readings: s.refused_readings,
+            safe_mode: s.safe_mode.map_or(0, |r| r as u32),
+            last_events: s.last_events,
+            safe_mode_steps: s.safe_mode_steps,
+            joint_limit_clamps: s.joint_limit_clamps,
+            rate_limited: s.rate_limited,
+            soft_start_steps: s.soft_start_steps,
+            recorder_dropped: s.recorder_dropped,
+            recorder_failed: i32::from(s.recorder_failed),
+        };
+        Ok(())
+    })
+}
+
+/// An operator's stop: the safe mode, latched until [`pmstate_tracker_reset`].
+///
+/// # Safety
+/// `tracker` is null or a live tracker.
+#[no_mangle]
+pub unsafe extern "C" fn pmstate_tracker_stop(tracker: *mut PmstateTracker) -> PmstateStatus {
+    guard(|| {
+        // SAFETY: null or a live tracker per the contract.
+        let t = unsafe { tracker.as_mut() }.ok_or(Failure::Null("tracker"))?;
+        t.tracker.stop();
+        Ok(())
+    })
+}
+
+/// Starts the flight recorder: every later step is logged to `path` by a
+/// thread of its own, never blocking the step (`pmstate deploy replay
+/// --from-log` replays it bit for bit). A recording under way is finished first.
+///
+/// # Safety
+/// `tracker` is a live tracker; `path` a NUL-terminated string.
+#[no_mangle]
+pub unsafe extern "C" fn pmstate_tracker_record(tracker: *mut PmstateTracker, path: *const c_char) -> PmstateStatus {
+    guard(|| {
+        // SAFETY: null or a live tracker per the contract.
+        let t = unsafe { tracker.as_mut() }.ok_or(Failure::Null("tracker"))?;
+        // SAFETY: NUL-terminated per the contract (null checked).
+        let path = unsafe { arg_str(path, "path")? };
+        t.tracker.record_to(Path::new(path), &t.meta)?;
+        Ok(())
+    })
+}
+
+/// Finishes the flight recording: what the ring holds is written and the
+/// file closed (also done by [`pmstate_tracker_close`]).
+///
+/// # Safety
+/// `tracker` is null or a live tracker.
+#[no_mangle]
+pub unsafe extern "C" fn pmstate_tracker_finish_recording(tracker: *mut PmstateTracker) -> PmstateStatus {
+    guard(|| {
+        // SAFETY: null or a live tracker per the contract.
+        let t = unsafe { tracker.as_mut() }.ok_or(Failure::Null("tracker"))?;
+        t.tracker.finish_recording()?;
         Ok(())
     })
 }
@@ -188,7 +412,9 @@ pub unsafe extern "C" fn pmstate_tracker_num_dofs(tracker: *const PmstateTracker
 }
 
 /// One control step: writes `num_dofs` joint position targets, stiffness
-/// and damping values (`stiffness` and `damping` may be null).
+/// and damping values (`stiffness` and `damping` may be null). On
+/// `PmstateOk` every value written is finite and inside the envelope (in
+/// the safe mode: the safe pose); on `PmstateRefused` nothing is written.
 ///
 /// # Safety
 /// `tracker` is a live tracker; `sensors` points to a valid
@@ -277,8 +503,9 @@ pub unsafe extern "C" fn pmstate_tracker_step(
             root_local_ang_vel: s.root_local_ang_vel,
             anchor_pos,
             bodies,
+            stamp: (s.has_stamp != 0).then_some(Stamp { taken: s.stamp_taken, now: s.stamp_now }),
         };
-        let out = t.tracker.step(&sensors)?;
+        let out = t.tracker.step(&sensors).map_err(deploy_failure)?;
         for (dst, src) in
             [(joint_pos_targets, &out.joint_pos_targets), (stiffness, &out.stiffness), (damping, &out.damping)]
         {

@@ -71,6 +71,7 @@ fn a_c_program_runs_the_tracker() {
     let sensors = dir.path().join("sensors.bin");
     std::fs::write(&sensors, raw).expect("write sensors");
     let out = dir.path().join("targets.bin");
+    let log = dir.path().join("flight.pmlog");
     // cargo's LD_LIBRARY_PATH (which outranks the rpath) can name a folder
     // with an older copy of the library: this test's own comes first
     let run = Command::new(&exe)
@@ -80,6 +81,7 @@ fn a_c_program_runs_the_tracker() {
         .arg(&sensors)
         .arg(steps.to_string())
         .arg(&out)
+        .arg(&log)
         .output()
         .expect("run the C program");
     assert!(run.status.success(), "{}{}", String::from_utf8_lossy(&run.stdout), String::from_utf8_lossy(&run.stderr));
@@ -94,4 +96,40 @@ fn a_c_program_runs_the_tracker() {
     for (i, (a, b)) in got.iter().zip(&want).enumerate() {
         assert!((a - b).abs() <= 2e-6, "element {i}: C program {a}, ProtoMotions' loop {b}");
     }
+    replay_the_log(&log, steps);
+}
+
+/// The C program's flight log, stepped again in Rust with its options:
+/// every step's outputs bit for bit, the refusal refused again.
+fn replay_the_log(log: &Path, steps: usize) {
+    use pmstate_deploy::{read_log, MotionClip, MotionPlayer, Pipeline, RecordKind, Tracker};
+    let mut reader = read_log(log).expect("log");
+    let p = Pipeline::load(root().join("testdata/policy/g1_amp_deploy/last.ckpt"), None).expect("pipeline");
+    let clip = MotionClip::load(root().join("testdata/deploy/synthetic.motion")).expect("clip");
+    let player = MotionPlayer::new(&clip, p.contract().dt).expect("player");
+    let mut t = Tracker::new(p, player, reader.options()).expect("tracker");
+    let (mut n_steps, mut refused, mut stops) = (0, 0, 0);
+    while let Some(rec) = reader.next_record().expect("record") {
+        match rec.kind {
+            RecordKind::Reset => t.reset(),
+            RecordKind::Stop => {
+                stops += 1;
+                t.stop()
+            }
+            RecordKind::Refused => {
+                refused += 1;
+                let e = t.step(&rec.sensors.as_ref().expect("readings").sensors()).expect_err("refused again");
+                assert!(e.is_refused_reading(), "{e}");
+            }
+            RecordKind::Step => {
+                n_steps += 1;
+                let out = t.step(&rec.sensors.as_ref().expect("readings").sensors()).expect("step");
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&out.joint_pos_targets), bits(&rec.out.joint_pos_targets), "record {}", rec.seq);
+                assert_eq!(bits(&out.actions), bits(&rec.out.actions), "record {}", rec.seq);
+            }
+        }
+    }
+    // the loop, the step after the reset and the safe step; one refusal; one stop
+    assert_eq!((n_steps, refused, stops), (steps + 2, 1, 1));
 }

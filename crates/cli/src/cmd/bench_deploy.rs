@@ -9,12 +9,12 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
 
-use candle_core::Device;
-use pmstate_deploy::{MotionClip, MotionPlayer, Sensors, Tracker, TrackerOptions};
+use pmstate_deploy::{MotionClip, MotionPlayer, Tracker};
 use serde::Serialize;
 
 use crate::args::OutputFormat;
 use crate::cmd::policy::PolicyFiles;
+use crate::cmd::sensor_stream::{EnvelopeArgs, SensorStream};
 use crate::{output, CliError, Global};
 
 /// `pmstate bench-deploy [--config CONFIGS] CHECKPOINT --motion CLIP --sensors S [--steps N] [--threads T]`
@@ -29,12 +29,25 @@ pub struct Args {
     /// tracker is reset at the end of the clip, outside the timing).
     #[arg(long)]
     sensors: PathBuf,
-    /// Steps timed (after 100 untimed ones).
-    #[arg(long, default_value_t = 10_000, value_parser = crate::args::positive)]
+    /// Steps timed (after 100 untimed ones), at most 100000000.
+    #[arg(long, default_value_t = 10_000, value_parser = steps)]
     steps: usize,
     /// Worker threads for the actor's matrix products (default 1: one core, as a robot's control thread).
     #[arg(long, default_value_t = 1, value_parser = crate::args::positive)]
     threads: usize,
+    /// The envelope as a robot runs it (default on: the robot config's limits).
+    #[command(flatten)]
+    envelope: EnvelopeArgs,
+}
+
+/// The most steps one run times (8 bytes of memory each).
+const MAX_STEPS: usize = 100_000_000;
+
+fn steps(s: &str) -> Result<usize, String> {
+    match crate::args::positive(s)? {
+        n if n > MAX_STEPS => Err(format!("{n}: at most {MAX_STEPS} steps are timed in one run")),
+        n => Ok(n),
+    }
 }
 
 /// What `bench-deploy` measured.
@@ -66,25 +79,12 @@ pub fn run(a: Args, g: Global) -> Result<ExitCode, CliError> {
         .build()
         .map_err(|e| CliError::Usage(format!("--threads {}: {e}", a.threads)))?;
     let p = a.files.load_pipeline()?;
-    let nd = p.dims().num_dofs;
-    let sensors = candle_core::safetensors::load(&a.sensors, &Device::Cpu)
-        .map_err(|e| CliError::Usage(format!("--sensors {}: {e}", a.sensors.display())))?;
-    let col = |k: &str, w: usize| -> Result<Vec<f32>, CliError> {
-        let t = sensors.get(k).ok_or_else(|| CliError::Usage(format!("--sensors: no {k}")))?;
-        let v = t.flatten_all()?.to_vec1::<f32>()?;
-        if v.is_empty() || v.len() % w != 0 {
-            return Err(CliError::Usage(format!("--sensors: {k} is not [T, {w}]")));
-        }
-        Ok(v)
-    };
-    let (dp, dv, ar, av) =
-        (col("dof_pos", nd)?, col("dof_vel", nd)?, col("anchor_rot", 4)?, col("root_local_ang_vel", 3)?);
-    let ap = col("anchor_pos", 3).ok();
-    let rows = dp.len() / nd;
+    let stream = SensorStream::read(&a.sensors, p.dims().num_dofs, p.dims().num_bodies)?;
+    let rows = stream.steps();
     let clip = MotionClip::load(&a.motion)?;
     let dt = p.contract().dt;
     let player = MotionPlayer::new(&clip, dt)?;
-    let opts = TrackerOptions::from_contract(p.contract());
+    let opts = a.envelope.options(&p);
     let mut tracker = Tracker::new(p, player, opts)?;
     let mut times = Vec::with_capacity(a.steps);
     let mut k = 0usize;
@@ -94,14 +94,7 @@ pub fn run(a: Args, g: Global) -> Result<ExitCode, CliError> {
                 tracker.reset();
                 k = 0;
             }
-            let s = Sensors {
-                dof_pos: &dp[k * nd..(k + 1) * nd],
-                dof_vel: &dv[k * nd..(k + 1) * nd],
-                anchor_rot: [ar[4 * k], ar[4 * k + 1], ar[4 * k + 2], ar[4 * k + 3]],
-                root_local_ang_vel: [av[3 * k], av[3 * k + 1], av[3 * k + 2]],
-                anchor_pos: ap.as_ref().map(|ap| [ap[3 * k], ap[3 * k + 1], ap[3 * k + 2]]),
-                bodies: None,
-            };
+            let s = stream.sensors(k);
             let t = Instant::now();
             let out = tracker.step(&s)?;
             let e = t.elapsed().as_secs_f64();

@@ -2,12 +2,13 @@
 //! and reference motion in, PD targets out), as ProtoMotions' exported
 //! ONNX pipeline computes it, straight from the checkpoint.
 
-use std::collections::HashMap;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use candle_core::Tensor;
-use pmstate_deploy::{BodyState, DeployError, MotionClip, MotionPlayer, Pipeline, Sensors, Tracker, TrackerOptions};
+use pmstate_deploy::{
+    read_log, DeployError, LogMeta, MotionClip, MotionPlayer, Pipeline, RecordKind, Tracker, TrackerStatus,
+};
 use pmstate_norm::Dims;
 use serde::Serialize;
 
@@ -15,6 +16,7 @@ use crate::args::OutputFormat;
 use crate::cmd::policy::obs::{read_tensors, Schema};
 use crate::cmd::policy::run::{by_chunks, write_atomic, DEFAULT_CHUNK_ROWS};
 use crate::cmd::policy::PolicyFiles;
+use crate::cmd::sensor_stream::{EnvelopeArgs, SensorStream};
 use crate::{output, CliError, Global};
 
 /// `pmstate deploy contract|run`
@@ -46,7 +48,7 @@ enum DeployCommand {
     Replay(ReplayArgs),
 }
 
-/// `pmstate deploy replay [--config CONFIGS] CHECKPOINT --motion CLIP --sensors S --out OUT`
+/// `pmstate deploy replay [--config CONFIGS] CHECKPOINT --motion CLIP (--sensors S | --from-log LOG) [--out OUT]`
 #[derive(clap::Args, Debug)]
 pub struct ReplayArgs {
     #[command(flatten)]
@@ -55,76 +57,22 @@ pub struct ReplayArgs {
     #[arg(long)]
     motion: PathBuf,
     /// The sensor stream (safetensors).
-    #[arg(long)]
-    sensors: PathBuf,
-    /// Where to write the outputs (safetensors).
-    #[arg(long)]
-    out: PathBuf,
-    /// The EMA filter's alpha (default: the contract's control.action_ema_alpha).
-    #[arg(long)]
-    action_ema_alpha: Option<f64>,
-}
-
-/// The sensor stream of `deploy replay`: the known sensors, f32 `[T, ...]`.
-struct SensorSchema {
-    num_dofs: usize,
-    num_bodies: usize,
-}
-
-impl SensorSchema {
-    const NAMES: [&'static str; 10] = [
-        "dof_pos",
-        "dof_vel",
-        "anchor_rot",
-        "root_local_ang_vel",
-        "anchor_pos",
-        "body_pos",
-        "body_rot",
-        "body_vel",
-        "body_ang_vel",
-        "ground_height",
-    ];
-
-    /// The shape of one step.
-    fn row_shape(&self, name: &str) -> Option<Vec<usize>> {
-        Some(match name {
-            "dof_pos" | "dof_vel" => vec![self.num_dofs],
-            "anchor_rot" => vec![4],
-            "root_local_ang_vel" | "anchor_pos" => vec![3],
-            "body_pos" | "body_vel" | "body_ang_vel" => vec![self.num_bodies, 3],
-            "body_rot" => vec![self.num_bodies, 4],
-            "ground_height" => vec![1],
-            _ => return None,
-        })
-    }
-}
-
-impl Schema for SensorSchema {
-    fn flag(&self) -> &'static str {
-        "--sensors"
-    }
-
-    fn check_entry(&self, key: &str, dtype: &str, dims: &[u64]) -> Result<(), CliError> {
-        let Some(row) = self.row_shape(key) else {
-            return Err(CliError::Usage(format!(
-                "--sensors: {key} is no sensor the tracker reads ({})",
-                Self::NAMES.join(", ")
-            )));
-        };
-        let fits = dims.len() == row.len() + 1
-            && dims[1..].iter().zip(&row).all(|(&d, &w)| usize::try_from(d).ok() == Some(w));
-        if dtype != "F32" || !fits {
-            let dims: Vec<String> = dims.iter().map(u64::to_string).collect();
-            let row: Vec<String> = row.iter().map(usize::to_string).collect();
-            return Err(CliError::Usage(format!(
-                "--sensors: {key}: expected float32 [T, {}], got {} [{}]",
-                row.join(", "),
-                dtype.to_lowercase(),
-                dims.join(", ")
-            )));
-        }
-        Ok(())
-    }
+    #[arg(long, required_unless_present = "from_log", conflicts_with = "from_log")]
+    sensors: Option<PathBuf>,
+    /// A flight-recorder log (`--record`, the C ABI's pmstate_tracker_record):
+    /// its readings are stepped again with its options, and every step's
+    /// targets, actions and gains must equal the logged ones bit for bit
+    /// (exit 1 naming the first that does not).
+    #[arg(long, value_name = "LOG")]
+    from_log: Option<PathBuf>,
+    /// Where to write the outputs (safetensors); required with --sensors.
+    #[arg(long, required_unless_present = "from_log")]
+    out: Option<PathBuf>,
+    /// Log every step to this file (the flight recorder; docs/deploy.md).
+    #[arg(long, value_name = "LOG")]
+    record: Option<PathBuf>,
+    #[command(flatten)]
+    envelope: EnvelopeArgs,
 }
 
 /// `pmstate deploy contract [--config CONFIGS] CHECKPOINT`
@@ -222,89 +170,182 @@ pub fn run(a: Args, g: Global) -> Result<ExitCode, CliError> {
                 }
             }
         }
-        DeployCommand::Replay(r) => replay(r, g)?,
+        DeployCommand::Replay(r) => return replay(r, g),
     }
     Ok(ExitCode::SUCCESS)
 }
 
-fn replay(r: ReplayArgs, g: Global) -> Result<(), CliError> {
+fn replay(r: ReplayArgs, g: Global) -> Result<ExitCode, CliError> {
+    if let Some(log) = &r.from_log {
+        return replay_log(&r, log, g);
+    }
+    let (Some(sensors), Some(out)) = (&r.sensors, &r.out) else {
+        return Err(CliError::Usage("deploy replay: --sensors and --out, or --from-log".into()));
+    };
     let p = r.files.load_pipeline()?;
-    let nd = p.dims().num_dofs;
-    let nb = p.dims().num_bodies;
-    let sensors = read_tensors(&r.sensors, &SensorSchema { num_dofs: nd, num_bodies: nb })?;
-    let mut columns = HashMap::new();
-    let mut steps = None;
-    for name in SensorSchema::NAMES {
-        let Some(t) = sensors.get(name) else { continue };
-        let rows = t.dims()[0];
-        match steps {
-            None => steps = Some(rows),
-            Some(s) if s != rows => {
-                return Err(CliError::Usage(format!("--sensors: {name} has {rows} steps, the other sensors {s}")))
-            }
-            _ => {}
-        }
-        columns.insert(name, t.flatten_all()?.to_vec1::<f32>()?);
-    }
-    let steps = steps.unwrap_or(0);
-    for name in ["dof_pos", "dof_vel", "anchor_rot", "root_local_ang_vel"] {
-        if !columns.contains_key(name) {
-            return Err(CliError::Usage(format!("--sensors: no {name} (the tracker reads it every step)")));
-        }
-    }
+    let (nd, nb) = (p.dims().num_dofs, p.dims().num_bodies);
+    let stream = SensorStream::read(sensors, nd, nb)?;
+    let steps = stream.steps();
     let clip = MotionClip::load(&r.motion)?;
     let player = MotionPlayer::new(&clip, p.contract().dt)?;
-    let mut opts = TrackerOptions::from_contract(p.contract());
-    if let Some(a) = r.action_ema_alpha {
-        opts.action_ema_alpha = a;
-    }
+    let opts = r.envelope.options(&p);
     let mut tracker = Tracker::new(p, player, opts)?;
-    let row = |name: &str, k: usize, w: usize| -> &[f32] { &columns[name][k * w..(k + 1) * w] };
+    if let Some(log) = &r.record {
+        tracker.record_to(log, &log_meta(&r))?;
+    }
     let mut actions = Vec::with_capacity(steps * nd);
     let mut targets = Vec::with_capacity(steps * nd);
+    let mut events = Vec::with_capacity(steps);
+    // a refused reading: the robot holds the last targets (zeros before the first)
+    let mut held = (vec![0f32; nd], vec![0f32; nd]);
     for k in 0..steps {
-        let q = row("anchor_rot", k, 4);
-        let v = row("root_local_ang_vel", k, 3);
-        let s = Sensors {
-            dof_pos: row("dof_pos", k, nd),
-            dof_vel: row("dof_vel", k, nd),
-            anchor_rot: [q[0], q[1], q[2], q[3]],
-            root_local_ang_vel: [v[0], v[1], v[2]],
-            anchor_pos: columns.contains_key("anchor_pos").then(|| {
-                let a = row("anchor_pos", k, 3);
-                [a[0], a[1], a[2]]
-            }),
-            bodies: columns.contains_key("body_pos").then(|| BodyState {
-                pos: row("body_pos", k, nb * 3),
-                rot: columns.get("body_rot").map_or(&[][..], |_| row("body_rot", k, nb * 4)),
-                vel: columns.get("body_vel").map_or(&[][..], |_| row("body_vel", k, nb * 3)),
-                ang_vel: columns.get("body_ang_vel").map_or(&[][..], |_| row("body_ang_vel", k, nb * 3)),
-                ground_height: columns.get("ground_height").map_or(0.0, |_| row("ground_height", k, 1)[0]),
-            }),
-        };
-        let out = tracker.step(&s)?;
-        actions.extend_from_slice(&out.actions);
-        targets.extend_from_slice(&out.joint_pos_targets);
+        match tracker.step(&stream.sensors(k)) {
+            Ok(out) => {
+                held.0.copy_from_slice(&out.actions);
+                held.1.copy_from_slice(&out.joint_pos_targets);
+            }
+            Err(e) if e.is_refused_reading() => {
+                if !g.quiet {
+                    output::err_line(format!("step {k}: reading refused ({e}); the last targets held"));
+                }
+            }
+            Err(e) => return Err(e.into()),
+        }
+        actions.extend_from_slice(&held.0);
+        targets.extend_from_slice(&held.1);
+        events.push(tracker.status().last_events);
     }
+    tracker.finish_recording()?;
+    let status = tracker.status();
     let dev = candle_core::Device::Cpu;
     let named = [
         ("actions".to_owned(), Tensor::from_vec(actions, (steps, nd), &dev)?),
         ("joint_pos_targets".to_owned(), Tensor::from_vec(targets, (steps, nd), &dev)?),
+        ("events".to_owned(), Tensor::from_vec(events, steps, &dev)?),
     ];
-    write_atomic(&r.out, &named)?;
+    write_atomic(out, &named)?;
     #[derive(Serialize)]
     struct ReplayReport {
         out: String,
         steps: usize,
         clip_frames: usize,
+        status: TrackerStatus,
     }
-    let report = ReplayReport { out: r.out.display().to_string(), steps, clip_frames: clip.frames };
+    let report = ReplayReport { out: out.display().to_string(), steps, clip_frames: clip.frames, status };
     match g.format() {
         OutputFormat::Json => output::json_line(&report)?,
-        OutputFormat::Text => output::line(format!(
-            "wrote {}: actions, joint_pos_targets [{steps}, {nd}] ({steps} steps; the clip has {} frames at {} fps)",
-            report.out, clip.frames, clip.fps
-        )),
+        OutputFormat::Text => {
+            output::line(format!(
+                "wrote {}: actions, joint_pos_targets [{steps}, {nd}], events [{steps}] ({steps} steps; the clip has {} frames at {} fps)",
+                report.out, clip.frames, clip.fps
+            ));
+            output::line(status_line(&status));
+        }
     }
-    Ok(())
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The tracker's counts in one line.
+pub(crate) fn status_line(s: &TrackerStatus) -> String {
+    let safe = s.safe_mode.map_or_else(|| "off".to_owned(), |r| format!("on ({r})"));
+    format!(
+        "safe mode {safe}; refused readings {}, joint-limit clamps {}, rate-limited {}, soft-start steps {}, safe-mode steps {}",
+        s.refused_readings, s.joint_limit_clamps, s.rate_limited, s.soft_start_steps, s.safe_mode_steps
+    )
+}
+
+fn log_meta(r: &ReplayArgs) -> LogMeta {
+    LogMeta {
+        checkpoint: r.files.checkpoint().display().to_string(),
+        config: r.files.config().map(|c| c.display().to_string()),
+        motion: r.motion.display().to_string(),
+    }
+}
+
+/// `deploy replay --from-log`: the logged readings stepped again with the
+/// logged options; every output compared bit for bit.
+fn replay_log(r: &ReplayArgs, log: &std::path::Path, g: Global) -> Result<ExitCode, CliError> {
+    let p = r.files.load_pipeline()?;
+    let mut reader = read_log(log)?;
+    let (nd, nb) = (p.dims().num_dofs, p.dims().num_bodies);
+    if reader.dims() != (nd, nb) {
+        return Err(CliError::Usage(format!(
+            "--from-log {}: logged for {} joints and {} bodies; the checkpoint's robot has {nd} and {nb}",
+            log.display(),
+            reader.dims().0,
+            reader.dims().1
+        )));
+    }
+    let clip = MotionClip::load(&r.motion)?;
+    let player = MotionPlayer::new(&clip, p.contract().dt)?;
+    let mut tracker = Tracker::new(p, player, reader.options())?;
+    let (mut records, mut steps, mut refused, mut mismatch): (u64, u64, u64, Option<String>) = (0, 0, 0, None);
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
+    while let Some(rec) = reader.next_record()? {
+        records += 1;
+        match (rec.kind, &rec.sensors) {
+            (RecordKind::Reset, _) => tracker.reset(),
+            (RecordKind::Stop, _) => tracker.stop(),
+            (kind, Some(s)) => {
+                let got = tracker.step(&s.sensors());
+                let same = match (kind, got) {
+                    (RecordKind::Step, Ok(out)) => {
+                        steps += 1;
+                        bits(&out.joint_pos_targets) == bits(&rec.out.joint_pos_targets)
+                            && bits(&out.actions) == bits(&rec.out.actions)
+                            && bits(&out.stiffness) == bits(&rec.out.stiffness)
+                            && bits(&out.damping) == bits(&rec.out.damping)
+                    }
+                    (RecordKind::Refused, Err(e)) if e.is_refused_reading() => {
+                        refused += 1;
+                        true
+                    }
+                    (_, Err(e)) if !e.is_refused_reading() => return Err(e.into()),
+                    _ => false,
+                };
+                let events = tracker.status().last_events;
+                if (!same || events != rec.events) && mismatch.is_none() {
+                    mismatch = Some(format!(
+                        "record {} (sequence {}): the replay differs from the log (logged {:?} with events {:#x}, replayed events {events:#x})",
+                        records - 1,
+                        rec.seq,
+                        rec.kind,
+                        rec.events
+                    ));
+                }
+            }
+            (_, None) => {
+                return Err(CliError::Usage(format!("--from-log {}: a step record without readings", log.display())))
+            }
+        }
+    }
+    #[derive(Serialize)]
+    struct LogReport {
+        log: String,
+        records: u64,
+        steps: u64,
+        refused: u64,
+        identical: bool,
+        first_difference: Option<String>,
+    }
+    let report = LogReport {
+        log: log.display().to_string(),
+        records,
+        steps,
+        refused,
+        identical: mismatch.is_none(),
+        first_difference: mismatch.clone(),
+    };
+    match g.format() {
+        OutputFormat::Json => output::json_line(&report)?,
+        OutputFormat::Text => output::line(match &mismatch {
+            None => format!(
+                "{}: {records} records replayed ({steps} steps, {refused} refused readings): every output bit for bit as logged",
+                report.log
+            ),
+            Some(m) => format!("{}: {m}", report.log),
+        }),
+    }
+    // a difference is the command's verdict (exit 1), as `diff`'s
+    Ok(if mismatch.is_some() { ExitCode::from(1) } else { ExitCode::SUCCESS })
 }

@@ -16,4 +16,5 @@ pub mod inspect;
 pub mod normalizers;
 pub mod policy;
 pub mod replay;
+pub(crate) mod sensor_stream;
 pub mod serve;

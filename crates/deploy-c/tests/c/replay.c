@@ -2,9 +2,11 @@
  * the tracker, steps it over a sensor stream read from a raw float32 file
  * (per step: dof_pos[D], dof_vel[D], anchor_rot[4], root_local_ang_vel[3],
  * anchor_pos[3]), writes the joint position targets of every step to a raw
- * float32 file, and checks the error paths.
+ * float32 file, and checks the error paths, the refusal of a bad reading,
+ * the safe mode (an operator's stop and the tilt guard) and the flight
+ * recorder (logged to LOG; the Rust side replays it bit for bit).
  *
- * usage: replay CHECKPOINT MOTION SENSORS.bin STEPS OUT.bin */
+ * usage: replay CHECKPOINT MOTION SENSORS.bin STEPS OUT.bin LOG */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,7 +23,7 @@
   } while (0)
 
 int main(int argc, char **argv) {
-  CHECK(argc == 6, "usage: replay CHECKPOINT MOTION SENSORS.bin STEPS OUT.bin");
+  CHECK(argc == 7, "usage: replay CHECKPOINT MOTION SENSORS.bin STEPS OUT.bin LOG");
   long steps = strtol(argv[4], NULL, 10);
 
   /* a missing checkpoint is an error with a reason */
@@ -32,9 +34,20 @@ int main(int argc, char **argv) {
   CHECK(bad == NULL, "a failed open wrote a tracker");
   CHECK(pmstate_tracker_open(NULL, argv[2], NULL, &bad) == PMSTATE_NULL_ARGUMENT, "null checkpoint accepted");
 
+  /* ProtoMotions' own loop: the envelope's clamps off, so the targets can
+   * be compared with the recorded Python loop's */
+  PmstateOptions opts;
+  CHECK(pmstate_tracker_default_options(&opts) == PMSTATE_OK, "default options");
+  opts.joint_limits = 0;
+  opts.rate_limit = 0;
+  PmstateOptions wrong_opts = opts;
+  wrong_opts.action_ema_alpha = 1.5;
+  CHECK(pmstate_tracker_open_with(argv[1], argv[2], NULL, &wrong_opts, &bad) == PMSTATE_ERROR, "alpha 1.5 accepted");
+  CHECK(strstr(pmstate_tracker_last_error(), "action_ema_alpha") != NULL, "reason: %s", pmstate_tracker_last_error());
   PmstateTracker *t = NULL;
-  PmstateStatus s = pmstate_tracker_open(argv[1], argv[2], NULL, &t);
+  PmstateStatus s = pmstate_tracker_open_with(argv[1], argv[2], NULL, &opts, &t);
   CHECK(s == PMSTATE_OK, "open: %s", pmstate_tracker_last_error());
+  CHECK(pmstate_tracker_record(t, argv[6]) == PMSTATE_OK, "record: %s", pmstate_tracker_last_error());
   size_t nd = pmstate_tracker_num_dofs(t);
   CHECK(nd > 0, "no joints");
   CHECK(pmstate_tracker_num_bodies(t) > 0, "no bodies");
@@ -80,6 +93,20 @@ int main(int argc, char **argv) {
       CHECK(pmstate_tracker_step(t, &wrong, targets + nd, NULL, NULL, nd) == PMSTATE_ERROR, "wrong num_bodies accepted");
       CHECK(strstr(pmstate_tracker_last_error(), "bodies") != NULL, "reason: %s", pmstate_tracker_last_error());
       free(body);
+      /* a NaN reading is refused: nothing written, the state as it was */
+      float nan_pos[64], probe[64];
+      CHECK(nd <= 64, "too many joints for this test");
+      memcpy(nan_pos, r, sizeof(float) * nd);
+      nan_pos[3] = 0.0f / 0.0f;
+      PmstateSensors glitch = sensors;
+      glitch.dof_pos = nan_pos;
+      for (size_t j = 0; j < nd; j++) probe[j] = 12345.0f;
+      CHECK(pmstate_tracker_step(t, &glitch, probe, NULL, NULL, nd) == PMSTATE_REFUSED, "a NaN reading was not refused");
+      CHECK(strstr(pmstate_tracker_last_error(), "dof_pos") != NULL, "reason: %s", pmstate_tracker_last_error());
+      CHECK(probe[0] == 12345.0f, "a refused step wrote targets");
+      PmstateTrackerStatus st;
+      CHECK(pmstate_tracker_status(t, &st) == PMSTATE_OK, "status");
+      CHECK(st.refused_readings == 1 && st.steps == 1 && st.safe_mode == 0, "status after the refusal");
     }
   }
   CHECK(stiffness[0] > 0.0f && damping[0] > 0.0f, "no gains");
@@ -88,13 +115,40 @@ int main(int argc, char **argv) {
   float again[64];
   CHECK(nd <= 64, "too many joints for this test");
   CHECK(pmstate_tracker_reset(t) == PMSTATE_OK, "reset");
-  PmstateSensors first = {in, in + nd, nd, {0}, {0}, in + 2 * nd + 7, NULL, NULL, NULL, NULL, 0, 0.0f};
+  PmstateSensors first = {in, in + nd, nd, {0}, {0}, in + 2 * nd + 7, NULL, NULL, NULL, NULL, 0, 0.0f, 0, 0.0, 0.0};
   memcpy(first.anchor_rot, in + 2 * nd, sizeof(float) * 4);
   memcpy(first.root_local_ang_vel, in + 2 * nd + 4, sizeof(float) * 3);
   CHECK(pmstate_tracker_step(t, &first, again, NULL, NULL, nd) == PMSTATE_OK, "step after reset: %s",
         pmstate_tracker_last_error());
   CHECK(memcmp(again, targets, sizeof(float) * nd) == 0, "the first step after a reset differs");
 
+  /* an operator's stop: the safe mode, the measured joints as targets */
+  CHECK(pmstate_tracker_stop(t) == PMSTATE_OK, "stop");
+  CHECK(pmstate_tracker_step(t, &first, again, NULL, NULL, nd) == PMSTATE_OK, "safe step: %s", pmstate_tracker_last_error());
+  CHECK(memcmp(again, in, sizeof(float) * nd) == 0, "the safe mode's targets are not the measured joints");
+  PmstateTrackerStatus st;
+  CHECK(pmstate_tracker_status(t, &st) == PMSTATE_OK, "status");
+  CHECK(st.safe_mode == 5 && st.safe_mode_steps == 1 && (st.last_events & 2), "status in the safe mode");
+  CHECK(pmstate_tracker_reset(t) == PMSTATE_OK, "reset");
+  CHECK(pmstate_tracker_status(t, &st) == PMSTATE_OK && st.safe_mode == 0, "the reset left the safe mode");
+  CHECK(pmstate_tracker_finish_recording(t) == PMSTATE_OK, "finish recording: %s", pmstate_tracker_last_error());
+  pmstate_tracker_close(t);
+
+  /* the tilt guard: an upside-down anchor enters the safe mode */
+  PmstateOptions tilted = opts;
+  tilted.max_tilt = 1.0f;
+  CHECK(pmstate_tracker_open_with(argv[1], argv[2], NULL, &tilted, &t) == PMSTATE_OK, "open: %s", pmstate_tracker_last_error());
+  PmstateSensors upside_down = first;
+  upside_down.anchor_rot[0] = 1.0f;
+  upside_down.anchor_rot[1] = 0.0f;
+  upside_down.anchor_rot[2] = 0.0f;
+  upside_down.anchor_rot[3] = 0.0f;
+  CHECK(pmstate_tracker_step(t, &upside_down, again, NULL, NULL, nd) == PMSTATE_OK, "tilted step: %s", pmstate_tracker_last_error());
+  CHECK(pmstate_tracker_status(t, &st) == PMSTATE_OK && st.safe_mode == 1, "the tilt guard did not trip");
+  CHECK(memcmp(again, in, sizeof(float) * nd) == 0, "the tilt's safe targets are not the measured joints");
+  /* upright again: still latched until a reset */
+  CHECK(pmstate_tracker_step(t, &first, again, NULL, NULL, nd) == PMSTATE_OK, "step");
+  CHECK(pmstate_tracker_status(t, &st) == PMSTATE_OK && st.safe_mode == 1 && st.safe_mode_steps == 2, "not latched");
   pmstate_tracker_close(t);
   pmstate_tracker_close(NULL);
 

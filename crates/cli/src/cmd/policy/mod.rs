@@ -54,6 +54,16 @@ pub struct PolicyFiles {
 }
 
 impl PolicyFiles {
+    /// The checkpoint named.
+    pub(crate) fn checkpoint(&self) -> &std::path::Path {
+        &self.checkpoint
+    }
+
+    /// The configs file named, if one was.
+    pub(crate) fn config(&self) -> Option<&std::path::Path> {
+        self.config.as_deref()
+    }
+
     /// How the files are read: unexpected globals refused unless allowed.
     fn options(&self) -> LoadOptions {
         LoadOptions { globals: if self.allow_unsafe_globals { Globals::Allow } else { Globals::Refuse } }
