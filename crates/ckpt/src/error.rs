@@ -23,12 +23,22 @@ pub enum CkptError {
         /// The OS error.
         source: std::io::Error,
     },
-    /// The input is a directory, a FIFO or a device, not a checkpoint file.
+    /// The input is a directory, a FIFO or a device, not a checkpoint file
+    /// (or an output is a directory, a block device or a socket).
     #[error("{path}: not a regular file ({kind})")]
     NotAFile {
         /// The path given.
         path: String,
         /// What it is instead.
+        kind: &'static str,
+    },
+    /// An output that is a FIFO or a device, for a format written with seeks
+    /// (a `.pt` zip archive); safetensors can be streamed into one.
+    #[error("{path} is {kind}: a .pt archive is written with seeks and cannot be streamed into it (write safetensors there, or a regular file)")]
+    NotSeekable {
+        /// The output.
+        path: String,
+        /// What it is.
         kind: &'static str,
     },
     /// The input was rewritten or truncated while it was being read (a

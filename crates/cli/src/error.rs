@@ -135,6 +135,7 @@ fn ckpt_parts(e: &pmstate_ckpt::CkptError) -> (&'static str, Option<&str>, Optio
     match e {
         E::Io { path, .. } => ("io", Some(path), None),
         E::NotAFile { path, .. } => ("not_a_file", Some(path), None),
+        E::NotSeekable { path, .. } => ("not_seekable", Some(path), None),
         E::InputChanged { path } => ("input_changed", Some(path), None),
         E::NotACheckpoint { path } => ("not_a_checkpoint", Some(path), None),
         E::TorchScript { path } => ("torchscript", Some(path), None),

@@ -411,3 +411,72 @@ fn clean_tmp_leaves_folders_alone_and_names_a_file_it_cannot_remove() {
     assert!(err.contains("removing ") && err.contains(".pmstate-") && !err.contains("writing output"), "{err}");
     assert!(stale.exists());
 }
+
+/// Outputs that are FIFOs or character devices (made in a temporary folder,
+/// never the machine's own): safetensors outputs of `convert`, `deploy
+/// replay` are streamed into them and they stay what they were; a `.pt`
+/// (written with seeks) is refused naming the path; nothing is unlinked,
+/// replaced, or left beside them.
+#[cfg(unix)]
+#[test]
+fn outputs_into_fifos_and_devices_are_streams_never_replacements() {
+    use std::io::Read;
+    use std::os::unix::fs::FileTypeExt;
+    let dir = tempfile::tempdir().unwrap();
+    let regular = dir.path().join("regular.safetensors");
+    let o = pmstate(&["convert", &fixture("inference.ckpt"), regular.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", text(&o));
+    let fifo = dir.path().join("out.safetensors");
+    if std::process::Command::new("mkfifo").arg(&fifo).status().is_ok_and(|s| s.success()) {
+        let p = fifo.clone();
+        let reader = std::thread::spawn(move || {
+            let mut got = Vec::new();
+            std::fs::File::open(&p).unwrap().read_to_end(&mut got).unwrap();
+            got
+        });
+        let o = pmstate(&["convert", &fixture("inference.ckpt"), fifo.to_str().unwrap()]);
+        assert!(o.status.success(), "{}", text(&o));
+        assert_eq!(reader.join().unwrap(), std::fs::read(&regular).unwrap(), "the FIFO got other bytes");
+        assert!(std::fs::metadata(&fifo).unwrap().file_type().is_fifo(), "the FIFO was replaced");
+    } else {
+        eprintln!("SKIPPED the FIFO half: mkfifo is not available here");
+    }
+    let mknod = |name: &str| {
+        let p = dir.path().join(name);
+        let made = std::process::Command::new("mknod").arg(&p).args(["c", "1", "3"]).output();
+        made.is_ok_and(|o| o.status.success()).then_some(p)
+    };
+    let (Some(dev_st), Some(dev_pt), Some(dev_replay)) =
+        (mknod("dev.safetensors"), mknod("dev.pt"), mknod("replay.safetensors"))
+    else {
+        eprintln!("SKIPPED the device half: mknod is not permitted here (needs CAP_MKNOD)");
+        return;
+    };
+    let o = pmstate(&["convert", &fixture("inference.ckpt"), dev_st.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", text(&o));
+    let o = pmstate(&["convert", &fixture("inference.ckpt"), dev_pt.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("cannot be streamed"), "{}", text(&o));
+    let root = |rel: &str| format!("{}/../../{rel}", env!("CARGO_MANIFEST_DIR"));
+    let o = pmstate(&[
+        "deploy",
+        "replay",
+        &root("testdata/policy/g1_amp_deploy/last.ckpt"),
+        "--motion",
+        &root("testdata/deploy/synthetic.motion"),
+        "--sensors",
+        &root("testdata/deploy/g1_amp_deploy/sensors.safetensors"),
+        "--out",
+        dev_replay.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    for d in [&dev_st, &dev_pt, &dev_replay] {
+        assert!(std::fs::metadata(d).unwrap().file_type().is_char_device(), "{} was replaced", d.display());
+    }
+    let left: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".tmp"))
+        .collect();
+    assert!(left.is_empty(), "temporary files left: {left:?}");
+}

@@ -205,9 +205,34 @@ pub fn to_bytes(trace: &Trace) -> Result<Vec<u8>> {
 }
 
 /// Writes `trace` to `path` atomically: a temporary file beside it, synced,
-/// then renamed over `path`; on failure `path` is untouched.
+/// then renamed over `path`; on failure `path` is untouched. A FIFO or a
+/// character device is written into as a stream, never unlinked or
+/// replaced; a directory, block device or socket is refused.
 pub fn write_file(trace: &Trace, path: &Path) -> Result<()> {
     let bytes = to_bytes(trace)?;
+    let refuse = |what: &str| TraceError::Io {
+        path: path.display().to_string(),
+        source: std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("not a regular file ({what})")),
+    };
+    if let Ok(meta) = std::fs::metadata(path) {
+        let t = meta.file_type();
+        if t.is_dir() {
+            return Err(refuse("a directory"));
+        }
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::FileTypeExt;
+            if t.is_fifo() || t.is_char_device() {
+                let io = |source| TraceError::Io { path: path.display().to_string(), source };
+                // opened as it is: no create, no truncation, no rename
+                let mut f = std::fs::OpenOptions::new().write(true).open(path).map_err(io)?;
+                return f.write_all(&bytes).map_err(io);
+            }
+            if t.is_block_device() || t.is_socket() {
+                return Err(refuse(if t.is_socket() { "a socket" } else { "a block device" }));
+            }
+        }
+    }
     let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
     let name = path.file_name().ok_or_else(|| TraceError::Io {
         path: path.display().to_string(),

@@ -219,3 +219,39 @@ fn write_file_is_atomic_and_its_errors_name_the_target() {
     let e = pmstate_trace::write_file(&trace, &missing).unwrap_err();
     assert!(matches!(&e, TraceError::Io { path, .. } if path == &missing.display().to_string()), "{e}");
 }
+
+/// A FIFO named as the output gets the trace's bytes as a stream and stays
+/// a FIFO; a character device made here stays one (never the machine's
+/// own /dev/null); nothing is left beside them.
+#[cfg(unix)]
+#[test]
+fn write_file_streams_into_fifos_and_devices() {
+    use std::io::Read;
+    use std::os::unix::fs::FileTypeExt;
+    let dir = tempfile::tempdir().unwrap();
+    let bytes = valid();
+    let trace = read_bytes(&bytes).unwrap();
+    let fifo = dir.path().join("t.fifo");
+    if std::process::Command::new("mkfifo").arg(&fifo).status().is_ok_and(|s| s.success()) {
+        let p = fifo.clone();
+        let reader = std::thread::spawn(move || {
+            let mut got = Vec::new();
+            std::fs::File::open(&p).unwrap().read_to_end(&mut got).unwrap();
+            got
+        });
+        pmstate_trace::write_file(&trace, &fifo).unwrap();
+        assert_eq!(reader.join().unwrap(), bytes);
+        assert!(std::fs::metadata(&fifo).unwrap().file_type().is_fifo());
+    } else {
+        eprintln!("SKIPPED the FIFO half: mkfifo is not available here");
+    }
+    let null = dir.path().join("null");
+    if std::process::Command::new("mknod").arg(&null).args(["c", "1", "3"]).output().is_ok_and(|o| o.status.success()) {
+        pmstate_trace::write_file(&trace, &null).unwrap();
+        assert!(std::fs::metadata(&null).unwrap().file_type().is_char_device());
+    } else {
+        eprintln!("SKIPPED the device half: mknod is not permitted here (needs CAP_MKNOD)");
+    }
+    let names = std::fs::read_dir(dir.path()).unwrap().count();
+    assert!(names <= 2, "a temporary file was left");
+}

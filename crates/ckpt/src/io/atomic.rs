@@ -142,17 +142,89 @@ fn create_temporary(dir: &Path, target: &Path) -> Result<(File, PathBuf)> {
 /// machine runs (the name points at the old file or at the whole new one),
 /// but a power loss or kernel crash soon after may leave the new name with
 /// missing data on filesystems that do not order the rename after the data.
+///
+/// A target that is a FIFO or a character device is written as a stream
+/// (opened for writing, never unlinked or replaced: `--out /dev/null` run as
+/// root must not replace the system's /dev/null) when `stream` says the
+/// format can be; otherwise it, a block device or a socket, is refused.
 pub(crate) fn write_atomically<T>(
     path: &Path,
     fsync: bool,
+    fill: impl FnOnce(&mut BufWriter<File>) -> Result<T>,
+) -> Result<T> {
+    write_atomically_or_stream(path, fsync, Streaming::Allowed, fill)
+}
+
+/// Whether a format can be written into a pipe or device (one pass, no seeks).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Streaming {
+    /// One pass: a FIFO or character device is written as a stream.
+    Allowed,
+    /// The writer seeks (a zip archive): such targets are refused.
+    Refused,
+}
+
+/// What an existing output path is.
+enum Target {
+    /// A regular file, or nothing yet: written atomically.
+    File,
+    /// A FIFO or character device: written in place, as a stream.
+    Stream(&'static str),
+    /// Something no output may be: a directory, a block device, a socket.
+    Refused(&'static str),
+}
+
+fn target_kind(path: &Path) -> Target {
+    // follows symbolic links: a link to a FIFO is written as the FIFO
+    let Ok(meta) = std::fs::metadata(path) else { return Target::File };
+    let t = meta.file_type();
+    if t.is_dir() {
+        return Target::Refused("a directory");
+    }
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::FileTypeExt;
+        if t.is_fifo() {
+            return Target::Stream("a FIFO");
+        }
+        if t.is_char_device() {
+            return Target::Stream("a character device");
+        }
+        if t.is_block_device() {
+            return Target::Refused("a block device");
+        }
+        if t.is_socket() {
+            return Target::Refused("a socket");
+        }
+    }
+    Target::File
+}
+
+/// [`write_atomically`], with the format's [`Streaming`] said.
+pub(crate) fn write_atomically_or_stream<T>(
+    path: &Path,
+    fsync: bool,
+    streaming: Streaming,
     fill: impl FnOnce(&mut BufWriter<File>) -> Result<T>,
 ) -> Result<T> {
     let dir = match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p,
         _ => Path::new("."),
     };
-    if path.is_dir() {
-        return Err(CkptError::NotAFile { path: path.display().to_string(), kind: "a directory" });
+    match (target_kind(path), streaming) {
+        (Target::File, _) => {}
+        (Target::Refused(kind), _) => return Err(CkptError::NotAFile { path: path.display().to_string(), kind }),
+        (Target::Stream(kind), Streaming::Refused) => {
+            return Err(CkptError::NotSeekable { path: path.display().to_string(), kind })
+        }
+        (Target::Stream(_), Streaming::Allowed) => {
+            // opened as it is: no create, no truncation, no rename
+            let file = OpenOptions::new().write(true).open(path).map_err(io_err(path))?;
+            let mut w = BufWriter::with_capacity(1 << 20, file);
+            let out = fill(&mut w)?;
+            w.into_inner().map_err(|e| e.into_error()).map_err(io_err(path))?;
+            return Ok(out);
+        }
     }
     let (file, tmp) = create_temporary(dir, path)?;
     let outcome = finish(file, &tmp, path, fsync, fill);
@@ -251,6 +323,44 @@ mod tests {
         assert!(err.is_err());
         assert_eq!(std::fs::read(&target).unwrap(), b"keep");
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+    }
+
+    /// A FIFO is written as a stream (the reader gets the bytes; the FIFO
+    /// stays a FIFO), a character device is written into and stays one, and
+    /// a format that seeks refuses both; nothing is unlinked or replaced.
+    #[cfg(unix)]
+    #[test]
+    fn fifos_and_devices_are_streamed_into_never_replaced() {
+        use std::io::Read;
+        use std::os::unix::fs::FileTypeExt;
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("out.fifo");
+        let made = std::process::Command::new("mkfifo").arg(&fifo).status();
+        if !made.is_ok_and(|s| s.success()) {
+            eprintln!("SKIPPED the FIFO half: mkfifo is not available here");
+        } else {
+            let reader_path = fifo.clone();
+            let reader = std::thread::spawn(move || {
+                let mut got = Vec::new();
+                File::open(&reader_path).unwrap().read_to_end(&mut got).unwrap();
+                got
+            });
+            write_atomically(&fifo, true, |w| w.write_all(b"streamed bytes").map_err(io_err(&fifo))).unwrap();
+            assert_eq!(reader.join().unwrap(), b"streamed bytes");
+            assert!(std::fs::metadata(&fifo).unwrap().file_type().is_fifo(), "the FIFO was replaced");
+            let err = write_atomically_or_stream(&fifo, false, Streaming::Refused, |_| Ok(())).unwrap_err();
+            assert!(matches!(err, CkptError::NotSeekable { kind: "a FIFO", .. }), "{err}");
+            assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1, "a temporary file was left");
+        }
+        // a device node made here (root with CAP_MKNOD), never the machine's own /dev/null
+        let null = dir.path().join("null");
+        let made = std::process::Command::new("mknod").arg(&null).args(["c", "1", "3"]).output();
+        if !made.is_ok_and(|o| o.status.success()) {
+            eprintln!("SKIPPED the device half: mknod is not permitted here (needs CAP_MKNOD)");
+            return;
+        }
+        write_atomically(&null, true, |w| w.write_all(b"into the void").map_err(io_err(&null))).unwrap();
+        assert!(std::fs::metadata(&null).unwrap().file_type().is_char_device(), "the device was replaced");
     }
 
     /// A temporary file whose process is gone is reported as stale. (That

@@ -15,7 +15,7 @@ use super::interpret::{to_value, StorageDecl};
 use crate::checkpoint::Checkpoint;
 use crate::dtype::DType;
 use crate::error::{CkptError, Result, ValueProblem};
-use crate::io::atomic::{write_atomically, Counting};
+use crate::io::atomic::{write_atomically_or_stream, Counting, Streaming};
 use crate::io::bulk_copy::{copy_bytes, CopyError};
 use crate::parsed::archive_prefix;
 use crate::tree::{dotted, Node};
@@ -159,7 +159,8 @@ pub fn save_torch(ckpt: &Checkpoint, path: impl AsRef<Path>, opts: &WriteOptions
     let path = path.as_ref();
     let lowered = lower(ckpt, path, opts)?;
     let prefix = archive_prefix(path);
-    write_atomically(path, opts.fsync(), |w| {
+    // the zip writer seeks back over what it wrote: no pipe or device
+    write_atomically_or_stream(path, opts.fsync(), Streaming::Refused, |w| {
         let mut counting = Counting { inner: w, written: 0, progress: opts.progress };
         write_archive(ckpt, &lowered, &prefix, path, &mut SeekAdapter(&mut counting))?;
         ckpt.check_unchanged()
