@@ -34,3 +34,29 @@ for t in pickle_reader torch_zip torch_legacy safetensors_bridge trace_reader in
   if [ -d fuzz/seeds/$t ]; then cp fuzz/seeds/$t/* $c/$t/ 2>/dev/null || true; fi
 done
 echo "seeded: $(for t in $c/*; do printf '%s=%s ' "$(basename $t)" "$(ls $t | wc -l)"; done)"
+# The tracker's step: the recorded g1 sensor stream as the target reads it
+# (per step: dof_pos, dof_vel, anchor_rot, root_local_ang_vel, a stamp's age
+# of 0), whole and in short runs; the fuzzer mutates good readings into bad.
+mkdir -p $c/tracker_step
+python3 - "$c/tracker_step" <<'PY'
+import json, os, struct, sys
+raw = open("testdata/deploy/g1_amp_deploy/sensors.safetensors", "rb").read()
+n = struct.unpack("<Q", raw[:8])[0]
+head = json.loads(raw[8:8 + n])
+def col(k):
+    a, b = head[k]["data_offsets"]
+    v = struct.unpack("<%df" % ((b - a) // 4), raw[8 + n + a:8 + n + b])
+    return v, head[k]["shape"]
+cols = [col(k) for k in ("dof_pos", "dof_vel", "anchor_rot", "root_local_ang_vel")]
+steps = cols[0][1][0]
+rows = []
+for t in range(steps):
+    r = []
+    for v, shape in cols:
+        w = len(v) // steps
+        r.extend(v[t * w:(t + 1) * w])
+    r.append(0.0)
+    rows.append(struct.pack("<%df" % len(r), *r))
+for start, count in ((0, 64), (0, 4), (100, 8), (150, 11)):
+    open(os.path.join(sys.argv[1], "g1_steps_%d_%d" % (start, count)), "wb").write(b"".join(rows[start:start + count]))
+PY

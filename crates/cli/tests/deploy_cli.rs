@@ -146,7 +146,9 @@ fn replay_matches_the_recorded_deployment_loop() {
         let motion = root("testdata/deploy/synthetic.motion");
         let sensors = recorded("sensors.safetensors");
         let c = ckpt();
-        let mut args = vec!["deploy", "replay", &c, "--motion", &motion, "--sensors", &sensors, "--out", &o];
+        // ProtoMotions' loop has no envelope: compared with it, the envelope is off
+        let mut args =
+            vec!["deploy", "replay", &c, "--motion", &motion, "--sensors", &sensors, "--out", &o, "--envelope", "off"];
         if let Some(a) = alpha {
             args.extend(["--action-ema-alpha", a]);
         }
@@ -208,4 +210,82 @@ fn replay_matches_the_recorded_deployment_loop() {
     ]);
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
     assert!(text(&out).contains("no fps (a .motion file holds"), "{}", text(&out));
+}
+
+/// `deploy replay --record` logs every step; `--from-log` steps the logged
+/// readings again with the logged options and finds every output bit for
+/// bit (a changed record is exit 1 naming it); the report counts the
+/// envelope's work, and a stream of mismatched lengths is refused naming both.
+#[test]
+fn replay_records_a_flight_log_that_replays_bit_for_bit() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let o = dir.path().join("o.safetensors").display().to_string();
+    let log = dir.path().join("flight.pmlog").display().to_string();
+    let motion = root("testdata/deploy/synthetic.motion");
+    let sensors = recorded("sensors.safetensors");
+    let c = ckpt();
+    let out = pmstate(&[
+        "deploy",
+        "replay",
+        &c,
+        "--motion",
+        &motion,
+        "--sensors",
+        &sensors,
+        "--out",
+        &o,
+        "--soft-start",
+        "0.3",
+        "--max-tilt",
+        "1.2",
+        "--record",
+        &log,
+        "--json",
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    let report: J = serde_json::from_slice(&out.stdout).expect("json");
+    assert!(report["status"]["soft_start_steps"].as_u64().expect("count") > 0, "{report}");
+    assert_eq!(report["status"]["steps"].as_u64(), Some(161));
+    let got = load(&o);
+    assert_eq!(got["events"].dims(), [161]);
+    let replayed = pmstate(&["deploy", "replay", &c, "--motion", &motion, "--from-log", &log, "--json"]);
+    assert!(replayed.status.success(), "{}", text(&replayed));
+    let r: J = serde_json::from_slice(&replayed.stdout).expect("json");
+    assert_eq!((r["identical"].as_bool(), r["steps"].as_u64()), (Some(true), Some(161)), "{r}");
+    // one logged target changed: the replay says which record differs
+    let mut bytes = std::fs::read(&log).expect("log");
+    let n = bytes.len();
+    bytes[n - 4 * 29 * 3 - 2] ^= 0x40;
+    let tampered = dir.path().join("tampered.pmlog");
+    std::fs::write(&tampered, bytes).expect("write");
+    let t = tampered.display().to_string();
+    let bad = pmstate(&["deploy", "replay", &c, "--motion", &motion, "--from-log", &t]);
+    assert_eq!(bad.status.code(), Some(1), "{}", text(&bad));
+    assert!(text(&bad).contains("record 160"), "{}", text(&bad));
+    // a stream whose sensors disagree on the number of steps
+    let mut s = load(&sensors);
+    let short = s["anchor_rot"].narrow(0, 0, 160).expect("narrow");
+    s.insert("anchor_rot".into(), short);
+    let bad_stream = dir.path().join("short.safetensors");
+    candle_core::safetensors::save(&s, &bad_stream).expect("save");
+    let b = bad_stream.display().to_string();
+    for cmd in [
+        vec!["deploy", "replay", &c, "--motion", &motion, "--sensors", &b, "--out", &o],
+        vec!["bench-deploy", &c, "--motion", &motion, "--sensors", &b, "--steps", "10"],
+    ] {
+        let out = pmstate(&cmd);
+        assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+        assert!(text(&out).contains("anchor_rot has 160 steps, dof_pos has 161"), "{}", text(&out));
+    }
+    // absurd --steps, a sensor of the wrong dtype: errors naming them
+    let out = pmstate(&["bench-deploy", &c, "--motion", &motion, "--sensors", &sensors, "--steps", "99999999999999"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(text(&out).contains("steps are timed in one run"), "{}", text(&out));
+    let mut s = load(&sensors);
+    let f64_vel = s["dof_vel"].to_dtype(candle_core::DType::F64).expect("f64");
+    s.insert("dof_vel".into(), f64_vel);
+    candle_core::safetensors::save(&s, &bad_stream).expect("save");
+    let out = pmstate(&["bench-deploy", &c, "--motion", &motion, "--sensors", &b, "--steps", "10"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(text(&out).contains("dof_vel: expected float32"), "{}", text(&out));
 }

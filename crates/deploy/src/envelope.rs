@@ -173,7 +173,7 @@ impl Envelope {
             ("envelope.sensor_bounds.position", b.position),
             ("envelope.sensor_bounds.linear_velocity", b.linear_velocity),
         ] {
-            if !(v > 0.0) || v.is_nan() {
+            if v.is_nan() || v <= 0.0 {
                 return bad(option, v.to_string(), "> 0 (infinity: no bound)");
             }
         }

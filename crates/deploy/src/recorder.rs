@@ -400,6 +400,9 @@ fn encode(buf: &mut [u8], layout: Layout, seq: u64, r: &Record<'_, '_>) {
     floats(&r.out.damping, nd);
 }
 
+/// A logged body state: pos, rot, vel, ang_vel and the ground height.
+pub type LoggedBodies = (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>, f32);
+
 /// The sensors of a logged step, owned.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LoggedSensors {
@@ -414,7 +417,7 @@ pub struct LoggedSensors {
     /// When given.
     pub anchor_pos: Option<[f32; 3]>,
     /// pos, rot, vel, ang_vel (`[B, 3]`, `[B, 4]`, `[B, 3]`, `[B, 3]`) and the ground height, when given.
-    pub bodies: Option<(Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>, f32)>,
+    pub bodies: Option<LoggedBodies>,
     /// When given.
     pub stamp: Option<Stamp>,
 }

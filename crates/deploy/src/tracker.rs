@@ -891,7 +891,7 @@ fn unit_quats(name: &'static str, v: &[f32]) -> Result<()> {
     bounded(name, v, f32::INFINITY)?;
     for (index, q) in v.chunks_exact(4).enumerate() {
         let norm = q.iter().map(|x| x * x).sum::<f32>().sqrt();
-        if !((norm - 1.0).abs() <= crate::limits::QUAT_NORM_TOLERANCE) {
+        if norm.is_nan() || (norm - 1.0).abs() > crate::limits::QUAT_NORM_TOLERANCE {
             return Err(DeployError::Sensor { name, problem: SensorProblem::NotUnit { index, norm } });
         }
     }
