@@ -439,3 +439,46 @@ fn clips_outside_their_domain_and_past_the_bound_are_refused() {
     assert!(matches!(e, DeployError::ControlDt(_)));
     let _ = ConfigProblem::Missing;
 }
+
+/// A checkpoint whose actor gives NaN (its biases set to NaN in a
+/// safetensors conversion): the first step enters the safe mode for a
+/// non-finite output, its targets finite (the measured joints), and nothing
+/// of the NaN step is committed.
+#[test]
+fn a_non_finite_policy_output_enters_the_safe_mode() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let st = dir.path().join("last.safetensors");
+    let ckpt = Checkpoint::open(g1().join("last.ckpt")).expect("ckpt");
+    pmstate_ckpt::save_safetensors(&ckpt, &st, &Default::default()).expect("convert");
+    let mut bytes = std::fs::read(&st).expect("read");
+    let n = u64::from_le_bytes(bytes[..8].try_into().expect("8 bytes")) as usize;
+    let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).expect("header");
+    let mut poisoned = 0;
+    for (key, v) in header.as_object().expect("object") {
+        if key.contains("actor") && key.ends_with("bias") && v["dtype"] == "F32" {
+            let (a, b) = (
+                v["data_offsets"][0].as_u64().expect("a") as usize,
+                v["data_offsets"][1].as_u64().expect("b") as usize,
+            );
+            for c in bytes[8 + n + a..8 + n + b].chunks_exact_mut(4) {
+                c.copy_from_slice(&f32::NAN.to_le_bytes());
+            }
+            poisoned += 1;
+        }
+    }
+    assert!(poisoned > 0, "no actor bias in the conversion");
+    std::fs::write(&st, bytes).expect("write");
+    let p = Pipeline::load(&st, Some(&g1().join("resolved_configs_inference.pt"))).expect("load");
+    let clip = MotionClip::load(root().join("testdata/deploy/synthetic.motion")).expect("clip");
+    let player = MotionPlayer::new(&clip, p.contract().dt).expect("player");
+    let o = TrackerOptions::reference(p.contract());
+    let mut t = Tracker::new(p, player, o).expect("tracker");
+    let s = Stream::load();
+    let out = t.step(&s.at(0)).expect("a safe step, not an error").clone();
+    assert_eq!(t.status().safe_mode, Some(SafeReason::NonFiniteOutput));
+    assert_eq!(t.status().non_finite_outputs, 1);
+    assert_eq!(bits(&out.joint_pos_targets), bits(s.at(0).dof_pos));
+    assert!(out.actions.iter().chain(&out.stiffness).chain(&out.damping).all(|x| x.is_finite()));
+    assert_eq!(t.frame(), 0, "the NaN step advanced the clip");
+    assert!(t.alignment().is_none(), "the NaN step committed its alignment");
+}
