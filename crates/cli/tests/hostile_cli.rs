@@ -787,3 +787,36 @@ fn serve_on_a_fifo_or_dev_zero_is_refused_and_sigterm_stops_it_from_the_start() 
         assert!(matches!(status.code(), Some(0) | Some(2)) || status.signal() == Some(15), "{kind}: {status:?}");
     }
 }
+
+/// A valid clip at a tiny frame rate asks the motion player for ten million
+/// frames (under the frame-count limit; 19 GB at the g1's size): under the 2 GiB address
+/// space, `deploy replay` and `bench-deploy` refuse it by the player's
+/// stated bound (exit 2 naming it) before anything is allocated; a NaN in
+/// the clip is refused naming its key and index. Never an abort.
+#[test]
+fn deploy_clips_sized_past_the_bound_are_refused_not_allocated() {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let (mut tree, storages) =
+        Checkpoint::open(root.join("testdata/deploy/synthetic.motion")).expect("clip").into_parts();
+    // 9.9 million control frames at 50 Hz
+    let frames = pmstate_deploy::MotionClip::load(root.join("testdata/deploy/synthetic.motion")).expect("clip").frames;
+    let fps = (frames - 1) as f64 / (9.9e6 * 0.02);
+    *tree.as_dict_mut().and_then(|d| d.get_mut("fps")).expect("fps") = Node::Float(fps);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let slow = dir.path().join("slow.motion");
+    let edited = Checkpoint::from_parts(tree, storages).expect("parts");
+    pmstate_ckpt::save_torch(&edited, &slow, &Default::default()).expect("save");
+    let ckpt = root.join("testdata/policy/g1_amp_deploy/last.ckpt");
+    let sensors = root.join("testdata/deploy/g1_amp_deploy/sensors.safetensors");
+    let out = dir.path().join("o.safetensors");
+    let s = |p: &Path| p.display().to_string();
+    for args in [
+        vec!["deploy", "replay", &s(&ckpt), "--motion", &s(&slow), "--sensors", &s(&sensors), "--out", &s(&out)],
+        vec!["bench-deploy", &s(&ckpt), "--motion", &s(&slow), "--sensors", &s(&sensors), "--steps", "10"],
+    ] {
+        let o = limited(&args);
+        assert_eq!(o.status.code(), Some(2), "{}: {}", args[0], text(&o));
+        assert!(text(&o).contains("past the player's bound"), "{}", text(&o));
+    }
+    assert!(!out.exists(), "a refused replay wrote its output");
+}
