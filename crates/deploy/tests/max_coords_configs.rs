@@ -7,21 +7,12 @@ use std::path::{Path, PathBuf};
 use pmstate_ckpt::{Checkpoint, Node, UnsafeGlobals, WriteOptions};
 use pmstate_deploy::{ConfigProblem, DeployError, Pipeline};
 
+#[path = "common/configs.rs"]
+mod configs;
+use configs::at;
+
 fn soma() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata/policy/soma_tracker")
-}
-
-/// The node at dotted `path` (dict keys and object fields).
-fn at<'a>(node: &'a mut Node, path: &str) -> &'a mut Node {
-    let mut cur = node;
-    for part in path.split('.') {
-        let dict = match cur {
-            Node::Object(o) => o.state.as_mut().and_then(Node::as_dict_mut),
-            other => other.as_dict_mut(),
-        };
-        cur = dict.and_then(|d| d.get_mut(part)).unwrap_or_else(|| panic!("no {part} in {path}"));
-    }
-    cur
 }
 
 /// Loads the soma pipeline with `edit` applied to its resolved configs.
