@@ -869,12 +869,19 @@ fn limit(env: &Envelope, dt: f32, last: &[f32], out: &mut [f32], status: &mut Tr
     ev
 }
 
+/// Every value finite: one branch-free pass the compiler vectorizes (a
+/// short-circuiting `all` is a branch per value, measurable in a 2 us step).
 fn all_finite(v: &[f32]) -> bool {
-    v.iter().all(|x| x.is_finite())
+    v.iter().fold(true, |ok, x| ok & x.is_finite())
 }
 
-/// Every value finite and within `bound` (an infinite bound: finite only).
+/// Every value finite and within `bound` (an infinite bound: finite only);
+/// the branch-free pass first, the search for the culprit only on failure.
 fn bounded(name: &'static str, v: &[f32], bound: f32) -> Result<()> {
+    // NaN fails `<=`, an infinity fails `is_finite`
+    if v.iter().fold(true, |ok, x| ok & x.is_finite() & (x.abs() <= bound)) {
+        return Ok(());
+    }
     for (index, &value) in v.iter().enumerate() {
         if !value.is_finite() {
             return Err(DeployError::Sensor { name, problem: SensorProblem::NonFinite { index, value } });
