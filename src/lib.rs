@@ -38,4 +38,6 @@ pub mod guides {
     pub struct Checkpoints;
     #[doc = include_str!("../docs/numerics.md")]
     pub struct Numerics;
+    #[doc = include_str!("../docs/deploy.md")]
+    pub struct Deploy;
 }
