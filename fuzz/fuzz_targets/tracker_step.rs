@@ -4,7 +4,8 @@
 //! end of the clip), on the bundled g1 tracker: it must return targets or a
 //! refusal, never panic; and `Ok` must mean every target, action and gain
 //! finite, every target inside the joint limits and within the rate limit
-//! of the last commanded targets. Each input is a fresh tracker; its bytes
+//! of the last commanded targets. Each input is a fresh tracker (the loaded
+//! pipeline is reused); its bytes
 //! are read as float32 readings (joints, velocities, anchor quaternion,
 //! gyroscope, then a stamp's age), a step at a time.
 #![no_main]
@@ -26,9 +27,13 @@ fn loaded() -> &'static (std::path::PathBuf, MotionClip) {
     })
 }
 
-/// A fresh pipeline (the checkpoint is small; each input gets its own tracker).
+/// The pipeline, loaded once and handed from tracker to tracker (each input
+/// gets a fresh tracker: no state crosses inputs, only the loaded weights).
+static PIPELINE: std::sync::Mutex<Option<Pipeline>> = std::sync::Mutex::new(None);
+
 fn pipeline() -> Pipeline {
-    Pipeline::load(&loaded().0, None).expect("pipeline")
+    let cached = PIPELINE.lock().unwrap_or_else(|p| p.into_inner()).take();
+    cached.unwrap_or_else(|| Pipeline::load(&loaded().0, None).expect("pipeline"))
 }
 
 fuzz_target!(|data: &[u8]| {
@@ -78,4 +83,5 @@ fuzz_target!(|data: &[u8]| {
             Err(e) => assert!(e.is_refused_reading(), "step {k}: {e}"),
         }
     }
+    *PIPELINE.lock().unwrap_or_else(|p| p.into_inner()) = Some(t.into_pipeline());
 });

@@ -475,6 +475,11 @@ impl Tracker {
         &self.pipeline
     }
 
+    /// The pipeline back, for another tracker (loading one is the slow part).
+    pub fn into_pipeline(self) -> Pipeline {
+        self.pipeline
+    }
+
     /// The motion player.
     pub fn player(&self) -> &MotionPlayer {
         &self.player
