@@ -42,9 +42,12 @@ enum DeployCommand {
     /// anchor_rot [T, 4] (xyzw), root_local_ang_vel [T, 3]; for pipelines
     /// that read positions anchor_pos [T, 3]; for max-coords pipelines every
     /// body's body_pos [T, B, 3], body_rot [T, B, 4], body_vel, body_ang_vel
-    /// [T, B, 3] and ground_height [T, 1]; OUT gets actions and
-    /// joint_pos_targets [T, D] per step (the targets after the contract's
-    /// acceleration clamp and EMA filter).
+    /// [T, B, 3] and ground_height [T, 1]; for the stale-sensor guard stamp
+    /// [T, 2] float64 (taken, now). OUT gets actions and joint_pos_targets
+    /// [T, D] per step (after the contract's acceleration clamp and EMA
+    /// filter and the safety envelope; a refused reading's row holds the last
+    /// targets) and events [T] (each step's event bits, docs/deploy.md).
+    /// With --from-log, a flight-recorder log is replayed and checked instead.
     Replay(ReplayArgs),
 }
 
