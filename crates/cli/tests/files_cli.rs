@@ -435,6 +435,13 @@ fn outputs_into_fifos_and_devices_are_streams_never_replacements() {
             got
         });
         let o = pmstate(&["convert", &fixture("inference.ckpt"), fifo.to_str().unwrap()]);
+        // a reader still waiting in open (convert failed first) is released: a failure, not a hang;
+        // O_NONBLOCK (Linux's 0o4000): the open fails at once when no reader has the FIFO open
+        #[cfg(target_os = "linux")]
+        {
+            use std::os::unix::fs::OpenOptionsExt;
+            let _ = std::fs::OpenOptions::new().write(true).custom_flags(0o4000).open(&fifo);
+        }
         assert!(o.status.success(), "{}", text(&o));
         assert_eq!(reader.join().unwrap(), std::fs::read(&regular).unwrap(), "the FIFO got other bytes");
         assert!(std::fs::metadata(&fifo).unwrap().file_type().is_fifo(), "the FIFO was replaced");

@@ -345,7 +345,9 @@ mod tests {
                 File::open(&reader_path).unwrap().read_to_end(&mut got).unwrap();
                 got
             });
-            write_atomically(&fifo, true, |w| w.write_all(b"streamed bytes").map_err(io_err(&fifo))).unwrap();
+            let wrote = write_atomically(&fifo, true, |w| w.write_all(b"streamed bytes").map_err(io_err(&fifo)));
+            release_reader(&fifo);
+            wrote.unwrap();
             assert_eq!(reader.join().unwrap(), b"streamed bytes");
             assert!(std::fs::metadata(&fifo).unwrap().file_type().is_fifo(), "the FIFO was replaced");
             let err = write_atomically_or_stream(&fifo, false, Streaming::Refused, |_| Ok(())).unwrap_err();
@@ -361,6 +363,16 @@ mod tests {
         }
         write_atomically(&null, true, |w| w.write_all(b"into the void").map_err(io_err(&null))).unwrap();
         assert!(std::fs::metadata(&null).unwrap().file_type().is_char_device(), "the device was replaced");
+    }
+
+    /// Unblocks a reader still waiting in `open` on `fifo` (the write under
+    /// test failed before opening it), so a failure fails the test instead of
+    /// hanging it: a non-blocking open for writing succeeds only while a
+    /// reader has the FIFO open, and then closes at once.
+    #[cfg(unix)]
+    fn release_reader(fifo: &Path) {
+        use std::os::unix::fs::OpenOptionsExt;
+        let _ = OpenOptions::new().write(true).custom_flags(libc::O_NONBLOCK).open(fifo);
     }
 
     /// A temporary file whose process is gone is reported as stale. (That
