@@ -62,6 +62,18 @@ pub enum RecordKind {
     Stop = 3,
 }
 
+impl RecordKind {
+    /// Its name in words.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RecordKind::Step => "a step",
+            RecordKind::Refused => "a refused reading",
+            RecordKind::Reset => "a reset",
+            RecordKind::Stop => "an operator stop",
+        }
+    }
+}
+
 /// The files a log was made on (for people; replay takes its files from its caller).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct LogMeta {

@@ -453,3 +453,45 @@ fn a_non_finite_policy_output_enters_the_safe_mode() {
     assert_eq!(t.frame(), 0, "the NaN step advanced the clip");
     assert!(t.alignment().is_none(), "the NaN step committed its alignment");
 }
+
+/// A flight log read back: records equal to what the steps returned; a
+/// file that is no log, a log of another format version, and a last
+/// record cut short are errors saying which, never a panic or a guess.
+#[test]
+fn flight_logs_read_back_and_bad_logs_are_refused() {
+    let s = Stream::load();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log = dir.path().join("flight.pmlog");
+    let mut t = tracker(|_| {});
+    t.record_to(&log, &pmstate_deploy::LogMeta::default()).expect("record");
+    let outs: Vec<Vec<u32>> = (0..5).map(|k| bits(&t.step(&s.at(k)).expect("step").joint_pos_targets)).collect();
+    t.finish_recording().expect("finish");
+    let mut r = pmstate_deploy::read_log(&log).expect("log");
+    for want in &outs {
+        let rec = r.next_record().expect("record").expect("one per step");
+        assert_eq!(&bits(&rec.out.joint_pos_targets), want);
+    }
+    assert!(r.next_record().expect("end").is_none());
+    let bytes = std::fs::read(&log).expect("read");
+    let problem = |b: &[u8]| {
+        let p = dir.path().join("bad.pmlog");
+        std::fs::write(&p, b).expect("write");
+        let mut r = match pmstate_deploy::read_log(&p) {
+            Err(e) => return e.to_string(),
+            Ok(r) => r,
+        };
+        loop {
+            match r.next_record() {
+                Err(e) => return e.to_string(),
+                Ok(None) => return "read to the end".into(),
+                Ok(Some(_)) => {}
+            }
+        }
+    };
+    assert!(problem(b"not a log at all, just text").contains("no PMFLIGHT magic"));
+    let mut v2 = bytes.clone();
+    v2[8] = 2;
+    assert!(problem(&v2).contains("format version 2"));
+    assert!(problem(&bytes[..bytes.len() - 10]).contains("cut short"));
+    assert!(problem(&bytes[..12]).contains("16-byte start"));
+}

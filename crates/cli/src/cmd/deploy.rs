@@ -309,10 +309,10 @@ fn replay_log(r: &ReplayArgs, log: &std::path::Path, g: Global) -> Result<ExitCo
                 let events = tracker.status().last_events;
                 if (!same || events != rec.events) && mismatch.is_none() {
                     mismatch = Some(format!(
-                        "record {} (sequence {}): the replay differs from the log (logged {:?} with events {:#x}, replayed events {events:#x})",
+                        "record {} (sequence {}): the replay differs from the log (logged {} with events {:#x}, replayed events {events:#x})",
                         records - 1,
                         rec.seq,
-                        rec.kind,
+                        rec.kind.as_str(),
                         rec.events
                     ));
                 }
