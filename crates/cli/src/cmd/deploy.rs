@@ -46,7 +46,7 @@ enum DeployCommand {
     /// [T, 2] float64 (taken, now). OUT gets actions and joint_pos_targets
     /// [T, D] per step (after the contract's acceleration clamp and EMA
     /// filter and the safety envelope; a refused reading's row holds the last
-    /// targets) and events [T] (each step's event bits, docs/deploy.md).
+    /// targets) and events, one value per step (its event bits, docs/deploy.md).
     /// With --from-log, a flight-recorder log is replayed and checked instead.
     Replay(ReplayArgs),
 }
