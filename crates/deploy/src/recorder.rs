@@ -26,7 +26,7 @@ use std::fs::File;
 use std::io::{BufReader, BufWriter, Read, Write};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Barrier};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -267,9 +267,17 @@ impl Recorder {
         let stop = Arc::new(AtomicBool::new(false));
         let failed = Arc::new(AtomicBool::new(false));
         let (stop2, failed2) = (stop.clone(), failed.clone());
+        // The new thread's start-up (std's thread-local bookkeeping, the test
+        // harness's output capture) may allocate; `start` returns only once
+        // it is done, so no allocation of the recorder's lands inside the
+        // control loop, however late the scheduler runs the thread.
+        let started = Arc::new(Barrier::new(2));
+        let started2 = started.clone();
         let writer = std::thread::Builder::new()
             .name("pmstate-flight-recorder".into())
             .spawn(move || -> std::io::Result<u64> {
+                started2.wait();
+                drop(started2);
                 let mut written = 0u64;
                 let mut error = None;
                 loop {
@@ -299,6 +307,7 @@ impl Recorder {
                 Ok(written)
             })
             .map_err(|e| bad(format!("could not start the writer thread: {e}")))?;
+        started.wait();
         Ok(Recorder {
             ring: producer,
             record: vec![0u8; record_bytes],
