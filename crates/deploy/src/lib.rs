@@ -16,6 +16,7 @@ pub mod observations;
 mod pipeline;
 mod recorder;
 pub mod rotations;
+mod served;
 /// The heading bound the unit tests share with tests/parity.rs.
 #[cfg(test)]
 #[path = "../tests/common/heading.rs"]
@@ -29,6 +30,7 @@ pub use error::{ConfigProblem, DeployError, MotionProblem, Result, SensorProblem
 pub use motion::{MotionClip, MotionPlayer};
 pub use pipeline::RobotLimits;
 pub use pipeline::{Input, Observation, Outputs, Pipeline, OUTPUT_NAMES};
+pub use served::{PipelineModel, PIPELINE_MODEL};
 pub use recorder::{read_log, LogMeta, LogReader, LogRecord, LoggedSensors, RecordKind, RecorderSummary, LOG_VERSION};
 pub use tracker::{
     quat_mul_np, quat_rotate_np, yaw_quat_np, Alignment, BodyState, PdTargets, Sensors, Stamp, Tracker, TrackerOptions,

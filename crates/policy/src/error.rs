@@ -270,6 +270,9 @@ pub enum PolicyError {
     /// (`PMSTATE_CPU_ISA` names an unknown one or one this CPU lacks).
     #[error("CPU kernels: {0}")]
     Isa(#[from] pmstate_norm::IsaError),
+    /// A description could not be written as JSON.
+    #[error("describing the model as JSON: {0}")]
+    Describe(#[source] serde_json::Error),
 }
 
 fn width_text(w: Option<usize>) -> String {

@@ -25,9 +25,8 @@ use std::thread::JoinHandle;
 use std::time::Instant;
 
 use candle_core::{Device, Tensor};
-use pmstate_deploy::{DeployError, Pipeline};
-use pmstate_policy::gpc::{LatentPrior, RowDraw};
-use pmstate_policy::{MaskedMimic, Part, Policy, PolicyError};
+use pmstate_policy::served::Wanted as Asked;
+use pmstate_policy::{Batch, RunError, Segment};
 use tokio::sync::oneshot;
 
 use crate::decode::{Decoded, Values, Wanted};
@@ -341,38 +340,13 @@ impl Worker {
         }
     }
 
-    /// One forward per part for the group; each job's outputs in its order.
+    /// One run of the model over the group's merged rows; each job's
+    /// outputs in its order.
     fn run_group(&self, model: &LoadedModel, jobs: &[Job]) -> Vec<Result<Answer, RequestError>> {
-        if let Some(p) = &model.pipeline {
-            return match self.pipeline(p, jobs) {
-                Ok(outs) => Self::answers(model, jobs, outs),
-                Err(e) => jobs.iter().map(|_| Err(e.clone())).collect(),
-            };
+        match self.forward(model, jobs) {
+            Ok(outs) => Self::answers(model, jobs, outs),
+            Err(e) => jobs.iter().map(|_| Err(e.clone())).collect(),
         }
-        let mut outs: Vec<Outs> = vec![HashMap::new(); jobs.len()];
-        let result = (|| -> Result<(), PolicyError> {
-            if let Some(mm) = &model.masked_mimic {
-                return self.masked_mimic(model, mm, jobs, &mut outs);
-            }
-            if let Some(p) = &model.prior {
-                return self.prior(model, p, jobs, &mut outs);
-            }
-            let Some(policy) = &model.policy else { return Ok(()) };
-            let ac: Vec<usize> = (0..jobs.len()).filter(|&i| jobs[i].req.actor_critic()).collect();
-            if !ac.is_empty() {
-                self.actor_critic(model, policy, jobs, &ac, &mut outs)?;
-            }
-            let disc: Vec<usize> = (0..jobs.len()).filter(|&i| jobs[i].req.discriminator()).collect();
-            if !disc.is_empty() {
-                self.discriminator(model, policy, jobs, &disc, &mut outs)?;
-            }
-            Ok(())
-        })();
-        if let Err(e) = result {
-            let e = RequestError::Forward(Arc::new(e));
-            return jobs.iter().map(|_| Err(e.clone())).collect();
-        }
-        Self::answers(model, jobs, outs)
     }
 
     /// Each job's outputs, in the order it asked for them.
@@ -394,299 +368,84 @@ impl Worker {
             .collect()
     }
 
-    /// One pipeline forward over the merged rows of `jobs` (their inputs
-    /// are in the pipeline's order, each `rows x row_len` values), on the
-    /// pool; each job gets its rows of every output.
-    fn pipeline(&self, p: &Pipeline, jobs: &[Job]) -> Result<Vec<Outs>, RequestError> {
-        let failed = |e: DeployError| RequestError::PipelineForward(Arc::new(e));
+    /// The group's inputs merged (requests merge only with inputs of the
+    /// same keys and widths, so each key's rows follow one another), one
+    /// [`pmstate_policy::Model::run`] on the pool with one segment per job
+    /// (its rows, its seed, the outputs it asked for), its time and size
+    /// observed; each job gets its own outputs on the host.
+    fn forward(&self, model: &LoadedModel, jobs: &[Job]) -> Result<Vec<Outs>, RequestError> {
+        let failed = |e: RunError| RequestError::Forward(Arc::new(e));
         let rows: usize = jobs.iter().map(|j| j.req.rows).sum();
-        let mut inputs = HashMap::new();
-        for (pos, spec) in p.inputs().iter().enumerate() {
-            let mut v = Vec::with_capacity(rows * spec.row_len());
-            for j in jobs {
-                if let Some((_, _, values)) = j.req.inputs.get(pos) {
-                    v.extend_from_slice(values.f32s());
-                }
-            }
-            let shape: Vec<usize> = std::iter::once(rows).chain(spec.row_shape.iter().copied()).collect();
-            let t = Tensor::from_vec(v, shape, &Device::Cpu).map_err(|e| failed(e.into()))?;
-            inputs.insert(spec.name.clone(), t);
-        }
-        #[cfg(test)]
-        let fault = &self.fault;
-        let start = Instant::now();
-        let out = self.pool.install(|| {
-            #[cfg(test)]
-            injected(fault).map_err(|e| failed(e.into()))?;
-            p.forward(&inputs).map_err(failed)
-        })?;
-        self.metrics.forward_seconds.observe(start.elapsed().as_secs_f64());
-        self.metrics.batch_rows.observe(rows as f64);
-        self.metrics.batch_requests.observe(jobs.len() as f64);
-        let mut outs: Vec<Outs> = vec![HashMap::new(); jobs.len()];
-        for (name, t) in out.named() {
-            let v = host(t).map_err(|e| failed(e.into()))?;
-            let w = v.len() / rows.max(1);
-            let mut off = 0;
-            for (j, o) in jobs.iter().zip(outs.iter_mut()) {
-                let r = j.req.rows;
-                o.insert(name, (vec![r, w], Values::F32(v[off * w..(off + r) * w].to_vec())));
-                off += r;
-            }
-        }
-        Ok(outs)
-    }
-
-    /// The merged observations of `idx` for the keys `part` reads.
-    fn merged(
-        model: &LoadedModel,
-        jobs: &[Job],
-        idx: &[usize],
-        part: Part,
-    ) -> candle_core::Result<(HashMap<String, Tensor>, usize)> {
-        let rows: usize = idx.iter().map(|&i| jobs[i].req.rows).sum();
-        let mut obs = HashMap::new();
-        let first = &jobs[idx[0]].req;
-        for (pos, (key, width, _)) in first.inputs.iter().enumerate() {
-            let reads = model.interface.input(key).is_some_and(|s| match part {
-                Part::ActorCritic => s.actor_critic,
-                Part::Discriminator => s.discriminator,
-            });
-            if !reads {
-                continue;
-            }
-            let t = match &first.inputs[pos].2 {
-                Values::F32(_) => {
-                    let mut v = Vec::with_capacity(rows * width);
-                    for &i in idx {
-                        v.extend_from_slice(jobs[i].req.inputs[pos].2.f32s());
-                    }
-                    Tensor::from_vec(v, (rows, *width), &Device::Cpu)?
-                }
-                Values::I64(_) => {
-                    let mut v = Vec::with_capacity(rows * width);
-                    for &i in idx {
-                        if let Values::I64(x) = &jobs[i].req.inputs[pos].2 {
-                            v.extend_from_slice(x);
-                        }
-                    }
-                    Tensor::from_vec(v, (rows, *width), &Device::Cpu)?
-                }
-            };
-            obs.insert(key.clone(), t);
-        }
-        Ok((obs, rows))
-    }
-
-    /// The rows of `idx` merged, one forward `f` on the pool, its time and
-    /// size observed: what both parts share. Returns `f`'s result and the rows.
-    fn forward<T: Send, M: Sync>(
-        &self,
-        model: &LoadedModel,
-        net: &M,
-        jobs: &[Job],
-        idx: &[usize],
-        part: Part,
-        f: impl FnOnce(&M, &HashMap<String, Tensor>) -> Result<T, PolicyError> + Send,
-    ) -> Result<(T, usize), PolicyError> {
-        let (obs, rows) = Self::merged(model, jobs, idx, part)?;
+        let inputs = Self::merged(model, jobs, rows).map_err(|e| failed(e.into()))?;
+        let names: Vec<Vec<&str>> = jobs.iter().map(|j| j.req.outputs.iter().map(|w| w.name).collect()).collect();
+        let segments: Vec<Segment<'_>> = jobs
+            .iter()
+            .zip(&names)
+            .map(|(j, n)| Segment { rows: j.req.rows, seed: j.req.seed, wanted: Asked::Names(n) })
+            .collect();
+        // the batch is already bounded by max_batch (and a prior's logits): one forward
+        let batch = Batch { inputs: &inputs, segments: &segments, chunk_rows: usize::MAX };
         #[cfg(test)]
         let fault = &self.fault;
         let start = Instant::now();
         let out = self.pool.install(|| {
             #[cfg(test)]
             injected(fault)?;
-            f(net, &obs)
-        })?;
+            model.model.run(&batch)
+        });
+        let out = out.map_err(failed)?;
         self.metrics.forward_seconds.observe(start.elapsed().as_secs_f64());
         self.metrics.batch_rows.observe(rows as f64);
-        self.metrics.batch_requests.observe(idx.len() as f64);
-        Ok((out, rows))
-    }
-
-    /// One MaskedMimic forward over every job of the group (same inputs:
-    /// all with `vae_noise` or none); each job gets its rows of each output.
-    fn masked_mimic(
-        &self,
-        model: &LoadedModel,
-        mm: &MaskedMimic,
-        jobs: &[Job],
-        outs: &mut [Outs],
-    ) -> Result<(), PolicyError> {
-        let idx: Vec<usize> = (0..jobs.len()).collect();
-        let (o, rows) = self.forward(model, mm, jobs, &idx, Part::ActorCritic, |m, obs| m.forward(obs))?;
-        for (name, t) in [
-            ("mean_action", &o.mean_action),
-            ("latent_mu", &o.latent_mu),
-            ("latent_logvar", &o.latent_logvar),
-            ("latent", &o.latent),
-        ] {
-            let v = host(t)?;
-            let w = v.len() / rows.max(1);
-            let mut off = 0;
-            for (j, out) in jobs.iter().zip(outs.iter_mut()) {
-                let r = j.req.rows;
-                out.insert(name, (vec![r, w], Values::F32(v[off * w..(off + r) * w].to_vec())));
-                off += r;
-            }
-        }
-        Ok(())
-    }
-
-    /// One GPC prior forward over every job of the group: teacher forced
-    /// when the group's requests carry tokens (requests merge only with the
-    /// same inputs), else generation, each row drawing as its row of its own
-    /// request under that request's seed ([`RowDraw`]): the tokens a request
-    /// gets do not depend on what it was batched with.
-    fn prior(&self, model: &LoadedModel, p: &LatentPrior, jobs: &[Job], outs: &mut [Outs]) -> Result<(), PolicyError> {
-        let idx: Vec<usize> = (0..jobs.len()).collect();
-        let teacher_forced = jobs[0].req.inputs.iter().any(|(k, _, _)| k == p.token_key());
-        let draws: Vec<RowDraw> = jobs
-            .iter()
-            .flat_map(|j| {
-                let seed = j.req.seed.unwrap_or(0);
-                (0..j.req.rows as u64).map(move |row| RowDraw { seed, row })
+        self.metrics.batch_requests.observe(jobs.len() as f64);
+        out.into_iter()
+            .map(|named| {
+                named
+                    .into_iter()
+                    .map(|(name, t)| Ok((name, (t.dims().to_vec(), host(&t)?))))
+                    .collect::<candle_core::Result<Outs>>()
+                    .map_err(|e| failed(e.into()))
             })
-            .collect();
-        let (o, rows) = self.forward(model, p, jobs, &idx, Part::ActorCritic, |p, obs| {
-            if teacher_forced {
-                p.teacher_forced(obs)
-            } else {
-                p.generate_rows(obs, p.sampling(0), &draws)
-            }
-        })?;
-        let mut named = vec![
-            ("logits", host(&o.logits)?, o.logits.dims()[1..].to_vec()),
-            ("mean_action", host(&o.mean_action)?, o.mean_action.dims()[1..].to_vec()),
-            ("latent_codes", host(&o.latent_codes)?, o.latent_codes.dims()[1..].to_vec()),
-        ];
-        for (name, v, row_shape) in named.drain(..) {
-            let w = v.len() / rows.max(1);
-            let mut off = 0;
-            for (j, out) in jobs.iter().zip(outs.iter_mut()) {
-                let r = j.req.rows;
-                let shape = std::iter::once(r).chain(row_shape.iter().copied()).collect();
-                out.insert(name, (shape, Values::F32(v[off * w..(off + r) * w].to_vec())));
-                off += r;
-            }
-        }
-        if !teacher_forced {
-            let tokens = o.tokens.to_device(&Device::Cpu)?.flatten_all()?.to_vec1::<i64>()?;
-            let w = tokens.len() / rows.max(1);
-            let mut off = 0;
-            for (j, out) in jobs.iter().zip(outs.iter_mut()) {
-                let r = j.req.rows;
-                let mine = Values::I64(tokens[off * w..(off + r) * w].to_vec());
-                out.insert(crate::model::PRIOR_TOKENS_OUTPUT, (vec![r, w], mine));
-                off += r;
-            }
-        }
-        Ok(())
+            .collect()
     }
 
-    fn actor_critic(
-        &self,
-        model: &LoadedModel,
-        p: &Policy,
-        jobs: &[Job],
-        idx: &[usize],
-        outs: &mut [Outs],
-    ) -> Result<(), PolicyError> {
-        // the critic runs only when some request of the group asks for the
-        // value: a deployment asks for actions, and the critic is 40 % of
-        // the full-size tracker's work (each row's actor outputs are the
-        // same bits either way)
-        let wants_value = idx.iter().any(|&i| jobs[i].req.critic());
-        let ((o, value), rows) = self.forward(model, p, jobs, idx, Part::ActorCritic, |p, obs| {
-            if wants_value {
-                let (actor, value) = p.forward(obs)?.into_actor_and_value();
-                Ok((actor, Some(value)))
-            } else {
-                Ok((p.act(obs)?, None))
-            }
-        })?;
-        let a = model.interface.action_size;
-        let mean = host(&o.mean_action)?;
-        let value = value.as_ref().map(host).transpose()?;
-        let vw = value.as_ref().map_or(0, |v| v.len() / rows.max(1));
-        let std = host(&o.std)?;
-        let norm = match &o.norm_obs {
-            Some(n) if n.dims().first() == Some(&rows) && n.rank() == 2 => Some((host(n)?, n.dims()[1])),
-            _ => None,
-        };
-        let codes = match &o.latent_codes {
-            Some(c) if c.dims().first() == Some(&rows) && c.rank() == 2 => Some((host(c)?, c.dims()[1])),
-            _ => None,
-        };
-        let mut off = 0;
-        for &i in idx {
-            let r = jobs[i].req.rows;
-            let o = &mut outs[i];
-            let mean_rows = mean[off * a..(off + r) * a].to_vec();
-            for w in &jobs[i].req.outputs {
-                match w.name {
-                    "value" => {
-                        if let Some(v) = &value {
-                            o.insert("value", (vec![r, vw], Values::F32(v[off * vw..(off + r) * vw].to_vec())));
-                        }
+    /// Every input of the group, its jobs' rows one after another: `[rows,
+    /// width]`, or `[rows, ...row shape]` where the model fixes a row's
+    /// whole shape (a pipeline's `[4, 29]`).
+    fn merged(model: &LoadedModel, jobs: &[Job], rows: usize) -> candle_core::Result<HashMap<String, Tensor>> {
+        let mut inputs = HashMap::new();
+        let first = &jobs[0].req;
+        for (pos, (key, width, values)) in first.inputs.iter().enumerate() {
+            let shape: Vec<usize> = match model.interface.input(key).and_then(|s| s.row_shape.as_ref()) {
+                Some(row) => std::iter::once(rows).chain(row.iter().copied()).collect(),
+                None => vec![rows, *width],
+            };
+            let t = match values {
+                Values::F32(_) => {
+                    let mut v = Vec::with_capacity(rows * width);
+                    for j in jobs {
+                        v.extend_from_slice(j.req.inputs[pos].2.f32s());
                     }
-                    "std" => {
-                        o.insert("std", (vec![a], Values::F32(std.clone())));
-                    }
-                    "norm_obs" => {
-                        if let Some((n, nw)) = &norm {
-                            o.insert("norm_obs", (vec![r, *nw], Values::F32(n[off * nw..(off + r) * nw].to_vec())));
-                        }
-                    }
-                    "latent_codes" => {
-                        if let Some((c, cw)) = &codes {
-                            o.insert("latent_codes", (vec![r, *cw], Values::F32(c[off * cw..(off + r) * cw].to_vec())));
-                        }
-                    }
-                    _ => {}
+                    Tensor::from_vec(v, shape, &Device::Cpu)?
                 }
-            }
-            if let Some(seed) = jobs[i].req.seed {
-                let m = Tensor::from_vec(mean_rows.clone(), (r, a), p.device())?;
-                let action = p.actor().sample(&m, seed)?;
-                let neglogp = p.neglogp(&m, &action)?;
-                o.insert("action", (vec![r, a], Values::F32(host(&action)?)));
-                o.insert("neglogp", (vec![r], Values::F32(host(&neglogp)?)));
-            }
-            o.insert("mean_action", (vec![r, a], Values::F32(mean_rows)));
-            off += r;
+                Values::I64(_) => {
+                    let mut v = Vec::with_capacity(rows * width);
+                    for j in jobs {
+                        if let Values::I64(x) = &j.req.inputs[pos].2 {
+                            v.extend_from_slice(x);
+                        }
+                    }
+                    Tensor::from_vec(v, shape, &Device::Cpu)?
+                }
+            };
+            inputs.insert(key.clone(), t);
         }
-        Ok(())
-    }
-
-    fn discriminator(
-        &self,
-        model: &LoadedModel,
-        p: &Policy,
-        jobs: &[Job],
-        idx: &[usize],
-        outs: &mut [Outs],
-    ) -> Result<(), PolicyError> {
-        let (d, rows) = self.forward(model, p, jobs, idx, Part::Discriminator, |p, obs| p.discriminate(obs))?;
-        for (name, t) in
-            [("disc_logits", &d.disc_logits), ("disc_reward", &d.disc_reward), ("disc_value", &d.disc_value)]
-        {
-            let v = host(t)?;
-            let w = v.len() / rows.max(1);
-            let mut off = 0;
-            for &i in idx {
-                let r = jobs[i].req.rows;
-                outs[i].insert(name, (vec![r, w], Values::F32(v[off * w..(off + r) * w].to_vec())));
-                off += r;
-            }
-        }
-        Ok(())
+        Ok(inputs)
     }
 }
 
 /// The injected fault, if any (taken: it applies to one forward).
 #[cfg(test)]
-fn injected(fault: &FaultSlot) -> Result<(), PolicyError> {
+fn injected(fault: &FaultSlot) -> Result<(), RunError> {
     match fault.lock().unwrap_or_else(|e| e.into_inner()).take() {
         None => Ok(()),
         Some(Fault::Error) => Err(candle_core::Error::Msg("injected fault".into()).into()),
@@ -694,7 +453,11 @@ fn injected(fault: &FaultSlot) -> Result<(), PolicyError> {
     }
 }
 
-/// A tensor's values on the host, row-major.
-fn host(t: &Tensor) -> candle_core::Result<Vec<f32>> {
-    t.to_device(&Device::Cpu)?.flatten_all()?.to_vec1::<f32>()
+/// A tensor's values on the host, row-major, in its element type.
+fn host(t: &Tensor) -> candle_core::Result<Values> {
+    let flat = t.to_device(&Device::Cpu)?.flatten_all()?;
+    Ok(match flat.dtype() {
+        candle_core::DType::I64 => Values::I64(flat.to_vec1::<i64>()?),
+        _ => Values::F32(flat.to_vec1::<f32>()?),
+    })
 }

@@ -34,73 +34,7 @@ pub(crate) fn clip_json(text: &str) -> String {
     serde_json::to_string(&*clip(text)).unwrap_or_default()
 }
 
-/// Why a `--width` pin cannot hold for the checkpoint (in [`LoadError::Pin`]).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum PinProblem {
-    /// The key is not an input of the model.
-    #[error("not an input of this model (its inputs: {})", inputs.join(", "))]
-    NotAnInput {
-        /// The model's inputs.
-        inputs: Vec<String>,
-    },
-    /// The model takes no pins (a MaskedMimic model: its open widths are
-    /// sequences its reshapes check; a GPC prior: its widths are the
-    /// checkpoint's), and the server does not pin them.
-    #[error("--width does not apply to a {model} (the server takes its inputs' widths from the checkpoint and its reshapes)")]
-    NotPinnable {
-        /// The model class.
-        model: &'static str,
-    },
-    /// The checkpoint fixes another width for the key.
-    #[error("{pinned}, but the checkpoint fixes {fixed}")]
-    Contradicts {
-        /// The width pinned.
-        pinned: usize,
-        /// The width the checkpoint fixes.
-        fixed: usize,
-    },
-    /// Every key of a width sum is known and they do not add up.
-    #[error(
-        "{module} reads {} = {sum} columns, but its checkpoint weights take {total}",
-        parts.iter().map(usize::to_string).collect::<Vec<_>>().join(" + ")
-    )]
-    SumMismatch {
-        /// Config path of the module reading the keys.
-        module: String,
-        /// Each key's width, in the module's order.
-        parts: Vec<usize>,
-        /// Their sum.
-        sum: usize,
-        /// The width its weights take.
-        total: usize,
-    },
-    /// The pins take so many columns that an open key gets none.
-    #[error("{module} reads {total} columns in all; the pins already take {fixed} ({})", parts_text(parts))]
-    NoColumnLeft {
-        /// Config path of the module reading the keys.
-        module: String,
-        /// The width its weights take.
-        total: usize,
-        /// Columns the known widths take.
-        fixed: usize,
-        /// Each key's width where known, in the module's order.
-        parts: Vec<Option<usize>>,
-    },
-    /// The columns left over do not divide among the open key's copies.
-    #[error("{module} needs {total} columns in all; the pins leave no width for it")]
-    NoWidth {
-        /// Config path of the module reading the keys.
-        module: String,
-        /// The width its weights take.
-        total: usize,
-    },
-}
-
-/// `358 + ? + 69`: known widths and `?` for open ones.
-fn parts_text(parts: &[Option<usize>]) -> String {
-    parts.iter().map(|p| p.map_or_else(|| "?".to_owned(), |w| w.to_string())).collect::<Vec<_>>().join(" + ")
-}
+pub use pmstate_policy::served::PinProblem;
 
 /// Why a checkpoint could not become the served model.
 #[derive(Debug, thiserror::Error)]
@@ -187,6 +121,17 @@ pub enum LoadError {
     },
 }
 
+impl From<pmstate_policy::served::LoadError> for LoadError {
+    fn from(e: pmstate_policy::served::LoadError) -> Self {
+        use pmstate_policy::served::LoadError as Served;
+        match e {
+            Served::Policy(e) => LoadError::Policy(e),
+            Served::Pin(p) => LoadError::Pin { key: p.key, problem: p.problem },
+            Served::TooManyLogits { path, per_row, limit } => LoadError::TooManyLogits { path, per_row, limit },
+        }
+    }
+}
+
 impl From<pmstate_deploy::DeployError> for LoadError {
     fn from(e: pmstate_deploy::DeployError) -> Self {
         LoadError::Pipeline(Box::new(e))
@@ -215,46 +160,7 @@ impl std::fmt::Display for Abandon {
     }
 }
 
-/// What part of the interface a refused checkpoint would change
-/// ([`LoadError::Incompatible`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Difference {
-    /// `PPOModel` against `AMPModel`.
-    ModelClass,
-    /// The observation keys read (or accepted and ignored).
-    InKeys,
-    /// The width of one key.
-    Width {
-        /// The key.
-        key: String,
-    },
-    /// The sums of widths the first layers take.
-    WidthSums,
-    /// The number of actions.
-    ActionSize,
-    /// The outputs or their shapes.
-    Outputs,
-    /// The row shape of one pipeline input.
-    Shape {
-        /// The input.
-        key: String,
-    },
-}
-
-impl fmt::Display for Difference {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Difference::ModelClass => f.write_str("model class"),
-            Difference::InKeys => f.write_str("in_keys"),
-            Difference::Width { key } => write!(f, "the width of {key}"),
-            Difference::WidthSums => f.write_str("width sums"),
-            Difference::ActionSize => f.write_str("action size"),
-            Difference::Outputs => f.write_str("outputs"),
-            Difference::Shape { key } => write!(f, "the shape of {key}"),
-        }
-    }
-}
+pub use pmstate_policy::served::Difference;
 
 /// Why [`crate::Server::start`] failed.
 #[derive(Debug, thiserror::Error)]
@@ -791,13 +697,11 @@ pub enum RequestError {
     /// The server is draining before it stops.
     #[error("the server is shutting down")]
     ShuttingDown,
-    /// The policy's forward failed (a bug or a device failure).
+    /// The model's forward failed (a bug or a device failure: decoding
+    /// refuses every input it would). A pipeline's `DeployError` is
+    /// [`pmstate_policy::RunError::Family`]'s source.
     #[error("internal error: the forward failed: {0}")]
-    Forward(Arc<pmstate_policy::PolicyError>),
-    /// A pipeline's forward failed (a bug: decoding refuses every input
-    /// it would).
-    #[error("internal error: the pipeline failed: {0}")]
-    PipelineForward(Arc<pmstate_deploy::DeployError>),
+    Forward(Arc<pmstate_policy::RunError>),
     /// The contract was asked of a model that is not a pipeline.
     #[error("model {} is a policy, not a pipeline (pmstate serve --pipeline): it has no deployment contract", clip(.name))]
     NoContract {
@@ -847,7 +751,6 @@ impl RequestError {
             | RequestError::AnswersBusy { .. }
             | RequestError::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
             RequestError::Forward(_)
-            | RequestError::PipelineForward(_)
             | RequestError::Panicked
             | RequestError::NotComputed { .. }
             | RequestError::Task { .. } => StatusCode::INTERNAL_SERVER_ERROR,
@@ -883,7 +786,6 @@ impl RequestError {
             RequestError::Busy { .. } | RequestError::AnswersBusy { .. } => "busy",
             RequestError::ShuttingDown => "shutting_down",
             RequestError::Forward(_)
-            | RequestError::PipelineForward(_)
             | RequestError::Panicked
             | RequestError::NotComputed { .. }
             | RequestError::Task { .. } => "internal",

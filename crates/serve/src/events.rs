@@ -143,8 +143,7 @@ pub type EventSink = Arc<dyn Fn(&Event) + Send + Sync>;
 
 /// One [`Event::GlobalAllowed`] per global `model` was loaded with.
 pub(crate) fn report_allowed_globals(model: &crate::model::LoadedModel, events: &EventSink) {
-    let prior = model.prior.iter().flat_map(|p| p.allowed_globals());
-    for g in model.policy.iter().flat_map(|p| p.allowed_globals()).chain(prior) {
+    for g in model.model.allowed_globals() {
         events(&Event::GlobalAllowed { file: g.file.clone(), key: g.key.clone(), global: g.global.clone() });
     }
 }

@@ -140,7 +140,7 @@ async fn a_failed_pipeline_forward_is_a_500_and_the_server_goes_on() {
     let good = infer().await.expect("an answer");
     assert_eq!(good.status, 200);
     for (fault, want) in [
-        (Fault::Error, "internal error: the pipeline failed: candle: injected fault"),
+        (Fault::Error, "internal error: the forward failed: candle: injected fault"),
         (Fault::Panic, "internal error: the forward panicked"),
     ] {
         handle.state.batcher.inject(fault);

@@ -25,6 +25,7 @@ pub mod config;
 pub mod describe;
 pub mod problem;
 mod reference;
+pub mod served;
 pub mod tokens;
 pub mod top_p;
 

@@ -285,7 +285,7 @@ async fn refused_swap(served: &str, candidate: &str, want: impl Fn(&Difference) 
     let d = old.interface.difference(&new.interface);
     assert!(d.as_ref().is_some_and(|(what, _, _)| want(what)), "{served} -> {candidate}: {d:?}");
     let r = rows(&obs(served), &[0, 1, 2]);
-    let answer = bits(&host(&old.policy.as_ref().unwrap().forward(&tensors(&r)).unwrap().mean_action));
+    let answer = bits(&host(&old.policy().unwrap().forward(&tensors(&r)).unwrap().mean_action));
 
     let mut opts = options(ckpt.clone());
     opts.watch = Watch::Poll { interval: Duration::from_millis(20) };
