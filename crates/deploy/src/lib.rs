@@ -30,8 +30,8 @@ pub use error::{ConfigProblem, DeployError, MotionProblem, Result, SensorProblem
 pub use motion::{MotionClip, MotionPlayer};
 pub use pipeline::RobotLimits;
 pub use pipeline::{Input, Observation, Outputs, Pipeline, OUTPUT_NAMES};
-pub use served::{PipelineModel, PIPELINE_MODEL};
 pub use recorder::{read_log, LogMeta, LogReader, LogRecord, LoggedSensors, RecordKind, RecorderSummary, LOG_VERSION};
+pub use served::{PipelineModel, PIPELINE_MODEL};
 pub use tracker::{
     quat_mul_np, quat_rotate_np, yaw_quat_np, Alignment, BodyState, PdTargets, Sensors, Stamp, Tracker, TrackerOptions,
 };

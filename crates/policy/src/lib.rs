@@ -44,7 +44,7 @@ pub use masked_mimic::{MaskedMimic, MaskedMimicConfig, MaskedMimicOutputs};
 pub use mlp::CpuKernels;
 pub use model::{ActorOutputs, AmpNetworks, DiscOutputs, Outputs, Part, Policy, Sampled};
 pub use network::TensorMap;
+pub use problem::{AttentionProblem, ExprProblem, FieldProblem, FsqKeyRole, GraphProblem, OpProblem};
 pub use served::{Batch, Model, ModelDescription, ModelOptions, Named, RunError, Segment, Signature, Wanted};
 pub use served_masked_mimic::MaskedMimicModel;
 pub use served_policy::PolicyModel;
-pub use problem::{AttentionProblem, ExprProblem, FieldProblem, FsqKeyRole, GraphProblem, OpProblem};

@@ -11,8 +11,8 @@ use candle_core::Device;
 use crate::describe::Description;
 use crate::load::{AllowedGlobal, LoadOptions};
 use crate::served::{
-    by_chunks, resolve_widths, rows_of, share, split_rows, Batch, Datatype, InputSpec, LoadError, Model, ModelDescription,
-    ModelOptions, Named, OutputSpec, RowRange, RunError, Signature, Source,
+    by_chunks, resolve_widths, rows_of, share, split_rows, Batch, Datatype, InputSpec, LoadError, Model,
+    ModelDescription, ModelOptions, Named, OutputSpec, RowRange, RunError, Signature, Source,
 };
 use crate::{Part, Policy};
 

@@ -20,9 +20,7 @@ use crate::options::FileLimits;
 
 pub use pmstate_deploy::PIPELINE_MODEL;
 pub use pmstate_policy::gpc::served::PRIOR_TOKENS_OUTPUT;
-pub use pmstate_policy::served::{
-    Datatype, InputSpec, ModelDescription, OutputSpec, Source, MAX_LOGITS_PER_FORWARD,
-};
+pub use pmstate_policy::served::{Datatype, InputSpec, ModelDescription, OutputSpec, Source, MAX_LOGITS_PER_FORWARD};
 
 /// What clients send and get: the model's [`pmstate_policy::Signature`],
 /// the same for every model a server swaps in.
@@ -402,8 +400,12 @@ mod tests {
     fn pins_fill_the_open_widths_or_say_what_contradicts_them() {
         // smpl tracker: the three widths are open, their sum (1003) fixed by the actor's first Linear
         let smpl = policy("smpl_tracker");
-        let m = LoadedModel::in_process(smpl.clone(), "test", &pins(&[("max_coords_obs", 358), ("mimic_target_poses", 576)]))
-            .unwrap();
+        let m = LoadedModel::in_process(
+            smpl.clone(),
+            "test",
+            &pins(&[("max_coords_obs", 358), ("mimic_target_poses", 576)]),
+        )
+        .unwrap();
         assert_eq!(m.interface.input("previous_actions").and_then(|i| i.width), Some(69));
 
         let (key, problem) = pin_problem(&smpl, &[("nope", 3)]);

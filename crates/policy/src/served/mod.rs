@@ -26,8 +26,8 @@ use std::collections::HashMap;
 use candle_core::{Device, Tensor};
 use serde::Serialize;
 
-pub use pins::{PinError, PinProblem};
 pub(crate) use pins::resolve_widths;
+pub use pins::{PinError, PinProblem};
 pub use registry::{load, LoadError, ModelOptions};
 pub use rows::{by_chunks, rows_of, share, split_rows, RowRange};
 pub use signature::{Datatype, Difference, InputSpec, OutputSpec, Signature, Source, MAX_LOGITS_PER_FORWARD};

@@ -98,10 +98,7 @@ pub(crate) fn resolve_widths(policy: &Policy, pins: &[(String, usize)]) -> Resul
         }
         match w.get(k) {
             Some(&known) if known != *v => {
-                return Err(PinError {
-                    key: k.clone(),
-                    problem: PinProblem::Contradicts { pinned: *v, fixed: known },
-                })
+                return Err(PinError { key: k.clone(), problem: PinProblem::Contradicts { pinned: *v, fixed: known } })
             }
             _ => {
                 w.insert(k.clone(), *v);
@@ -161,4 +158,3 @@ pub(crate) fn resolve_widths(policy: &Policy, pins: &[(String, usize)]) -> Resul
     }
     Ok(w)
 }
-

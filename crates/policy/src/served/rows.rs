@@ -23,7 +23,8 @@ pub fn rows_of(
     ranges: &[RowRange],
     rows: usize,
 ) -> candle_core::Result<HashMap<String, Tensor>> {
-    let whole = ranges.first().is_some_and(|r| r.start == 0) && ranges.windows(2).all(|w| w[0].start + w[0].len == w[1].start);
+    let whole =
+        ranges.first().is_some_and(|r| r.start == 0) && ranges.windows(2).all(|w| w[0].start + w[0].len == w[1].start);
     if whole && ranges.iter().map(|r| r.len).sum::<usize>() == rows {
         return Ok(inputs.clone());
     }
@@ -121,4 +122,3 @@ pub fn share(
     }
     Ok(())
 }
-

@@ -215,7 +215,6 @@ impl Signature {
     }
 }
 
-
 /// Most logits one forward of a GPC prior computes (2^24 float32: 64 MiB;
 /// its JSON answer is about 12 bytes a value). The published prior makes
 /// 8 x 59049 per row: 35 rows a forward, and a request of more rows is
@@ -267,4 +266,3 @@ impl std::fmt::Display for Difference {
         }
     }
 }
-
