@@ -55,6 +55,14 @@ pub enum CliError {
     /// the policy's and the checkpoint's errors).
     #[error(transparent)]
     Deploy(Box<pmstate_deploy::DeployError>),
+    /// A model could not be loaded for a reason of the interface itself
+    /// (a `--width` pin, a GPC prior too large for one forward); a
+    /// family's own errors are [`CliError::Policy`] or [`CliError::Deploy`].
+    #[error(transparent)]
+    Load(pmstate_policy::served::LoadError),
+    /// A model of a family outside this workspace's failed to run.
+    #[error(transparent)]
+    Run(pmstate_policy::RunError),
     /// Reading or replaying a trace failed.
     #[error(transparent)]
     Trace(#[from] pmstate_trace::TraceError),
@@ -66,6 +74,30 @@ pub enum CliError {
 impl From<pmstate_deploy::DeployError> for CliError {
     fn from(e: pmstate_deploy::DeployError) -> Self {
         CliError::Deploy(Box::new(e))
+    }
+}
+
+impl From<pmstate_policy::served::LoadError> for CliError {
+    fn from(e: pmstate_policy::served::LoadError) -> Self {
+        match e {
+            pmstate_policy::served::LoadError::Policy(e) => CliError::Policy(e),
+            e => CliError::Load(e),
+        }
+    }
+}
+
+impl From<pmstate_policy::RunError> for CliError {
+    fn from(e: pmstate_policy::RunError) -> Self {
+        match e {
+            pmstate_policy::RunError::Policy(e) => CliError::Policy(e),
+            pmstate_policy::RunError::Family { model, source } => {
+                match source.downcast::<pmstate_deploy::DeployError>() {
+                    Ok(e) => CliError::Deploy(e),
+                    Err(source) => CliError::Run(pmstate_policy::RunError::Family { model, source }),
+                }
+            }
+            e => CliError::Run(e),
+        }
     }
 }
 
@@ -123,9 +155,22 @@ impl CliError {
             CliError::Obs { path, problem, .. } => {
                 ErrorReport::new(format!("obs.{}", obs_kind(problem)), message).at(Some(path), obs_key(problem))
             }
+            CliError::Load(e) => load_report(e, message),
+            CliError::Run(_) => ErrorReport::new("run", message),
             CliError::Trace(_) => ErrorReport::new("trace", message),
             CliError::Serve(_) => ErrorReport::new("serve", message),
         }
+    }
+}
+
+/// The report of a model-interface load error: its variant, and the
+/// checkpoint or pinned key it names.
+fn load_report(e: &pmstate_policy::served::LoadError, message: String) -> ErrorReport {
+    use pmstate_policy::served::LoadError as E;
+    match e {
+        E::Policy(e) => policy_report(e, message),
+        E::Pin(p) => ErrorReport::new("load.pin", message).at(None, Some(&p.key)),
+        E::TooManyLogits { path, .. } => ErrorReport::new("load.too_many_logits", message).at(Some(path), None),
     }
 }
 
@@ -220,6 +265,7 @@ fn obs_kind(p: &crate::cmd::policy::obs::ObsProblem) -> &'static str {
         P::Duplicate(_) => "duplicate",
         P::TooManyDims { .. } => "too_many_dims",
         P::Offsets { .. } => "offsets",
+        P::NotInt64 { .. } => "not_int64",
     }
 }
 
@@ -227,7 +273,7 @@ fn obs_kind(p: &crate::cmd::policy::obs::ObsProblem) -> &'static str {
 fn obs_key(p: &crate::cmd::policy::obs::ObsProblem) -> Option<&str> {
     use crate::cmd::policy::obs::ObsProblem as P;
     match p {
-        P::Duplicate(k) | P::TooManyDims { key: k } | P::Offsets { key: k, .. } => Some(k),
+        P::Duplicate(k) | P::TooManyDims { key: k } | P::Offsets { key: k, .. } | P::NotInt64 { key: k, .. } => Some(k),
         _ => None,
     }
 }

@@ -21,7 +21,7 @@ use crate::MaskedMimic;
 #[derive(Debug)]
 pub struct MaskedMimicModel {
     model: MaskedMimic,
-    config_path: String,
+    config_path: Option<String>,
     signature: Signature,
     description: ModelDescription,
 }
@@ -39,12 +39,18 @@ pub(crate) fn load(
         return Err(PinError { key: key.clone(), problem }.into());
     }
     let model = MaskedMimic::load_with(checkpoint, Some(config), device, &LoadOptions { globals: opts.globals })?;
-    let description = ModelDescription::of(&model.describe())?;
-    let signature = signature(&model);
-    Ok(Box::new(MaskedMimicModel { model, config_path: config.display().to_string(), signature, description }))
+    Ok(Box::new(MaskedMimicModel::new(model, Some(config.display().to_string()))?))
 }
 
 impl MaskedMimicModel {
+    /// `model` as a [`Model`]; `config_path` names the configs file it was
+    /// built from, if one was read (a model built from parts has none).
+    pub fn new(model: MaskedMimic, config_path: Option<String>) -> Result<Self, LoadError> {
+        let description = ModelDescription::of(&model.describe())?;
+        let signature = signature(&model);
+        Ok(MaskedMimicModel { model, config_path, signature, description })
+    }
+
     /// The model.
     pub fn masked_mimic(&self) -> &MaskedMimic {
         &self.model
@@ -110,7 +116,7 @@ impl Model for MaskedMimicModel {
     }
 
     fn config_path(&self) -> Option<&str> {
-        Some(&self.config_path)
+        self.config_path.as_deref()
     }
 
     fn allowed_globals(&self) -> &[AllowedGlobal] {

@@ -456,7 +456,7 @@ pub fn order_inputs(
     params: &Params,
 ) -> Result<Vec<Input>, InputError> {
     // a GPC prior's tokens: teacher forced when given, generated when sampling, never both
-    for spec in iface.inputs.iter().filter(|i| i.optional && i.datatype == Datatype::Int64) {
+    for spec in iface.drawn_inputs() {
         let given = inputs.iter().any(|(n, _, _)| *n == spec.name);
         if given && params.sample {
             return Err(InputError::GivenAndSampled { input: spec.name.clone() });

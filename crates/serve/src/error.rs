@@ -218,6 +218,9 @@ pub enum OptionsError {
         /// The option (`device`, `widths`).
         option: &'static str,
     },
+    /// Widths given for a model built in process (its widths were pinned when it was built).
+    #[error("widths apply to a model loaded from a checkpoint: a model built in process is pinned when it is built")]
+    PinnedWhenBuilt,
     /// The in-flight answer budget does not fit the semaphore.
     #[error("the in-flight answer budget ({budget} bytes) must be under 4 GiB")]
     AnswerBudgetTooLarge {

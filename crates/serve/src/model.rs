@@ -290,8 +290,15 @@ impl LoadedModel {
         self.model.as_any().downcast_ref::<PolicyModel>().map(PolicyModel::policy)
     }
 
-    /// A policy built in process.
+    /// A policy built in process, with the widths `pins` fix.
     pub fn in_process(policy: Policy, label: &str, pins: &[(String, usize)]) -> Result<LoadedModel, LoadError> {
+        let model = PolicyModel::new(policy, pins).map_err(LoadError::from)?;
+        Ok(Self::of_model(Arc::new(model), label))
+    }
+
+    /// A model of any family built in process; `label` stands for its
+    /// checkpoint in metadata.
+    pub fn of_model(model: Arc<dyn Model>, label: &str) -> LoadedModel {
         let provenance = Provenance {
             checkpoint: label.to_owned(),
             config: None,
@@ -299,10 +306,9 @@ impl LoadedModel {
             bytes: None,
             loaded_at_unix: unix_now(),
             load_seconds: 0.0,
-            device: device_name(policy.device()),
+            device: device_name(model.device()),
         };
-        let model = PolicyModel::new(policy, pins).map_err(LoadError::from)?;
-        Ok(Self::of(Arc::new(model), provenance, 1))
+        Self::of(model, provenance, 1)
     }
 }
 

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use candle_core::Device;
-use pmstate_policy::Policy;
+use pmstate_policy::Model;
 
 /// Where the served policy comes from.
 pub enum ModelSource {
@@ -29,11 +29,13 @@ pub enum ModelSource {
         /// The resolved configs file, when not next to the checkpoint.
         config: Option<PathBuf>,
     },
-    /// A policy built in process (`Policy::from_parts`); `label` stands for
-    /// its checkpoint path in metadata. Cannot be reloaded.
-    Policy {
-        /// The policy.
-        policy: Box<Policy>,
+    /// A model of any family built in process (`PolicyModel::new` over
+    /// `Policy::from_parts`, a `MaskedMimicModel`, ...: widths are pinned
+    /// when it is built, not by [`ServeOptions::widths`]); `label` stands
+    /// for its checkpoint path in metadata. Cannot be reloaded.
+    InProcess {
+        /// The model.
+        model: Box<dyn Model>,
         /// What to call it in metadata.
         label: String,
     },

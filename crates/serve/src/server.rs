@@ -123,6 +123,9 @@ fn check(opts: &ServeOptions) -> Result<(), OptionsError> {
     if let Some((what, _)) = zero.into_iter().find(|(_, z)| *z) {
         return Err(OptionsError::ZeroLimit { what });
     }
+    if matches!(opts.source, ModelSource::InProcess { .. }) && !opts.widths.is_empty() {
+        return Err(OptionsError::PinnedWhenBuilt);
+    }
     if matches!(opts.source, ModelSource::Pipeline { .. }) {
         if !matches!(opts.device, candle_core::Device::Cpu) {
             return Err(OptionsError::PolicyOnly { option: "device" });
@@ -167,7 +170,7 @@ impl Server {
                 let kind = ModelKind::Pipeline;
                 (model, Some(ReloadConfig { path, config, device, pins: widths, watch, files, kind }), stamp)
             }
-            ModelSource::Policy { policy, label } => (LoadedModel::in_process(*policy, &label, &pins)?, None, None),
+            ModelSource::InProcess { model, label } => (LoadedModel::of_model(Arc::from(model), &label), None, None),
         };
         let threads = threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
         let pool = rayon::ThreadPoolBuilder::new()

@@ -9,13 +9,15 @@ use std::collections::HashMap;
 use candle_core::{Device, Tensor};
 use pmstate_policy::config::{ContainerConfig, FsqConfig, LayerConfig, MlpConfig, ModuleConfig, NormSettings, Number};
 use pmstate_policy::gpc::config::{PriorModelConfig, TransformerPriorConfig};
+use pmstate_policy::gpc::served::PriorModel;
 use pmstate_policy::gpc::tokens::Tokenization;
 use pmstate_policy::gpc::LatentPrior;
 use pmstate_policy::module_ops::ModuleOp;
+use pmstate_policy::served::Source;
 use pmstate_policy::Activation;
 use serde::Serialize;
 
-use super::bench_policy::{time_calls, xorshift, BenchOptions, Timed, Timing};
+use super::bench_policy::{run_once, time_calls, xorshift, BenchOptions, Timed, Timing};
 use crate::args::OutputFormat;
 use crate::{output, CliError};
 
@@ -217,6 +219,9 @@ pub fn bench(opts: &BenchOptions, format: OutputFormat) -> Result<std::process::
     let prior = LatentPrior::from_parts(gpc_config(), &ckpt?, &Device::Cpu)?;
     let tokens = prior.tokenization().tokens;
     let vocab = prior.tokenization().vocab as i64;
+    // timed as serve and `policy run` run it: through the model interface,
+    // whose forwards hold at most MAX_LOGITS_PER_FORWARD logits
+    let model = PriorModel::new(prior, &path.display().to_string())?;
     let batches = if opts.batches.is_empty() { GPC_BATCHES.to_vec() } else { opts.batches.clone() };
     let mut records = vec![];
     for &b in &batches {
@@ -228,14 +233,14 @@ pub fn bench(opts: &BenchOptions, format: OutputFormat) -> Result<std::process::
         let mut tf = ctx.clone();
         tf.insert("prior_tokens".to_owned(), Tensor::from_vec(toks, (b, tokens), &Device::Cpu)?);
         let t = time(opts.min_time, || {
-            std::hint::black_box(prior.teacher_forced(&tf)?);
+            std::hint::black_box(run_once(&model, &tf, &[Source::Actor], None)?);
             Ok(())
         })?;
         records.push(GpcRecord::new("teacher_forced", b, opts.threads, t));
         let mut seed = 0u64;
         let t = time(opts.min_time, || {
             seed += 1;
-            std::hint::black_box(prior.generate(&ctx, prior.sampling(seed))?);
+            std::hint::black_box(run_once(&model, &ctx, &[Source::Actor, Source::Sample], Some(seed))?);
             Ok(())
         })?;
         records.push(GpcRecord::new("generate", b, opts.threads, t));

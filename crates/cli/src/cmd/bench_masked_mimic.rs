@@ -15,7 +15,7 @@ use pmstate_policy::config::{
 };
 use pmstate_policy::masked_mimic::{MaskedMimic, MaskedMimicConfig, VaeNoiseType, VAE_LATENT_KEY, VAE_NOISE_KEY};
 use pmstate_policy::module_ops::{ModuleOp, ReshapeDim};
-use pmstate_policy::Activation;
+use pmstate_policy::{Activation, MaskedMimicModel};
 
 use crate::CliError;
 
@@ -249,9 +249,10 @@ pub fn obs(batch: usize) -> Result<HashMap<String, Tensor>, CliError> {
     Ok(m)
 }
 
-/// The model, loaded through a safetensors file as a checkpoint would be
+/// The model (as a [`Model`](pmstate_policy::Model), timed as serve and
+/// `policy run` run it), loaded through a safetensors file as a checkpoint would be
 /// (written to `keep` when given, else to a temporary file removed after).
-pub fn load(keep: Option<&Path>) -> Result<(MaskedMimic, usize), CliError> {
+pub fn load(keep: Option<&Path>) -> Result<(MaskedMimicModel, usize), CliError> {
     let w = weights()?;
     let bytes = w.iter().filter(|(k, _)| !k.contains(".norm.")).map(|(_, t)| t.elem_count() * 4).sum();
     let path = match keep {
@@ -263,5 +264,6 @@ pub fn load(keep: Option<&Path>) -> Result<(MaskedMimic, usize), CliError> {
     if keep.is_none() {
         let _ = std::fs::remove_file(&path);
     }
-    Ok((MaskedMimic::from_parts(config(), &ckpt?, &Device::Cpu)?, bytes))
+    let model = MaskedMimic::from_parts(config(), &ckpt?, &Device::Cpu)?;
+    Ok((MaskedMimicModel::new(model, None)?, bytes))
 }

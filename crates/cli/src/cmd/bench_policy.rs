@@ -12,7 +12,8 @@ use pmstate_policy::config::{
     ActorConfig, Family, LayerConfig, MlpConfig, ModelConfig, ModuleConfig, NormSettings, Number,
 };
 use pmstate_policy::module_ops::ModuleOp;
-use pmstate_policy::{Activation, Policy};
+use pmstate_policy::served::{Batch, Model, Named, Segment, Source, Wanted};
+use pmstate_policy::{Activation, Policy, PolicyModel};
 use serde::Serialize;
 
 use crate::args::OutputFormat;
@@ -310,8 +311,10 @@ impl Loaded {
         Ok(Loaded { weights, ckpt: ckpt? })
     }
 
-    fn policy(&self, kernels: pmstate_policy::CpuKernels) -> Result<Policy, CliError> {
-        Ok(Policy::from_parts(bench_config(), &self.ckpt, &Device::Cpu)?.with_cpu_kernels(kernels)?)
+    /// The policy as a [`Model`], timed as serve and `policy run` run it.
+    fn model(&self, kernels: pmstate_policy::CpuKernels) -> Result<PolicyModel, CliError> {
+        let policy = Policy::from_parts(bench_config(), &self.ckpt, &Device::Cpu)?.with_cpu_kernels(kernels)?;
+        Ok(PolicyModel::new(policy, &[])?)
     }
 
     /// Bytes of the Linear weights and biases.
@@ -364,12 +367,31 @@ impl Loaded {
     }
 }
 
-/// One forward timing of `policy` at batch `b`.
-fn time_forward(policy: &Policy, b: usize, opts: &BenchOptions, weight_bytes: usize) -> Result<BenchRecord, CliError> {
+/// One call of `model` on `inputs` (one caller's rows, wanting every
+/// output of `sources`, drawing with `seed`) through the model interface,
+/// as serve and `policy run` call it.
+pub(crate) fn run_once(
+    model: &dyn Model,
+    inputs: &HashMap<String, Tensor>,
+    sources: &[Source],
+    seed: Option<u64>,
+) -> Result<Named, CliError> {
+    let rows = inputs.values().next().and_then(|t| t.dims().first().copied()).unwrap_or(0);
+    let segment = Segment { rows, seed, wanted: Wanted::Sources(sources) };
+    let batch = Batch { inputs, segments: &[segment], chunk_rows: usize::MAX };
+    Ok(model.run(&batch)?.into_iter().next().unwrap_or_default())
+}
+
+/// One forward timing (actor and critic) of `model` at batch `b`.
+fn time_forward(
+    model: &dyn Model,
+    b: usize,
+    opts: &BenchOptions,
+    weight_bytes: usize,
+) -> Result<BenchRecord, CliError> {
     let obs = bench_obs(b)?;
     let s = median_seconds(opts.min_time, || {
-        let o = policy.forward(&obs)?;
-        std::hint::black_box(o);
+        std::hint::black_box(run_once(model, &obs, &[Source::Actor, Source::Critic], None)?);
         Ok(())
     })?;
     Ok(BenchRecord {
@@ -392,7 +414,7 @@ pub fn bench_masked_mimic(opts: &BenchOptions, format: OutputFormat) -> Result<E
     for &b in &opts.batches {
         let obs = super::bench_masked_mimic::obs(b)?;
         let s = median_seconds(opts.min_time, || {
-            std::hint::black_box(model.forward(&obs)?);
+            std::hint::black_box(run_once(&model, &obs, &[Source::Actor], None)?);
             Ok(())
         })?;
         records.push(BenchRecord {
@@ -412,11 +434,11 @@ pub fn bench_masked_mimic(opts: &BenchOptions, format: OutputFormat) -> Result<E
 /// `pmstate bench-policy`.
 pub fn bench(opts: &BenchOptions, format: OutputFormat) -> Result<ExitCode, CliError> {
     let loaded = Loaded::new(opts)?;
-    let policy = loaded.policy(opts.kernels)?;
+    let model = loaded.model(opts.kernels)?;
     let weight_bytes = loaded.weight_bytes();
     let mut records = vec![loaded.stream(opts)?];
     for &b in &opts.batches {
-        records.push(time_forward(&policy, b, opts, weight_bytes)?);
+        records.push(time_forward(&model, b, opts, weight_bytes)?);
     }
     print_records(&records, weight_bytes, opts, format)
 }
@@ -496,8 +518,8 @@ pub struct CheckRecord {
 /// without its instruction set, say), not to measure.
 pub fn check(opts: &BenchOptions, format: OutputFormat) -> Result<ExitCode, CliError> {
     let loaded = Loaded::new(opts)?;
-    let packed = loaded.policy(pmstate_policy::CpuKernels::Packed)?;
-    let candle = loaded.policy(pmstate_policy::CpuKernels::Candle)?;
+    let packed = loaded.model(pmstate_policy::CpuKernels::Packed)?;
+    let candle = loaded.model(pmstate_policy::CpuKernels::Candle)?;
     let weight_bytes = loaded.weight_bytes();
     let isa = pmstate_norm::bench_support::try_isa().map_err(pmstate_policy::PolicyError::from)?.to_string();
     let stream = loaded.stream(opts)?;

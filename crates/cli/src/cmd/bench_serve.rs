@@ -12,7 +12,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use candle_core::Device;
-use pmstate_policy::Policy;
+use pmstate_policy::{Policy, PolicyModel};
 use pmstate_serve::load::{run_load, LoadPlan, LoadResult};
 use pmstate_serve::{Batching, ModelSource, ServeOptions};
 use serde::Serialize;
@@ -284,8 +284,8 @@ fn load_both_modes(
     records: &mut Vec<Record>,
 ) -> Result<(), CliError> {
     for batching in [true, false] {
-        let mut opts = ServeOptions::new(ModelSource::Policy {
-            policy: Box::new(policy()?),
+        let mut opts = ServeOptions::new(ModelSource::InProcess {
+            model: Box::new(PolicyModel::new(policy()?, &[])?),
             label: "bench-serve: full-size smpl tracker".into(),
         });
         opts.addr = std::net::SocketAddr::from(([127, 0, 0, 1], 0));

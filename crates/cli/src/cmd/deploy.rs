@@ -7,14 +7,16 @@ use std::process::ExitCode;
 
 use candle_core::Tensor;
 use pmstate_deploy::{
-    read_log, DeployError, LogMeta, MotionClip, MotionPlayer, Pipeline, RecordKind, Tracker, TrackerStatus,
+    read_log, DeployError, LogMeta, MotionClip, MotionPlayer, Pipeline, PipelineModel, RecordKind, Tracker,
+    TrackerStatus,
 };
 use pmstate_norm::Dims;
+use pmstate_policy::served::{Batch, Model, Segment, Source, Wanted};
 use serde::Serialize;
 
 use crate::args::OutputFormat;
 use crate::cmd::policy::obs::{read_tensors, Schema};
-use crate::cmd::policy::run::{by_chunks, write_atomic, DEFAULT_CHUNK_ROWS};
+use crate::cmd::policy::run::{write_atomic, DEFAULT_CHUNK_ROWS};
 use crate::cmd::policy::PolicyFiles;
 use crate::cmd::sensor_stream::{EnvelopeArgs, SensorStream};
 use crate::{output, CliError, Global};
@@ -155,11 +157,13 @@ pub fn run(a: Args, g: Global) -> Result<ExitCode, CliError> {
             }
         }
         DeployCommand::Run(r) => {
-            let p = r.files.load_pipeline()?;
-            let inputs = read_tensors(&r.inputs, &PipelineSchema { pipeline: &p })?;
-            let named = by_chunks(&inputs, r.chunk_rows, |chunk| {
-                Ok(p.forward(chunk)?.named().iter().map(|(k, t)| (*k, (*t).clone())).collect())
-            })?;
+            let model = PipelineModel::new(r.files.load_pipeline()?)?;
+            let inputs = read_tensors(&r.inputs, &PipelineSchema { pipeline: model.pipeline() })?;
+            let rows = inputs.values().next().and_then(|t| t.dims().first().copied()).unwrap_or(0);
+            let segment = Segment { rows, seed: None, wanted: Wanted::Sources(&[Source::Pipeline]) };
+            let batch = Batch { inputs: &inputs, segments: &[segment], chunk_rows: r.chunk_rows };
+            let out = model.run(&batch)?.into_iter().next().unwrap_or_default();
+            let named: Vec<(String, Tensor)> = out.into_iter().map(|(k, t)| (k.to_owned(), t)).collect();
             write_atomic(&r.out, &named)?;
             let report = RunReport {
                 out: r.out.display().to_string(),

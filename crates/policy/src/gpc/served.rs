@@ -48,20 +48,27 @@ pub(crate) fn load(
         return Err(PinError { key: key.clone(), problem }.into());
     }
     let prior = LatentPrior::load_with(checkpoint, Some(config), device, &LoadOptions { globals: opts.globals })?;
-    let signature = signature(&prior);
-    let per_row = signature.logits_per_row.unwrap_or(usize::MAX);
-    if per_row > MAX_LOGITS_PER_FORWARD {
-        return Err(LoadError::TooManyLogits {
-            path: checkpoint.display().to_string(),
-            per_row,
-            limit: MAX_LOGITS_PER_FORWARD,
-        });
-    }
-    let description = ModelDescription::of(&prior.describe())?;
-    Ok(Box::new(PriorModel { prior: prior.with_max_logits(MAX_LOGITS_PER_FORWARD), signature, description }))
+    Ok(Box::new(PriorModel::new(prior, &checkpoint.display().to_string())?))
 }
 
 impl PriorModel {
+    /// `prior` as a [`Model`], its forwards bounded by
+    /// [`MAX_LOGITS_PER_FORWARD`]; refused when one row's logits pass it
+    /// (`checkpoint` names it in the error).
+    pub fn new(prior: LatentPrior, checkpoint: &str) -> Result<Self, LoadError> {
+        let signature = signature(&prior);
+        let per_row = signature.logits_per_row.unwrap_or(usize::MAX);
+        if per_row > MAX_LOGITS_PER_FORWARD {
+            return Err(LoadError::TooManyLogits {
+                path: checkpoint.to_owned(),
+                per_row,
+                limit: MAX_LOGITS_PER_FORWARD,
+            });
+        }
+        let description = ModelDescription::of(&prior.describe())?;
+        Ok(PriorModel { prior: prior.with_max_logits(MAX_LOGITS_PER_FORWARD), signature, description })
+    }
+
     /// The prior.
     pub fn prior(&self) -> &LatentPrior {
         &self.prior

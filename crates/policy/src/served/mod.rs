@@ -139,23 +139,26 @@ impl From<candle_core::Error> for RunError {
 
 /// What [`Model::description`] returns: layers, normalizers (settings and
 /// counts), token structure, whatever the family has to say, as JSON (its
-/// family's description's fields, in their order) and as text.
+/// family's description's fields, in their order, each number written as
+/// its own type writes it: an f32 `4.49955` stays `4.49955`) and as text.
 #[derive(Debug, Clone)]
 pub struct ModelDescription {
-    json: serde_json::Value,
+    json: Box<serde_json::value::RawValue>,
     text: String,
 }
 
 impl ModelDescription {
     /// The description of a family's description type.
     pub fn of(d: &(impl Serialize + std::fmt::Display)) -> Result<Self, PolicyError> {
-        let json = serde_json::to_value(d).map_err(PolicyError::Describe)?;
+        // kept as written: through a `serde_json::Value` an f32 would come
+        // back widened to f64 digits (4.499549865722656)
+        let json = serde_json::value::to_raw_value(d).map_err(PolicyError::Describe)?;
         Ok(ModelDescription { json, text: d.to_string() })
     }
 
-    /// As JSON.
-    pub fn json(&self) -> &serde_json::Value {
-        &self.json
+    /// As JSON text.
+    pub fn json(&self) -> &str {
+        self.json.get()
     }
 }
 

@@ -174,6 +174,14 @@ impl Signature {
         self.outputs.iter().find(|o| o.name == name)
     }
 
+    /// The inputs the model draws itself when sampling (a GPC prior's
+    /// INT64 tokens, the only optional INT64 inputs): given, the model is
+    /// teacher forced on them; left out, a sampling caller gets them drawn.
+    /// A caller gives each exactly when it does not sample.
+    pub fn drawn_inputs(&self) -> impl Iterator<Item = &InputSpec> {
+        self.inputs.iter().filter(|i| i.optional && i.datatype == Datatype::Int64)
+    }
+
     /// The first difference from `other`, as (what, self, theirs).
     pub fn difference(&self, other: &Signature) -> Option<(Difference, String, String)> {
         if self.model != other.model {

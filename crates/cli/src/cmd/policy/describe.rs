@@ -4,7 +4,7 @@ use std::process::ExitCode;
 
 use candle_core::Device;
 
-use super::{Loaded, PolicyFiles};
+use super::PolicyFiles;
 use crate::args::OutputFormat;
 use crate::{output, CliError, Global};
 
@@ -15,13 +15,11 @@ pub struct Args {
     files: PolicyFiles,
 }
 
-/// Prints the policy's [`pmstate_policy::Description`]: its text form, or the JSON object (`--json`).
+/// Prints the model's description, whatever its family: its text form,
+/// or the JSON object (`--json`).
 pub fn run(a: Args, g: Global) -> Result<ExitCode, CliError> {
-    match a.files.load_model(&Device::Cpu)? {
-        Loaded::Policy(p) => print(&p.describe()?, g),
-        Loaded::MaskedMimic(m) => print(&m.describe(), g),
-        Loaded::Prior(p) => print(&p.describe(), g),
-    }
+    let model = a.files.load_model(&Device::Cpu)?;
+    print(model.description(), g)
 }
 
 /// A description as text lines, or one JSON object (`--json`).

@@ -4,10 +4,8 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use pmstate_policy::config::MASKED_MIMIC_MODEL;
-use pmstate_policy::gpc::config::LATENT_PRIOR_MODEL;
-use pmstate_policy::gpc::LatentPrior;
-use pmstate_policy::{model_target, AllowedGlobal, Globals, LoadOptions, MaskedMimic, Policy};
+use pmstate_policy::served::{self, Model, ModelOptions};
+use pmstate_policy::{AllowedGlobal, Globals, LoadOptions};
 
 use crate::{output, CliError, Global};
 
@@ -69,34 +67,15 @@ impl PolicyFiles {
         LoadOptions { globals: if self.allow_unsafe_globals { Globals::Allow } else { Globals::Refuse } }
     }
 
-    /// Loads the policy, refusing unexpected globals unless allowed (then
-    /// naming each on stderr).
-    pub fn load(&self, device: &candle_core::Device) -> Result<Policy, CliError> {
-        let policy = Policy::load_with(&self.checkpoint, self.config.as_deref(), device, &self.options())?;
-        warn_allowed(policy.allowed_globals());
-        Ok(policy)
-    }
-
-    /// Loads what the files hold, by the `_target_` of the configs' model:
-    /// a MaskedMimic model, a GPC prior, else a policy ([`PolicyFiles::load`],
-    /// whose errors say what is wrong with anything else).
-    pub fn load_model(&self, device: &candle_core::Device) -> Result<Loaded, CliError> {
-        let configs = pmstate_policy::find_config(&self.checkpoint, self.config.as_deref())?;
-        let target = pmstate_ckpt::Checkpoint::open(&configs).ok().and_then(|c| model_target(&c).ok());
-        let (checkpoint, config, opts) = (&self.checkpoint, self.config.as_deref(), self.options());
-        match target.as_deref() {
-            Some(MASKED_MIMIC_MODEL) => {
-                let m = MaskedMimic::load_with(checkpoint, config, device, &opts)?;
-                warn_allowed(m.allowed_globals());
-                Ok(Loaded::MaskedMimic(Box::new(m)))
-            }
-            Some(LATENT_PRIOR_MODEL) => {
-                let p = LatentPrior::load_with(checkpoint, config, device, &opts)?;
-                warn_allowed(p.allowed_globals());
-                Ok(Loaded::Prior(Box::new(p)))
-            }
-            _ => Ok(Loaded::Policy(Box::new(self.load(device)?))),
-        }
+    /// Loads what the files hold, whatever its family (the registry,
+    /// [`pmstate_policy::served::load`], decides by the configs' model
+    /// class), refusing unexpected globals unless allowed (then naming each
+    /// on stderr).
+    pub fn load_model(&self, device: &candle_core::Device) -> Result<Box<dyn Model>, CliError> {
+        let opts = ModelOptions { globals: self.options().globals, pins: Vec::new() };
+        let model = served::load(&self.checkpoint, self.config.as_deref(), device, &opts)?;
+        warn_allowed(model.allowed_globals());
+        Ok(model)
     }
 
     /// Loads the deployment pipeline (observations, actor, action function)
@@ -116,16 +95,6 @@ fn warn_allowed(allowed: &[AllowedGlobal]) {
             g.file, g.global, g.key
         ));
     }
-}
-
-/// What a checkpoint's configs describe.
-pub enum Loaded {
-    /// PPO / AMP.
-    Policy(Box<Policy>),
-    /// `MaskedMimicModel`.
-    MaskedMimic(Box<MaskedMimic>),
-    /// `DiscreteAutoregressiveLatentPriorModel`.
-    Prior(Box<LatentPrior>),
 }
 
 /// Runs `pmstate policy ...`.

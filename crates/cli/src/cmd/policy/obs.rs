@@ -12,15 +12,14 @@
 //! accepted tensors read, each exactly its declared bytes.
 
 use std::cell::RefCell;
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::io::{BufReader, Read};
 use std::path::Path;
 
 use candle_core::{Device, Tensor};
-use pmstate_policy::gpc::problem::PriorProblem;
-use pmstate_policy::gpc::LatentPrior;
-use pmstate_policy::{Policy, PolicyError};
+use pmstate_policy::served::{Datatype, Signature};
+use pmstate_policy::PolicyError;
 use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
 
@@ -65,6 +64,16 @@ pub enum ObsProblem {
     TooManyDims {
         /// The tensor.
         key: String,
+    },
+    /// An input the model takes as int64 given in another element type.
+    #[error("tensor {key}: dtype {dtype}, expected int64 [B, {width}]")]
+    NotInt64 {
+        /// The tensor.
+        key: String,
+        /// Its dtype, as the file names it (lower case).
+        dtype: String,
+        /// Its width.
+        width: String,
     },
     /// Data offsets that do not hold exactly the shape's f32 values inside the file.
     #[error(
@@ -134,45 +143,46 @@ pub(crate) trait Schema {
     fn check_entry(&self, key: &str, dtype: &str, dims: &[u64]) -> Result<(), CliError>;
 }
 
-/// `policy run --obs`: one f32 `[B, D]` tensor per observation key the
-/// model accepts (its width named in errors where the checkpoint fixes it),
-/// and for a GPC prior its int64 `[B, T]` teacher-forced tokens.
-struct ObsSchema {
-    accepted: Vec<String>,
-    /// Widths the model fixes, per key.
-    known: BTreeMap<String, usize>,
-    /// A GPC prior's token key and tokens per row.
-    tokens: Option<(String, usize)>,
+/// `policy run --obs`: one tensor per input of the model's signature (or
+/// key its configs list and no network reads), f32 `[B, D]` (its width
+/// named in errors where the checkpoint fixes it), or `[B, D]` int64 where
+/// the signature takes int64 (a GPC prior's tokens).
+struct ObsSchema<'a> {
+    signature: &'a Signature,
+    /// The file, for errors naming it.
+    path: &'a Path,
 }
 
-impl Schema for ObsSchema {
+impl ObsSchema<'_> {
+    fn accepted(&self) -> Vec<String> {
+        let sig = self.signature;
+        sig.inputs.iter().map(|i| i.name.clone()).chain(sig.ignored.iter().cloned()).collect()
+    }
+}
+
+impl Schema for ObsSchema<'_> {
     fn flag(&self) -> &'static str {
         "--obs"
     }
 
     fn check_entry(&self, key: &str, dtype: &str, dims: &[u64]) -> Result<(), CliError> {
+        let sig = self.signature;
+        let spec = sig.input(key);
+        if spec.is_none() && !sig.ignored.iter().any(|k| k == key) {
+            return Err(PolicyError::ExtraObs { key: key.to_owned(), expected: self.accepted() }.into());
+        }
         let key = key.to_owned();
-        if !self.accepted.contains(&key) {
-            return Err(PolicyError::ExtraObs { key, expected: self.accepted.clone() }.into());
-        }
         let shape = || dims.iter().map(|&d| usize::try_from(d).unwrap_or(usize::MAX)).collect::<Vec<_>>();
-        if let Some((token_key, tokens)) = &self.tokens {
-            if key == *token_key {
-                let tokens = *tokens;
-                if dtype != "I64" {
-                    let problem = PriorProblem::TokensDtype { dtype: dtype.to_lowercase(), tokens };
-                    return Err(PolicyError::Prior { path: key, problem }.into());
-                }
-                if dims.len() != 2 || dims[1] != tokens as u64 {
-                    let batch = dims.first().map_or(0, |&b| usize::try_from(b).unwrap_or(usize::MAX));
-                    let problem = PriorProblem::TokensShape { shape: shape(), batch, tokens };
-                    return Err(PolicyError::Prior { path: key, problem }.into());
-                }
-                return Ok(());
-            }
+        let width = spec.and_then(|s| s.width);
+        // an int64 input also reads as f32, for its model to say what it
+        // takes in its own words (a GPC prior's "prior tokens must be int64")
+        let takes_int64 = spec.is_some_and(|s| s.datatype == Datatype::Int64);
+        if takes_int64 && dtype != "I64" && dtype != "F32" {
+            let width = width.map_or("D".to_owned(), |w| w.to_string());
+            let problem = ObsProblem::NotInt64 { key, dtype: dtype.to_lowercase(), width };
+            return Err(obs_error(self.flag(), self.path, problem));
         }
-        let width = self.known.get(&key).copied();
-        if dtype != "F32" {
+        if dtype != "F32" && !(takes_int64 && dtype == "I64") {
             return Err(PolicyError::ObsDtype { key, dtype: dtype.to_lowercase(), width }.into());
         }
         if dims.len() != 2 {
@@ -182,33 +192,10 @@ impl Schema for ObsSchema {
     }
 }
 
-/// Reads the observations `policy` accepts from the safetensors file at
+/// Reads the inputs `signature` takes from the safetensors file at
 /// `path`; see the module documentation for what is checked, and when.
-pub fn read_obs(path: &Path, policy: &Policy) -> Result<HashMap<String, Tensor>, CliError> {
-    let schema = ObsSchema { accepted: policy.accepted_keys(), known: policy.widths().known.clone(), tokens: None };
-    read_tensors(path, &schema)
-}
-
-/// Reads a MaskedMimic model's observations (and `vae_noise`) as [`read_obs`] does.
-pub fn read_masked_mimic_obs(
-    path: &Path,
-    model: &pmstate_policy::MaskedMimic,
-) -> Result<HashMap<String, Tensor>, CliError> {
-    let noise = pmstate_policy::masked_mimic::VAE_NOISE_KEY;
-    let mut accepted = model.in_keys();
-    accepted.push(noise.to_owned());
-    let mut known = model.widths.known.clone();
-    known.insert(noise.to_owned(), model.config.latent_dim);
-    read_tensors(path, &ObsSchema { accepted, known, tokens: None })
-}
-
-/// Reads what `prior` accepts (its observations, its tokens) from the
-/// safetensors file at `path`, as [`read_obs`] does.
-pub fn read_prior_obs(path: &Path, prior: &LatentPrior) -> Result<HashMap<String, Tensor>, CliError> {
-    let mut accepted = prior.obs_keys();
-    accepted.push(prior.token_key().to_owned());
-    let tokens = Some((prior.token_key().to_owned(), prior.tokenization().tokens));
-    read_tensors(path, &ObsSchema { accepted, known: prior.widths().known.clone(), tokens })
+pub fn read_obs(path: &Path, signature: &Signature) -> Result<HashMap<String, Tensor>, CliError> {
+    read_tensors(path, &ObsSchema { signature, path })
 }
 
 /// The accepted entries of a header, refused at the first bad one.

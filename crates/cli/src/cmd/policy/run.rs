@@ -6,7 +6,8 @@ use std::process::ExitCode;
 
 use candle_core::Tensor;
 use pmstate_norm::Dims;
-use pmstate_policy::gpc::LatentPrior;
+use pmstate_policy::served::{Batch, Segment, Signature, Source, Wanted};
+use pmstate_policy::PolicyError;
 use serde::Serialize;
 
 use super::PolicyFiles;
@@ -54,16 +55,32 @@ struct RunReport {
     tensors: Vec<(String, Vec<usize>)>,
 }
 
-/// Runs the policy and writes its outputs; prints what it wrote (one line, or a JSON object with `--json`).
+/// Runs the model, whatever its family, and writes its outputs; prints
+/// what it wrote (one line, or a JSON object with `--json`).
 pub fn run(a: Args, g: Global) -> Result<ExitCode, CliError> {
     let (device, _) = a.device.open()?;
-    let policy = match a.files.load_model(&device)? {
-        super::Loaded::Policy(p) => p,
-        super::Loaded::MaskedMimic(m) => return run_masked_mimic(&a, &m, g),
-        super::Loaded::Prior(p) => return run_prior(&a, &p, g),
-    };
-    let obs = super::obs::read_obs(&a.obs, &policy)?;
-    let missing = critic_keys_missing(&policy, &obs);
+    let model = a.files.load_model(&device)?;
+    let sig = model.signature();
+    for (flag, source) in [("--sample", Source::Sample), ("--discriminator", Source::Discriminator)] {
+        let asked = if source == Source::Sample { a.sample } else { a.discriminator };
+        if asked && !sig.outputs.iter().any(|o| o.source == source) {
+            return Err(CliError::Usage(format!("{flag}: {} has no {}", sig.model, source_outputs(source))));
+        }
+    }
+    let obs = super::obs::read_obs(&a.obs, sig)?;
+    for input in sig.drawn_inputs() {
+        let given = obs.contains_key(&input.name);
+        if given && a.sample {
+            return Err(CliError::Usage(format!(
+                "--sample draws {0}: leave {0} out of --obs to generate, or drop --sample to teacher-force on it",
+                input.name
+            )));
+        }
+        if !given && !a.sample {
+            return Err(PolicyError::MissingObs { key: input.name.clone(), width: input.width }.into());
+        }
+    }
+    let missing = critic_inputs_missing(sig, &obs);
     if !missing.is_empty() && !g.quiet && !g.json {
         // a robot's observations: the actor's outputs, as the server gives a
         // request without the critic's own inputs
@@ -72,133 +89,46 @@ pub fn run(a: Args, g: Global) -> Result<ExitCode, CliError> {
             missing.join(", ")
         ));
     }
-    // the action distribution's std is one row for the whole batch: kept from the first chunk
-    let mut std = None;
-    let mut per_row = by_chunks(&obs, a.chunk_rows, |o| {
-        let (actor, value) = if missing.is_empty() {
-            let (actor, value) = policy.forward(o)?.into_actor_and_value();
-            (actor, Some(value))
-        } else {
-            (policy.act(o)?, None)
-        };
-        std.get_or_insert(actor.std);
-        let mut out = vec![("mean_action", actor.mean_action)];
-        out.extend(value.map(|v| ("value", v)));
-        out.extend(actor.norm_obs.map(|n| ("norm_obs", n)));
-        out.extend(actor.latent_codes.map(|c| ("latent_codes", c)));
-        if a.discriminator {
-            let d = policy.discriminate(o)?;
-            out.extend([("disc_logits", d.disc_logits), ("disc_reward", d.disc_reward), ("disc_value", d.disc_value)]);
-        }
-        Ok(out)
-    })?;
-    let mut take = |name: &str| per_row.iter().position(|(k, _)| k == name).map(|i| per_row.remove(i));
-    let mut tensors: Vec<(String, Tensor)> = Vec::new();
-    let mean = take("mean_action");
-    if a.sample {
-        if let Some((_, mean)) = &mean {
-            // Policy::sample's draw: around the mean with the noise of --seed
-            let action = policy.actor().sample(mean, a.seed)?;
-            let neglogp = policy.neglogp(mean, &action)?;
-            tensors.push(("action".into(), action));
-            tensors.push(("neglogp".into(), neglogp));
-        }
+    let mut sources = vec![Source::Actor];
+    if missing.is_empty() {
+        sources.push(Source::Critic);
     }
-    tensors.extend(mean);
-    tensors.extend(take("value"));
-    tensors.extend(std.map(|s| ("std".to_owned(), s)));
-    tensors.extend(per_row);
+    if a.sample {
+        sources.push(Source::Sample);
+    }
+    if a.discriminator {
+        sources.push(Source::Discriminator);
+    }
+    let rows = obs.values().next().and_then(|t| t.dims().first().copied()).unwrap_or(0);
+    let segment = Segment { rows, seed: a.sample.then_some(a.seed), wanted: Wanted::Sources(&sources) };
+    let batch = Batch { inputs: &obs, segments: &[segment], chunk_rows: a.chunk_rows };
+    let out = model.run(&batch)?.into_iter().next().unwrap_or_default();
+    let tensors: Vec<(String, Tensor)> = out.into_iter().map(|(k, t)| (k.to_owned(), t)).collect();
     write_report(&a.out, &tensors, g)
 }
 
-/// The keys only the critic reads that `obs` lacks, when it has every key
-/// the actor reads (else none: the whole forward names what is missing).
-fn critic_keys_missing(policy: &pmstate_policy::Policy, obs: &HashMap<String, Tensor>) -> Vec<String> {
-    let actor = policy.actor_keys();
-    if !actor.iter().all(|k| obs.contains_key(k)) {
+/// What the outputs of `source` are, in a usage error.
+fn source_outputs(source: Source) -> &'static str {
+    match source {
+        Source::Sample => "drawn outputs (action noise or generated tokens)",
+        Source::Discriminator => "discriminator",
+        Source::Actor | Source::Critic | Source::Pipeline => "such outputs",
+    }
+}
+
+/// The inputs only the critic reads that `obs` lacks, when it has every
+/// input the actor reads (else none: the whole forward names what is
+/// missing).
+fn critic_inputs_missing(sig: &Signature, obs: &HashMap<String, Tensor>) -> Vec<String> {
+    let actor_has_all = sig.inputs.iter().filter(|i| i.actor && !i.optional).all(|i| obs.contains_key(&i.name));
+    if !actor_has_all {
         return Vec::new();
     }
-    policy
-        .required_keys(pmstate_policy::Part::ActorCritic)
-        .into_iter()
-        .filter(|k| !actor.contains(k) && !obs.contains_key(k))
+    sig.inputs
+        .iter()
+        .filter(|i| i.actor_critic && !i.actor && !i.optional && !obs.contains_key(&i.name))
+        .map(|i| i.name.clone())
         .collect()
-}
-
-/// A GPC prior: teacher-forced on the file's tokens, or (`--sample`)
-/// generating its own with the config's temperature and top-p from `--seed`.
-fn run_prior(a: &Args, prior: &LatentPrior, g: Global) -> Result<ExitCode, CliError> {
-    if a.discriminator {
-        return Err(CliError::Usage("--discriminator: a GPC prior has no discriminator".into()));
-    }
-    let obs = super::obs::read_prior_obs(&a.obs, prior)?;
-    let out = if a.sample { prior.generate(&obs, prior.sampling(a.seed))? } else { prior.teacher_forced(&obs)? };
-    let mut tensors: Vec<(String, Tensor)> = vec![
-        ("mean_action".into(), out.mean_action),
-        ("logits".into(), out.logits),
-        ("latent_codes".into(), out.latent_codes),
-    ];
-    if let Some(n) = out.norm_obs {
-        tensors.push(("norm_obs".into(), n));
-    }
-    if a.sample {
-        tensors.push(("prior_tokens".into(), out.tokens));
-    }
-    write_report(&a.out, &tensors, g)
-}
-
-/// A MaskedMimic model: `forward_inference` with the optional `vae_noise`.
-fn run_masked_mimic(a: &Args, model: &pmstate_policy::MaskedMimic, g: Global) -> Result<ExitCode, CliError> {
-    if a.sample || a.discriminator {
-        let flag = if a.sample { "--sample" } else { "--discriminator" };
-        return Err(CliError::Usage(format!(
-            "{flag}: a MaskedMimic model has no action noise or discriminator (its randomness is the vae_noise input)"
-        )));
-    }
-    let obs = super::obs::read_masked_mimic_obs(&a.obs, model)?;
-    let tensors = by_chunks(&obs, a.chunk_rows, |o| {
-        let out = model.forward(o)?;
-        Ok(vec![
-            ("mean_action", out.mean_action),
-            ("latent_mu", out.latent_mu),
-            ("latent_logvar", out.latent_logvar),
-            ("latent", out.latent),
-        ])
-    })?;
-    write_report(&a.out, &tensors, g)
-}
-
-/// Runs `forward` on `chunk_rows` rows of `obs` at a time and joins each
-/// of its outputs along the rows, so that a forward's working memory is
-/// bounded by the chunk, not by the file. Every output of `forward` must
-/// have one row per input row. Observations whose batch sizes differ are
-/// passed whole, for the model to name the mismatch.
-pub(crate) fn by_chunks(
-    obs: &HashMap<String, Tensor>,
-    chunk_rows: usize,
-    mut forward: impl FnMut(&HashMap<String, Tensor>) -> Result<Vec<(&'static str, Tensor)>, CliError>,
-) -> Result<Vec<(String, Tensor)>, CliError> {
-    let owned = |out: Vec<(&str, Tensor)>| out.into_iter().map(|(k, t)| (k.to_owned(), t)).collect();
-    let mut batch = obs.values().map(|t| t.dims().first().copied().unwrap_or(0));
-    let rows = batch.next().unwrap_or(0);
-    if rows <= chunk_rows || !batch.all(|b| b == rows) {
-        return forward(obs).map(owned);
-    }
-    let mut parts: Vec<(&'static str, Vec<Tensor>)> = Vec::new();
-    for start in (0..rows).step_by(chunk_rows) {
-        let len = chunk_rows.min(rows - start);
-        let chunk =
-            obs.iter().map(|(k, t)| Ok((k.clone(), t.narrow(0, start, len)?))).collect::<Result<_, CliError>>()?;
-        let out = forward(&chunk)?;
-        if parts.is_empty() {
-            parts = out.into_iter().map(|(k, t)| (k, vec![t])).collect();
-        } else {
-            for ((_, acc), (_, t)) in parts.iter_mut().zip(out) {
-                acc.push(t);
-            }
-        }
-    }
-    parts.into_iter().map(|(k, ts)| Ok((k.to_owned(), Tensor::cat(&ts, 0)?))).collect()
 }
 
 /// Writes `tensors` to `out` and prints what was written.
