@@ -15,7 +15,10 @@
 //! action function maps each action row alone. A GPC prior's transformer
 //! is row-independent too (attention mixes positions of one row, never
 //! rows), and its generation draws each row's tokens from its request's
-//! seed and its index within the request (see `Worker::prior`).
+//! seed and its index within the request. The worker knows no family: it
+//! hands the merged rows to [`pmstate_policy::Model::run`], one
+//! [`Segment`] per request, and each family keeps these guarantees in its
+//! own `run`.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};

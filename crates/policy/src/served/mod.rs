@@ -10,10 +10,36 @@
 //! [`load`] reads a checkpoint and its resolved configs and returns the
 //! model whatever its family: the family is decided in one place, the
 //! [`registry`]. Each family implements [`Model`] next to its own code (PPO
-//! and AMP in `policy_model.rs`, MaskedMimic in `masked_mimic.rs`, the GPC
-//! prior in `gpc/served.rs`; the deployment pipeline in `pmstate-deploy`).
-//! Serve, the CLI and the benches use this interface and carry no
-//! per-family branches.
+//! and AMP in `served_policy.rs`, MaskedMimic in `served_masked_mimic.rs`,
+//! the GPC prior in `gpc/served.rs`; the deployment pipeline in
+//! `pmstate-deploy`'s `served.rs`). Serve, the CLI and the benches use this
+//! interface and carry no per-family branches; a new family is its module,
+//! one line of [`registry::FAMILIES`] and its tests.
+//!
+//! # Example
+//!
+//! ```no_run
+//! use std::collections::HashMap;
+//! use candle_core::{Device, Tensor};
+//! use pmstate_policy::served::{self, Batch, ModelOptions, Segment, Source, Wanted};
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! // PPO, AMP, MaskedMimic or a GPC prior: the configs next to it say which
+//! let model = served::load("last.ckpt".as_ref(), None, &Device::Cpu, &ModelOptions::default())?;
+//! let mut inputs = HashMap::new();
+//! for input in model.signature().inputs.iter().filter(|i| !i.optional) {
+//!     let width = input.width.unwrap_or(1);
+//!     inputs.insert(input.name.clone(), Tensor::zeros((4, width), candle_core::DType::F32, &Device::Cpu)?);
+//! }
+//! // one caller's 4 rows, wanting what the actor computes
+//! let segment = Segment { rows: 4, seed: None, wanted: Wanted::Sources(&[Source::Actor]) };
+//! let outputs = model.run(&Batch { inputs: &inputs, segments: &[segment], chunk_rows: 1024 })?;
+//! for (name, tensor) in &outputs[0] {
+//!     println!("{name}: {:?}", tensor.dims());
+//! }
+//! # Ok(())
+//! # }
+//! ```
 
 mod pins;
 pub mod registry;
