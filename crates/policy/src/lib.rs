@@ -3,10 +3,13 @@
 // unused import) is a failure here.
 #![doc(test(attr(deny(warnings))))]
 #![warn(missing_docs)]
-// unsafe only in kernels::dispatch (calls of #[target_feature] functions)
+// unsafe only where pmstate_kernels::per_isa expands (calls of #[target_feature] functions)
 #![deny(unsafe_code)]
 
 pub mod activation;
+/// The packed CPU matrix product (its own crate, `pmstate-kernels`: it
+/// changes for CPUs, not for ProtoMotions).
+pub use pmstate_kernels as kernels;
 pub mod actor;
 pub mod bound;
 pub mod config;
@@ -17,7 +20,6 @@ mod error;
 mod flat;
 pub mod fsq;
 pub mod gpc;
-pub mod kernels;
 mod load;
 pub mod masked_mimic;
 pub mod mlp;

@@ -407,7 +407,7 @@ pub(crate) fn load_linear_keys(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::tests::values;
+    use crate::kernels::testing::values;
 
     fn layer_norm(n: usize) -> LayerNorm {
         let weight = Tensor::from_vec(values(n, 7, 3.0), n, &Device::Cpu).expect("weight");

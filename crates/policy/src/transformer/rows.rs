@@ -35,10 +35,11 @@ use rayon::prelude::*;
 use super::{AttentionMasks, EncoderLayer, Keep, SelfAttention, TransformerEncoder};
 use crate::activation::Activation;
 use crate::error::{PolicyError, Result};
-use crate::kernels::{per_isa, Epilogue, PackedLinear, Supported};
+use crate::kernels::{Epilogue, PackedLinear, Supported};
 use crate::mlp::{lane_sum, layer_norm_row, LayerNorm, Linear};
 use crate::problem::AttentionProblem;
 use crate::problem::GraphProblem;
+use pmstate_kernels::per_isa;
 
 /// The activation buffers of one forward, kept per thread across calls.
 #[derive(Default)]
@@ -777,7 +778,7 @@ mod tests {
 
     #[test]
     fn attention_and_layer_norm_give_the_baselines_bits_on_every_instruction_set() {
-        use crate::kernels::tests::values;
+        use crate::kernels::testing::values;
         use pmstate_norm::Isa;
         // 4 heads of 19 (one 16-lane chunk and a tail), 3 batch rows of 5
         // tokens; an additive mask and key padding, one row fully padded
@@ -835,7 +836,7 @@ mod tests {
     /// counts on both sides of the kernels' small-batch switch.
     #[test]
     fn query_and_key_value_rows_packed_apart_give_the_whole_projections_bits() {
-        use crate::kernels::tests::values;
+        use crate::kernels::testing::values;
         use pmstate_norm::Isa;
         for isa in Isa::ALL {
             if let Err(e) = Supported::check(isa) {
@@ -879,7 +880,7 @@ mod tests {
 
     #[test]
     fn step_by_step_gives_the_whole_sequences_bits_at_every_position() {
-        use crate::kernels::tests::values;
+        use crate::kernels::testing::values;
         // 21 positions: the softmax sums more than one 16-lane chunk
         for (act, activation) in [("relu", Activation::Relu), ("gelu", Activation::Gelu)] {
             let enc = recorded(act, activation);
@@ -908,7 +909,7 @@ mod tests {
 
     #[test]
     fn the_first_position_alone_gives_the_whole_forwards_bits_there() {
-        use crate::kernels::tests::values;
+        use crate::kernels::testing::values;
         let bits = |t: &Tensor| {
             t.flatten_all()
                 .and_then(|t| t.to_vec1::<f32>())

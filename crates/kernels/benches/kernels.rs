@@ -14,7 +14,7 @@
 //! whether the default is the right one here.
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use pmstate_policy::kernels::{Epilogue, NextSlice, PackedLinear};
+use pmstate_kernels::{Epilogue, NextSlice, PackedLinear};
 
 /// `(m, n, k)`: batch rows, output width, input width.
 const SHAPES: [(usize, usize, usize); 6] =

@@ -8,8 +8,9 @@
 //! CPU lacks must not run, which is what makes calling it `unsafe`: the
 //! only way to get a [`Kernel`] is through a [`Supported`] token, made only
 //! after `is_supported` said yes, so every call is sound. This module is
-//! the policy crate's only `unsafe` (the calls through those pointers, and
-//! the calls [`per_isa`] writes for row-wise loops elsewhere in the crate).
+//! the kernels crate's only `unsafe` (the calls through those pointers, and
+//! the calls [`per_isa`](crate::per_isa) writes for row-wise loops in the
+//! crates that use it: the policy crate's transformer).
 #![allow(unsafe_code)]
 
 use pmstate_norm::{Isa, IsaError};
@@ -19,16 +20,16 @@ use super::{Cols, Epilogue, NR, NR_NARROW};
 
 /// An instruction set this CPU was checked to support.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Supported(Isa);
+pub struct Supported(Isa);
 
 impl Supported {
     /// `isa` if this CPU supports it, else the error naming it.
-    pub(crate) fn check(isa: Isa) -> Result<Supported, IsaError> {
+    pub fn check(isa: Isa) -> Result<Supported, IsaError> {
         isa.require().map(Supported)
     }
 
     /// The instruction set.
-    pub(crate) fn isa(self) -> Isa {
+    pub fn isa(self) -> Isa {
         self.0
     }
 }
@@ -45,11 +46,12 @@ impl Supported {
 /// instructions, as `gemv_panels` once did). With the same source on
 /// every instruction set and no `mul_add` in it (Rust never fuses a
 /// multiply and an add by itself), the bits do not depend on `isa`.
+#[macro_export]
 macro_rules! per_isa {
     ($(#[$doc:meta])* $vis:vis fn $name:ident($($arg:ident: $ty:ty),* $(,)?) => $body:path) => {
         $(#[$doc])*
         #[allow(unsafe_code, clippy::too_many_arguments)]
-        $vis fn $name(isa: $crate::kernels::Supported, $($arg: $ty),*) {
+        $vis fn $name(isa: $crate::Supported, $($arg: $ty),*) {
             #[cfg(target_arch = "x86_64")]
             #[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
             unsafe fn avx512($($arg: $ty),*) {
@@ -66,16 +68,15 @@ macro_rules! per_isa {
                 // of the instruction set; `$body` is safe code (its bounds
                 // checks stay).
                 #[cfg(target_arch = "x86_64")]
-                pmstate_norm::Isa::Avx512 => unsafe { avx512($($arg),*) },
+                $crate::Isa::Avx512 => unsafe { avx512($($arg),*) },
                 // SAFETY: as above.
                 #[cfg(target_arch = "x86_64")]
-                pmstate_norm::Isa::Avx2 => unsafe { avx2($($arg),*) },
+                $crate::Isa::Avx2 => unsafe { avx2($($arg),*) },
                 _ => $body($($arg),*),
             }
         }
     };
 }
-pub(crate) use per_isa;
 
 /// A block function: [`block`] for one shape and instruction set.
 type BlockFn<const W: usize> = unsafe fn(&[f32], &[Cols<W>], usize, &[Cols<W>], &mut [Cols<W>], Start, Epilogue);

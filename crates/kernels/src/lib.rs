@@ -47,8 +47,17 @@
 //! rounds once wherever it runs, libm's `fmaf` included); K blocking
 //! stores and reloads the float32 accumulator exactly. So a row gives the
 //! same bits alone or in any batch, which `pmstate-serve`'s dynamic
-//! batching relies on (`tests/row_independence.rs` checks it on every
-//! recorded policy, the tests below on every instruction set this CPU has).
+//! batching relies on (`pmstate-policy`'s `tests/row_independence.rs`
+//! checks it on every recorded policy, the tests below on every
+//! instruction set this CPU has).
+//!
+//! A crate of its own: it changes with CPUs and instruction sets, never
+//! with ProtoMotions, and knows nothing of models (`pmstate-policy` packs
+//! its Linear layers with it and re-exports it as `pmstate_policy::kernels`).
+
+#![warn(missing_docs)]
+// unsafe only in `dispatch` (calls of #[target_feature] functions)
+#![deny(unsafe_code)]
 
 mod dispatch;
 mod micro;
@@ -56,11 +65,11 @@ mod micro;
 use std::cell::RefCell;
 use std::ops::Range;
 
-use pmstate_norm::{Isa, IsaError};
+pub use pmstate_norm::{Isa, IsaError};
 use rayon::prelude::*;
 
 use dispatch::Kernel;
-pub(crate) use dispatch::{per_isa, Supported};
+pub use dispatch::Supported;
 use micro::Start;
 
 /// Output columns per packed panel with AVX-512 (the widest panel).
@@ -231,7 +240,7 @@ impl PackedLinear {
     }
 
     /// The same, as the token [`per_isa`] functions take.
-    pub(crate) fn supported(&self) -> Supported {
+    pub fn supported(&self) -> Supported {
         self.isa
     }
 
@@ -789,13 +798,13 @@ fn interleave_rows(x: &[f32], m: usize, k: usize) -> Vec<f32> {
     a
 }
 
-#[cfg(test)]
-pub(crate) mod tests {
-    use super::*;
-
+/// Test inputs shared with the crates whose tests check their kernels'
+/// bits (the policy crate's MLP and transformer).
+#[doc(hidden)]
+pub mod testing {
     /// Uniform in [-1, 1): values that round in every sum, so any change
     /// of order shows in the bits.
-    pub(crate) fn values(len: usize, seed: u32, scale: f32) -> Vec<f32> {
+    pub fn values(len: usize, seed: u32, scale: f32) -> Vec<f32> {
         let mut s = seed | 1;
         (0..len)
             .map(|_| {
@@ -806,6 +815,12 @@ pub(crate) mod tests {
             })
             .collect()
     }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::testing::values;
+    use super::*;
 
     fn bits(v: &[f32]) -> Vec<u32> {
         v.iter().map(|v| v.to_bits()).collect()
