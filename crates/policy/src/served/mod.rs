@@ -18,25 +18,25 @@
 //!
 //! # Example
 //!
-//! ```no_run
+//! ```
 //! use std::collections::HashMap;
-//! use candle_core::{Device, Tensor};
+//! use candle_core::{DType, Device, Tensor};
 //! use pmstate_policy::served::{self, Batch, ModelOptions, Segment, Source, Wanted};
 //!
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! // PPO, AMP, MaskedMimic or a GPC prior: the configs next to it say which
-//! let model = served::load("last.ckpt".as_ref(), None, &Device::Cpu, &ModelOptions::default())?;
+//! let ckpt = "../../testdata/policy/smpl_tracker/last.ckpt";
+//! let model = served::load(ckpt.as_ref(), None, &Device::Cpu, &ModelOptions::default())?;
 //! let mut inputs = HashMap::new();
-//! for input in model.signature().inputs.iter().filter(|i| !i.optional) {
-//!     let width = input.width.unwrap_or(1);
-//!     inputs.insert(input.name.clone(), Tensor::zeros((4, width), candle_core::DType::F32, &Device::Cpu)?);
+//! for input in model.signature().inputs.iter().filter(|i| i.actor && !i.optional) {
+//!     let width = input.width.ok_or("a width the checkpoint leaves open")?;
+//!     inputs.insert(input.name.clone(), Tensor::zeros((4, width), DType::F32, &Device::Cpu)?);
 //! }
 //! // one caller's 4 rows, wanting what the actor computes
 //! let segment = Segment { rows: 4, seed: None, wanted: Wanted::Sources(&[Source::Actor]) };
 //! let outputs = model.run(&Batch { inputs: &inputs, segments: &[segment], chunk_rows: 1024 })?;
-//! for (name, tensor) in &outputs[0] {
-//!     println!("{name}: {:?}", tensor.dims());
-//! }
+//! let (name, mean) = &outputs[0][0];
+//! assert_eq!((*name, mean.dims()), ("mean_action", &[4, model.signature().action_size][..]));
 //! # Ok(())
 //! # }
 //! ```

@@ -111,7 +111,7 @@ async fn start_up_refuses_a_fifo_and_dev_zero_without_blocking() {
     // the checkpoint must be a regular file to be found at all)
     let configs = ckpt.with_file_name("configs.pt");
     assert!(std::process::Command::new("mkfifo").arg(&configs).status().unwrap().success());
-    let e = LoadedModel::load(&ckpt, Some(&configs), &Device::Cpu, &[], 1).err().expect("a FIFO configs file refused");
+    let e = LoadedModel::load(&ckpt, Some(&configs), &Device::Cpu, &[], 1).expect_err("a FIFO configs file refused");
     assert!(e.to_string().contains("not a regular file (a FIFO)"), "{e}");
 }
 
