@@ -65,6 +65,26 @@ pub enum PolicyError {
         /// What is supported there.
         supported: Vec<&'static str>,
     },
+    /// A model class of an older ProtoMotions release whose module layout
+    /// is not read yet (the class moved or was rebuilt since).
+    #[error(
+        "{file}: {path}: {class} is {short}, {layout}: that release's layout is not read yet (supported: {})",
+        supported.join(", ")
+    )]
+    OlderRelease {
+        /// The resolved configs file.
+        file: String,
+        /// Config path of the model (`agent.model`).
+        path: String,
+        /// Its `_target_`.
+        class: String,
+        /// The class's name without its module (`MaskedMimicModel`).
+        short: String,
+        /// The release and layout met (`v3.0 layout (SequentialModule)`).
+        layout: &'static str,
+        /// The model classes that are read: today's.
+        supported: Vec<&'static str>,
+    },
     /// A config field this crate does not understand holds a non-default value.
     #[error("{path}: {class}.{field} = {value} is not supported (only its default, or leaving it out)")]
     UnsupportedField {

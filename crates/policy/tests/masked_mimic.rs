@@ -333,3 +333,80 @@ fn a_prior_without_two_out_keys_is_refused_naming_the_field() {
         "{e}"
     );
 }
+
+/// `node` with every string `rename` maps replaced (dict values, list and
+/// tuple items, objects' states), as an older release's configs name them.
+fn renamed(node: Node, rename: &dyn Fn(&str) -> Option<String>) -> Node {
+    match node {
+        Node::Str(s) => Node::Str(rename(&s).unwrap_or(s)),
+        Node::List(v) => Node::List(v.into_iter().map(|n| renamed(n, rename)).collect()),
+        Node::Tuple(v) => Node::Tuple(v.into_iter().map(|n| renamed(n, rename)).collect()),
+        Node::Dict(d) => {
+            let (kind, entries, state) = d.into_parts();
+            let entries = entries.into_iter().map(|(k, v)| (k, renamed(v, rename))).collect();
+            Node::Dict(pmstate_ckpt::Dict::from_entries(kind, entries).unwrap().with_state(state))
+        }
+        Node::Object(mut o) => {
+            o.state = o.state.map(|s| renamed(s, rename));
+            Node::Object(o)
+        }
+        other => other,
+    }
+}
+
+/// The masked_mimic checkpoint beside configs `rename` rewrote, loaded
+/// through the registry; its refusal.
+fn registry_refusal(rename: &dyn Fn(&str) -> Option<String>) -> PolicyError {
+    use pmstate_ckpt::{UnsafeGlobals, WriteOptions};
+    let (root, storages) = Checkpoint::open(data("resolved_configs_inference.pt")).unwrap().into_parts();
+    let edited = Checkpoint::from_parts(renamed(root, rename), storages).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy(data("last.ckpt"), dir.path().join("last.ckpt")).unwrap();
+    // the configs name their classes as pickled globals: written as they are
+    let opts = WriteOptions { unsafe_globals: UnsafeGlobals::Allow, ..Default::default() };
+    pmstate_ckpt::save_torch(&edited, dir.path().join("resolved_configs_inference.pt"), &opts).unwrap();
+    let ckpt = dir.path().join("last.ckpt");
+    match pmstate_policy::served::load(&ckpt, None, &Device::Cpu, &Default::default()) {
+        Err(pmstate_policy::served::LoadError::Policy(e)) => e,
+        Err(e) => panic!("not a policy error: {e}"),
+        Ok(_) => panic!("loaded"),
+    }
+}
+
+/// v3.0 and v3.1 named MaskedMimic `protomotions.agents.masked_mimic.model.MaskedMimicModel`
+/// and built it from other modules: the refusal names the release layout it
+/// met, and lists today's classes (every family's, not PPO and AMP alone).
+#[test]
+fn an_older_release_class_is_refused_naming_its_layout() {
+    use pmstate_policy::config::MASKED_MIMIC_MODEL;
+    const OLD: &str = "protomotions.agents.masked_mimic.model.MaskedMimicModel";
+    let families: Vec<&str> = pmstate_policy::served::registry::FAMILIES.iter().map(|f| f.model).collect();
+    assert!(families.contains(&MASKED_MIMIC_MODEL), "{families:?}");
+
+    // v3.1's layout: today's ObsProcessor / ModuleContainer modules under the old class
+    let e = registry_refusal(&|s| (s == MASKED_MIMIC_MODEL).then(|| OLD.to_owned()));
+    assert!(
+        matches!(&e, PolicyError::OlderRelease { path, class, layout, supported, .. }
+            if path == "agent.model" && class == OLD && layout.starts_with("v3.1 layout") && supported == &families),
+        "{e}"
+    );
+    let msg = e.to_string();
+    assert!(msg.contains("MaskedMimicModel, v3.1 layout (ObsProcessor, ModuleContainer)"), "{msg}");
+    assert!(msg.contains(MASKED_MIMIC_MODEL) && msg.contains("resolved_configs_inference.pt"), "{msg}");
+
+    // v3.0's: SequentialModule containers
+    let e = registry_refusal(&|s| match s {
+        MASKED_MIMIC_MODEL => Some(OLD.to_owned()),
+        s if s.ends_with(".ModuleContainer") => Some("protomotions.agents.common.common.SequentialModule".into()),
+        _ => None,
+    });
+    assert!(e.to_string().contains("MaskedMimicModel, v3.0 layout (SequentialModule)"), "{e}");
+
+    // a class no release had: every family's class listed
+    let e = registry_refusal(&|s| (s == MASKED_MIMIC_MODEL).then(|| "protomotions.agents.other.Model".to_owned()));
+    assert!(
+        matches!(&e, PolicyError::UnsupportedClass { class, supported, .. }
+            if class == "protomotions.agents.other.Model" && supported == &families),
+        "{e}"
+    );
+}
