@@ -229,7 +229,7 @@ fn policy_report(e: &pmstate_policy::PolicyError, message: String) -> ErrorRepor
         E::ConfigNotFound { checkpoint } => ("config_not_found", Some(checkpoint), None),
         E::NoModelConfig { file, path } => ("no_model_config", Some(file), Some(path)),
         E::UnsupportedClass { path, .. } => ("unsupported_class", None, Some(path)),
-        E::OlderRelease { file, path, .. } => ("older_release", Some(file), Some(path)),
+        E::OlderRelease(o) => ("older_release", Some(&o.file), Some(&o.path)),
         E::UnsupportedField { path, .. } => ("unsupported_field", None, Some(path)),
         E::MissingField { path, .. } => ("missing_field", None, Some(path)),
         E::FieldType { path, .. } => ("field_type", None, Some(path)),

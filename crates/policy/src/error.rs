@@ -66,25 +66,9 @@ pub enum PolicyError {
         supported: Vec<&'static str>,
     },
     /// A model class of an older ProtoMotions release whose module layout
-    /// is not read yet (the class moved or was rebuilt since).
-    #[error(
-        "{file}: {path}: {class} is {short}, {layout}: that release's layout is not read yet (supported: {})",
-        supported.join(", ")
-    )]
-    OlderRelease {
-        /// The resolved configs file.
-        file: String,
-        /// Config path of the model (`agent.model`).
-        path: String,
-        /// Its `_target_`.
-        class: String,
-        /// The class's name without its module (`MaskedMimicModel`).
-        short: String,
-        /// The release and layout met (`v3.0 layout (SequentialModule)`).
-        layout: &'static str,
-        /// The model classes that are read: today's.
-        supported: Vec<&'static str>,
-    },
+    /// is not read yet (boxed: it names the file, class and layout).
+    #[error(transparent)]
+    OlderRelease(Box<OlderRelease>),
     /// A config field this crate does not understand holds a non-default value.
     #[error("{path}: {class}.{field} = {value} is not supported (only its default, or leaving it out)")]
     UnsupportedField {
@@ -329,4 +313,26 @@ impl std::fmt::Display for GlobalRule {
             GlobalRule::Config => "foreign (not ProtoMotions', torch's or an inert builtin)",
         })
     }
+}
+
+/// A model class of an older ProtoMotions release whose module layout is
+/// not read yet (the class moved or was rebuilt since):
+/// [`PolicyError::OlderRelease`].
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "{file}: {path}: {class} is {}, {layout}: that release's layout is not read yet (supported: {})",
+    class.rsplit('.').next().unwrap_or(class),
+    supported.join(", ")
+)]
+pub struct OlderRelease {
+    /// The resolved configs file.
+    pub file: String,
+    /// Config path of the model (`agent.model`).
+    pub path: String,
+    /// Its `_target_`.
+    pub class: String,
+    /// The release and layout met (`v3.0 layout (SequentialModule)`).
+    pub layout: &'static str,
+    /// The model classes that are read: today's.
+    pub supported: Vec<&'static str>,
 }

@@ -39,7 +39,7 @@ pub mod transformer;
 pub use activation::Activation;
 pub use config::{ModelConfig, ModuleConfig, Number};
 pub use describe::Description;
-pub use error::{GlobalRule, PolicyError, Result};
+pub use error::{GlobalRule, OlderRelease, PolicyError, Result};
 pub use flat::ActorScratch;
 pub use load::{find_config, model_target, read_model_config, AllowedGlobal, Globals, LoadOptions, CONFIG_NAMES};
 pub use masked_mimic::{MaskedMimic, MaskedMimicConfig, MaskedMimicOutputs};

@@ -386,8 +386,8 @@ fn an_older_release_class_is_refused_naming_its_layout() {
     // v3.1's layout: today's ObsProcessor / ModuleContainer modules under the old class
     let e = registry_refusal(&|s| (s == MASKED_MIMIC_MODEL).then(|| OLD.to_owned()));
     assert!(
-        matches!(&e, PolicyError::OlderRelease { path, class, layout, supported, .. }
-            if path == "agent.model" && class == OLD && layout.starts_with("v3.1 layout") && supported == &families),
+        matches!(&e, PolicyError::OlderRelease(o)
+            if o.path == "agent.model" && o.class == OLD && o.layout.starts_with("v3.1 layout") && o.supported == families),
         "{e}"
     );
     let msg = e.to_string();

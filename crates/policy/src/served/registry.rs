@@ -7,7 +7,7 @@ use candle_core::Device;
 
 use super::{Model, PinError};
 use crate::config::{AMP_MODEL, MASKED_MIMIC_MODEL, PPO_MODEL};
-use crate::error::PolicyError;
+use crate::error::{OlderRelease, PolicyError};
 use crate::gpc::config::LATENT_PRIOR_MODEL;
 use crate::load::{find_config, model_target, Globals};
 
@@ -132,9 +132,8 @@ pub fn load(
                 .iter()
                 .find(|(module, _)| targets.iter().any(|t| t == module))
                 .map_or(older.otherwise, |(_, layout)| layout);
-            let short = class.rsplit('.').next().unwrap_or(&class).to_owned();
             let file = config.display().to_string();
-            Err(PolicyError::OlderRelease { file, path, class, short, layout, supported }.into())
+            Err(PolicyError::OlderRelease(Box::new(OlderRelease { file, path, class, layout, supported })).into())
         }
         other => other,
     }
