@@ -16,8 +16,8 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::Path;
 
 use pmstate_deploy::{
-    BodyState, DeployError, EndOfClip, LogMeta, MotionClip, MotionPlayer, Pipeline, Sensors, Stamp, Tracker,
-    TrackerOptions,
+    BodyState, DeployError, EndOfClip, LogMeta, MotionClip, MotionPlayer, Pipeline, PipelineModel, Sensors, Stamp,
+    Tracker, TrackerOptions,
 };
 
 /// What a call returns.
@@ -306,7 +306,9 @@ pub unsafe extern "C" fn pmstate_tracker_open_with(
         };
         // SAFETY: null or a valid PmstateOptions per the contract.
         let options = unsafe { options.as_ref() };
-        let pipeline = Pipeline::load(ckpt, config.map(Path::new))?;
+        // loaded as serve and the CLI load it (the model interface's pipeline)
+        let pipeline =
+            PipelineModel::load(Path::new(ckpt), config.map(Path::new), &Default::default())?.into_pipeline();
         let clip = MotionClip::load(motion)?;
         let player = MotionPlayer::new(&clip, pipeline.contract().dt)?;
         let opts = options_of(&pipeline, options);

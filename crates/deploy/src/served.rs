@@ -49,6 +49,13 @@ impl PipelineModel {
         &self.pipeline
     }
 
+    /// The pipeline, for a caller that runs it step by step (the tracker's
+    /// control loop: the C ABI, `deploy replay`) after loading it as every
+    /// other consumer does.
+    pub fn into_pipeline(self) -> Pipeline {
+        self.pipeline
+    }
+
     /// Its deployment contract.
     pub fn contract(&self) -> &Contract {
         self.pipeline.contract()

@@ -81,9 +81,9 @@ impl PolicyFiles {
     /// Loads the deployment pipeline (observations, actor, action function)
     /// of the same files, under the same rules for globals.
     pub fn load_pipeline(&self) -> Result<pmstate_deploy::Pipeline, CliError> {
-        let p = pmstate_deploy::Pipeline::load_with(&self.checkpoint, self.config.as_deref(), &self.options())?;
-        warn_allowed(p.policy().allowed_globals());
-        Ok(p)
+        let model = pmstate_deploy::PipelineModel::load(&self.checkpoint, self.config.as_deref(), &self.options())?;
+        warn_allowed(model.allowed_globals());
+        Ok(model.into_pipeline())
     }
 }
 
