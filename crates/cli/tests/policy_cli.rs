@@ -1068,6 +1068,37 @@ fn gpc_prior_run_and_describe() {
     assert!(t.contains("vocabulary 81 = 9^2 (40 FSQ scalars of 9 levels)"), "{t}");
 }
 
+/// A GPC prior's tokens through the one observations schema: left out
+/// without --sample, refused naming the width teacher forcing reads; in
+/// an element type that is neither int64 nor float32, refused naming
+/// int64 before anything is read (`--json` kind `obs.not_int64`).
+#[test]
+fn gpc_prior_tokens_are_required_without_sample_and_int64() {
+    let ckpt = data("gpc_prior/inference_last.ckpt");
+    let obs = candle_core::safetensors::load(data("gpc_prior/obs.safetensors"), &Device::Cpu).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (path, out) = (dir.path().join("obs.safetensors"), dir.path().join("out.safetensors"));
+    let (path_s, out_s) = (path.to_str().unwrap(), out.to_str().unwrap());
+
+    let mut ctx = obs.clone();
+    ctx.remove("prior_tokens");
+    candle_core::safetensors::save(&ctx, &path).unwrap();
+    let r = pmstate(&["policy", "run", &ckpt, "--obs", path_s, "--out", out_s]);
+    assert_eq!(r.status.code(), Some(2), "{}", text(&r));
+    assert!(text(&r).contains("missing observation prior_tokens (width 20)"), "{}", text(&r));
+    assert!(!out.exists());
+
+    let mut half = obs.clone();
+    half.insert("prior_tokens".into(), obs["prior_tokens"].to_dtype(candle_core::DType::F16).unwrap());
+    candle_core::safetensors::save(&half, &path).unwrap();
+    let r = pmstate(&["policy", "run", "--json", &ckpt, "--obs", path_s, "--out", out_s]);
+    assert_eq!(r.status.code(), Some(2), "{}", text(&r));
+    let e: serde_json::Value = serde_json::from_slice(&r.stderr).unwrap();
+    assert_eq!(e["kind"], "obs.not_int64", "{e}");
+    assert_eq!(e["key"], "prior_tokens", "{e}");
+    assert!(e["message"].as_str().unwrap().contains("tensor prior_tokens: dtype f16, expected int64 [B, 20]"), "{e}");
+}
+
 #[test]
 fn masked_mimic_runs_and_describes_with_its_optional_noise() {
     use pmstate_policy::MaskedMimic;

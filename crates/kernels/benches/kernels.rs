@@ -14,23 +14,12 @@
 //! whether the default is the right one here.
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use pmstate_kernels::testing::values;
 use pmstate_kernels::{Epilogue, NextSlice, PackedLinear};
 
 /// `(m, n, k)`: batch rows, output width, input width.
 const SHAPES: [(usize, usize, usize); 6] =
     [(1, 1024, 1024), (12, 1024, 1024), (64, 1024, 1024), (1024, 1024, 1024), (4096, 1024, 1024), (240, 32, 256)];
-
-fn values(len: usize, seed: u32, scale: f32) -> Vec<f32> {
-    let mut s = seed | 1;
-    (0..len)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 17;
-            s ^= s << 5;
-            ((s as f32 / u32::MAX as f32) * 2.0 - 1.0) * scale
-        })
-        .collect()
-}
 
 fn benches(c: &mut Criterion) {
     // one thread: the per-core throughput, as `bench-policy --threads 1`

@@ -164,6 +164,19 @@ fn a_pipeline_takes_no_width_pins() {
     assert_eq!(super::check(&o), Err(OptionsError::PolicyOnly { option: "widths" }));
 }
 
+#[test]
+fn a_model_built_in_process_takes_no_width_pins() {
+    use crate::error::OptionsError;
+    use pmstate_policy::served::{self, ModelOptions};
+    // any family: the masked_mimic fixture, loaded through the registry
+    let ckpt = smpl_tracker().join("../masked_mimic/last.ckpt");
+    let model = served::load(&ckpt, None, &candle_core::Device::Cpu, &ModelOptions::default()).expect("masked mimic");
+    let mut o = ServeOptions::new(ModelSource::InProcess { model, label: "in process".into() });
+    assert_eq!(super::check(&o), Ok(()));
+    o.widths = vec![("max_coords_obs".into(), 358)];
+    assert_eq!(super::check(&o), Err(OptionsError::PinnedWhenBuilt));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_load_generators_caller_keeps_its_connection_through_any_status() {
     use crate::client::Caller;
