@@ -162,14 +162,14 @@ macro_rules! shapes {
 }
 
 /// The AVX-512 block of `mr` rows by `g` 32-column panels (`g` is
-/// [`wide_groups`]`(mr)` or 1; `mr` at most 12).
+/// [`wide_groups`]`(mr)` or 1; `mr` at most 14: a stretched micro-panel).
 pub(super) fn wide(isa: Supported, mr: usize, g: usize) -> Option<Kernel<NR>> {
     #[cfg(target_arch = "x86_64")]
     let f = match isa.isa() {
         Isa::Avx512 => shapes!(avx512, mr, g;
             (1, 4), (2, 4), (3, 4), (4, 2), (5, 2), (6, 2),
             (1, 1), (2, 1), (3, 1), (4, 1), (5, 1), (6, 1),
-            (7, 1), (8, 1), (9, 1), (10, 1), (11, 1), (12, 1)),
+            (7, 1), (8, 1), (9, 1), (10, 1), (11, 1), (12, 1), (13, 1), (14, 1)),
         _ => None,
     };
     #[cfg(not(target_arch = "x86_64"))]

@@ -33,7 +33,11 @@
 //!   pool, equal in rows, and where rows are too few to give every thread
 //!   a block of several micro-panels, groups of panels of one block; each
 //!   task packs its rows, then goes panel by panel (K in blocks) and
-//!   sweeps its micro-panels over the panel, which stays in cache;
+//!   sweeps its micro-panels over the panel, which stays in cache. Rows
+//!   that do not fill a block stretch the blocks (AVX-512: up to 14 rows,
+//!   28 accumulators) or form a tail that goes over groups of panels at
+//!   once, so no block is left with too few accumulators (a one-row tail
+//!   had made 13 rows 29 % slower than 12);
 //! - bias is the accumulators' start value, ReLU is applied when storing.
 //!
 //! # Row independence
@@ -277,7 +281,7 @@ impl PackedLinear {
                 if m < MR_WIDE {
                     p.narrow(x, m, epilogue, dispatch::wide_groups(m), pick, y)
                 } else {
-                    p.blocked::<MR_WIDE>(x, m, epilogue, Blocking::WIDE.hinting(self.next_slice), pick, y)
+                    p.blocked::<MR_WIDE>(x, m, epilogue, Blocking::WIDE.hinting(self.next_slice), pick, dispatch::wide_groups, y)
                 }
             }
             Packing::Narrow(p) => {
@@ -285,7 +289,7 @@ impl PackedLinear {
                 if m < MR_NARROW {
                     p.narrow(x, m, epilogue, dispatch::narrow_groups(m), pick, y)
                 } else {
-                    p.blocked::<MR_NARROW>(x, m, epilogue, Blocking::NARROW.hinting(self.next_slice), pick, y)
+                    p.blocked::<MR_NARROW>(x, m, epilogue, Blocking::NARROW.hinting(self.next_slice), pick, dispatch::narrow_groups, y)
                 }
             }
         }
@@ -361,6 +365,11 @@ struct Blocking {
     kc: usize,
     /// Whether to ask for the next slice ahead.
     next_slice: NextSlice,
+    /// Rows a micro-panel may take beyond a full block ([`RowSplit`]): 2
+    /// with AVX-512 (a 14-row block holds 28 accumulators, 2 weight
+    /// vectors and a broadcast row value in the 32 zmm), none with AVX2's
+    /// 16 ymm.
+    stretch: usize,
 }
 
 impl Blocking {
@@ -368,7 +377,7 @@ impl Blocking {
     /// K = 1024) stay in a 2 MiB L2 while every panel goes by; 256 x 32
     /// weights (32 KiB) stay in L1 while every micro-panel of the task's
     /// rows goes by.
-    const WIDE: Blocking = Blocking { max_rows: 168, kc: 256, next_slice: NextSlice::Leave };
+    const WIDE: Blocking = Blocking { max_rows: 168, kc: 256, next_slice: NextSlice::Leave, stretch: 2 };
     /// AVX2: tasks of at most about 504 rows: each task streams every
     /// weight once (from L3 or memory), and fewer, longer sweeps over a
     /// panel (64 KiB for K = 1024, in L2) amortize that better than packed
@@ -376,7 +385,7 @@ impl Blocking {
     /// tasks were 10 % slower, 84-row ones 20 %); a whole panel at K = 1024
     /// per pass: blocking it to fit L1 measured no faster, and every pass
     /// costs a store and reload of the outputs.
-    const NARROW: Blocking = Blocking { max_rows: 504, kc: 1024, next_slice: NextSlice::Leave };
+    const NARROW: Blocking = Blocking { max_rows: 504, kc: 1024, next_slice: NextSlice::Leave, stretch: 0 };
 
     /// This blocking with the next-slice hint `next_slice`.
     fn hinting(self, next_slice: NextSlice) -> Blocking {
@@ -551,6 +560,7 @@ impl<const W: usize> Panels<W> {
     /// Tasks in parallel ([`Blocking::grid`]: blocks of rows, for few rows
     /// also groups of panels); each task packs its rows, then goes panel by
     /// panel of its group (K in blocks) and writes its outputs.
+    #[allow(clippy::too_many_arguments)]
     fn blocked<const MR: usize>(
         &self,
         x: &[f32],
@@ -558,6 +568,7 @@ impl<const W: usize> Panels<W> {
         epilogue: Epilogue,
         blocking: Blocking,
         pick: impl Pick<W>,
+        tail_groups: fn(usize) -> usize,
         y: &mut [f32],
     ) where
         KernelScratch: Tiles<W>,
@@ -565,9 +576,8 @@ impl<const W: usize> Panels<W> {
         let n = self.n;
         let p = n.div_ceil(W);
         let Grid { rows: mc, groups } = blocking.grid(m, p, rayon::current_num_threads(), MR);
-        let full = kernel(&pick, MR, 1);
         let run = |first: usize, panels: Range<usize>, out: Out<'_>| {
-            let task = BlockTask { x, first, epilogue, blocking, full, pick: &pick };
+            let task = BlockTask { x, first, epilogue, blocking, pick: &pick, tail_groups };
             TASK_BUFFERS.with(|cell| match cell.try_borrow_mut() {
                 Ok(mut buffers) => self.block_task::<MR>(&task, panels, out, &mut buffers),
                 // a forward inside a task on this thread: buffers of its own
@@ -611,6 +621,27 @@ impl<const W: usize> Panels<W> {
     /// One task of [`Panels::blocked`]: the rows of `out` (from row
     /// `task.first` of `x`), packed into `buffers.a`, their outputs in
     /// `panels` built in `buffers`' tile and stored into `out`.
+    ///
+    /// The rows go as [`RowSplit`] says: whole micro-panels of `MR` rows
+    /// (up to `MR + stretch`: 13 rows in one block of 13), and where rows
+    /// are left a tail of fewer. The whole micro-panels go panel by panel
+    /// (a block one panel wide keeps enough accumulators), reading the
+    /// weights in the order they lie in memory; then the tail goes over
+    /// each group of `tail_groups(tail)` panels at once, the group's
+    /// slices still in L2 from those sweeps, so that a tail of one to six
+    /// rows keeps at least 8 accumulators too. Measured on one thread,
+    /// Zen 5, ten 1024 x 1024 layers (the `sweep` example), fastest calls:
+    ///
+    /// - a tail one panel at a time (as before) was latency-bound: 13
+    ///   rows took 29 % longer than 12 (a row of 2 accumulators, each
+    ///   fused multiply-add waiting on the one before); over groups 10 %,
+    ///   and 13 rows in one stretched block 8 %;
+    /// - the group's panels a K block at a time (the tail fused into the
+    ///   same pass) read four streams 128 KiB apart: 13 rows 35 % slower
+    ///   than 12 even with the tail left out;
+    /// - micro-panels of balanced sizes under `MR` (13 as 7 + 6) were 10 %
+    ///   slower at 13 rows and 7 % at 64 (six of 10 or 11 rows: more
+    ///   weight loads per fused multiply-add than five of 12 and a tail).
     fn block_task<const MR: usize>(
         &self,
         task: &BlockTask<'_, W, impl Pick<W>>,
@@ -621,62 +652,140 @@ impl<const W: usize> Panels<W> {
         KernelScratch: Tiles<W>,
     {
         let (k, n) = (self.k, self.n);
-        let BlockTask { x, first, epilogue, blocking, full, pick } = *task;
+        let BlockTask { x, first, epilogue, blocking, pick, tail_groups } = *task;
         let Out { y: ys, stride, first_col } = out;
         let rows = ys.len() / stride;
         let (a, tile) = buffers.split();
-        pack_rows::<MR>(x, k, first, rows, a);
+        let split = RowSplit::new(rows, MR, blocking.stretch);
+        pack_rows::<MR>(x, k, first, split, a);
         let a = &a[..];
-        // the last micro-panel may hold fewer rows: its own block shape
-        // (no zero rows computed)
-        let tail = rows % MR;
-        let tail_kernel = (tail > 0).then(|| kernel(pick, tail, 1));
-        // every element of a micro-panel's tile is written (`Start::Bias`)
-        // before it is read
-        tile.resize(rows, Cols::ZERO);
-        let tile = &mut tile[..rows];
-        let last_panel = panels.end;
-        for pi in panels {
-            let b = self.panels_from(pi);
-            let bias = &self.bias[pi..pi + 1];
-            let (c0, w) = (pi * W, W.min(n - pi * W));
+        let RowSplit { whole, tail, .. } = split;
+        // the block functions of the whole micro-panels' sizes
+        let (size, larger) = split.sizes();
+        let full = (kernel(pick, size, 1), larger.map(|r| kernel(pick, r, 1)));
+        // panels per group: 1 without a tail (the sweep of whole
+        // micro-panels alone, panel by panel)
+        let g = if tail > 0 { tail_groups(tail) } else { 1 };
+        // the tail's rows and its block functions: `tail x g` for a whole
+        // group, `tail x 1` for each panel of a last, partial one
+        let tail_rows = &a[whole * k..];
+        let tail_kernels = (tail > 0).then(|| (kernel(pick, tail, g), kernel(pick, tail, 1)));
+        // every element of the tile is written (`Start::Bias`) before it
+        // is read: the whole micro-panels' rows of one panel, then the
+        // tail's `[tail][g]`
+        tile.resize(whole + g * tail, Cols::ZERO);
+        let (tile, tail_tile) = tile[..whole + g * tail].split_at_mut(whole);
+        let end = panels.end;
+        for p0 in panels.step_by(g) {
+            let gp = g.min(end - p0);
+            // the whole micro-panels panel by panel, K in blocks: the
+            // weights read in the order they lie in memory (a group's
+            // panels a K block at a time, four streams 128 KiB apart, made
+            // 13 rows 35 % slower than 12 on Zen 5, the tail's work or not)
+            for pi in p0..p0 + gp {
+                self.sweep_panel(a, split, pi, end, blocking, full, epilogue, tile, ys, stride, first_col);
+            }
+            // then the tail over the group, its slices in L2 from the sweeps
+            let Some((group, single)) = tail_kernels else { continue };
+            let ys = &mut ys[whole * stride..];
             let mut k0 = 0;
             while k0 < k {
                 let k1 = (k0 + blocking.kc).min(k);
                 let start = if k0 == 0 { Start::Bias } else { Start::Partial };
                 let last = k1 == k;
                 let ep = if last { epilogue } else { Epilogue::Identity };
-                let bk = &b[k0..k1];
-                // the slice swept next, asked for a share at a time before
-                // each micro-panel where the hint pays ([`NextSlice`]): the
-                // first sweep of a slice would otherwise wait for it to come
-                // from L3 or memory
-                let next = if k1 < k {
-                    &b[k1..(k1 + blocking.kc).min(k)]
-                } else if pi + 1 < last_panel {
-                    &self.panels_from(pi + 1)[..blocking.kc.min(k)]
-                } else {
-                    &[]
-                };
-                let share = next.len().div_ceil(rows.div_ceil(MR));
-                for (i, o) in tile.chunks_mut(MR).enumerate() {
-                    if blocking.next_slice == NextSlice::Prefetch {
-                        dispatch::prefetch(next.chunks(share.max(1)).nth(i).unwrap_or(&[]));
-                    }
-                    let r = o.len();
-                    let kernel = if r == MR { &full } else { tail_kernel.as_ref().unwrap_or(&full) };
-                    let panel = &a[i * MR * k..][..r * k];
-                    kernel.run(&panel[k0 * r..k1 * r], bk, k, bias, o, start, ep);
+                let xs = &tail_rows[k0 * tail..k1 * tail];
+                if gp == g {
+                    // one block over the group: `[tail][g]`
+                    let b = &self.panels_from(p0)[k0..];
+                    group.run(xs, b, k, &self.bias[p0..p0 + g], tail_tile, start, ep);
                     if last {
-                        // stored now, the stores drain while the next
-                        // micro-panel computes (one pass over the whole
-                        // tile after the sweep stalled on them: 3 % of a
-                        // forward)
-                        store(o, &mut ys[i * MR * stride..][..r * stride], stride, c0 - first_col, w);
+                        for (yrow, t) in ys.chunks_exact_mut(stride).zip(tail_tile.chunks_exact(g)) {
+                            for (j, t) in t.iter().enumerate() {
+                                let (c0, w) = ((p0 + j) * W, W.min(n - (p0 + j) * W));
+                                store(std::slice::from_ref(t), yrow, stride, c0 - first_col, w);
+                            }
+                        }
+                    }
+                } else {
+                    // a last, partial group: its panels one at a time, `[j][tail]`
+                    for (j, o) in tail_tile.chunks_exact_mut(tail).take(gp).enumerate() {
+                        let pi = p0 + j;
+                        single.run(xs, &self.panels_from(pi)[k0..k1], k, &self.bias[pi..pi + 1], o, start, ep);
+                        if last {
+                            store(o, ys, stride, pi * W - first_col, W.min(n - pi * W));
+                        }
                     }
                 }
                 k0 = k1;
             }
+        }
+    }
+
+    /// The whole micro-panels of a task (`split`, in `a`) over panel `pi`,
+    /// K in blocks of `blocking.kc`, their outputs stored into `ys`
+    /// (`stride` wide, from output column `first_col`); `end` is the task's
+    /// last panel (exclusive), for the next-slice hint; `full` the block
+    /// functions of the micro-panels' two sizes.
+    #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
+    fn sweep_panel(
+        &self,
+        a: &[f32],
+        split: RowSplit,
+        pi: usize,
+        end: usize,
+        blocking: Blocking,
+        full: (Kernel<W>, Option<Kernel<W>>),
+        epilogue: Epilogue,
+        tile: &mut [Cols<W>],
+        ys: &mut [f32],
+        stride: usize,
+        first_col: usize,
+    ) {
+        let (k, n) = (self.k, self.n);
+        let (size, _) = split.sizes();
+        let b = self.panels_from(pi);
+        let bias = &self.bias[pi..pi + 1];
+        let (c0, w) = (pi * W, W.min(n - pi * W));
+        let mut k0 = 0;
+        while k0 < k {
+            let k1 = (k0 + blocking.kc).min(k);
+            let start = if k0 == 0 { Start::Bias } else { Start::Partial };
+            let last = k1 == k;
+            let ep = if last { epilogue } else { Epilogue::Identity };
+            let bk = &b[k0..k1];
+            // the slice swept next, asked for a share at a time before
+            // each micro-panel where the hint pays ([`NextSlice`]): the
+            // first sweep of a slice would otherwise wait for it to come
+            // from L3 or memory
+            let next = if k1 < k {
+                &b[k1..(k1 + blocking.kc).min(k)]
+            } else if pi + 1 < end {
+                &self.panels_from(pi + 1)[..blocking.kc.min(k)]
+            } else {
+                &[]
+            };
+            let share = next.len().div_ceil(split.count.max(1));
+            for (i, (r0, r)) in split.panels().enumerate() {
+                if blocking.next_slice == NextSlice::Prefetch {
+                    dispatch::prefetch(next.chunks(share.max(1)).nth(i).unwrap_or(&[]));
+                }
+                let kernel = match full {
+                    (_, Some(larger)) if r != size => larger,
+                    (kernel, _) => kernel,
+                };
+                let o = &mut tile[r0..r0 + r];
+                let panel = &a[r0 * k..][..r * k];
+                kernel.run(&panel[k0 * r..k1 * r], bk, k, bias, o, start, ep);
+                if last {
+                    // stored now, the stores drain while the next
+                    // micro-panel computes (one pass over the whole tile
+                    // after the sweep stalled on them: 3 % of a forward)
+                    store(o, &mut ys[r0 * stride..][..r * stride], stride, c0 - first_col, w);
+                }
+            }
+            k0 = k1;
         }
     }
 }
@@ -696,8 +805,10 @@ struct BlockTask<'a, const W: usize, P> {
     first: usize,
     epilogue: Epilogue,
     blocking: Blocking,
-    full: Kernel<W>,
     pick: &'a P,
+    /// Panels per block for a tail of so many rows (`dispatch`'s
+    /// `wide_groups` or `narrow_groups`).
+    tail_groups: fn(usize) -> usize,
 }
 
 impl<const W: usize, P> Clone for BlockTask<'_, W, P> {
@@ -748,14 +859,59 @@ fn store<const W: usize>(block: &[Cols<W>], y: &mut [f32], n: usize, c0: usize, 
     }
 }
 
-/// Rows `first..first + rows` of `x` (`[m, k]`) packed into micro-panels
-/// `[k][MR]`, the last one `[k][rows % MR]` if the rows do not divide,
-/// into `a` (resized; every element is written).
-fn pack_rows<const MR: usize>(x: &[f32], k: usize, first: usize, rows: usize, a: &mut Vec<f32>) {
+/// How a task's rows go through the micro-kernel: `count` whole
+/// micro-panels sharing the first `whole` rows as equally as they can
+/// (each `MR` to `MR + stretch` rows), then a tail of fewer than `MR` rows
+/// (computed over groups of panels).
+///
+/// Rows left over from whole micro-panels go into them where they fit
+/// (with AVX-512, 13 rows as one micro-panel of 13, 26 as two of 13):
+/// a stretched micro-panel costs its rows' share, where a tail pays for
+/// reading the weights once more from L2.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct RowSplit {
+    count: usize,
+    whole: usize,
+    tail: usize,
+}
+
+impl RowSplit {
+    /// `rows` rows in micro-panels of `mr` rows stretched by up to `stretch`.
+    fn new(rows: usize, mr: usize, stretch: usize) -> RowSplit {
+        let (count, tail) = (rows / mr, rows % mr);
+        if tail <= count * stretch {
+            RowSplit { count, whole: rows, tail: 0 }
+        } else {
+            RowSplit { count, whole: rows - tail, tail }
+        }
+    }
+
+    /// The whole micro-panels' size, and the larger one of the first
+    /// `whole % count` (if any).
+    fn sizes(self) -> (usize, Option<usize>) {
+        let size = self.whole / self.count.max(1);
+        (size, (self.whole % self.count.max(1) > 0).then_some(size + 1))
+    }
+
+    /// `(first row, rows)` of each whole micro-panel, in order.
+    fn panels(self) -> impl Iterator<Item = (usize, usize)> {
+        let (size, _) = self.sizes();
+        let larger = self.whole % self.count.max(1);
+        (0..self.count).map(move |i| (i * size + i.min(larger), size + usize::from(i < larger)))
+    }
+}
+
+/// Rows `first..` of `x` (`[m, k]`) packed as `split` says: each whole
+/// micro-panel `[k][r]` (`r` its rows), then the tail `[k][tail]`, one
+/// after the other, into `a` (resized; every element is written).
+fn pack_rows<const MR: usize>(x: &[f32], k: usize, first: usize, split: RowSplit, a: &mut Vec<f32>) {
+    let rows = split.whole + split.tail;
     a.resize(rows * k, 0.0);
-    for (i, dst) in a[..rows * k].chunks_mut(MR * k).enumerate() {
-        let f = first + i * MR;
-        if dst.len() == MR * k {
+    let tail = (split.tail > 0).then_some((split.whole, split.tail));
+    for (r0, r) in split.panels().chain(tail) {
+        let f = first + r0;
+        let dst = &mut a[r0 * k..][..r * k];
+        if r == MR {
             // MR sequential streams in, one contiguous stream out; every
             // index in range by construction (no bounds checks left)
             let src: [&[f32]; MR] = std::array::from_fn(|r| &x[(f + r) * k..][..k]);
@@ -765,7 +921,6 @@ fn pack_rows<const MR: usize>(x: &[f32], k: usize, first: usize, rows: usize, a:
                 }
             }
         } else {
-            let r = dst.len() / k.max(1);
             for (row, src) in x[f * k..(f + r) * k].chunks_exact(k.max(1)).enumerate() {
                 for (d, &v) in dst[row..].iter_mut().step_by(r).zip(src) {
                     *d = v;
@@ -848,6 +1003,10 @@ mod tests {
         for (m, n, k) in [(1, 300, 257), (2, 70, 1030), (3, 33, 5), (4, 129, 64), (5, 16, 300), (7, 200, 40)]
             .into_iter()
             .chain([(11, 65, 513), (12, 45, 300), (13, 70, 1030), (29, 33, 600), (200, 40, 100)])
+            // a tail of every length after whole micro-panels, over whole
+            // groups of panels and a last, partial one (10 wide panels, 19
+            // narrow), K in one and several passes
+            .chain((13..=23).map(|m| (m, 300, if m % 2 == 0 { 70 } else { 700 })))
         {
             let w = values(n * k, 0x9e37_79b9 ^ (m * n) as u32, 0.37);
             let b = values(n, 0x85eb_ca6b, 1.0);
@@ -923,7 +1082,8 @@ mod tests {
 
     #[test]
     fn a_row_is_bitwise_the_same_in_any_batch_on_every_path() {
-        let (n, k) = (70, 1030);
+        // 5 wide panels (a tail's group of 4 and a partial one), 9 narrow
+        let (n, k) = (140, 1030);
         let w = values(n * k, 0x9e37_79b9, 0.37);
         let b = values(n, 0x1234_5678, 1.0);
         let rows: Vec<Vec<f32>> = (0..200).map(|i| values(k, 0xabcd + i, 3.1)).collect();
@@ -933,7 +1093,7 @@ mod tests {
         let pool = rayon::ThreadPoolBuilder::new().num_threads(3).build().expect("a rayon pool");
         for isa in supported() {
             let p = PackedLinear::with_isa(&w, &b, n, k, isa).expect("a supported instruction set");
-            for m in [1usize, 2, 3, 4, 5, 6, 7, 11, 12, 13, 25, 169, 200] {
+            for m in [1usize, 2, 3, 4, 5, 6, 7, 11, 12, 13, 14, 15, 16, 17, 18, 22, 25, 169, 200] {
                 let idx: Vec<usize> = (0..m).map(|j| (j * 37 + m) % rows.len()).collect();
                 let x: Vec<f32> = idx.iter().flat_map(|&i| rows[i].iter().copied()).collect();
                 for threads in [None, Some(&pool)] {
@@ -951,6 +1111,31 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn a_tasks_rows_split_into_micro_panels_that_cover_them_once() {
+        for (mr, stretch) in [(MR_WIDE, Blocking::WIDE.stretch), (MR_NARROW, Blocking::NARROW.stretch)] {
+            for rows in 1..=400 {
+                let split = RowSplit::new(rows, mr, stretch);
+                let mut next = 0;
+                for (r0, r) in split.panels() {
+                    assert_eq!(r0, next, "{rows} rows by {mr}: {split:?}");
+                    assert!((mr..=mr + stretch).contains(&r), "{rows} rows by {mr}: a micro-panel of {r}");
+                    next += r;
+                }
+                assert_eq!(next, split.whole, "{rows} rows by {mr}: {split:?}");
+                assert_eq!(split.whole + split.tail, rows);
+                assert!(split.tail < mr, "{rows} rows by {mr}: {split:?}");
+                // a tail only where the whole micro-panels cannot take it
+                assert!(split.tail == 0 || split.tail > split.count * stretch, "{rows} rows by {mr}: {split:?}");
+            }
+        }
+        // AVX-512: 13 rows in one stretched micro-panel, 27 as 14 + 13,
+        // 15 as 12 and a tail of 3
+        assert_eq!(RowSplit::new(13, 12, 2).panels().collect::<Vec<_>>(), [(0, 13)]);
+        assert_eq!(RowSplit::new(27, 12, 2).panels().collect::<Vec<_>>(), [(0, 14), (14, 13)]);
+        assert_eq!(RowSplit::new(15, 12, 2), RowSplit { count: 1, whole: 12, tail: 3 });
     }
 
     #[test]
