@@ -281,7 +281,15 @@ impl PackedLinear {
                 if m < MR_WIDE {
                     p.narrow(x, m, epilogue, dispatch::wide_groups(m), pick, y)
                 } else {
-                    p.blocked::<MR_WIDE>(x, m, epilogue, Blocking::WIDE.hinting(self.next_slice), pick, dispatch::wide_groups, y)
+                    p.blocked::<MR_WIDE>(
+                        x,
+                        m,
+                        epilogue,
+                        Blocking::WIDE.hinting(self.next_slice),
+                        pick,
+                        dispatch::wide_groups,
+                        y,
+                    )
                 }
             }
             Packing::Narrow(p) => {
@@ -289,7 +297,15 @@ impl PackedLinear {
                 if m < MR_NARROW {
                     p.narrow(x, m, epilogue, dispatch::narrow_groups(m), pick, y)
                 } else {
-                    p.blocked::<MR_NARROW>(x, m, epilogue, Blocking::NARROW.hinting(self.next_slice), pick, dispatch::narrow_groups, y)
+                    p.blocked::<MR_NARROW>(
+                        x,
+                        m,
+                        epilogue,
+                        Blocking::NARROW.hinting(self.next_slice),
+                        pick,
+                        dispatch::narrow_groups,
+                        y,
+                    )
                 }
             }
         }
@@ -890,7 +906,7 @@ impl RowSplit {
     /// `whole % count` (if any).
     fn sizes(self) -> (usize, Option<usize>) {
         let size = self.whole / self.count.max(1);
-        (size, (self.whole % self.count.max(1) > 0).then_some(size + 1))
+        (size, (!self.whole.is_multiple_of(self.count.max(1))).then_some(size + 1))
     }
 
     /// `(first row, rows)` of each whole micro-panel, in order.
