@@ -142,7 +142,15 @@ pub struct PackedLinear {
 ///   -> 1.46 ms at 12 rows, 7.26 -> 6.83 ms at 64, 13.4 -> 12.9 ms at 128.
 ///   A task of few micro-panels asks for a whole 32 KiB slice at once
 ///   before a sweep that uses it once, and the hardware's own prefetchers
-///   follow the panel's sequential reads.
+///   follow the panel's sequential reads. (Zen 5: 2x slower at 12 rows,
+///   1.25x at 64.)
+///
+/// A task of fewer than [`MIN_PANELS_TO_HINT`] micro-panels never asks:
+/// the Xeon measured its gain at 64 rows and more, and the cost above
+/// (one sweep to spread a slice's requests over) is a property of the
+/// task, not of the vendor. On that Xeon batches 12 to 24 (one or two
+/// micro-panels) trailed onnxruntime by 1.3-1.7x where batch 8 was level,
+/// which is this cost's shape; unmeasured there since.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum NextSlice {
     /// Ask for the next slice ahead.
@@ -457,6 +465,10 @@ impl Blocking {
 /// copy half their outputs into place). Zen 4, AVX-512.
 const MIN_PANELS_PER_TASK: usize = 4;
 
+/// Micro-panels a task needs before [`NextSlice::Prefetch`] asks for the
+/// next slice: its requests spread over that many sweeps.
+const MIN_PANELS_TO_HINT: usize = 4;
+
 /// The tasks of one [`Panels::blocked`] call: blocks of `rows` rows (the
 /// last may be shorter), each split into `groups` groups of panels.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -761,6 +773,7 @@ impl<const W: usize> Panels<W> {
     ) {
         let (k, n) = (self.k, self.n);
         let (size, _) = split.sizes();
+        let hint = blocking.next_slice == NextSlice::Prefetch && split.count >= MIN_PANELS_TO_HINT;
         let b = self.panels_from(pi);
         let bias = &self.bias[pi..pi + 1];
         let (c0, w) = (pi * W, W.min(n - pi * W));
@@ -784,7 +797,7 @@ impl<const W: usize> Panels<W> {
             };
             let share = next.len().div_ceil(split.count.max(1));
             for (i, (r0, r)) in split.panels().enumerate() {
-                if blocking.next_slice == NextSlice::Prefetch {
+                if hint {
                     dispatch::prefetch(next.chunks(share.max(1)).nth(i).unwrap_or(&[]));
                 }
                 let kernel = match full {

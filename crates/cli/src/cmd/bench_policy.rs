@@ -59,7 +59,9 @@ pub struct Args {
     kernels: KernelsArg,
     /// A speed gate for CI, not a measurement: exit 1 if the batch-1 forward
     /// takes more than 3x the time to read the weights once, or the packed
-    /// kernels more than 1.5x candle's matmul at batch 1, 2, 3, 4 or 8
+    /// kernels more than 1.5x candle's matmul at batch 1, 2, 3, 4 or 8, or a
+    /// row more than 1.15x a row's time at the next smaller batch of the
+    /// sweep 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64 (a throughput dip)
     /// (fastest calls, ratios within this run, on this CPU's instruction set).
     #[arg(long, conflicts_with_all = ["batches", "kernels", "family"])]
     check: bool,
@@ -110,8 +112,11 @@ pub const BENCH_KEYS: [(&str, usize); 3] =
     [("max_coords_obs", 358), ("mimic_target_poses", 576), ("previous_actions", 69)];
 /// Actions of the smpl tracker.
 pub const BENCH_ACTIONS: usize = 69;
-/// Batch sizes timed.
-pub const BENCH_BATCHES: [usize; 4] = [1, 64, 1024, 4096];
+/// Batch sizes timed: the sweep of the sizes a server's dynamic batching
+/// makes, then large batches.
+pub const BENCH_BATCHES: [usize; 14] = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 1024, 4096];
+/// The sweep from 1 to 64 rows the gate checks for throughput steps.
+pub const SWEEP_BATCHES: [usize; 12] = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64];
 
 /// One timing of `bench-policy`.
 #[derive(Debug, Serialize)]
@@ -492,11 +497,23 @@ pub const CHECK_BATCHES: [usize; 5] = [1, 2, 3, 4, 8];
 pub const CHECK_STREAM_LIMIT: f64 = 3.0;
 /// The most the packed kernels may take, in times candle's matmul.
 pub const CHECK_CANDLE_LIMIT: f64 = 1.5;
+/// The most a row may take at one batch of [`SWEEP_BATCHES`], in times a
+/// row at the next smaller one (rows/s may not fall by more than that
+/// share). A kernel whose last rows ran latency-bound made it 1.19 from
+/// 12 to 16 rows (AVX-512, Zen 5), onnxruntime-beating batches meanwhile;
+/// healthy kernels stay under 1.0 there, and the fastest of many calls
+/// moves by a few percent on a shared machine.
+pub const CHECK_STEP_LIMIT: f64 = 1.15;
+/// Passes over [`SWEEP_BATCHES`] whose fastest calls the step check takes
+/// (a slow spell of the machine during one pass touches every batch).
+const SWEEP_PASSES: usize = 2;
 
 /// One ratio `bench-policy --check` judged.
 #[derive(Debug, Serialize)]
 pub struct CheckRecord {
-    /// `forward_vs_stream` (batch 1) or `packed_vs_candle`.
+    /// `forward_vs_stream` (batch 1), `packed_vs_candle`, or
+    /// `throughput_step` (a row's time at `batch` over a row's at the next
+    /// smaller batch of the sweep).
     pub check: &'static str,
     /// Batch size.
     pub batch: usize,
@@ -554,6 +571,26 @@ pub fn check(opts: &BenchOptions, format: OutputFormat) -> Result<ExitCode, CliE
         records.push(("packed", p));
         records.push(("candle", c));
     }
+    // the sweep, in passes (fastest call of each batch over all of them)
+    let mut fastest = [f64::INFINITY; SWEEP_BATCHES.len()];
+    for _ in 0..SWEEP_PASSES {
+        for (&b, best) in SWEEP_BATCHES.iter().zip(&mut fastest) {
+            *best = best.min(time_forward(&packed, b, opts, weight_bytes)?.min_seconds);
+        }
+    }
+    for (i, w) in SWEEP_BATCHES.windows(2).enumerate() {
+        let per_row = |j: usize, b: usize| fastest[j] / b as f64;
+        let ratio = per_row(i + 1, w[1]) / per_row(i, w[0]);
+        let pass = ratio <= CHECK_STEP_LIMIT;
+        checks.push(CheckRecord {
+            check: "throughput_step",
+            batch: w[1],
+            ratio,
+            limit: CHECK_STEP_LIMIT,
+            pass,
+            isa: isa.clone(),
+        });
+    }
     let passed = checks.iter().all(|c| c.pass);
     match format {
         OutputFormat::Json => {
@@ -571,13 +608,17 @@ pub fn check(opts: &BenchOptions, format: OutputFormat) -> Result<ExitCode, CliE
             for (k, r) in &records {
                 output::line(format!("{k:<8} {:>6} {:>12.1}", r.batch, r.min_seconds * 1e6));
             }
+            let sweep: Vec<String> =
+                SWEEP_BATCHES.iter().zip(fastest).map(|(b, t)| format!("{b}: {:.0}", t * 1e6)).collect();
+            output::line(format!("sweep, fastest µs over {SWEEP_PASSES} passes: {}", sweep.join(", ")));
             for c in &checks {
                 let what = match c.check {
                     "forward_vs_stream" => "packed forward / stream",
+                    "throughput_step" => "time per row / the smaller batch's",
                     _ => "packed / candle",
                 };
                 output::line(format!(
-                    "{} batch {:>2}: {what} = {:.2} (limit {:.1})",
+                    "{} batch {:>2}: {what} = {:.2} (limit {:.2})",
                     if c.pass { "PASS" } else { "FAIL" },
                     c.batch,
                     c.ratio,
