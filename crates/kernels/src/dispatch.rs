@@ -79,7 +79,7 @@ macro_rules! per_isa {
 }
 
 /// A block function: [`block`] for one shape and instruction set.
-type BlockFn<const W: usize> = unsafe fn(&[f32], &[Cols<W>], usize, &[Cols<W>], &mut [Cols<W>], Start, Epilogue);
+type BlockFn<const W: usize> = unsafe fn(&[f32], &[Cols<W>], usize, &[Cols<W>], &mut [Cols<W>], Start, Epilogue, usize);
 
 /// A block function of one shape, callable safely.
 #[derive(Clone, Copy)]
@@ -100,6 +100,7 @@ impl<const W: usize> Kernel<W> {
         out: &mut [Cols<W>],
         start: Start,
         epilogue: Epilogue,
+        ahead: usize,
     ) {
         // SAFETY: a `Kernel` is only made by `wide` and `narrow` below, from
         // a `Supported` token, so the CPU has every feature `f` was
@@ -107,7 +108,7 @@ impl<const W: usize> Kernel<W> {
         // `block` indexes them with bounds checks, and the SIMD blocks
         // assert every length they read through pointers before the loop,
         // so a wrong length panics, it does not read out of bounds.
-        unsafe { (self.f)(a, b, stride, bias, out, start, epilogue) }
+        unsafe { (self.f)(a, b, stride, bias, out, start, epilogue, ahead) }
     }
 }
 
@@ -225,6 +226,7 @@ macro_rules! simd_block {
             out: &mut [Cols<{ $w }>],
             start: Start,
             epilogue: Epilogue,
+            ahead: usize,
         ) {
             use std::arch::x86_64::*;
             const LANES: usize = $w / 2;
@@ -249,6 +251,16 @@ macro_rules! simd_block {
             let ap = a.as_ptr();
             let bp = b.as_ptr().cast::<f32>();
             for kk in 0..kc {
+                if ahead > 0 {
+                    for g in 0..G {
+                        // a hint: never faults, so the address may lie
+                        // past `b` (wrapping, never dereferenced)
+                        let p = bp.wrapping_add((g * stride + kk + ahead) * $w).cast::<i8>();
+                        for line in 0..($w * 4).div_ceil(64) {
+                            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(line * 64));
+                        }
+                    }
+                }
                 let mut w = [[$zero(); 2]; G];
                 for g in 0..G {
                     for h in 0..2 {
@@ -314,6 +326,7 @@ unsafe fn portable<const MR: usize, const G: usize>(
     out: &mut [Cols<NR_NARROW>],
     start: Start,
     epilogue: Epilogue,
+    _ahead: usize,
 ) {
     block::<MR, NR_NARROW, G>(a, b, stride, bias, out, start, epilogue)
 }
