@@ -217,7 +217,7 @@ macro_rules! simd_block {
         #[doc = concat!("`", $features, "`.")]
         #[cfg(target_arch = "x86_64")]
         #[target_feature(enable = $features)]
-        #[allow(clippy::needless_range_loop)]
+        #[allow(clippy::needless_range_loop, clippy::too_many_arguments)]
         unsafe fn $name<const MR: usize, const G: usize>(
             a: &[f32],
             b: &[Cols<{ $w }>],
@@ -318,6 +318,7 @@ simd_block! {
 /// `f32::mul_add` is libm's (correctly rounded, slow); on aarch64 it is
 /// the baseline `fmla`. Safe to run anywhere; `unsafe` only to share the
 /// pointer type.
+#[allow(clippy::too_many_arguments)]
 unsafe fn portable<const MR: usize, const G: usize>(
     a: &[f32],
     b: &[Cols<NR_NARROW>],
