@@ -42,7 +42,9 @@ import torch
 from bench_timing import time_calls  # noqa: E402  (benches/, this script's folder)
 
 KEYS = [("max_coords_obs", 358), ("mimic_target_poses", 576), ("previous_actions", 69)]
-BATCHES = [1, 64, 1024, 4096]
+# the sizes a server's dynamic batching makes (1 to 64), then large batches;
+# keep in step with crates/cli/src/cmd/bench_policy.rs (BENCH_BATCHES)
+BATCHES = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 1024, 4096]
 
 
 def read_safetensors(path):

@@ -130,24 +130,43 @@ pub(super) fn prefetch<const W: usize>(rows: &[Cols<W>]) {
     let _ = rows;
 }
 
-/// Panels per block for `mr` rows with 32-column panels (AVX-512): at most
-/// 24 zmm accumulators (two per row and panel), and at least 8 for the
-/// fused multiply-add latency of two pipes where the rows allow.
+/// Panels per block for `mr` rows with 32-column panels (AVX-512) where
+/// the weights come from L2 (a blocked task's tail): at least 8 zmm
+/// accumulators (two per row and panel) for the fused multiply-add
+/// latency of two pipes, and accumulators plus the weights a k step
+/// reuses (two per panel) plus the broadcast row value within the 32
+/// registers: `3 x 4` needed 33 and kept two accumulators on the stack,
+/// a store and a load in every chain.
 pub(super) fn wide_groups(mr: usize) -> usize {
     match mr {
-        0..=3 => 4,
-        4..=6 => 2,
+        0..=2 => 4,
+        3..=6 => 2,
         _ => 1,
     }
 }
 
 /// Panels per block for `mr` rows with 16-column panels (AVX2 and the
-/// portable path): at most 12 ymm accumulators, at least 8 where the rows
-/// allow.
+/// portable path) where the weights come from L2: as [`wide_groups`] for
+/// 16 ymm (`3 x 2` spilled two accumulators: 3 rows took 1.8x 4 rows'
+/// time).
 pub(super) fn narrow_groups(mr: usize) -> usize {
     match mr {
         0..=1 => 4,
-        2..=3 => 2,
+        2 => 2,
+        _ => 1,
+    }
+}
+
+/// Panels per block for `mr` rows where the weights stream from memory
+/// (the narrow path, batches under a full block), on either panel width:
+/// one row reads 4 panels at once (its 4 streams keep the hardware's
+/// prefetchers busy enough), more rows one panel, the weights asked for
+/// ahead ([`crate::PREFETCH_AHEAD_BYTES`]): memory-bound either way, and
+/// one stream asked ahead beat 2 or 4 panels by 10-30 % at 2 to 6 rows
+/// (Zen 5, AVX-512 and AVX2), 4 accumulators at 2 rows included.
+pub(super) fn streaming_groups(mr: usize) -> usize {
+    match mr {
+        0..=1 => 4,
         _ => 1,
     }
 }
@@ -163,12 +182,13 @@ macro_rules! shapes {
 }
 
 /// The AVX-512 block of `mr` rows by `g` 32-column panels (`g` is
-/// [`wide_groups`]`(mr)` or 1; `mr` at most 14: a stretched micro-panel).
+/// [`wide_groups`]`(mr)`, [`streaming_groups`]`(mr)` or 1; `mr` at most 14:
+/// a stretched micro-panel).
 pub(super) fn wide(isa: Supported, mr: usize, g: usize) -> Option<Kernel<NR>> {
     #[cfg(target_arch = "x86_64")]
     let f = match isa.isa() {
         Isa::Avx512 => shapes!(avx512, mr, g;
-            (1, 4), (2, 4), (3, 4), (4, 2), (5, 2), (6, 2),
+            (1, 4), (2, 4), (3, 2), (4, 2), (5, 2), (6, 2),
             (1, 1), (2, 1), (3, 1), (4, 1), (5, 1), (6, 1),
             (7, 1), (8, 1), (9, 1), (10, 1), (11, 1), (12, 1), (13, 1), (14, 1)),
         _ => None,
@@ -182,15 +202,16 @@ pub(super) fn wide(isa: Supported, mr: usize, g: usize) -> Option<Kernel<NR>> {
 }
 
 /// The 16-column block of `mr` rows by `g` panels for AVX2 or the portable
-/// path (`g` is [`narrow_groups`]`(mr)` or 1; `mr` at most 6).
+/// path (`g` is [`narrow_groups`]`(mr)`, [`streaming_groups`]`(mr)` or 1;
+/// `mr` at most 6).
 pub(super) fn narrow(isa: Supported, mr: usize, g: usize) -> Option<Kernel<NR_NARROW>> {
     let f = match isa.isa() {
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => shapes!(avx2, mr, g;
-            (1, 4), (2, 2), (3, 2),
+            (1, 4), (2, 2),
             (1, 1), (2, 1), (3, 1), (4, 1), (5, 1), (6, 1)),
         Isa::Scalar => shapes!(portable, mr, g;
-            (1, 4), (2, 2), (3, 2),
+            (1, 4), (2, 2),
             (1, 1), (2, 1), (3, 1), (4, 1), (5, 1), (6, 1)),
         _ => None,
     };

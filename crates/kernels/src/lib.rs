@@ -287,7 +287,7 @@ impl PackedLinear {
             Packing::Wide(p) => {
                 let pick = |mr, g| dispatch::wide(isa, mr, g);
                 if m < MR_WIDE {
-                    p.narrow(x, m, epilogue, dispatch::wide_groups(m), pick, y)
+                    p.narrow(x, m, epilogue, dispatch::streaming_groups(m), pick, y)
                 } else {
                     p.blocked::<MR_WIDE>(
                         x,
@@ -303,7 +303,7 @@ impl PackedLinear {
             Packing::Narrow(p) => {
                 let pick = |mr, g| dispatch::narrow(isa, mr, g);
                 if m < MR_NARROW {
-                    p.narrow(x, m, epilogue, dispatch::narrow_groups(m), pick, y)
+                    p.narrow(x, m, epilogue, dispatch::streaming_groups(m), pick, y)
                 } else {
                     p.blocked::<MR_NARROW>(
                         x,
@@ -364,11 +364,20 @@ impl PackedLinear {
         match &self.packing {
             Packing::Wide(p) => {
                 let pick = |mr, g| dispatch::wide(isa, mr, g);
-                p.narrow_seq(x, m, epilogue, dispatch::wide_groups(m), pick, y, &mut scratch.a, &mut scratch.wide)
+                p.narrow_seq(x, m, epilogue, dispatch::streaming_groups(m), pick, y, &mut scratch.a, &mut scratch.wide)
             }
             Packing::Narrow(p) => {
                 let pick = |mr, g| dispatch::narrow(isa, mr, g);
-                p.narrow_seq(x, m, epilogue, dispatch::narrow_groups(m), pick, y, &mut scratch.a, &mut scratch.narrow)
+                p.narrow_seq(
+                    x,
+                    m,
+                    epilogue,
+                    dispatch::streaming_groups(m),
+                    pick,
+                    y,
+                    &mut scratch.a,
+                    &mut scratch.narrow,
+                )
             }
         }
     }
@@ -475,18 +484,18 @@ const MIN_PANELS_PER_TASK: usize = 4;
 /// (Zen 5, one thread, ten 1024 x 1024 layers: the `sweep` example), 12
 /// rows went from 1.75 to 1.10 ms, 8 from 1.37 to 0.84, 64 from 7.1 to
 /// 6.0; 8 KiB ahead gained half that, 32 and 64 KiB the same as 16.
-const PREFETCH_AHEAD_BYTES: usize = 16 * 1024;
+pub(crate) const PREFETCH_AHEAD_BYTES: usize = 16 * 1024;
 
 /// [`PREFETCH_AHEAD_BYTES`] in k rows of a `W`-column panel.
 const fn ahead_rows<const W: usize>() -> usize {
     PREFETCH_AHEAD_BYTES / (W * std::mem::size_of::<f32>())
 }
 
-/// Rows a narrow-path block needs before it asks ahead: blocks of fewer
-/// rows span 4 panels (2 with AVX2's 16 columns), whose weight loads
-/// already fill the load ports; asking ahead on each of them made 1 and 2
-/// rows 15-35 % slower, where the hardware keeps up with their 4 streams.
-const PREFETCH_MIN_ROWS: usize = 4;
+/// Narrow-path blocks one panel wide ask ahead; a row's block of 4
+/// panels does not: its 4 streams' loads already fill the load ports, and
+/// asking ahead on each made 1 row 10-35 % slower (Zen 5), where the
+/// hardware keeps up with 4 streams.
+const PREFETCH_PANELS: usize = 1;
 
 /// Micro-panels a task needs before [`NextSlice::Prefetch`] asks for the
 /// next slice: its requests spread over that many sweeps.
@@ -567,7 +576,7 @@ impl<const W: usize> Panels<W> {
         epilogue: Epilogue,
     ) {
         let (k, p) = (self.k, self.n.div_ceil(W));
-        let ahead = if m >= PREFETCH_MIN_ROWS { ahead_rows::<W>() } else { 0 };
+        let ahead = if g == PREFETCH_PANELS { ahead_rows::<W>() } else { 0 };
         let p0 = gi * g;
         if p0 + g <= p {
             full.run(a, self.panels_from(p0), k, &self.bias[p0..p0 + g], tile, Start::Bias, epilogue, ahead);
@@ -1100,7 +1109,7 @@ mod tests {
             let s = Supported::check(isa).expect("supported");
             let result = match isa {
                 Isa::Avx512 => short_weights(dispatch::wide(s, 4, 2).expect("a 4 x 2 block"), 4),
-                _ => short_weights(dispatch::narrow(s, 3, 2).expect("a 3 x 2 block"), 3),
+                _ => short_weights(dispatch::narrow(s, 2, 2).expect("a 2 x 2 block"), 2),
             };
             assert!(result.is_err(), "{isa}: a short weight slice must panic");
         }
