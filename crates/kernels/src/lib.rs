@@ -126,6 +126,50 @@ pub struct PackedLinear {
     isa: Supported,
     packing: Packing,
     next_slice: NextSlice,
+    residency: Residency,
+}
+
+/// Where a forward finds a layer's weights, which decides how its blocks
+/// read them: chosen at packing from the layer's size
+/// ([`Residency::of_weights`]); benchmarks and tests set it. A matter of
+/// speed only: the bits are the same either way.
+///
+/// Measured on one thread, Zen 5 (the `sweep` example): with ten
+/// 1024 x 1024 layers (4 MiB each, 40 MiB in all) the `Memory` reads made
+/// 2 to 64 rows 1.1-1.7x faster; with three 256 x 256 or 512 x 512 layers
+/// (in L2 between calls) they made 2 rows 1.4x slower (a 2-row block one
+/// panel wide has 4 accumulators: latency-bound once the weights are
+/// near) and 64 rows 5-15 % slower (stretched micro-panels).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Residency {
+    /// Streamed from L3 or memory on every call: each block that reads
+    /// weights first asks [`PREFETCH_AHEAD_BYTES`] ahead, narrow-path
+    /// blocks of 2 rows and more are one panel wide (one stream to ask
+    /// ahead on), and blocked tasks stretch their micro-panels
+    /// ([`RowSplit`]) rather than read the weights once more for a tail.
+    Memory,
+    /// In L1 or L2 between calls: blocks wide enough for 8 accumulators,
+    /// nothing asked ahead, no stretch.
+    Cache,
+}
+
+impl Residency {
+    /// The largest layer taken to stay in cache: 1 MiB of weights (Zen 5's
+    /// L2; a layer that size measured level either way).
+    pub const CACHED_BYTES: usize = 1 << 20;
+
+    /// [`Residency::Memory`] for a layer of more than
+    /// [`Residency::CACHED_BYTES`] of weights, else [`Residency::Cache`].
+    /// The layer alone decides: a model of many small layers that together
+    /// overflow the caches reads them as if cached (unmeasured; level at
+    /// worst with the kernels before the distinction).
+    pub fn of_weights(bytes: usize) -> Residency {
+        if bytes > Self::CACHED_BYTES {
+            Residency::Memory
+        } else {
+            Residency::Cache
+        }
+    }
 }
 
 /// Whether the blocked path asks for the next slice of a panel while it
@@ -215,7 +259,8 @@ impl PackedLinear {
             Isa::Avx512 => Packing::Wide(Panels::new(weight, bias, n, k)),
             Isa::Avx2 | Isa::Scalar => Packing::Narrow(Panels::new(weight, bias, n, k)),
         };
-        Ok(PackedLinear { k, n, isa, packing, next_slice: NextSlice::for_this_cpu() })
+        let residency = Residency::of_weights(n.saturating_mul(k).saturating_mul(std::mem::size_of::<f32>()));
+        Ok(PackedLinear { k, n, isa, packing, next_slice: NextSlice::for_this_cpu(), residency })
     }
 
     /// The same packed weights with the next-slice hint set (benchmarks
@@ -223,6 +268,32 @@ impl PackedLinear {
     pub fn with_next_slice(mut self, next_slice: NextSlice) -> Self {
         self.next_slice = next_slice;
         self
+    }
+
+    /// The same packed weights read as `residency` says (benchmarks
+    /// compare both ways, tests check both give the same bits).
+    pub fn with_residency(mut self, residency: Residency) -> Self {
+        self.residency = residency;
+        self
+    }
+
+    /// How the forward reads the weights.
+    pub fn residency(&self) -> Residency {
+        self.residency
+    }
+
+    /// Panels per narrow-path block of `m` rows, and the k rows a block
+    /// asks ahead (0: none), for panels of `W` columns; `groups` is the
+    /// instruction set's [`dispatch::wide_groups`] or
+    /// [`dispatch::narrow_groups`].
+    fn narrow_reads<const W: usize>(&self, m: usize, groups: fn(usize) -> usize) -> (usize, usize) {
+        match self.residency {
+            Residency::Memory => {
+                let g = dispatch::streaming_groups(m);
+                (g, if g == PREFETCH_PANELS { ahead_rows::<W>() } else { 0 })
+            }
+            Residency::Cache => (groups(m), 0),
+        }
     }
 
     /// Input width.
@@ -287,13 +358,14 @@ impl PackedLinear {
             Packing::Wide(p) => {
                 let pick = |mr, g| dispatch::wide(isa, mr, g);
                 if m < MR_WIDE {
-                    p.narrow(x, m, epilogue, dispatch::streaming_groups(m), pick, y)
+                    let (g, ahead) = self.narrow_reads::<NR>(m, dispatch::wide_groups);
+                    p.narrow(x, m, epilogue, g, ahead, pick, y)
                 } else {
                     p.blocked::<MR_WIDE>(
                         x,
                         m,
                         epilogue,
-                        Blocking::WIDE.hinting(self.next_slice),
+                        Blocking::WIDE.for_layer(self.next_slice, self.residency),
                         pick,
                         dispatch::wide_groups,
                         y,
@@ -303,13 +375,14 @@ impl PackedLinear {
             Packing::Narrow(p) => {
                 let pick = |mr, g| dispatch::narrow(isa, mr, g);
                 if m < MR_NARROW {
-                    p.narrow(x, m, epilogue, dispatch::streaming_groups(m), pick, y)
+                    let (g, ahead) = self.narrow_reads::<NR_NARROW>(m, dispatch::narrow_groups);
+                    p.narrow(x, m, epilogue, g, ahead, pick, y)
                 } else {
                     p.blocked::<MR_NARROW>(
                         x,
                         m,
                         epilogue,
-                        Blocking::NARROW.hinting(self.next_slice),
+                        Blocking::NARROW.for_layer(self.next_slice, self.residency),
                         pick,
                         dispatch::narrow_groups,
                         y,
@@ -364,20 +437,13 @@ impl PackedLinear {
         match &self.packing {
             Packing::Wide(p) => {
                 let pick = |mr, g| dispatch::wide(isa, mr, g);
-                p.narrow_seq(x, m, epilogue, dispatch::streaming_groups(m), pick, y, &mut scratch.a, &mut scratch.wide)
+                let reads = self.narrow_reads::<NR>(m, dispatch::wide_groups);
+                p.narrow_seq(x, m, epilogue, reads, pick, y, &mut scratch.a, &mut scratch.wide)
             }
             Packing::Narrow(p) => {
                 let pick = |mr, g| dispatch::narrow(isa, mr, g);
-                p.narrow_seq(
-                    x,
-                    m,
-                    epilogue,
-                    dispatch::streaming_groups(m),
-                    pick,
-                    y,
-                    &mut scratch.a,
-                    &mut scratch.narrow,
-                )
+                let reads = self.narrow_reads::<NR_NARROW>(m, dispatch::narrow_groups);
+                p.narrow_seq(x, m, epilogue, reads, pick, y, &mut scratch.a, &mut scratch.narrow)
             }
         }
     }
@@ -398,11 +464,13 @@ struct Blocking {
     kc: usize,
     /// Whether to ask for the next slice ahead.
     next_slice: NextSlice,
-    /// Rows a micro-panel may take beyond a full block ([`RowSplit`]): 2
-    /// with AVX-512 (a 14-row block holds 28 accumulators, 2 weight
-    /// vectors and a broadcast row value in the 32 zmm), none with AVX2's
-    /// 16 ymm.
+    /// Rows a micro-panel may take beyond a full block ([`RowSplit`]) where
+    /// the weights come from memory: 2 with AVX-512 (a 14-row block holds
+    /// 28 accumulators, 2 weight vectors and a broadcast row value in the
+    /// 32 zmm), none with AVX2's 16 ymm.
     stretch: usize,
+    /// The k rows the first micro-panel of a slice asks ahead (0: none).
+    ahead: usize,
 }
 
 impl Blocking {
@@ -410,7 +478,8 @@ impl Blocking {
     /// K = 1024) stay in a 2 MiB L2 while every panel goes by; 256 x 32
     /// weights (32 KiB) stay in L1 while every micro-panel of the task's
     /// rows goes by.
-    const WIDE: Blocking = Blocking { max_rows: 168, kc: 256, next_slice: NextSlice::Leave, stretch: 2 };
+    const WIDE: Blocking =
+        Blocking { max_rows: 168, kc: 256, next_slice: NextSlice::Leave, stretch: 2, ahead: ahead_rows::<NR>() };
     /// AVX2: tasks of at most about 504 rows: each task streams every
     /// weight once (from L3 or memory), and fewer, longer sweeps over a
     /// panel (64 KiB for K = 1024, in L2) amortize that better than packed
@@ -418,11 +487,22 @@ impl Blocking {
     /// tasks were 10 % slower, 84-row ones 20 %); a whole panel at K = 1024
     /// per pass: blocking it to fit L1 measured no faster, and every pass
     /// costs a store and reload of the outputs.
-    const NARROW: Blocking = Blocking { max_rows: 504, kc: 1024, next_slice: NextSlice::Leave, stretch: 0 };
+    const NARROW: Blocking = Blocking {
+        max_rows: 504,
+        kc: 1024,
+        next_slice: NextSlice::Leave,
+        stretch: 0,
+        ahead: ahead_rows::<NR_NARROW>(),
+    };
 
-    /// This blocking with the next-slice hint `next_slice`.
-    fn hinting(self, next_slice: NextSlice) -> Blocking {
-        Blocking { next_slice, ..self }
+    /// This blocking with the next-slice hint `next_slice`, for weights
+    /// found where `residency` says (no stretch and nothing asked ahead
+    /// for cached ones).
+    fn for_layer(self, next_slice: NextSlice, residency: Residency) -> Blocking {
+        match residency {
+            Residency::Memory => Blocking { next_slice, ..self },
+            Residency::Cache => Blocking { next_slice, stretch: 0, ahead: 0, ..self },
+        }
     }
 
     /// How `m` rows and `panels` panels split into tasks on `threads`
@@ -544,7 +624,7 @@ impl<const W: usize> Panels<W> {
         x: &[f32],
         m: usize,
         epilogue: Epilogue,
-        g: usize,
+        (g, ahead): (usize, usize),
         pick: impl Pick<W>,
         y: &mut [f32],
         a: &mut Vec<f32>,
@@ -555,20 +635,21 @@ impl<const W: usize> Panels<W> {
         tiles.clear();
         tiles.resize(self.n.div_ceil(W).div_ceil(g) * g * m, Cols::ZERO);
         for (gi, tile) in tiles.chunks_mut(m * g).enumerate() {
-            self.tile(a, m, g, gi, full, single, tile, epilogue);
+            self.tile(a, m, (g, ahead), gi, full, single, tile, epilogue);
         }
         self.scatter(tiles, m, g, y);
     }
 
     /// Group `gi` of `g` panels for the `m` interleaved rows `a`: one block
-    /// of `full`, or for the last, partial group its panels one at a time.
+    /// of `full`, or for the last, partial group its panels one at a time,
+    /// each asking `ahead` k rows ahead.
     #[allow(clippy::too_many_arguments)]
     #[inline(always)]
     fn tile(
         &self,
         a: &[f32],
         m: usize,
-        g: usize,
+        (g, ahead): (usize, usize),
         gi: usize,
         full: Kernel<W>,
         single: Kernel<W>,
@@ -576,7 +657,6 @@ impl<const W: usize> Panels<W> {
         epilogue: Epilogue,
     ) {
         let (k, p) = (self.k, self.n.div_ceil(W));
-        let ahead = if g == PREFETCH_PANELS { ahead_rows::<W>() } else { 0 };
         let p0 = gi * g;
         if p0 + g <= p {
             full.run(a, self.panels_from(p0), k, &self.bias[p0..p0 + g], tile, Start::Bias, epilogue, ahead);
@@ -603,9 +683,19 @@ impl<const W: usize> Panels<W> {
     }
 
     /// Fewer rows than a full block: one block of exactly `m` rows, `g`
-    /// panels at a time, groups of panels in parallel; every weight is
-    /// read once for all rows.
-    fn narrow(&self, x: &[f32], m: usize, epilogue: Epilogue, g: usize, pick: impl Pick<W>, y: &mut [f32]) {
+    /// panels at a time (asking `ahead` k rows ahead), groups of panels in
+    /// parallel; every weight is read once for all rows.
+    #[allow(clippy::too_many_arguments)]
+    fn narrow(
+        &self,
+        x: &[f32],
+        m: usize,
+        epilogue: Epilogue,
+        g: usize,
+        ahead: usize,
+        pick: impl Pick<W>,
+        y: &mut [f32],
+    ) {
         let (full, single) = (kernel(&pick, m, g), kernel(&pick, m, 1));
         // the rows interleaved by k (a copy of x itself for one row)
         let a = interleave_rows(x, m, self.k);
@@ -614,7 +704,7 @@ impl<const W: usize> Panels<W> {
         tiles
             .par_chunks_mut(m * g)
             .enumerate()
-            .for_each(|(gi, tile)| self.tile(&a, m, g, gi, full, single, tile, epilogue));
+            .for_each(|(gi, tile)| self.tile(&a, m, (g, ahead), gi, full, single, tile, epilogue));
         self.scatter(&tiles, m, g, y);
     }
 
@@ -841,7 +931,7 @@ impl<const W: usize> Panels<W> {
                 let panel = &a[r0 * k..][..r * k];
                 // the first micro-panel reads the slice from memory, asking
                 // ahead; the others find it in L1
-                let ahead = if i == 0 { ahead_rows::<W>() } else { 0 };
+                let ahead = if i == 0 { blocking.ahead } else { 0 };
                 kernel.run(&panel[k0 * r..k1 * r], bk, k, bias, o, start, ep, ahead);
                 if last {
                     // stored now, the stores drain while the next
@@ -1083,8 +1173,11 @@ mod tests {
                     let p = PackedLinear::with_isa(&w, &b, n, k, isa).expect("a supported instruction set");
                     assert_eq!(p.isa(), isa);
                     for hint in [NextSlice::Prefetch, NextSlice::Leave] {
-                        let p = p.clone().with_next_slice(hint);
-                        assert_eq!(bits(&p.forward(&x, m, ep)), want, "{isa}, {hint:?}: {m} x {n} x {k}, {ep:?}");
+                        for residency in [Residency::Memory, Residency::Cache] {
+                            let p = p.clone().with_next_slice(hint).with_residency(residency);
+                            let got = bits(&p.forward(&x, m, ep));
+                            assert_eq!(got, want, "{isa}, {hint:?}, {residency:?}: {m} x {n} x {k}, {ep:?}");
+                        }
                     }
                 }
             }
@@ -1157,25 +1250,40 @@ mod tests {
         // three threads: three row blocks, or three tasks over panel groups
         let pool = rayon::ThreadPoolBuilder::new().num_threads(3).build().expect("a rayon pool");
         for isa in supported() {
-            let p = PackedLinear::with_isa(&w, &b, n, k, isa).expect("a supported instruction set");
-            for m in [1usize, 2, 3, 4, 5, 6, 7, 11, 12, 13, 14, 15, 16, 17, 18, 22, 25, 169, 200] {
-                let idx: Vec<usize> = (0..m).map(|j| (j * 37 + m) % rows.len()).collect();
-                let x: Vec<f32> = idx.iter().flat_map(|&i| rows[i].iter().copied()).collect();
-                for threads in [None, Some(&pool)] {
-                    let y = match threads {
-                        None => p.forward(&x, m, Epilogue::Relu),
-                        Some(pool) => pool.install(|| p.forward(&x, m, Epilogue::Relu)),
-                    };
-                    for (j, &i) in idx.iter().enumerate() {
-                        assert_eq!(
-                            bits(&y[j * n..(j + 1) * n]),
-                            bits(&alone[i]),
-                            "{isa}: row {i} at position {j} of {m}"
-                        );
+            for residency in [Residency::Memory, Residency::Cache] {
+                let p = PackedLinear::with_isa(&w, &b, n, k, isa).expect("a supported instruction set");
+                let p = p.with_residency(residency);
+                for m in [1usize, 2, 3, 4, 5, 6, 7, 11, 12, 13, 14, 15, 16, 17, 18, 22, 25, 169, 200] {
+                    let idx: Vec<usize> = (0..m).map(|j| (j * 37 + m) % rows.len()).collect();
+                    let x: Vec<f32> = idx.iter().flat_map(|&i| rows[i].iter().copied()).collect();
+                    for threads in [None, Some(&pool)] {
+                        let y = match threads {
+                            None => p.forward(&x, m, Epilogue::Relu),
+                            Some(pool) => pool.install(|| p.forward(&x, m, Epilogue::Relu)),
+                        };
+                        for (j, &i) in idx.iter().enumerate() {
+                            assert_eq!(
+                                bits(&y[j * n..(j + 1) * n]),
+                                bits(&alone[i]),
+                                "{isa}, {residency:?}: row {i} at position {j} of {m}"
+                            );
+                        }
                     }
                 }
             }
         }
+    }
+
+    #[test]
+    fn layers_over_a_mebibyte_of_weights_are_read_as_streamed_from_memory() {
+        let layer = |n: usize, k: usize| {
+            PackedLinear::with_isa(&vec![0.5; n * k], &vec![0.0; n], n, k, Isa::Scalar).expect("the portable path")
+        };
+        // 512 x 512 float32 is 1 MiB: cached; one column more streams
+        assert_eq!(layer(512, 512).residency(), Residency::Cache);
+        assert_eq!(layer(513, 512).residency(), Residency::Memory);
+        assert_eq!(layer(1024, 1024).residency(), Residency::Memory);
+        assert_eq!(layer(3, 0).residency(), Residency::Cache);
     }
 
     #[test]
