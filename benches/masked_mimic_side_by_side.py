@@ -72,7 +72,8 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--batch", type=int, action="append")
     args = ap.parse_args()
-    batches = args.batch or [1, 256]
+    # the sweep of batch sizes a server makes (1 to 64), then a large batch
+    batches = args.batch or [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 256]
 
     sys.path.insert(0, os.path.join(HERE, "..", "testdata", "policy"))
     sys.path.insert(0, os.path.join(HERE, "..", "testdata"))

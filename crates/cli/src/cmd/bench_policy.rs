@@ -66,7 +66,8 @@ pub struct Args {
     #[arg(long, conflicts_with_all = ["batches", "kernels", "family"])]
     check: bool,
     /// Which model: the smpl tracker, MaskedMimic or the GPC prior at their published sizes
-    /// (default batches 1 and 256 there; for MaskedMimic the --write-weights state dict uses ProtoMotions' names).
+    /// (default batches: the sweep 1-64 and 256 for MaskedMimic, 1 and 256 for the prior;
+    /// for MaskedMimic the --write-weights state dict uses ProtoMotions' names).
     #[arg(long, value_enum)]
     family: Option<FamilyArg>,
 }
@@ -87,7 +88,7 @@ pub fn run(a: Args, g: Global) -> Result<ExitCode, CliError> {
     let batches = match (a.batches.is_empty(), family) {
         (false, _) => a.batches,
         (true, FamilyArg::Tracker) => BENCH_BATCHES.to_vec(),
-        (true, FamilyArg::MaskedMimic) => vec![1, 256],
+        (true, FamilyArg::MaskedMimic) => SWEEP_BATCHES.iter().copied().chain([256]).collect(),
         (true, FamilyArg::GpcPrior) => super::bench_gpc::GPC_BATCHES.to_vec(),
     };
     let kernels = match a.kernels {
@@ -527,6 +528,28 @@ pub struct CheckRecord {
     pub isa: String,
 }
 
+/// The throughput-step checks of a sweep: for each batch after the first,
+/// a row's time (`seconds / batch`) over a row's time at the batch before,
+/// at most [`CHECK_STEP_LIMIT`].
+fn throughput_steps(batches: &[usize], seconds: &[f64], isa: &str) -> Vec<CheckRecord> {
+    let per_row: Vec<f64> = batches.iter().zip(seconds).map(|(&b, &s)| s / b as f64).collect();
+    per_row
+        .windows(2)
+        .zip(batches.iter().skip(1))
+        .map(|(w, &batch)| {
+            let ratio = w[1] / w[0];
+            CheckRecord {
+                check: "throughput_step",
+                batch,
+                ratio,
+                limit: CHECK_STEP_LIMIT,
+                pass: ratio <= CHECK_STEP_LIMIT,
+                isa: isa.to_string(),
+            }
+        })
+        .collect()
+}
+
 /// `pmstate bench-policy --check`: the speed gate of `.ci/run`.
 ///
 /// Fastest calls (the least disturbed by other processes) and ratios within
@@ -578,19 +601,7 @@ pub fn check(opts: &BenchOptions, format: OutputFormat) -> Result<ExitCode, CliE
             *best = best.min(time_forward(&packed, b, opts, weight_bytes)?.min_seconds);
         }
     }
-    for (i, w) in SWEEP_BATCHES.windows(2).enumerate() {
-        let per_row = |j: usize, b: usize| fastest[j] / b as f64;
-        let ratio = per_row(i + 1, w[1]) / per_row(i, w[0]);
-        let pass = ratio <= CHECK_STEP_LIMIT;
-        checks.push(CheckRecord {
-            check: "throughput_step",
-            batch: w[1],
-            ratio,
-            limit: CHECK_STEP_LIMIT,
-            pass,
-            isa: isa.clone(),
-        });
-    }
+    checks.extend(throughput_steps(&SWEEP_BATCHES, &fastest, &isa));
     let passed = checks.iter().all(|c| c.pass);
     match format {
         OutputFormat::Json => {
@@ -629,4 +640,25 @@ pub fn check(opts: &BenchOptions, format: OutputFormat) -> Result<ExitCode, CliE
         }
     }
     Ok(if passed { ExitCode::SUCCESS } else { ExitCode::from(1) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_throughput_dip_in_the_sweep_fails_the_step_check() {
+        let batches = [1, 2, 4, 8, 12, 16];
+        // memory-bound small batches, then about 0.1 ms a row: passes
+        let smooth = [0.55e-3, 0.73e-3, 0.68e-3, 0.79e-3, 1.10e-3, 1.49e-3];
+        let checks = throughput_steps(&batches, &smooth, "avx512");
+        assert_eq!(checks.iter().map(|c| c.batch).collect::<Vec<_>>(), [2, 4, 8, 12, 16]);
+        assert!(checks.iter().all(|c| c.pass), "{checks:?}");
+        assert!((checks[4].ratio - (1.49 / 16.0) / (1.10 / 12.0)).abs() < 1e-12);
+        // the cliff this gate was written for (12 -> 16 rows 1.19x a row's time)
+        let cliff = [0.55e-3, 0.82e-3, 1.11e-3, 1.35e-3, 1.59e-3, 2.52e-3];
+        let failed: Vec<usize> =
+            throughput_steps(&batches, &cliff, "avx512").iter().filter(|c| !c.pass).map(|c| c.batch).collect();
+        assert_eq!(failed, [16]);
+    }
 }
