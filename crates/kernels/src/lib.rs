@@ -143,10 +143,10 @@ pub struct PackedLinear {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Residency {
     /// Streamed from L3 or memory on every call: each block that reads
-    /// weights first asks [`PREFETCH_AHEAD_BYTES`] ahead, narrow-path
-    /// blocks of 2 rows and more are one panel wide (one stream to ask
-    /// ahead on), and blocked tasks stretch their micro-panels
-    /// ([`RowSplit`]) rather than read the weights once more for a tail.
+    /// weights first asks 16 KiB ahead, narrow-path blocks of 2 rows and
+    /// more are one panel wide (one stream to ask ahead on), and blocked
+    /// tasks stretch their micro-panels (13 rows in one block of 13)
+    /// rather than read the weights once more for a tail.
     Memory,
     /// In L1 or L2 between calls: blocks wide enough for 8 accumulators,
     /// nothing asked ahead, no stretch.
@@ -189,7 +189,7 @@ impl Residency {
 ///   follow the panel's sequential reads. (Zen 5: 2x slower at 12 rows,
 ///   1.25x at 64.)
 ///
-/// A task of fewer than [`MIN_PANELS_TO_HINT`] micro-panels never asks:
+/// A task of fewer than 4 micro-panels never asks:
 /// the Xeon measured its gain at 64 rows and more, and the cost above
 /// (one sweep to spread a slice's requests over) is a property of the
 /// task, not of the vendor. On that Xeon batches 12 to 24 (one or two
