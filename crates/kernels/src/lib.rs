@@ -839,12 +839,7 @@ impl<const W: usize> Panels<W> {
             // then the tail over the group, its slices in L2 from the sweeps
             let Some((group, single)) = tail_kernels else { continue };
             let ys = &mut ys[whole * stride..];
-            let mut k0 = 0;
-            while k0 < k {
-                let k1 = (k0 + blocking.kc).min(k);
-                let start = if k0 == 0 { Start::Bias } else { Start::Partial };
-                let last = k1 == k;
-                let ep = if last { epilogue } else { Epilogue::Identity };
+            for KBlock { k0, k1, start, last, epilogue: ep } in k_blocks(k, blocking.kc, epilogue) {
                 let xs = &tail_rows[k0 * tail..k1 * tail];
                 if gp == g {
                     // one block over the group: `[tail][g]`
@@ -868,7 +863,6 @@ impl<const W: usize> Panels<W> {
                         }
                     }
                 }
-                k0 = k1;
             }
         }
     }
@@ -900,12 +894,7 @@ impl<const W: usize> Panels<W> {
         let b = self.panels_from(pi);
         let bias = &self.bias[pi..pi + 1];
         let (c0, w) = (pi * W, W.min(n - pi * W));
-        let mut k0 = 0;
-        while k0 < k {
-            let k1 = (k0 + blocking.kc).min(k);
-            let start = if k0 == 0 { Start::Bias } else { Start::Partial };
-            let last = k1 == k;
-            let ep = if last { epilogue } else { Epilogue::Identity };
+        for KBlock { k0, k1, start, last, epilogue: ep } in k_blocks(k, blocking.kc, epilogue) {
             let bk = &b[k0..k1];
             // the slice swept next, asked for a share at a time before
             // each micro-panel where the hint pays ([`NextSlice`]): the
@@ -940,9 +929,35 @@ impl<const W: usize> Panels<W> {
                     store(o, &mut ys[r0 * stride..][..r * stride], stride, c0 - first_col, w);
                 }
             }
-            k0 = k1;
         }
     }
+}
+
+/// One pass of a block over the k range `k0..k1`.
+#[derive(Clone, Copy, Debug)]
+struct KBlock {
+    k0: usize,
+    k1: usize,
+    /// From the bias (the first pass) or the partial sums stored before.
+    start: Start,
+    /// The last pass: the outputs are final and stored.
+    last: bool,
+    /// The forward's epilogue on the last pass, none before.
+    epilogue: Epilogue,
+}
+
+/// The passes over `0..k` in blocks of `kc` (the last may be shorter).
+fn k_blocks(k: usize, kc: usize, epilogue: Epilogue) -> impl Iterator<Item = KBlock> {
+    (0..k).step_by(kc.max(1)).map(move |k0| {
+        let k1 = (k0 + kc).min(k);
+        KBlock {
+            k0,
+            k1,
+            start: if k0 == 0 { Start::Bias } else { Start::Partial },
+            last: k1 == k,
+            epilogue: if k1 == k { epilogue } else { Epilogue::Identity },
+        }
+    })
 }
 
 /// Where a task of [`Panels::blocked`] writes: rows `stride` wide whose
