@@ -21,7 +21,17 @@ use pmstate_kernels::{Epilogue, PackedLinear, Residency};
 
 const CALLS: usize = 40;
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
+fn main() -> std::process::ExitCode {
+    match run() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("sweep: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> Result<(), Box<dyn std::error::Error>> {
     let (mut rounds, mut width, mut layers, mut residency) = (2, 1024, 10, None);
     let mut batches = vec![];
     let mut args = std::env::args().skip(1);
@@ -39,10 +49,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             residency = match args.next().as_deref() {
                 Some("memory") => Some(Residency::Memory),
                 Some("cache") => Some(Residency::Cache),
-                other => return Err(format!("--residency memory|cache, not {other:?}").into()),
+                other => {
+                    return Err(format!("--residency takes memory or cache, not {}", other.unwrap_or("nothing")).into())
+                }
             };
         } else {
-            batches.push(a.parse::<usize>().map_err(|e| format!("batch size {a:?}: {e}"))?);
+            batches.push(a.parse::<usize>().map_err(|e| format!("batch size '{a}': {e}"))?);
         }
     }
     if batches.is_empty() {
@@ -79,7 +91,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
     });
     let mib = (n_layers * width * width * 4) as f64 / (1 << 20) as f64;
-    println!("{n_layers} x Linear({width}, {width}) + ReLU ({mib:.1} MiB, {reads:?}), one thread, {isa}, fastest of {} calls", CALLS * rounds);
+    println!(
+        "{n_layers} x Linear({width}, {width}) + ReLU ({mib:.1} MiB, {reads}), one thread, {isa}, fastest of {} calls",
+        CALLS * rounds
+    );
     println!("{:>6} {:>10} {:>10} {:>10}", "batch", "µs", "µs/row", "rows/s");
     for (m, t) in batches.iter().zip(best) {
         println!("{m:>6} {:>10.1} {:>10.1} {:>10.0}", t * 1e6, t * 1e6 / *m as f64, *m as f64 / t);

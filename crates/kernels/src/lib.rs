@@ -153,6 +153,15 @@ pub enum Residency {
     Cache,
 }
 
+impl std::fmt::Display for Residency {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Residency::Memory => "weights streamed from memory",
+            Residency::Cache => "weights in cache",
+        })
+    }
+}
+
 impl Residency {
     /// The largest layer taken to stay in cache: 1 MiB of weights (Zen 5's
     /// L2; a layer that size measured level either way).
@@ -367,7 +376,6 @@ impl PackedLinear {
                         epilogue,
                         Blocking::WIDE.for_layer(self.next_slice, self.residency),
                         pick,
-                        dispatch::wide_groups,
                         y,
                     )
                 }
@@ -384,7 +392,6 @@ impl PackedLinear {
                         epilogue,
                         Blocking::NARROW.for_layer(self.next_slice, self.residency),
                         pick,
-                        dispatch::narrow_groups,
                         y,
                     )
                 }
@@ -471,6 +478,9 @@ struct Blocking {
     stretch: usize,
     /// The k rows the first micro-panel of a slice asks ahead (0: none).
     ahead: usize,
+    /// Panels per block for a tail of so many rows
+    /// ([`dispatch::wide_groups`] or [`dispatch::narrow_groups`]).
+    tail_groups: fn(usize) -> usize,
 }
 
 impl Blocking {
@@ -478,8 +488,14 @@ impl Blocking {
     /// K = 1024) stay in a 2 MiB L2 while every panel goes by; 256 x 32
     /// weights (32 KiB) stay in L1 while every micro-panel of the task's
     /// rows goes by.
-    const WIDE: Blocking =
-        Blocking { max_rows: 168, kc: 256, next_slice: NextSlice::Leave, stretch: 2, ahead: ahead_rows::<NR>() };
+    const WIDE: Blocking = Blocking {
+        max_rows: 168,
+        kc: 256,
+        next_slice: NextSlice::Leave,
+        stretch: 2,
+        ahead: ahead_rows::<NR>(),
+        tail_groups: dispatch::wide_groups,
+    };
     /// AVX2: tasks of at most about 504 rows: each task streams every
     /// weight once (from L3 or memory), and fewer, longer sweeps over a
     /// panel (64 KiB for K = 1024, in L2) amortize that better than packed
@@ -493,6 +509,7 @@ impl Blocking {
         next_slice: NextSlice::Leave,
         stretch: 0,
         ahead: ahead_rows::<NR_NARROW>(),
+        tail_groups: dispatch::narrow_groups,
     };
 
     /// This blocking with the next-slice hint `next_slice`, for weights
@@ -711,7 +728,6 @@ impl<const W: usize> Panels<W> {
     /// Tasks in parallel ([`Blocking::grid`]: blocks of rows, for few rows
     /// also groups of panels); each task packs its rows, then goes panel by
     /// panel of its group (K in blocks) and writes its outputs.
-    #[allow(clippy::too_many_arguments)]
     fn blocked<const MR: usize>(
         &self,
         x: &[f32],
@@ -719,7 +735,6 @@ impl<const W: usize> Panels<W> {
         epilogue: Epilogue,
         blocking: Blocking,
         pick: impl Pick<W>,
-        tail_groups: fn(usize) -> usize,
         y: &mut [f32],
     ) where
         KernelScratch: Tiles<W>,
@@ -728,7 +743,7 @@ impl<const W: usize> Panels<W> {
         let p = n.div_ceil(W);
         let Grid { rows: mc, groups } = blocking.grid(m, p, rayon::current_num_threads(), MR);
         let run = |first: usize, panels: Range<usize>, out: Out<'_>| {
-            let task = BlockTask { x, first, epilogue, blocking, pick: &pick, tail_groups };
+            let task = BlockTask { x, first, epilogue, blocking, pick: &pick };
             TASK_BUFFERS.with(|cell| match cell.try_borrow_mut() {
                 Ok(mut buffers) => self.block_task::<MR>(&task, panels, out, &mut buffers),
                 // a forward inside a task on this thread: buffers of its own
@@ -778,7 +793,7 @@ impl<const W: usize> Panels<W> {
     /// are left a tail of fewer. The whole micro-panels go panel by panel
     /// (a block one panel wide keeps enough accumulators), reading the
     /// weights in the order they lie in memory; then the tail goes over
-    /// each group of `tail_groups(tail)` panels at once, the group's
+    /// each group of `blocking.tail_groups(tail)` panels at once, the group's
     /// slices still in L2 from those sweeps, so that a tail of one to six
     /// rows keeps at least 8 accumulators too. Measured on one thread,
     /// Zen 5, ten 1024 x 1024 layers (the `sweep` example), fastest calls:
@@ -803,7 +818,7 @@ impl<const W: usize> Panels<W> {
         KernelScratch: Tiles<W>,
     {
         let (k, n) = (self.k, self.n);
-        let BlockTask { x, first, epilogue, blocking, pick, tail_groups } = *task;
+        let BlockTask { x, first, epilogue, blocking, pick } = *task;
         let Out { y: ys, stride, first_col } = out;
         let rows = ys.len() / stride;
         let (a, tile) = buffers.split();
@@ -816,7 +831,7 @@ impl<const W: usize> Panels<W> {
         let full = (kernel(pick, size, 1), larger.map(|r| kernel(pick, r, 1)));
         // panels per group: 1 without a tail (the sweep of whole
         // micro-panels alone, panel by panel)
-        let g = if tail > 0 { tail_groups(tail) } else { 1 };
+        let g = if tail > 0 { (blocking.tail_groups)(tail) } else { 1 };
         // the tail's rows and its block functions: `tail x g` for a whole
         // group, `tail x 1` for each panel of a last, partial one
         let tail_rows = &a[whole * k..];
@@ -976,9 +991,6 @@ struct BlockTask<'a, const W: usize, P> {
     epilogue: Epilogue,
     blocking: Blocking,
     pick: &'a P,
-    /// Panels per block for a tail of so many rows (`dispatch`'s
-    /// `wide_groups` or `narrow_groups`).
-    tail_groups: fn(usize) -> usize,
 }
 
 impl<const W: usize, P> Clone for BlockTask<'_, W, P> {
