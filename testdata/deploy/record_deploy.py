@@ -216,10 +216,24 @@ def install_patches(torch, exporter):
     return undo, patches
 
 
-def record(args, torch, name, ckpt_rel, outdir):
-    sys.path.insert(0, args.protomotions)
-    sys.path.insert(0, os.path.join(args.protomotions, "deployment"))
+def import_exporter(protomotions):
+    """ProtoMotions' deployment/export_bm_tracker_onnx.py, imported from the
+    checkout at `protomotions` (also used by record_sim.py)."""
+    sys.path.insert(0, protomotions)
+    sys.path.insert(0, os.path.join(protomotions, "deployment"))
     import export_bm_tracker_onnx as exporter
+    return exporter
+
+
+def export_pipeline(exporter, ckpt_rel, output_dir):
+    """The exporter run on `ckpt_rel` (relative to the repository root: the
+    YAML records it) into `output_dir`; returns the path of the .onnx graph,
+    whose unified_pipeline.yaml lies next to it (also used by record_sim.py)."""
+    return exporter.export_tracker(checkpoint=ckpt_rel, output_dir=output_dir, validate=True)
+
+
+def record(args, torch, name, ckpt_rel, outdir):
+    exporter = import_exporter(args.protomotions)
     undo, patches = (install_patches(torch, exporter) if name in NEEDS_PATCHES else (lambda: None, []))
     try:
         on_case = record_functions if name in FUNCTION_CASES else None
@@ -278,7 +292,7 @@ def record_with(args, torch, exporter, ckpt_rel, outdir, on_case=None, name=None
     torch.onnx.export = capture
     with tempfile.TemporaryDirectory() as tmp:
         try:
-            onnx_path = exporter.export_tracker(checkpoint=ckpt_rel, output_dir=tmp, validate=True)
+            onnx_path = export_pipeline(exporter, ckpt_rel, tmp)
         finally:
             torch.onnx.export = real_export
         with open(os.path.join(tmp, "unified_pipeline.yaml")) as f:
@@ -358,6 +372,12 @@ def record_with(args, torch, exporter, ckpt_rel, outdir, on_case=None, name=None
     }
 
 
+def write_motion(torch, clip, path):
+    """`clip` (a dict as synthetic_clip returns) written in ProtoMotions'
+    .motion format: torch.save of the dict (also used by record_sim.py)."""
+    torch.save(clip, path)
+
+
 def synthetic_clip(torch, num_dofs, num_bodies, frames=97, fps=30, seed=21):
     """A smooth clip in ProtoMotions' .motion format."""
     g = torch.Generator().manual_seed(seed)
@@ -414,7 +434,7 @@ def record_runtime(args, torch, unified, contract, outdir, runtime_onnx):
     else:
         clip = synthetic_clip(torch, nd, nb)
         clip_path = os.path.join(os.path.dirname(outdir), "synthetic.motion")
-        torch.save(clip, clip_path)
+        write_motion(torch, clip, clip_path)
     player = MotionPlayer(clip_path, control_dt=dt)
     T = player.total_frames
     g = np.random.default_rng(5)

@@ -69,6 +69,19 @@ pub enum CliError {
     /// The inference server could not start or stopped on an error.
     #[error(transparent)]
     Serve(#[from] pmstate_serve::StartError),
+    /// `deploy sim`: the simulator, its MJCF or an option (boxed: it
+    /// carries the tracker's errors).
+    #[error(transparent)]
+    Sim(Box<pmstate_sim::SimError>),
+}
+
+impl From<pmstate_sim::SimError> for CliError {
+    fn from(e: pmstate_sim::SimError) -> Self {
+        match e {
+            pmstate_sim::SimError::Deploy(d) => CliError::Deploy(Box::new(d)),
+            e => CliError::Sim(Box::new(e)),
+        }
+    }
 }
 
 impl From<pmstate_deploy::DeployError> for CliError {
@@ -159,6 +172,7 @@ impl CliError {
             CliError::Run(_) => ErrorReport::new("run", message),
             CliError::Trace(_) => ErrorReport::new("trace", message),
             CliError::Serve(_) => ErrorReport::new("serve", message),
+            CliError::Sim(e) => sim_report(e, message),
         }
     }
 }
@@ -277,6 +291,21 @@ fn obs_key(p: &crate::cmd::policy::obs::ObsProblem) -> Option<&str> {
         P::Duplicate(k) | P::TooManyDims { key: k } | P::Offsets { key: k, .. } | P::NotInt64 { key: k, .. } => Some(k),
         _ => None,
     }
+}
+
+/// The report of a `deploy sim` error: its variant and the file or option.
+fn sim_report(e: &pmstate_sim::SimError, message: String) -> ErrorReport {
+    use pmstate_sim::SimError as E;
+    let (kind, file, key): (&str, Option<&str>, Option<&str>) = match e {
+        E::Mjcf { file, .. } => ("mjcf", Some(file), None),
+        E::Io { path, .. } => ("io", Some(path), None),
+        E::Mujoco { file, .. } => ("mujoco", Some(file), None),
+        E::Mismatch { file, what, .. } => ("mismatch", Some(file), Some(what)),
+        E::Option { option, .. } => ("option", None, Some(option)),
+        E::Diverged { what, .. } => ("diverged", None, Some(what)),
+        _ => ("other", None, None),
+    };
+    ErrorReport::new(format!("sim.{kind}"), message).at(file, key)
 }
 
 /// The report of a deployment error: its variant, file and key.

@@ -51,6 +51,14 @@ enum DeployCommand {
     /// targets) and events, one value per step (its event bits, docs/deploy.md).
     /// With --from-log, a flight-recorder log is replayed and checked instead.
     Replay(ReplayArgs),
+    /// Close the loop against MuJoCo as ProtoMotions' deployment check
+    /// (deployment/test_tracker_mujoco.py) does: the robot starts on the
+    /// clip's first frame, the tracker (and its safety envelope) commands
+    /// MuJoCo's PD actuators at the control rate; prints tracking errors,
+    /// falls and guard events, optionally with sensor noise, latency,
+    /// dropped readings and pushes. Needs a pmstate built with
+    /// `--features mujoco` (docs/deploy.md, "Sim-to-sim").
+    Sim(crate::cmd::deploy_sim::SimArgs),
 }
 
 /// `pmstate deploy replay [--config CONFIGS] CHECKPOINT --motion CLIP (--sensors S | --from-log LOG) [--out OUT]`
@@ -178,6 +186,7 @@ pub fn run(a: Args, g: Global) -> Result<ExitCode, CliError> {
             }
         }
         DeployCommand::Replay(r) => return replay(r, g),
+        DeployCommand::Sim(s) => return crate::cmd::deploy_sim::run(s, g),
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -11,6 +11,7 @@ pub mod clean_tmp;
 pub mod config;
 pub mod convert;
 pub mod deploy;
+pub mod deploy_sim;
 pub mod diff;
 pub mod inspect;
 pub mod normalizers;
