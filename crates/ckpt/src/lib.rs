@@ -31,7 +31,7 @@ pub use dtype::DType;
 pub use error::{
     CkptError, EntryProblem, Found, HeaderProblem, LegacyProblem, ReadLimit, Result, Truncation, ValueProblem, View,
 };
-pub use io::atomic::{abandon_temporary_files, remove_temporary_files, stale_temporary_files};
+pub use io::atomic::{abandon_temporary_files, open_stream_output, remove_temporary_files, stale_temporary_files};
 pub use io::source::open_regular;
 pub use io::storage::{Bytes, Storage};
 pub use normalizers::{LoadWarning, NormalizerGroup, NormalizerSummary, SavedBuffers, Summary, Trained};

@@ -9,6 +9,9 @@ use candle_core::{Device, Tensor};
 use pmstate_deploy::Pipeline;
 use serde_json::Value as J;
 
+#[path = "../../deploy/tests/common/configs.rs"]
+mod configs;
+
 fn pmstate(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_pmstate")).args(args).output().expect("run pmstate")
 }
@@ -63,6 +66,30 @@ fn contract_prints_the_pipelines_contract_as_yaml_and_json() {
 /// `deploy run` writes the four outputs of the library's forward, bit for
 /// bit, and they are the recorded onnxruntime outputs within 1e-6; run
 /// 5 rows at a time (16 rows as 5 + 5 + 5 + 1), the same bits.
+/// Configs whose observation layout the actor does not read (one future
+/// step more than it was trained on): `deploy contract` refuses them with
+/// exit 2, naming the configs file and both widths, in text and in JSON.
+#[test]
+fn contract_refuses_configs_the_actor_does_not_read_naming_both_widths() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (edited, observations, actor) = configs::g1_with_one_future_step_more(dir.path());
+    let edited = edited.display().to_string();
+    let configs = dir.path().join("resolved_configs_inference.pt").display().to_string();
+    for args in [
+        vec!["deploy", "contract", &edited],
+        vec!["deploy", "contract", "--config", &configs, &edited],
+        vec!["--json", "deploy", "contract", &edited],
+    ] {
+        let out = pmstate(&args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", text(&out));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(&format!("with {actor} values")), "{args:?}: {err}");
+        assert!(err.contains(&format!("give {observations}")), "{args:?}: {err}");
+        assert!(err.contains("resolved_configs_inference.pt"), "{args:?}: {err}");
+        assert!(out.stdout.is_empty(), "{args:?}: a contract was printed");
+    }
+}
+
 #[test]
 fn run_writes_the_pipeline_outputs() {
     let dir = tempfile::tempdir().expect("tempdir");

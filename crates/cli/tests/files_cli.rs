@@ -414,9 +414,11 @@ fn clean_tmp_leaves_folders_alone_and_names_a_file_it_cannot_remove() {
 
 /// Outputs that are FIFOs or character devices (made in a temporary folder,
 /// never the machine's own): safetensors outputs of `convert`, `deploy
-/// replay` are streamed into them and they stay what they were; a `.pt`
-/// (written with seeks) is refused naming the path; nothing is unlinked,
-/// replaced, or left beside them.
+/// replay` and its flight log (`--record`) are streamed into them and they
+/// stay what they were; a `.pt` (written with seeks) is refused naming the
+/// path, as is a flight log into a directory or into a FIFO nobody reads
+/// (at once: the run is not held in open); nothing is unlinked, replaced,
+/// or left beside them.
 #[cfg(unix)]
 #[test]
 fn outputs_into_fifos_and_devices_are_streams_never_replacements() {
@@ -448,13 +450,92 @@ fn outputs_into_fifos_and_devices_are_streams_never_replacements() {
     } else {
         eprintln!("SKIPPED the FIFO half: mkfifo is not available here");
     }
+    let root = |rel: &str| format!("{}/../../{rel}", env!("CARGO_MANIFEST_DIR"));
+    let replay_args = |out: &Path, record: &Path| -> Vec<String> {
+        vec![
+            "deploy".into(),
+            "replay".into(),
+            root("testdata/policy/g1_amp_deploy/last.ckpt"),
+            "--motion".into(),
+            root("testdata/deploy/synthetic.motion"),
+            "--sensors".into(),
+            root("testdata/deploy/g1_amp_deploy/sensors.safetensors"),
+            "--out".into(),
+            out.display().to_string(),
+            "--record".into(),
+            record.display().to_string(),
+        ]
+    };
+    let run = |args: &[String]| pmstate(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    // the flight log into a directory: refused, naming it
+    let folder = dir.path().join("logs");
+    std::fs::create_dir(&folder).unwrap();
+    let o = run(&replay_args(&dir.path().join("r0.safetensors"), &folder));
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        text(&o).contains(folder.to_str().unwrap()) && text(&o).contains("is a directory: a flight log goes to"),
+        "{}",
+        text(&o)
+    );
+    assert!(std::fs::metadata(&folder).unwrap().is_dir());
+    // the flight log into a FIFO: streamed to its reader, the FIFO left a FIFO
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        let log_fifo = dir.path().join("flight.fifo");
+        if std::process::Command::new("mkfifo").arg(&log_fifo).status().is_ok_and(|s| s.success()) {
+            // no reader: an error naming the FIFO at once, not a run held in open
+            let o = run(&replay_args(&dir.path().join("r1.safetensors"), &log_fifo));
+            assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+            assert!(
+                text(&o).contains(log_fifo.to_str().unwrap()) && text(&o).contains("no process has open for reading"),
+                "{}",
+                text(&o)
+            );
+            // a reader present before the run (opened with O_NONBLOCK, Linux's
+            // 0o4000, so it does not wait for a writer), and a thread reading
+            // everything the run writes
+            let holder = std::fs::OpenOptions::new().read(true).custom_flags(0o4000).open(&log_fifo).unwrap();
+            let p = log_fifo.clone();
+            let reader = std::thread::spawn(move || {
+                let mut got = Vec::new();
+                std::fs::File::open(&p).unwrap().read_to_end(&mut got).unwrap();
+                got
+            });
+            let out = dir.path().join("r2.safetensors");
+            let o = run(&replay_args(&out, &log_fifo));
+            // the reading thread released if it reached open after the run closed the FIFO
+            let _ = std::fs::OpenOptions::new().write(true).custom_flags(0o4000).open(&log_fifo);
+            drop(holder);
+            assert!(o.status.success(), "{}", text(&o));
+            let got = reader.join().unwrap();
+            assert!(std::fs::metadata(&log_fifo).unwrap().file_type().is_fifo(), "the FIFO was replaced");
+            assert!(got.starts_with(b"PMFLIGHT"), "the reader got {} bytes, not a flight log", got.len());
+            // what went through the FIFO is the whole log: it replays bit for bit
+            let copy = dir.path().join("flight-copy.pmlog");
+            std::fs::write(&copy, &got).unwrap();
+            let o = pmstate(&[
+                "deploy",
+                "replay",
+                &root("testdata/policy/g1_amp_deploy/last.ckpt"),
+                "--motion",
+                &root("testdata/deploy/synthetic.motion"),
+                "--from-log",
+                copy.to_str().unwrap(),
+            ]);
+            assert!(o.status.success(), "{}", text(&o));
+            assert!(text(&o).contains("bit for bit"), "{}", text(&o));
+        } else {
+            eprintln!("SKIPPED the flight-log FIFO half: mkfifo is not available here");
+        }
+    }
     let mknod = |name: &str| {
         let p = dir.path().join(name);
         let made = std::process::Command::new("mknod").arg(&p).args(["c", "1", "3"]).output();
         made.is_ok_and(|o| o.status.success()).then_some(p)
     };
-    let (Some(dev_st), Some(dev_pt), Some(dev_replay)) =
-        (mknod("dev.safetensors"), mknod("dev.pt"), mknod("replay.safetensors"))
+    let (Some(dev_st), Some(dev_pt), Some(dev_replay), Some(dev_log)) =
+        (mknod("dev.safetensors"), mknod("dev.pt"), mknod("replay.safetensors"), mknod("flight.pmlog"))
     else {
         eprintln!("SKIPPED the device half: mknod is not permitted here (needs CAP_MKNOD)");
         return;
@@ -464,7 +545,6 @@ fn outputs_into_fifos_and_devices_are_streams_never_replacements() {
     let o = pmstate(&["convert", &fixture("inference.ckpt"), dev_pt.to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     assert!(text(&o).contains("cannot be streamed"), "{}", text(&o));
-    let root = |rel: &str| format!("{}/../../{rel}", env!("CARGO_MANIFEST_DIR"));
     let o = pmstate(&[
         "deploy",
         "replay",
@@ -477,7 +557,10 @@ fn outputs_into_fifos_and_devices_are_streams_never_replacements() {
         dev_replay.to_str().unwrap(),
     ]);
     assert!(o.status.success(), "{}", text(&o));
-    for d in [&dev_st, &dev_pt, &dev_replay] {
+    // the flight log into a character device: written into, left a device
+    let o = run(&replay_args(&dir.path().join("r3.safetensors"), &dev_log));
+    assert!(o.status.success(), "{}", text(&o));
+    for d in [&dev_st, &dev_pt, &dev_replay, &dev_log] {
         assert!(std::fs::metadata(d).unwrap().file_type().is_char_device(), "{} was replaced", d.display());
     }
     let left: Vec<_> = std::fs::read_dir(dir.path())

@@ -820,3 +820,34 @@ fn deploy_clips_sized_past_the_bound_are_refused_not_allocated() {
     }
     assert!(!out.exists(), "a refused replay wrote its output");
 }
+
+/// `bench-deploy --steps` at its largest (10^8 steps, 800 MB of step times)
+/// under 512 MiB of address space (the whole run needs under 128 MiB
+/// otherwise; the step times can never fit): an error naming `--steps`
+/// (exit 2), not an abort on the failed allocation.
+#[test]
+fn bench_deploy_steps_past_the_memory_at_hand_are_an_error_naming_them() {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let s = |rel: &str| root.join(rel).display().to_string();
+    let o = Command::new("bash")
+        .arg("-c")
+        .arg(format!(
+            "ulimit -v {}; ulimit -t {CPU_SECONDS}; exec timeout {WATCHDOG_SECONDS} \"$0\" \"$@\"",
+            512 * 1024
+        ))
+        .arg(env!("CARGO_BIN_EXE_pmstate"))
+        .args([
+            "bench-deploy",
+            &s("testdata/policy/g1_amp_deploy/last.ckpt"),
+            "--motion",
+            &s("testdata/deploy/synthetic.motion"),
+            "--sensors",
+            &s("testdata/deploy/g1_amp_deploy/sensors.safetensors"),
+            "--steps",
+            "100000000",
+        ])
+        .output()
+        .expect("run pmstate under bash");
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("--steps 100000000: could not allocate 800000000 bytes"), "{}", text(&o));
+}

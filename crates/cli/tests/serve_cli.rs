@@ -19,6 +19,9 @@ use serde_json::{json, Value};
 /// How long any one step may take before the test calls it a hang (not a speed check).
 const WATCHDOG: Duration = Duration::from_secs(120);
 
+#[path = "../../deploy/tests/common/configs.rs"]
+mod configs;
+
 fn data(rel: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/policy").join(rel)
 }
@@ -243,6 +246,22 @@ async fn serve_pipeline_answers_like_the_pipeline_and_serves_its_contract() {
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--pipeline") && err.contains("--width"), "{err}");
+}
+
+/// `serve --pipeline` on configs whose observation layout the actor does
+/// not read (one future step more than it was trained on): refused at
+/// start-up with exit 2, naming both widths, never listening.
+#[test]
+fn serve_pipeline_refuses_configs_the_actor_does_not_read_naming_both_widths() {
+    let dir = tempfile::tempdir().unwrap();
+    let (edited, observations, actor) = configs::g1_with_one_future_step_more(dir.path());
+    let out = refused(
+        Command::new(env!("CARGO_BIN_EXE_pmstate")).args(["serve", "--pipeline", "--addr", "127.0.0.1:0"]).arg(&edited),
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains(&format!("with {actor} values")) && err.contains(&format!("give {observations}")), "{err}");
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("listening"), "it listened");
 }
 
 /// `--addr localhost:0` (the README's curl lines say localhost): a loopback

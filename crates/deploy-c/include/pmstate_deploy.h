@@ -48,6 +48,14 @@ typedef struct {
   uint32_t stale_after_periods;
   // Non-zero: enter the safe mode after the clip's last frame (default 0: hold it).
   int32_t stop_at_end_of_clip;
+  // The safe mode's pose: `safe_pose_len` joint positions (radians, in the
+  // contract's joint order), reached at the rate limit; null (the
+  // default): each step's measured joints, so only the damping acts.
+  // Read once, by the open call; `safe_pose_len` must be the robot's
+  // number of joints and every value finite.
+  const float *safe_pose;
+  // The length of `safe_pose` (0 with a null `safe_pose`).
+  size_t safe_pose_len;
 } PmstateOptions;
 
 // What the tracker did since it was opened (`pmstate_tracker_status`).
@@ -75,6 +83,16 @@ typedef struct {
   uint64_t recorder_dropped;
   // Non-zero when the flight recorder's writer failed.
   int32_t recorder_failed;
+  // Tilt guard trips.
+  uint64_t tilt_trips;
+  // Stale-sensor guard trips.
+  uint64_t stale_trips;
+  // Non-finite policy outputs (each entered the safe mode).
+  uint64_t non_finite_outputs;
+  // Safe modes entered at the end of the clip (`stop_at_end_of_clip`).
+  uint64_t end_of_clip_stops;
+  // Operator stops ([`pmstate_tracker_stop`]).
+  uint64_t operator_stops;
 } PmstateTrackerStatus;
 
 // One control step's sensor readings. Quaternions are xyzw.
@@ -149,7 +167,8 @@ PmstateStatus pmstate_tracker_open(const char *checkpoint,
 // outside their domain are an error naming the option.
 //
 // # Safety
-// As [`pmstate_tracker_open`]; `options` is null or points to a valid [`PmstateOptions`].
+// As [`pmstate_tracker_open`]; `options` is null or points to a valid
+// [`PmstateOptions`] whose `safe_pose` is null or holds `safe_pose_len` floats.
 PmstateStatus pmstate_tracker_open_with(const char *checkpoint,
                                         const char *motion,
                                         const char *config,

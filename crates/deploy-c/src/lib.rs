@@ -16,8 +16,8 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::Path;
 
 use pmstate_deploy::{
-    BodyState, DeployError, EndOfClip, LogMeta, MotionClip, MotionPlayer, Pipeline, PipelineModel, Sensors, Stamp,
-    Tracker, TrackerOptions,
+    BodyState, DeployError, EndOfClip, LogMeta, MotionClip, MotionPlayer, Pipeline, PipelineModel, SafePose, Sensors,
+    Stamp, Tracker, TrackerOptions,
 };
 
 /// What a call returns.
@@ -99,6 +99,14 @@ pub struct PmstateOptions {
     pub stale_after_periods: u32,
     /// Non-zero: enter the safe mode after the clip's last frame (default 0: hold it).
     pub stop_at_end_of_clip: i32,
+    /// The safe mode's pose: `safe_pose_len` joint positions (radians, in the
+    /// contract's joint order), reached at the rate limit; null (the
+    /// default): each step's measured joints, so only the damping acts.
+    /// Read once, by the open call; `safe_pose_len` must be the robot's
+    /// number of joints and every value finite.
+    pub safe_pose: *const f32,
+    /// The length of `safe_pose` (0 with a null `safe_pose`).
+    pub safe_pose_len: usize,
 }
 
 /// What the tracker did since it was opened (`pmstate_tracker_status`).
@@ -128,6 +136,16 @@ pub struct PmstateTrackerStatus {
     pub recorder_dropped: u64,
     /// Non-zero when the flight recorder's writer failed.
     pub recorder_failed: i32,
+    /// Tilt guard trips.
+    pub tilt_trips: u64,
+    /// Stale-sensor guard trips.
+    pub stale_trips: u64,
+    /// Non-finite policy outputs (each entered the safe mode).
+    pub non_finite_outputs: u64,
+    /// Safe modes entered at the end of the clip (`stop_at_end_of_clip`).
+    pub end_of_clip_stops: u64,
+    /// Operator stops ([`pmstate_tracker_stop`]).
+    pub operator_stops: u64,
 }
 
 /// An open tracker (opaque).
@@ -234,15 +252,20 @@ pub unsafe extern "C" fn pmstate_tracker_default_options(options: *mut PmstateOp
             max_tilt: 0.0,
             stale_after_periods: 0,
             stop_at_end_of_clip: 0,
+            safe_pose: std::ptr::null(),
+            safe_pose_len: 0,
         };
         Ok(())
     })
 }
 
 /// The Rust options of `o` for `p` (a NaN alpha: the contract's).
-fn options_of(p: &Pipeline, o: Option<&PmstateOptions>) -> TrackerOptions {
+///
+/// # Safety
+/// `o.safe_pose` is null or holds `o.safe_pose_len` floats.
+unsafe fn options_of(p: &Pipeline, o: Option<&PmstateOptions>) -> Result<TrackerOptions, Failure> {
     let mut t = TrackerOptions::new(p);
-    let Some(o) = o else { return t };
+    let Some(o) = o else { return Ok(t) };
     if o.joint_limits == 0 {
         t.envelope.joint_limits = None;
     }
@@ -256,7 +279,30 @@ fn options_of(p: &Pipeline, o: Option<&PmstateOptions>) -> TrackerOptions {
     t.envelope.max_tilt = (o.max_tilt != 0.0).then_some(o.max_tilt);
     t.envelope.stale_after_periods = (o.stale_after_periods != 0).then_some(o.stale_after_periods);
     t.envelope.end_of_clip = if o.stop_at_end_of_clip != 0 { EndOfClip::Stop } else { EndOfClip::Hold };
-    t
+    if o.safe_pose.is_null() {
+        if o.safe_pose_len != 0 {
+            return Err(Failure::Message(format!(
+                "options.safe_pose is null but options.safe_pose_len is {}",
+                o.safe_pose_len
+            )));
+        }
+    } else {
+        // checked before the slice is formed: a wrong length (an
+        // uninitialized field, another robot's pose) is an error, never a
+        // read past the caller's array
+        let nd = p.dims().num_dofs;
+        if o.safe_pose_len != nd {
+            return Err(Failure::Message(format!(
+                "options.safe_pose_len is {}: the robot has {nd} joints, one safe pose value per joint",
+                o.safe_pose_len
+            )));
+        }
+        // SAFETY: non-null and holding `safe_pose_len` floats per the contract.
+        let pose = unsafe { std::slice::from_raw_parts(o.safe_pose, nd) };
+        // finiteness is checked with the other options by Tracker::new (Envelope::validate)
+        t.envelope.safe_pose = SafePose::Pose(pose.to_vec());
+    }
+    Ok(t)
 }
 
 /// Opens a tracker: the checkpoint's pipeline (configs from `config`, or
@@ -283,7 +329,8 @@ pub unsafe extern "C" fn pmstate_tracker_open(
 /// outside their domain are an error naming the option.
 ///
 /// # Safety
-/// As [`pmstate_tracker_open`]; `options` is null or points to a valid [`PmstateOptions`].
+/// As [`pmstate_tracker_open`]; `options` is null or points to a valid
+/// [`PmstateOptions`] whose `safe_pose` is null or holds `safe_pose_len` floats.
 #[no_mangle]
 pub unsafe extern "C" fn pmstate_tracker_open_with(
     checkpoint: *const c_char,
@@ -311,7 +358,9 @@ pub unsafe extern "C" fn pmstate_tracker_open_with(
             PipelineModel::load(Path::new(ckpt), config.map(Path::new), &Default::default())?.into_pipeline();
         let clip = MotionClip::load(motion)?;
         let player = MotionPlayer::new(&clip, pipeline.contract().dt)?;
-        let opts = options_of(&pipeline, options);
+        // SAFETY: `options` is null or valid, its safe_pose null or holding
+        // safe_pose_len floats, per the contract.
+        let opts = unsafe { options_of(&pipeline, options)? };
         let tracker = Tracker::new(pipeline, player, opts)?;
         let meta =
             LogMeta { checkpoint: ckpt.to_owned(), config: config.map(str::to_owned), motion: motion.to_owned() };
@@ -348,6 +397,11 @@ pub unsafe extern "C" fn pmstate_tracker_status(
             soft_start_steps: s.soft_start_steps,
             recorder_dropped: s.recorder_dropped,
             recorder_failed: i32::from(s.recorder_failed),
+            tilt_trips: s.tilt_trips,
+            stale_trips: s.stale_trips,
+            non_finite_outputs: s.non_finite_outputs,
+            end_of_clip_stops: s.end_of_clip_stops,
+            operator_stops: s.operator_stops,
         };
         Ok(())
     })

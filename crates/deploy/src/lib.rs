@@ -14,6 +14,7 @@ pub mod limits;
 pub mod motion;
 pub mod observations;
 mod pipeline;
+pub mod realtime;
 mod recorder;
 pub mod rotations;
 mod served;

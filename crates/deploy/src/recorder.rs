@@ -248,9 +248,20 @@ impl Recorder {
         };
         let json = serde_json::to_vec(&header).map_err(|e| bad(e.to_string()))?;
         let len = u32::try_from(json.len()).map_err(|_| bad("header too long".into()))?;
-        // File::create truncates a regular file and opens a FIFO or device
-        // as it is: none is unlinked or replaced
-        let mut w = BufWriter::new(File::create(path).map_err(|e| bad(e.to_string()))?);
+        // a regular file truncated; a FIFO or character device opened as it
+        // is (never unlinked or replaced; a FIFO without a reader an error at
+        // once, not a caller held in `open`); a directory, block device or
+        // socket refused
+        let out = pmstate_ckpt::open_stream_output(path).map_err(|e| {
+            bad(match e {
+                pmstate_ckpt::CkptError::NotAFile { kind, .. } => {
+                    format!("is {kind}: a flight log goes to a regular file, a FIFO or a character device")
+                }
+                pmstate_ckpt::CkptError::Io { source, .. } => source.to_string(),
+                other => other.to_string(),
+            })
+        })?;
+        let mut w = BufWriter::new(out);
         let io = |e: std::io::Error| bad(e.to_string());
         w.write_all(MAGIC).map_err(io)?;
         w.write_all(&LOG_VERSION.to_le_bytes()).map_err(io)?;
@@ -258,12 +269,24 @@ impl Recorder {
         w.write_all(&json).map_err(io)?;
         w.flush().map_err(io)?;
         let capacity = record_bytes.checked_mul(RING_RECORDS).ok_or_else(|| bad("ring too large".into()))?;
+        // rtrb 0.4 has no fallible constructor (`RingBuffer::new` allocates
+        // with `Vec::with_capacity`, which aborts on failure), so the same
+        // allocation is first made fallibly and freed: a size the allocator
+        // refuses (or one past isize::MAX) is an error here, not an abort.
+        // The probe is the bound: `record_bytes` is at most 16 MiB (`Layout::bytes`),
+        // so the ring at most 16 GiB; only memory taken by another thread
+        // between the probe and the allocation could still abort.
         let mut ring_mem = Vec::<u8>::new();
         ring_mem
             .try_reserve_exact(capacity)
             .map_err(|_| DeployError::Allocation { what: "the flight recorder's ring", bytes: capacity })?;
         drop(ring_mem);
         let (producer, mut consumer) = rtrb::RingBuffer::<u8>::new(capacity);
+        let mut record = Vec::new();
+        record
+            .try_reserve_exact(record_bytes)
+            .map_err(|_| DeployError::Allocation { what: "a flight-recorder record", bytes: record_bytes })?;
+        record.resize(record_bytes, 0u8);
         let stop = Arc::new(AtomicBool::new(false));
         let failed = Arc::new(AtomicBool::new(false));
         let (stop2, failed2) = (stop.clone(), failed.clone());
@@ -276,6 +299,8 @@ impl Recorder {
         let writer = std::thread::Builder::new()
             .name("pmstate-flight-recorder".into())
             .spawn(move || -> std::io::Result<u64> {
+                // a reader of a FIFO log that goes away is an error, not the host's death
+                crate::realtime::block_sigpipe();
                 started2.wait();
                 drop(started2);
                 let mut written = 0u64;
@@ -308,17 +333,7 @@ impl Recorder {
             })
             .map_err(|e| bad(format!("could not start the writer thread: {e}")))?;
         started.wait();
-        Ok(Recorder {
-            ring: producer,
-            record: vec![0u8; record_bytes],
-            layout,
-            seq: 0,
-            dropped: 0,
-            stop,
-            failed,
-            file,
-            writer: Some(writer),
-        })
+        Ok(Recorder { ring: producer, record, layout, seq: 0, dropped: 0, stop, failed, file, writer: Some(writer) })
     }
 
     pub(crate) fn dropped(&self) -> u64 {

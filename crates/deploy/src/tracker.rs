@@ -502,6 +502,11 @@ impl Tracker {
     /// ([`TrackerStatus::recorder_dropped`]). `pmstate deploy replay
     /// --from-log` reproduces the logged targets bit for bit. Replaces (and
     /// finishes) a recording under way.
+    ///
+    /// `path` may be a regular file (created or truncated), a FIFO or a
+    /// character device (written as a stream, never replaced; a FIFO no
+    /// process has open for reading is an error at once, not a wait); a
+    /// directory, block device or socket is [`DeployError::Log`] naming it.
     pub fn record_to(&mut self, path: &std::path::Path, meta: &crate::recorder::LogMeta) -> Result<()> {
         self.finish_recording()?;
         let dims = self.pipeline.dims();

@@ -1,5 +1,6 @@
 //! A control step allocates nothing once the tracker has run one, with the
-//! safety envelope's every guard and the flight recorder on: every
+//! safety envelope's every guard and the flight recorder on, nor does an
+//! operator's stop or a step in the safe mode: every
 //! allocation of this process is counted (a global allocator wrapping the
 //! system's), and 200 steps of the g1 tracker after a warm-up must make
 //! none. The test binary holds only this test; the recorder's writer
@@ -13,7 +14,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use candle_core::Device;
 use pmstate_deploy::{
-    EndOfClip, JointLimits, LogMeta, MotionClip, MotionPlayer, Pipeline, Sensors, Stamp, Tracker, TrackerOptions,
+    EndOfClip, JointLimits, LogMeta, MotionClip, MotionPlayer, Pipeline, SafePose, SafeReason, Sensors, Stamp, Tracker,
+    TrackerOptions,
 };
 
 struct Counting;
@@ -66,6 +68,7 @@ fn a_step_allocates_nothing_after_the_first() {
     opts.envelope.max_tilt = Some(3.1);
     opts.envelope.stale_after_periods = Some(5);
     opts.envelope.end_of_clip = EndOfClip::Hold;
+    opts.envelope.safe_pose = SafePose::Pose(vec![0.01; nd]);
     let mut t = Tracker::new(pipeline, player, opts).expect("tracker");
     let dir = tempfile::tempdir().expect("tempdir");
     let log = dir.path().join("flight.pmlog");
@@ -106,6 +109,20 @@ fn a_step_allocates_nothing_after_the_first() {
     // the guards ran: the soft start blended, the tight limits clamped
     assert!(status.soft_start_steps > 0 && status.joint_limit_clamps > 0, "{status:?}");
     assert_eq!(status.safe_mode, None);
+    // the safe mode (an operator's stop, towards the configured pose): the
+    // stop and every safe step from the first allocate nothing either
+    let before = ALLOCATIONS.load(Ordering::Relaxed);
+    t.stop();
+    for k in 203..253 {
+        sum += step(&mut t, k);
+    }
+    let made = ALLOCATIONS.load(Ordering::Relaxed) - before;
+    assert!(sum.is_finite());
+    assert_eq!(made, 0, "the stop and 50 safe-mode steps made {made} allocations");
+    let status = t.status();
+    assert_eq!(status.safe_mode, Some(SafeReason::Operator), "{status:?}");
+    assert_eq!(status.safe_mode_steps, 50, "{status:?}");
     let summary = t.finish_recording().expect("finish").expect("recording");
-    assert_eq!(summary.records + summary.dropped, 203, "{summary:?}");
+    // 253 steps and the stop
+    assert_eq!(summary.records + summary.dropped, 254, "{summary:?}");
 }

@@ -7,17 +7,17 @@
 
 use std::path::{Path, PathBuf};
 
-use pmstate_ckpt::{Checkpoint, Node, UnsafeGlobals, WriteOptions};
+use pmstate_ckpt::{Checkpoint, Node};
 use pmstate_deploy::motion::MotionArrays;
 use pmstate_deploy::{
     ConfigProblem, DeployError, EndOfClip, JointLimits, MotionClip, MotionPlayer, MotionProblem, Pipeline, SafePose,
-    SafeReason, Sensors, Stamp, Tracker, TrackerOptions,
+    SafeReason, SensorProblem, Sensors, Stamp, Tracker, TrackerOptions,
 };
 use proptest::prelude::*;
 
 #[path = "common/configs.rs"]
 mod configs;
-use configs::at;
+use configs::{at, write_edited};
 
 #[path = "common/data.rs"]
 mod data;
@@ -91,17 +91,22 @@ fn a_refused_reading_leaves_the_tracker_exactly_as_it_was() {
     let mut clean = tracker(|_| {});
     let want: Vec<Vec<u32>> = (0..40).map(|k| bits(&clean.step(&s.at(k)).expect("step").joint_pos_targets)).collect();
     type Corrupt = fn(&mut Vec<f32>, &mut [f32; 4], &mut [f32; 3]);
-    let glitches: [(&str, Corrupt); 7] = [
-        ("dof_pos", |p, _, _| p[5] = f32::NAN),
-        ("dof_pos", |p, _, _| p[0] = 1e9),
-        ("dof_vel", |p, _, _| p[28] = f32::INFINITY),
-        ("anchor_rot", |_, q, _| *q = [0.0; 4]),
-        ("anchor_rot", |_, q, _| q[3] = f32::NAN),
-        ("anchor_rot", |_, q, _| *q = [0.0, 0.0, 0.0, 3.0]),
-        ("root_local_ang_vel", |_, _, w| w[1] = f32::NEG_INFINITY),
+    // the sensor, the value or quaternion the refusal names, the corruption
+    let bound = pmstate_deploy::SensorBounds::default().joint_velocity;
+    assert_eq!(bound, 100.0, "the stated bound (docs/deploy.md) changed: update the glitch below");
+    let glitches: [(&str, usize, Corrupt); 8] = [
+        ("dof_pos", 5, |p, _, _| p[5] = f32::NAN),
+        ("dof_pos", 0, |p, _, _| p[0] = 1e9),
+        ("dof_vel", 28, |p, _, _| p[28] = f32::INFINITY),
+        // finite, but beyond the physical bound of 100 rad/s
+        ("dof_vel", 11, |p, _, _| p[11] = -150.0),
+        ("anchor_rot", 0, |_, q, _| *q = [0.0; 4]),
+        ("anchor_rot", 3, |_, q, _| q[3] = f32::NAN),
+        ("anchor_rot", 0, |_, q, _| *q = [0.0, 0.0, 0.0, 3.0]),
+        ("root_local_ang_vel", 1, |_, _, w| w[1] = f32::NEG_INFINITY),
     ];
     // each glitch at step 3 and at one other step (the first, early, mid-run)
-    for (i, (sensor, corrupt)) in glitches.iter().enumerate() {
+    for (i, (sensor, index, corrupt)) in glitches.iter().enumerate() {
         for at in [3, [1usize, 2, 7, 19][i % 4]] {
             let mut t = tracker(|_| {});
             for (k, want_k) in want.iter().enumerate() {
@@ -115,7 +120,16 @@ fn a_refused_reading_leaves_the_tracker_exactly_as_it_was() {
                     let e = t.step(&bad).expect_err("refused");
                     assert!(e.is_refused_reading(), "{e}");
                     match &e {
-                        DeployError::Sensor { name, .. } => assert_eq!(name, sensor, "{e}"),
+                        DeployError::Sensor { name, problem } => {
+                            assert_eq!(name, sensor, "{e}");
+                            let named = match problem {
+                                SensorProblem::NonFinite { index, .. }
+                                | SensorProblem::NotUnit { index, .. }
+                                | SensorProblem::OutOfRange { index, .. } => *index,
+                                other => panic!("{sensor}: {other}"),
+                            };
+                            assert_eq!(named, *index, "{e}");
+                        }
                         other => panic!("{other}"),
                     }
                 }
@@ -124,6 +138,140 @@ fn a_refused_reading_leaves_the_tracker_exactly_as_it_was() {
             }
             assert_eq!(t.status().refused_readings, 1);
         }
+    }
+}
+
+/// A joint velocity past the stated physical bound is refused by its
+/// value, naming the sensor, the index, the value and the bound; one at
+/// the bound is a reading like any other.
+#[test]
+fn a_joint_velocity_past_its_bound_is_refused_naming_the_index() {
+    let s = Stream::load();
+    let mut t = tracker(|_| {});
+    let good = s.at(0);
+    let mut dv = good.dof_vel.to_vec();
+    dv[17] = 100.5;
+    let e = t.step(&Sensors { dof_vel: &dv, ..good }).expect_err("past the bound");
+    assert!(e.is_refused_reading(), "{e}");
+    assert!(
+        matches!(e, DeployError::Sensor { name: "dof_vel", problem: SensorProblem::OutOfRange { index: 17, .. } }),
+        "{e}"
+    );
+    let message = e.to_string();
+    assert!(message.contains("dof_vel") && message.contains("value 17") && message.contains("100.5"), "{message}");
+    assert!(message.contains("bound of 100"), "{message}");
+    dv[17] = -100.0;
+    t.step(&Sensors { dof_vel: &dv, ..good }).expect("at the bound");
+    assert_eq!(t.status().refused_readings, 1);
+}
+
+/// The envelope `TrackerOptions::new` turns on (the g1 config's joint and
+/// velocity limits) on the recorded stream trips where the policy's own
+/// targets leave those limits, and nowhere else. The stream does trip it:
+/// one joint's target (the left ankle roll, about 0.336 rad) is past its
+/// 0.2618 rad limit at every step, and the first step's targets are more
+/// than a control period's travel at the velocity limits from the measured
+/// pose. So each step's counts are checked against what the envelope-free
+/// run of the same policy predicts: after the first step, no target is
+/// rate-limited (they move within the limits) and exactly the targets
+/// outside the joint limits are clamped; with the limits widened to hold
+/// every target, nothing is.
+#[test]
+fn the_default_limits_trip_where_the_targets_leave_them_and_nowhere_else() {
+    use pmstate_deploy::envelope::events;
+    let s = Stream::load();
+    let open = |edit: &dyn Fn(&mut TrackerOptions)| {
+        let p = Pipeline::load(g1().join("last.ckpt"), None).expect("load");
+        let clip = MotionClip::load(root().join("testdata/deploy/synthetic.motion")).expect("clip");
+        let player = MotionPlayer::new(&clip, p.contract().dt).expect("player");
+        let mut o = TrackerOptions::new(&p);
+        edit(&mut o);
+        Tracker::new(p, player, o).expect("tracker")
+    };
+    // the policy's targets: the envelope changes what is commanded, never what the policy is fed
+    let mut free = open(&|o| o.envelope = pmstate_deploy::Envelope::off());
+    let targets: Vec<Vec<f32>> =
+        (0..s.steps).map(|k| free.step(&s.at(k)).expect("step").joint_pos_targets.clone()).collect();
+    let mut t = open(&|_| {});
+    let defaults = t.options().envelope.clone();
+    let lim = defaults.joint_limits.clone().expect("the g1 config gives joint limits");
+    let rate = defaults.max_target_rate.clone().expect("the g1 config gives velocity limits");
+    let dt = t.player().control_dt() as f32;
+    let outside = |x: &[f32]| x.iter().enumerate().filter(|(j, v)| **v < lim.lower[*j] || **v > lim.upper[*j]).count();
+    let mut clamped_total = 0u64;
+    for (k, want) in targets.iter().enumerate() {
+        let before = t.status();
+        t.step(&s.at(k)).expect("step");
+        let after = t.status();
+        let (clamped, limited) =
+            (after.joint_limit_clamps - before.joint_limit_clamps, after.rate_limited - before.rate_limited);
+        if k == 0 {
+            // from the measured pose: the joints whose first target is farther than a period's travel
+            let measured = s.at(0).dof_pos;
+            let far = (0..s.nd).filter(|&j| (want[j] - measured[j]).abs() > rate[j] * dt).count();
+            assert!(far > 0, "the first step was expected to jump");
+            assert_eq!(limited, far as u64, "step 0");
+        } else {
+            assert_eq!(limited, 0, "step {k}: a target moving within the velocity limits was rate-limited");
+            assert_eq!(clamped, outside(want) as u64, "step {k}: clamps other than the targets past a limit");
+            assert_eq!(after.last_events & events::RATE_LIMIT, 0, "step {k}");
+            assert_eq!(after.last_events & events::JOINT_LIMIT != 0, clamped > 0, "step {k}");
+        }
+        clamped_total += clamped;
+    }
+    assert!(clamped_total >= (s.steps - 1) as u64, "the ankle roll's target past its limit was not clamped");
+    assert_eq!(t.status().safe_mode, None);
+    // the same limits widened to hold every target the policy gives: not one clamp
+    let (mut lower, mut upper) = (lim.lower.clone(), lim.upper.clone());
+    for x in &targets {
+        for j in 0..s.nd {
+            lower[j] = lower[j].min(x[j]);
+            upper[j] = upper[j].max(x[j]);
+        }
+    }
+    let widened = JointLimits { lower, upper };
+    let mut t = open(&|o| o.envelope.joint_limits = Some(widened.clone()));
+    for k in 0..s.steps {
+        t.step(&s.at(k)).expect("step");
+    }
+    let st = t.status();
+    assert_eq!(st.joint_limit_clamps, 0, "{st:?}");
+    assert_eq!(st.steps, s.steps as u64);
+}
+
+/// A flight log asked for in a directory, or in a block device (a node
+/// made here where mknod is permitted), is refused naming the path and
+/// what it is; nothing is replaced and the tracker runs on.
+#[cfg(unix)]
+#[test]
+fn flight_logs_into_a_directory_or_a_block_device_are_refused() {
+    use std::os::unix::fs::FileTypeExt;
+    let s = Stream::load();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut t = tracker(|_| {});
+    let mut targets = vec![(dir.path().to_path_buf(), "a directory")];
+    let block = dir.path().join("block.pmlog");
+    // major 120 (local/experimental use): no driver's, never a real disk
+    let made = std::process::Command::new("mknod").arg(&block).args(["b", "120", "0"]).output();
+    if made.is_ok_and(|o| o.status.success()) {
+        targets.push((block.clone(), "a block device"));
+    } else {
+        eprintln!("SKIPPED the block-device half: mknod is not permitted here (needs CAP_MKNOD)");
+    }
+    for (path, kind) in &targets {
+        let e = t.record_to(path, &pmstate_deploy::LogMeta::default()).expect_err("refused");
+        match &e {
+            DeployError::Log { file, problem } => {
+                assert_eq!(file, &path.display().to_string(), "{e}");
+                assert!(problem.contains(&format!("is {kind}: a flight log goes to")), "{e}");
+            }
+            other => panic!("{kind}: {other}"),
+        }
+    }
+    t.step(&s.at(0)).expect("the tracker runs on");
+    assert!(dir.path().is_dir());
+    if targets.len() == 2 {
+        assert!(std::fs::metadata(&block).expect("block").file_type().is_block_device(), "the device was replaced");
     }
 }
 
@@ -288,7 +436,8 @@ fn soft_start_rate_limit_and_joint_limits() {
     }
     assert!(blended >= 9);
     assert_eq!(t.status().soft_start_steps, blended as u64);
-    // the published limits: the recorded stream stays inside them and is not clamped
+    // the published limits hold every commanded target (the recorded stream's
+    // are clamped to them at one joint: the_default_limits_trip_where_...)
     let mut t = tracker(|o| o.envelope.max_target_rate = None);
     let lim = t.options().envelope.joint_limits.clone().expect("the g1 config gives joint limits");
     for k in 0..30 {
@@ -311,14 +460,8 @@ fn soft_start_rate_limit_and_joint_limits() {
 
 /// The soma tracker's configs with `edit` applied, written next to its checkpoint.
 fn load_edited(dir: &Path, edit: impl FnOnce(&mut Node)) -> Result<Pipeline, Box<DeployError>> {
-    let (mut root_node, storages) =
-        Checkpoint::open(g1().join("resolved_configs_inference.pt")).expect("configs").into_parts();
-    edit(&mut root_node);
-    std::fs::copy(g1().join("last.ckpt"), dir.join("last.ckpt")).expect("copy");
-    let opts = WriteOptions { unsafe_globals: UnsafeGlobals::Allow, ..Default::default() };
-    let edited = Checkpoint::from_parts(root_node, storages).expect("parts");
-    pmstate_ckpt::save_torch(&edited, dir.join("resolved_configs_inference.pt"), &opts).expect("save");
-    Pipeline::load(dir.join("last.ckpt"), None).map_err(Box::new)
+    let ckpt = write_edited(&g1().join("last.ckpt"), &g1().join("resolved_configs_inference.pt"), dir, edit);
+    Pipeline::load(ckpt, None).map_err(Box::new)
 }
 
 /// Config values outside their domain are refused at load, naming the key:

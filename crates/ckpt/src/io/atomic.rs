@@ -200,6 +200,84 @@ fn target_kind(path: &Path) -> Target {
     Target::File
 }
 
+/// Opens `path` for a writer that writes as it goes, in one pass (a flight
+/// log): what [`write_atomically`] does with each kind of target, for a
+/// file that is written while it grows instead of renamed into place once
+/// complete.
+///
+/// - a regular file (or nothing yet) is created or truncated, mode
+///   `0666 & ~umask`;
+/// - a FIFO or a character device is opened as it is, never unlinked or
+///   replaced. A FIFO is opened without blocking: one that no process has
+///   open for reading is an error naming it (the caller is not held in
+///   `open` until a reader comes); the file returned blocks on writes, as
+///   a pipe does;
+/// - a directory, a block device or a socket is [`CkptError::NotAFile`].
+///
+/// What was opened is checked again on the descriptor (`fstat`), so a FIFO
+/// or device renamed over a regular file between the check and the open
+/// is still treated as what it is.
+pub fn open_stream_output(path: &Path) -> Result<File> {
+    let shown = || path.display().to_string();
+    if let Target::Refused(kind) = target_kind(path) {
+        return Err(CkptError::NotAFile { path: shown(), kind });
+    }
+    let mut opts = OpenOptions::new();
+    // no truncation here: a FIFO or device must be opened as it is (a
+    // regular file is truncated once the descriptor says it is one)
+    opts.write(true).create(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        opts.mode(0o666).custom_flags(libc::O_NONBLOCK);
+    }
+    let file = opts.open(path).map_err(|e| {
+        #[cfg(unix)]
+        if e.raw_os_error() == Some(libc::ENXIO) {
+            let why = "a FIFO that no process has open for reading (start its reader first)";
+            return CkptError::Io { path: shown(), source: std::io::Error::new(e.kind(), why) };
+        }
+        io_err(path)(e)
+    })?;
+    let meta = file.metadata().map_err(io_err(path))?;
+    let t = meta.file_type();
+    if t.is_file() {
+        file.set_len(0).map_err(io_err(path))?;
+    } else {
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::FileTypeExt;
+            if !(t.is_fifo() || t.is_char_device()) {
+                let kind = if t.is_block_device() { "a block device" } else { "not a regular file" };
+                return Err(CkptError::NotAFile { path: shown(), kind });
+            }
+        }
+        #[cfg(not(unix))]
+        return Err(CkptError::NotAFile { path: shown(), kind: "not a regular file" });
+    }
+    #[cfg(unix)]
+    let file = blocking_writes(file).map_err(io_err(path))?;
+    Ok(file)
+}
+
+/// `file` with `O_NONBLOCK` cleared (it was set to open a FIFO without
+/// waiting for a reader), so that writes wait for the reader as a pipe's
+/// writes do.
+///
+/// std has no safe `fcntl`, and this crate forbids unsafe code; a
+/// socket's `set_nonblocking` sets or clears the descriptor's `O_NONBLOCK`
+/// (`ioctl(FIONBIO)`, or `fcntl` on some systems) whatever file the
+/// descriptor is, so the descriptor is carried through `UnixStream` for
+/// that one call (never used as a socket) and handed back as a `File`.
+#[cfg(unix)]
+fn blocking_writes(file: File) -> std::io::Result<File> {
+    use std::os::fd::OwnedFd;
+    use std::os::unix::net::UnixStream;
+    let carrier = UnixStream::from(OwnedFd::from(file));
+    carrier.set_nonblocking(false)?;
+    Ok(File::from(OwnedFd::from(carrier)))
+}
+
 /// [`write_atomically`], with the format's [`Streaming`] said.
 pub(crate) fn write_atomically_or_stream<T>(
     path: &Path,
@@ -363,6 +441,71 @@ mod tests {
         }
         write_atomically(&null, true, |w| w.write_all(b"into the void").map_err(io_err(&null))).unwrap();
         assert!(std::fs::metadata(&null).unwrap().file_type().is_char_device(), "the device was replaced");
+    }
+
+    /// [`open_stream_output`]: a regular file truncated; a FIFO with a
+    /// reader written as a stream and left a FIFO; a FIFO without one an
+    /// error at once (not a caller held in `open`); a directory, a socket
+    /// and a block device refused, naming them; nothing replaced.
+    #[cfg(unix)]
+    #[test]
+    fn stream_outputs_open_what_is_there_or_refuse() {
+        use std::io::Read;
+        use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+        let dir = tempfile::tempdir().unwrap();
+        let regular = dir.path().join("log.bin");
+        std::fs::write(&regular, b"an older, longer log").unwrap();
+        open_stream_output(&regular).unwrap().write_all(b"new").unwrap();
+        assert_eq!(std::fs::read(&regular).unwrap(), b"new");
+        let folder = dir.path().join("folder");
+        std::fs::create_dir(&folder).unwrap();
+        let err = open_stream_output(&folder).unwrap_err();
+        assert!(matches!(err, CkptError::NotAFile { kind: "a directory", .. }), "{err}");
+        assert!(err.to_string().contains(&folder.display().to_string()), "{err}");
+        let socket = dir.path().join("sock");
+        let _listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+        let err = open_stream_output(&socket).unwrap_err();
+        assert!(matches!(err, CkptError::NotAFile { kind: "a socket", .. }), "{err}");
+        assert!(std::fs::metadata(&socket).unwrap().file_type().is_socket(), "the socket was replaced");
+        let fifo = dir.path().join("log.fifo");
+        if std::process::Command::new("mkfifo").arg(&fifo).status().is_ok_and(|s| s.success()) {
+            // no reader: an error naming the FIFO, returned at once
+            let err = open_stream_output(&fifo).unwrap_err();
+            assert!(err.to_string().contains("no process has open for reading"), "{err}");
+            assert!(err.to_string().contains(&fifo.display().to_string()), "{err}");
+            // a reader (opened without waiting for a writer): the bytes reach it
+            let mut reader = OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(&fifo).unwrap();
+            let mut w = open_stream_output(&fifo).unwrap();
+            // writes wait for the reader (O_NONBLOCK, 0o4000 on Linux, was cleared after the open)
+            #[cfg(target_os = "linux")]
+            {
+                use std::os::fd::AsRawFd;
+                let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{}", w.as_raw_fd())).unwrap();
+                let flags = info.lines().find_map(|l| l.strip_prefix("flags:")).unwrap().trim();
+                let flags = u32::from_str_radix(flags, 8).unwrap();
+                assert_eq!(flags & libc::O_NONBLOCK as u32, 0, "the FIFO's writes would not wait: flags {flags:o}");
+            }
+            w.write_all(b"streamed").unwrap();
+            drop(w);
+            let mut got = Vec::new();
+            reader.read_to_end(&mut got).unwrap();
+            assert_eq!(got, b"streamed");
+            assert!(std::fs::metadata(&fifo).unwrap().file_type().is_fifo(), "the FIFO was replaced");
+        } else {
+            eprintln!("SKIPPED the FIFO half: mkfifo is not available here");
+        }
+        // a block device node made here, never opened; its numbers (major 120:
+        // local/experimental use) are no driver's, so not even a writer that
+        // wrongly opened it could reach a disk
+        let block = dir.path().join("block");
+        let made = std::process::Command::new("mknod").arg(&block).args(["b", "120", "0"]).output();
+        if !made.is_ok_and(|o| o.status.success()) {
+            eprintln!("SKIPPED the block-device half: mknod is not permitted here (needs CAP_MKNOD)");
+            return;
+        }
+        let err = open_stream_output(&block).unwrap_err();
+        assert!(matches!(err, CkptError::NotAFile { kind: "a block device", .. }), "{err}");
+        assert!(std::fs::metadata(&block).unwrap().file_type().is_block_device(), "the device was replaced");
     }
 
     /// Unblocks a reader still waiting in `open` on `fifo` (the write under

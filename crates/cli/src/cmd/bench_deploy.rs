@@ -86,7 +86,16 @@ pub fn run(a: Args, g: Global) -> Result<ExitCode, CliError> {
     let player = MotionPlayer::new(&clip, dt)?;
     let opts = a.envelope.options(&p);
     let mut tracker = Tracker::new(p, player, opts)?;
-    let mut times = Vec::with_capacity(a.steps);
+    // up to MAX_STEPS x 8 bytes: reserved fallibly, so a machine (or an
+    // address-space limit) without that much memory gets an error, not an abort
+    let mut times: Vec<f64> = Vec::new();
+    times.try_reserve_exact(a.steps).map_err(|_| {
+        CliError::Usage(format!(
+            "--steps {}: could not allocate {} bytes for the step times (ask for fewer steps)",
+            a.steps,
+            a.steps.saturating_mul(std::mem::size_of::<f64>())
+        ))
+    })?;
     let mut k = 0usize;
     pool.install(|| -> Result<(), CliError> {
         for i in 0..a.steps + 100 {

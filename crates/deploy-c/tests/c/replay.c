@@ -3,8 +3,9 @@
  * (per step: dof_pos[D], dof_vel[D], anchor_rot[4], root_local_ang_vel[3],
  * anchor_pos[3]), writes the joint position targets of every step to a raw
  * float32 file, and checks the error paths, the refusal of a bad reading,
- * the safe mode (an operator's stop and the tilt guard) and the flight
- * recorder (logged to LOG; the Rust side replays it bit for bit).
+ * the safe mode (an operator's stop and the tilt guard, each counted; the
+ * measured joints or a configured safe pose) and the flight recorder
+ * (logged to LOG; the Rust side replays it bit for bit).
  *
  * usage: replay CHECKPOINT MOTION SENSORS.bin STEPS OUT.bin LOG */
 #include <stdio.h>
@@ -129,6 +130,10 @@ int main(int argc, char **argv) {
   PmstateTrackerStatus st;
   CHECK(pmstate_tracker_status(t, &st) == PMSTATE_OK, "status");
   CHECK(st.safe_mode == 5 && st.safe_mode_steps == 1 && (st.last_events & 2), "status in the safe mode");
+  CHECK(st.operator_stops == 1 && st.tilt_trips == 0 && st.stale_trips == 0 && st.non_finite_outputs == 0 &&
+            st.end_of_clip_stops == 0,
+        "the stop's counts: operator %llu, tilt %llu", (unsigned long long)st.operator_stops,
+        (unsigned long long)st.tilt_trips);
   CHECK(pmstate_tracker_reset(t) == PMSTATE_OK, "reset");
   CHECK(pmstate_tracker_status(t, &st) == PMSTATE_OK && st.safe_mode == 0, "the reset left the safe mode");
   CHECK(pmstate_tracker_finish_recording(t) == PMSTATE_OK, "finish recording: %s", pmstate_tracker_last_error());
@@ -145,12 +150,39 @@ int main(int argc, char **argv) {
   upside_down.anchor_rot[3] = 0.0f;
   CHECK(pmstate_tracker_step(t, &upside_down, again, NULL, NULL, nd) == PMSTATE_OK, "tilted step: %s", pmstate_tracker_last_error());
   CHECK(pmstate_tracker_status(t, &st) == PMSTATE_OK && st.safe_mode == 1, "the tilt guard did not trip");
+  CHECK(st.tilt_trips == 1 && st.operator_stops == 0, "the tilt's counts: tilt %llu, operator %llu",
+        (unsigned long long)st.tilt_trips, (unsigned long long)st.operator_stops);
   CHECK(memcmp(again, in, sizeof(float) * nd) == 0, "the tilt's safe targets are not the measured joints");
   /* upright again: still latched until a reset */
   CHECK(pmstate_tracker_step(t, &first, again, NULL, NULL, nd) == PMSTATE_OK, "step");
   CHECK(pmstate_tracker_status(t, &st) == PMSTATE_OK && st.safe_mode == 1 && st.safe_mode_steps == 2, "not latched");
+  CHECK(st.tilt_trips == 1, "a latched safe mode tripped again: %llu", (unsigned long long)st.tilt_trips);
   pmstate_tracker_close(t);
   pmstate_tracker_close(NULL);
+
+  /* a configured safe pose: the safe mode's targets are that pose (the
+   * clamps off, so exactly); one of the wrong length is refused at open */
+  float pose[64];
+  for (size_t j = 0; j < nd; j++) pose[j] = 0.01f * (float)j - 0.1f;
+  PmstateOptions posed = opts;
+  CHECK(posed.safe_pose == NULL && posed.safe_pose_len == 0, "the default safe pose is not the measured one");
+  posed.safe_pose = pose;
+  posed.safe_pose_len = nd - 1;
+  CHECK(pmstate_tracker_open_with(argv[1], argv[2], NULL, &posed, &t) == PMSTATE_ERROR, "a short safe pose accepted");
+  CHECK(strstr(pmstate_tracker_last_error(), "safe_pose_len") != NULL, "reason: %s", pmstate_tracker_last_error());
+  posed.safe_pose_len = nd;
+  CHECK(pmstate_tracker_open_with(argv[1], argv[2], NULL, &posed, &t) == PMSTATE_OK, "open: %s", pmstate_tracker_last_error());
+  CHECK(pmstate_tracker_step(t, &first, again, NULL, NULL, nd) == PMSTATE_OK, "step: %s", pmstate_tracker_last_error());
+  CHECK(memcmp(again, pose, sizeof(float) * nd) != 0, "the policy's targets were the safe pose before any stop");
+  CHECK(pmstate_tracker_stop(t) == PMSTATE_OK, "stop");
+  CHECK(pmstate_tracker_step(t, &first, again, stiffness, damping, nd) == PMSTATE_OK, "safe step: %s",
+        pmstate_tracker_last_error());
+  CHECK(memcmp(again, pose, sizeof(float) * nd) == 0, "the safe mode's targets are not the configured pose");
+  CHECK(memcmp(again, in, sizeof(float) * nd) != 0, "the safe mode's targets are the measured joints");
+  CHECK(damping[0] > 0.0f, "no damping in the safe mode");
+  CHECK(pmstate_tracker_status(t, &st) == PMSTATE_OK && st.safe_mode == 5 && st.operator_stops == 1,
+        "status with the configured pose");
+  pmstate_tracker_close(t);
 
   f = fopen(argv[5], "wb");
   CHECK(f != NULL, "cannot write %s", argv[5]);
