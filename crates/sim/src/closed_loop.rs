@@ -5,8 +5,9 @@
 //! tracker steps, its targets go to the actuators for `decimation` physics
 //! steps, and the result is measured against the clip's frame of that step.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
+use pmstate_deploy::realtime::Pacer;
 use pmstate_deploy::Tracker;
 
 use crate::error::{Result, SimError};
@@ -30,7 +31,24 @@ pub struct LoopOptions {
     pub fall: FallCriteria,
     /// Keep every step's state, targets and measurements ([`Record`]).
     pub record: Recording,
+    /// As fast as the machine goes, or one control step per control period.
+    pub pace: Pace,
 }
+
+/// How fast the loop runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Pace {
+    /// Back to back (a simulation's usual way).
+    #[default]
+    AsFast,
+    /// Each step starts at its deadline on the wall clock (absolute
+    /// deadlines one control period apart), as on a robot; missed deadlines
+    /// are counted.
+    RealTime,
+}
+
+/// The most control-step times kept for the percentiles (4 bytes each).
+const MAX_TIMED_STEPS: usize = MAX_RECORDED_STEPS;
 
 /// Whether a run keeps its per-step record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -98,16 +116,29 @@ pub fn run(tracker: &mut Tracker, robot: &mut Robot, options: &LoopOptions) -> R
     let mut dof_pos = vec![0f64; nd];
     let mut summary = Summary::default();
     let push = options.perturbations.clone();
+    let mut step_ns: Vec<u32> = Vec::with_capacity(steps.min(MAX_TIMED_STEPS));
+    let period = Duration::from_secs_f64(tracker.player().control_dt());
+    let mut pacer = (options.pace == Pace::RealTime).then(|| Pacer::new(period));
     let started = Instant::now();
     for k in 0..steps {
+        if let Some(p) = &mut pacer {
+            let w = p.wait();
+            summary.missed_periods += usize::from(w.missed);
+            summary.max_late_seconds = summary.max_late_seconds.max(w.late.as_secs_f64());
+        }
         if recording {
             record.qpos.extend_from_slice(robot.qpos());
             record.qvel.extend_from_slice(robot.qvel());
         }
+        let step_started = Instant::now();
         robot.read(&mut truth);
         let now = truth.taken;
         let seen = perturber.deliver(&truth);
-        match tracker.step(&seen.sensors(stamped.then_some(now))) {
+        let stepped = tracker.step(&seen.sensors(stamped.then_some(now)));
+        if step_ns.len() < MAX_TIMED_STEPS {
+            step_ns.push(u32::try_from(step_started.elapsed().as_nanos()).unwrap_or(u32::MAX));
+        }
+        match stepped {
             Ok(out) => {
                 targets.copy_from_slice(&out.joint_pos_targets);
                 actions.copy_from_slice(&out.actions);
@@ -149,5 +180,6 @@ pub fn run(tracker: &mut Tracker, robot: &mut Robot, options: &LoopOptions) -> R
         if summary.wall_seconds > 0.0 { summary.sim_seconds / summary.wall_seconds } else { f64::INFINITY };
     summary.dropped_readings = perturber.dropped;
     summary.tracker = tracker.status();
+    summary.control_step = crate::metrics::StepTimes::of(&mut step_ns);
     Ok((summary, record))
 }

@@ -13,6 +13,6 @@ pub mod perturb;
 mod reading;
 
 pub use error::{Result, SimError};
-pub use metrics::{FallCriteria, StepMetrics, Summary};
+pub use metrics::{FallCriteria, StepMetrics, StepTimes, Summary};
 pub use perturb::{Perturbations, Perturber, Push, SensorNoise};
 pub use reading::Reading;

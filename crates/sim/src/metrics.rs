@@ -128,6 +128,37 @@ pub struct Summary {
     pub held_steps: usize,
     /// The tracker's counts (refusals, guards, safe mode).
     pub tracker: TrackerStatus,
+    /// The control step's time (reading the state, the tracker's step; not
+    /// the physics, which stands for the robot).
+    pub control_step: StepTimes,
+    /// Paced runs: deadlines the loop had already missed when it came to
+    /// wait for them (a step overran its period).
+    pub missed_periods: usize,
+    /// Paced runs: the latest wake-up after a deadline, seconds.
+    pub max_late_seconds: f64,
+}
+
+/// Percentiles of the control step's time, seconds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct StepTimes {
+    /// Median.
+    pub p50_seconds: f64,
+    /// 99th percentile.
+    pub p99_seconds: f64,
+    /// Slowest.
+    pub max_seconds: f64,
+}
+
+impl StepTimes {
+    /// The percentiles of `ns` (nanoseconds; sorted in place).
+    pub fn of(ns: &mut [u32]) -> Self {
+        if ns.is_empty() {
+            return StepTimes::default();
+        }
+        ns.sort_unstable();
+        let pick = |q: f64| f64::from(ns[((ns.len() - 1) as f64 * q).round() as usize]) * 1e-9;
+        StepTimes { p50_seconds: pick(0.5), p99_seconds: pick(0.99), max_seconds: pick(1.0) }
+    }
 }
 
 impl Summary {
@@ -200,5 +231,14 @@ mod tests {
         s.add(2, &step(2.0, true));
         assert_eq!((s.steps, s.first_fall, s.fallen_steps), (3, Some(1), 2));
         assert!((s.joint_error_mean - 2.0).abs() < 1e-12 && s.joint_error_max == 6.0 && s.anchor_error_max == 3.0);
+    }
+
+    #[test]
+    fn step_time_percentiles() {
+        let mut ns: Vec<u32> = (1..=100).rev().map(|x| x * 1000).collect();
+        let t = StepTimes::of(&mut ns);
+        let us = |x: f64| (x * 1e6).round();
+        assert_eq!((us(t.p50_seconds), us(t.p99_seconds), us(t.max_seconds)), (51.0, 99.0, 100.0));
+        assert_eq!(StepTimes::of(&mut []), StepTimes::default());
     }
 }

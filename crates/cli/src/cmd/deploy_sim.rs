@@ -10,6 +10,7 @@ use std::process::ExitCode;
 use pmstate_sim::{FallCriteria, Perturbations, Push, SensorNoise};
 
 use crate::cmd::policy::PolicyFiles;
+use crate::cmd::realtime_args::RealtimeArgs;
 use crate::cmd::sensor_stream::EnvelopeArgs;
 use crate::{CliError, Global};
 
@@ -39,6 +40,13 @@ pub struct SimArgs {
     /// Print a line every this many steps (0: the summary only).
     #[arg(long, default_value_t = 50)]
     every: usize,
+    /// Run one control step per control period of the wall clock, as on a
+    /// robot (absolute deadlines; missed periods are counted), instead of
+    /// as fast as the machine goes.
+    #[arg(long)]
+    real_time: bool,
+    #[command(flatten)]
+    realtime: RealtimeArgs,
     #[command(flatten)]
     perturb: PerturbArgs,
     /// The robot is down when its anchor is below this fraction of the
@@ -145,7 +153,7 @@ mod with_mujoco {
 
     use candle_core::{Device, Tensor};
     use pmstate_deploy::{LogMeta, MotionClip, MotionPlayer, Tracker};
-    use pmstate_sim::closed_loop::{self, LoopOptions, Record, Recording};
+    use pmstate_sim::closed_loop::{self, LoopOptions, Pace, Record, Recording};
     use pmstate_sim::mujoco::Robot;
     use pmstate_sim::{StepMetrics, Summary};
     use serde::Serialize;
@@ -226,7 +234,11 @@ mod with_mujoco {
             tracker.record_to(log, &meta)?;
         }
         let record = if a.out.is_some() || a.every > 0 { Recording::EveryStep } else { Recording::Summary };
-        let options = LoopOptions { steps: a.steps, perturbations, fall, record };
+        let pace = if a.real_time { Pace::RealTime } else { Pace::AsFast };
+        let options = LoopOptions { steps: a.steps, perturbations, fall, record, pace };
+        // on this thread, which runs the loop (after loading: the loads'
+        // allocations are done before memory is locked)
+        a.realtime.realtime().apply().map_err(|e| CliError::Usage(format!("deploy sim: {e}")))?;
         let (summary, rec) = closed_loop::run(&mut tracker, &mut robot, &options)?;
         tracker.finish_recording()?;
         if a.every > 0 && !g.quiet {
@@ -249,7 +261,7 @@ mod with_mujoco {
                 summary: &summary,
             })?,
             OutputFormat::Text => {
-                for l in summary_lines(&summary, &mjcf, a.out.as_deref(), options.perturbations.any()) {
+                for l in summary_lines(&summary, &mjcf, a.out.as_deref(), options.perturbations.any(), a.real_time) {
                     output::line(l);
                 }
             }
@@ -271,7 +283,7 @@ mod with_mujoco {
         )
     }
 
-    fn summary_lines(s: &Summary, mjcf: &Path, out: Option<&Path>, perturbed: bool) -> Vec<String> {
+    fn summary_lines(s: &Summary, mjcf: &Path, out: Option<&Path>, perturbed: bool, real_time: bool) -> Vec<String> {
         let mut v = vec![
             format!(
                 "deploy sim on {}: {} steps, {:.2} s simulated in {:.3} s ({:.1}x real time)",
@@ -290,7 +302,20 @@ mod with_mujoco {
                 None => "fell: no".to_owned(),
             },
             status_line(&s.tracker),
+            format!(
+                "control step (reading + tracker): p50 {:.1} us, p99 {:.1} us, max {:.1} us",
+                s.control_step.p50_seconds * 1e6,
+                s.control_step.p99_seconds * 1e6,
+                s.control_step.max_seconds * 1e6
+            ),
         ];
+        if real_time {
+            v.push(format!(
+                "paced at the control period: {} periods missed, latest wake-up {:.1} us after its deadline",
+                s.missed_periods,
+                s.max_late_seconds * 1e6
+            ));
+        }
         if perturbed || s.held_steps > 0 {
             v.push(format!(
                 "readings lost on the way {}; steps holding the last targets (refused readings) {}",

@@ -16,6 +16,7 @@ pub mod diff;
 pub mod inspect;
 pub mod normalizers;
 pub mod policy;
+pub(crate) mod realtime_args;
 pub mod replay;
 pub(crate) mod sensor_stream;
 pub mod serve;
