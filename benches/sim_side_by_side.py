@@ -110,6 +110,10 @@ def main():
         runs = [pmstate_run() for _ in range(a.repeats)]
         best = min(runs, key=lambda r: r["wall_seconds"])
         pmstate_step = best["wall_seconds"] / best["steps"]
+        # the control step proper (reading + tracker) of that run; the rest
+        # of a step is MuJoCo's physics, the same library for both loops
+        control = best["control_step"]["p50_seconds"]
+        physics = pmstate_step - control
 
     dt = meta["timing"]["control_dt"]
     size = "6 x 1024 actor" if a.full_size else "test widths"
@@ -119,11 +123,15 @@ def main():
     print(f"| pmstate deploy sim | {pmstate_step * 1e6:.1f} µs | {dt / pmstate_step:.1f}x |")
     print(f"| ProtoMotions' loop (Python, onnxruntime) | {python_step * 1e6:.1f} µs | {dt / python_step:.1f}x |")
     print(f"\npmstate is {python_step / pmstate_step:.2f}x faster (mujoco {mujoco.__version__}, "
-          f"onnxruntime {ort.__version__})")
+          f"onnxruntime {ort.__version__}); MuJoCo's {meta['timing']['decimation']} physics steps take about "
+          f"{physics * 1e6:.0f} us of each control step in both loops; outside them pmstate takes "
+          f"{control * 1e6:.1f} us, the Python loop about {(python_step - physics) * 1e6:.0f} us "
+          f"({(python_step - physics) / control:.0f}x)")
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"steps": steps, "full_size": a.full_size, "pmstate_step_seconds": pmstate_step,
-                       "python_step_seconds": python_step, "control_dt": dt, "mujoco": mujoco.__version__,
+                       "python_step_seconds": python_step, "physics_step_seconds": physics,
+                       "pmstate_control_step_seconds": control, "control_dt": dt, "mujoco": mujoco.__version__,
                        "onnxruntime": ort.__version__}, f, indent=1)
 
 

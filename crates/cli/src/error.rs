@@ -78,7 +78,7 @@ pub enum CliError {
 impl From<pmstate_sim::SimError> for CliError {
     fn from(e: pmstate_sim::SimError) -> Self {
         match e {
-            pmstate_sim::SimError::Deploy(d) => CliError::Deploy(Box::new(d)),
+            pmstate_sim::SimError::Deploy(d) => CliError::Deploy(d),
             e => CliError::Sim(Box::new(e)),
         }
     }

@@ -43,8 +43,12 @@ pub enum Pace {
     AsFast,
     /// Each step starts at its deadline on the wall clock (absolute
     /// deadlines one control period apart), as on a robot; missed deadlines
-    /// are counted.
-    RealTime,
+    /// are counted. `spin`: the last part of each period polled instead
+    /// of slept ([`Pacer::with_spin`]).
+    RealTime {
+        /// Busy-wait before each deadline.
+        spin: Duration,
+    },
 }
 
 /// The most control-step times kept for the percentiles (4 bytes each).
@@ -118,7 +122,10 @@ pub fn run(tracker: &mut Tracker, robot: &mut Robot, options: &LoopOptions) -> R
     let push = options.perturbations.clone();
     let mut step_ns: Vec<u32> = Vec::with_capacity(steps.min(MAX_TIMED_STEPS));
     let period = Duration::from_secs_f64(tracker.player().control_dt());
-    let mut pacer = (options.pace == Pace::RealTime).then(|| Pacer::new(period));
+    let mut pacer = match options.pace {
+        Pace::AsFast => None,
+        Pace::RealTime { spin } => Some(Pacer::new(period).with_spin(spin)),
+    };
     let started = Instant::now();
     for k in 0..steps {
         if let Some(p) = &mut pacer {

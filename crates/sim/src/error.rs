@@ -60,9 +60,16 @@ pub enum SimError {
         /// The first non-finite quantity.
         what: &'static str,
     },
-    /// The tracker failed (not a refused reading: those are counted).
+    /// The tracker failed (not a refused reading: those are counted);
+    /// boxed, it carries the policy's and the checkpoint's errors.
     #[error(transparent)]
-    Deploy(#[from] DeployError),
+    Deploy(Box<DeployError>),
+}
+
+impl From<DeployError> for SimError {
+    fn from(e: DeployError) -> Self {
+        SimError::Deploy(Box::new(e))
+    }
 }
 
 /// A result with [`SimError`].

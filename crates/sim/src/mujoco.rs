@@ -143,8 +143,8 @@ impl Robot {
     /// its joint positions, every velocity zero, then `mj_forward`.
     pub fn set_initial_pose(&mut self, frame: &Frame<'_>) {
         let qpos = self.data.qpos_mut();
-        for i in 0..3 {
-            qpos[i] = f64::from(frame.body_pos[i]);
+        for (q, &p) in qpos[..3].iter_mut().zip(&frame.body_pos[..3]) {
+            *q = f64::from(p);
         }
         // xyzw -> MuJoCo's wxyz
         let r = &frame.body_rot[..4];

@@ -234,7 +234,7 @@ mod with_mujoco {
             tracker.record_to(log, &meta)?;
         }
         let record = if a.out.is_some() || a.every > 0 { Recording::EveryStep } else { Recording::Summary };
-        let pace = if a.real_time { Pace::RealTime } else { Pace::AsFast };
+        let pace = if a.real_time { Pace::RealTime { spin: a.realtime.spin() } } else { Pace::AsFast };
         let options = LoopOptions { steps: a.steps, perturbations, fall, record, pace };
         // on this thread, which runs the loop (after loading: the loads'
         // allocations are done before memory is locked)

@@ -16,9 +16,19 @@ pub(crate) struct RealtimeArgs {
     /// Pin the loop's thread to this CPU.
     #[arg(long, value_name = "CPU")]
     cpu: Option<usize>,
+    /// With --real-time: poll the clock for the last this-many microseconds
+    /// before each deadline instead of sleeping through them (the CPU stays
+    /// awake; costs that much busy time a period).
+    #[arg(long, value_name = "MICROSECONDS", default_value_t = 0)]
+    spin_us: u64,
 }
 
 impl RealtimeArgs {
+    /// The pacer's busy-wait before each deadline.
+    pub(crate) fn spin(&self) -> std::time::Duration {
+        std::time::Duration::from_micros(self.spin_us)
+    }
+
     /// The options asked.
     pub(crate) fn realtime(&self) -> Realtime {
         Realtime {
