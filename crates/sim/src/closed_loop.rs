@@ -167,7 +167,7 @@ pub fn run(tracker: &mut Tracker, robot: &mut Robot, options: &LoopOptions) -> R
         for (b, p) in body_pos.iter_mut().enumerate() {
             *p = robot.body_pos(b);
         }
-        for (d, &q) in dof_pos.iter_mut().zip(&robot.qpos()[7..]) {
+        for (d, &q) in dof_pos.iter_mut().zip(robot.joint_positions()) {
             *d = q;
         }
         let frame = tracker.player().frame(k.min(frames.saturating_sub(1)));

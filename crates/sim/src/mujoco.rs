@@ -200,6 +200,11 @@ impl Robot {
         self.data.qpos()
     }
 
+    /// The joints' positions (`qpos` after the free root).
+    pub fn joint_positions(&self) -> &[f64] {
+        &self.data.qpos()[FREE_QPOS..]
+    }
+
     /// MuJoCo's velocities.
     pub fn qvel(&self) -> &[f64] {
         self.data.qvel()
