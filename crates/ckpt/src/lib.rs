@@ -13,6 +13,7 @@ mod configs;
 mod diff;
 mod dtype;
 mod error;
+pub mod hydra;
 mod io;
 mod normalizers;
 mod parsed;

@@ -69,6 +69,9 @@ pub enum CliError {
     /// The inference server could not start or stopped on an error.
     #[error(transparent)]
     Serve(#[from] pmstate_serve::StartError),
+    /// `config FILE.yaml`: a Hydra config that could not be read or resolved.
+    #[error(transparent)]
+    Hydra(Box<pmstate_ckpt::hydra::HydraError>),
     /// `deploy sim`: the simulator, its MJCF or an option (boxed: it
     /// carries the tracker's errors).
     #[error(transparent)]
@@ -173,6 +176,7 @@ impl CliError {
             CliError::Trace(_) => ErrorReport::new("trace", message),
             CliError::Serve(_) => ErrorReport::new("serve", message),
             CliError::Sim(e) => sim_report(e, message),
+            CliError::Hydra(e) => hydra_report(e, message),
         }
     }
 }
@@ -290,6 +294,30 @@ fn obs_key(p: &crate::cmd::policy::obs::ObsProblem) -> Option<&str> {
     match p {
         P::Duplicate(k) | P::TooManyDims { key: k } | P::Offsets { key: k, .. } | P::NotInt64 { key: k, .. } => Some(k),
         _ => None,
+    }
+}
+
+/// The report of a Hydra config error: `hydra.yaml`, or `hydra.<problem>`
+/// with the file and the dotted key.
+fn hydra_report(e: &pmstate_ckpt::hydra::HydraError, message: String) -> ErrorReport {
+    use pmstate_ckpt::hydra::{HydraError as E, Problem as P};
+    match e {
+        E::Yaml { file, .. } => ErrorReport::new("hydra.yaml", message).at(Some(file), None),
+        E::Key { file, key, problem } => {
+            let kind = match problem {
+                P::Grammar { .. } => "grammar",
+                P::NotFound { .. } => "not_found",
+                P::MissingValue { .. } => "missing_value",
+                P::Cycle { .. } => "cycle",
+                P::UnknownResolver { .. } => "unknown_resolver",
+                P::Resolver { .. } => "resolver",
+                P::EvalRefused { .. } => "eval_refused",
+                P::EvalFailed { .. } => "eval_failed",
+                P::Unrepresentable(_) => "unrepresentable",
+                P::Limit(_) => "limit",
+            };
+            ErrorReport::new(format!("hydra.{kind}"), message).at(Some(file), Some(key))
+        }
     }
 }
 

@@ -201,7 +201,7 @@ fn target_kind(path: &Path) -> Target {
 }
 
 /// Opens `path` for a writer that writes as it goes, in one pass (a flight
-/// log): what [`write_atomically`] does with each kind of target, for a
+/// log): what `write_atomically` does with each kind of target, for a
 /// file that is written while it grows instead of renamed into place once
 /// complete.
 ///

@@ -1,7 +1,11 @@
 //! `pmstate config`: a resolved-configs file (or any part of it) as a
 //! readable tree or as JSON, read inertly (nothing in it is executed).
+//! A Hydra-dumped `config.yaml` (as ProtoMotions publishes beside its
+//! pretrained models) is read with its OmegaConf interpolations resolved
+//! (`pmstate_ckpt::hydra`), then printed by the same code.
 
-use std::path::PathBuf;
+use std::io::Read;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use pmstate_ckpt::Checkpoint;
@@ -16,20 +20,66 @@ pub struct Args {
     /// Only the value at this dotted path (e.g. agent.model.actor.mu_model.norm_clamp_value).
     #[arg(long)]
     get: Option<String>,
-    /// A resolved-configs file (resolved_configs.pt, resolved_configs_inference.pt) or any checkpoint.
+    /// A resolved-configs file (resolved_configs.pt, resolved_configs_inference.pt), any checkpoint,
+    /// or a Hydra config.yaml (.yaml/.yml: interpolations resolved as OmegaConf does).
     file: PathBuf,
+}
+
+/// Largest YAML file read (the published v2.3 configs are about 30 KB).
+const MAX_YAML_BYTES: u64 = 64 << 20;
+
+fn is_yaml(path: &Path) -> bool {
+    path.extension()
+        .and_then(|e| e.to_str())
+        .is_some_and(|e| e.eq_ignore_ascii_case("yaml") || e.eq_ignore_ascii_case("yml"))
+}
+
+/// The resolved tree of a Hydra `config.yaml`. Its errors name the file,
+/// the dotted key and the problem (`--json` kind `hydra.<problem>`).
+fn yaml_tree(path: &Path) -> Result<J, CliError> {
+    let shown = path.display().to_string();
+    let (file, meta) = pmstate_ckpt::open_regular(path)?;
+    if meta.len() > MAX_YAML_BYTES {
+        return Err(CliError::Usage(format!("{shown}: larger than {MAX_YAML_BYTES} bytes, not read as YAML")));
+    }
+    let mut text = String::new();
+    file.take(MAX_YAML_BYTES + 1).read_to_string(&mut text)?;
+    pmstate_ckpt::hydra::resolve_yaml(&text, &shown).map_err(|e| CliError::Hydra(Box::new(e)))
+}
+
+/// The value at a dotted path of a JSON tree: object keys, list indices.
+fn json_get(mut v: J, key: &str) -> Option<J> {
+    if key.is_empty() {
+        return Some(v);
+    }
+    for part in key.split('.') {
+        v = match v {
+            J::Object(mut m) => m.swap_remove(part)?,
+            J::Array(mut a) => {
+                let i: usize = part.parse().ok()?;
+                if i >= a.len() {
+                    return None;
+                }
+                a.swap_remove(i)
+            }
+            _ => return None,
+        };
+    }
+    Some(v)
 }
 
 /// Prints the config at `--get` (default: the whole file): the JSON tree
 /// on one line (`--json`), or a readable indented tree (`--get` of a
 /// scalar prints just it: `5`, `5.0`, `relu`).
 pub fn run(a: Args, g: Global) -> Result<ExitCode, CliError> {
-    let ckpt = Checkpoint::open(&a.file)?;
     let key = a.get.as_deref();
     let key_text = key.unwrap_or("");
-    let value = ckpt
-        .config_json(key_text)
-        .ok_or_else(|| CliError::NoKey { file: a.file.display().to_string(), key: key_text.to_owned() })?;
+    let no_key = || CliError::NoKey { file: a.file.display().to_string(), key: key_text.to_owned() };
+    let value = if is_yaml(&a.file) {
+        json_get(yaml_tree(&a.file)?, key_text).ok_or_else(no_key)?
+    } else {
+        Checkpoint::open(&a.file)?.config_json(key_text).ok_or_else(no_key)?
+    };
     match g.format() {
         OutputFormat::Json => output::json_line(&value)?,
         OutputFormat::Text => {
