@@ -116,6 +116,11 @@ impl<'a> Resolver<'a> {
         if let [Piece::Interp(i)] = pieces {
             return self.interp(i, at, depth);
         }
+        self.concat(pieces, at, depth)
+    }
+
+    /// Text and interpolations joined as Python's `str()` of each value.
+    fn concat(&mut self, pieces: &[Piece], at: &[String], depth: usize) -> R<Val> {
         let mut out = String::new();
         for piece in pieces {
             match piece {
@@ -163,19 +168,7 @@ impl<'a> Resolver<'a> {
 
     fn arg(&mut self, arg: &Arg, at: &[String], depth: usize) -> R<Val> {
         match arg {
-            Arg::Quoted(pieces) => {
-                let mut out = String::new();
-                for piece in pieces {
-                    match piece {
-                        Piece::Text(t) => out.push_str(t),
-                        Piece::Interp(i) => {
-                            let v = self.interp(i, at, depth)?;
-                            out.push_str(&py_str(&v).map_err(|p| (dotted(at), p))?);
-                        }
-                    }
-                }
-                Ok(Val::Str(out))
-            }
+            Arg::Quoted(pieces) => self.concat(pieces, at, depth),
             Arg::List(items) => {
                 let mut out = Vec::with_capacity(items.len());
                 for item in items {
