@@ -173,3 +173,18 @@ pub fn resolve_yaml(text: &str, file: &str) -> Result<Json, HydraError> {
     let value = r.tree(&[], 0).map_err(|(key, problem)| HydraError::Key { file: file.to_string(), key, problem })?;
     to_json(&value).map_err(|(key, problem)| HydraError::Key { file: file.to_string(), key, problem })
 }
+
+/// Reads a Hydra-dumped YAML file and returns the subtree at the dotted
+/// `key` (`agent.config.model`) with its interpolations resolved, as
+/// OmegaConf resolves `OmegaConf.to_container(cfg.agent.config.model,
+/// resolve=True)`: lazily, so a mandatory value (`???`) elsewhere in the
+/// file that the subtree does not reference is no error (v2.3's MaskedMimic
+/// leaves `motion_file` for its eval's command line). A key naming no
+/// node is [`Problem::NotFound`].
+pub fn resolve_yaml_at(text: &str, file: &str, key: &str) -> Result<Json, HydraError> {
+    let root = load_yaml(text, file)?;
+    let mut r = Resolver::new(&root, file);
+    let path: Vec<String> = if key.is_empty() { Vec::new() } else { key.split('.').map(str::to_owned).collect() };
+    let value = r.tree(&path, 0).map_err(|(key, problem)| HydraError::Key { file: file.to_string(), key, problem })?;
+    to_json(&value).map_err(|(key, problem)| HydraError::Key { file: file.to_string(), key, problem })
+}
