@@ -35,13 +35,17 @@ What each variant is built with (v2.3's own code throughout):
   include extreme values (the normalizer clamps are hit): the tracker's
   actor mean (`tanh` of the Transformer's output) and critic value;
   MaskedMimic's prior `mu`/`logvar` and `act()` with zero and with seeded
-  `vae_noise`, masks boolean as v2.3's env makes them.
+  `vae_noise`, masks boolean as v2.3's env makes them. With
+  `--published-widths` also the same forward in float64
+  (`expected_f64.safetensors`), the reference both float32 forwards are
+  measured against.
 
 v2.3 imports on Python 3.11 as far as its agents go (its simulator config,
 which 3.11's dataclass rules reject, is never imported here).
 """
 
 import argparse
+import copy
 import hashlib
 import json
 import os
@@ -138,14 +142,18 @@ MASKED_MIMIC = {
         "motion_file": "synthetic.npy",
         "agent.config.expert_model_path": None,
     },
+    "required": ("motion_file", "agent.config.expert_model_path"),
 }
+
+
+PUBLISHED = False  # --published-widths: the published files' widths, untouched
 
 
 def load_cfg(root, spec):
     from omegaconf import OmegaConf
 
     cfg = OmegaConf.load(root / spec["config"])
-    shrink(cfg, spec["edits"])
+    shrink(cfg, {k: v for k, v in spec["edits"].items() if not PUBLISHED or k in spec.get("required", ())})
     return cfg
 
 
@@ -270,6 +278,12 @@ def record_tracker(root, out):
     save(agent, out / "last.ckpt")
     save_file({k: v.contiguous() for k, v in obs.items()}, out / "obs.safetensors")
     save_file({"mean_action": dist.mean.contiguous(), "value": value.contiguous()}, out / "expected.safetensors")
+    if PUBLISHED:
+        m64 = copy.deepcopy(model).double()
+        o64 = {k: v.double() for k, v in obs.items()}
+        with torch.no_grad():
+            ref = {"mean_action": m64._actor(o64).mean, "value": m64._critic(o64)}
+        save_file({k: v.contiguous() for k, v in ref.items()}, out / "expected_f64.safetensors")
     return {"widths": widths, "action_size": int(dist.mean.shape[-1])}
 
 
@@ -318,7 +332,8 @@ def record_masked_mimic(root, out):
 
     torch.manual_seed(SEED)
     cfg = load_cfg(root, MASKED_MIMIC)
-    mm_shrink(cfg)
+    if not PUBLISHED:
+        mm_shrink(cfg)
     agent = make_agent(cfg, ROWS)
     model = agent.model.module if hasattr(agent.model, "module") else agent.model
     g = torch.Generator().manual_seed(SEED + 1)
@@ -355,6 +370,14 @@ def record_masked_mimic(root, out):
         },
         out / "expected.safetensors",
     )
+    if PUBLISHED:
+        m64 = copy.deepcopy(model).double()
+        o64 = {k: (v.double() if v.is_floating_point() else v) for k, v in obs.items()}
+        with torch.no_grad():
+            p64 = m64._prior(dict(o64))
+            a64 = m64.act({**o64, "vae_noise": torch.zeros(ROWS, latent, dtype=torch.float64)})
+        ref = {"mean_action": a64, "latent_mu": p64["mu"], "latent_logvar": p64["logvar"]}
+        save_file({k: v.contiguous() for k, v in ref.items()}, out / "expected_f64.safetensors")
     return {"widths": {k: (v if not isinstance(v, tuple) else v[1]) for k, v in widths.items()}, "latent": latent}
 
 
@@ -371,7 +394,14 @@ def main():
     ap.add_argument("--out", type=Path, default=HERE)
     ap.add_argument("--reference-commit", default=None, help="the tag's commit, where PATH is not a git tree")
     ap.add_argument("--only", nargs="*", default=None)
+    ap.add_argument(
+        "--published-widths",
+        action="store_true",
+        help="keep the published files' widths (a check of its own, into --out; not for testdata)",
+    )
     args = ap.parse_args()
+    global PUBLISHED
+    PUBLISHED = args.published_widths
     import torch
 
     commit = args.reference_commit

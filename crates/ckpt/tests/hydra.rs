@@ -229,3 +229,23 @@ fn protomotions_v23_published_configs_resolve_as_omegaconf_does() {
     assert_eq!(n, 3);
     eprintln!("v2.3 published configs: {n} files agree with OmegaConf");
 }
+
+/// One subtree resolved alone, lazily as OmegaConf resolves a node: a
+/// mandatory value elsewhere that the subtree does not reference is no
+/// error (v2.3's MaskedMimic leaves `motion_file` for its eval); one it
+/// references is; a key naming no node is named.
+#[test]
+fn a_subtree_resolves_alone() {
+    use pmstate_ckpt::hydra::resolve_yaml_at;
+    let text = "motion_file: ???\nrobot:\n  n: 4\nagent:\n  model:\n    num_out: ${robot.n}\n    w: ${eval:${.num_out}*2}\n  data: ${motion_file}\n";
+    let t = resolve_yaml_at(text, "c.yaml", "agent.model").unwrap();
+    assert_eq!(t, serde_json::json!({"num_out": 4, "w": 8}));
+    assert_eq!(resolve_yaml_at(text, "c.yaml", "agent.model.w").unwrap(), 8);
+    let e = resolve_yaml_at(text, "c.yaml", "agent").unwrap_err();
+    assert!(matches!(e.problem(), Some(Problem::MissingValue { target }) if target == "motion_file"), "{e}");
+    assert_eq!(e.key(), Some("agent.data"));
+    let e = resolve_yaml_at(text, "c.yaml", "agent.critic").unwrap_err();
+    assert!(matches!(e.problem(), Some(Problem::NotFound { .. })), "{e}");
+    // the whole file, as resolve_yaml does
+    assert!(resolve_yaml_at(text, "c.yaml", "").is_err());
+}

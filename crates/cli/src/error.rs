@@ -259,6 +259,11 @@ fn policy_report(e: &pmstate_policy::PolicyError, message: String) -> ErrorRepor
         E::Graph { path, .. } => ("graph", None, Some(path)),
         E::MissingObs { key, .. } => ("missing_obs", None, Some(key)),
         E::ExtraObs { key, .. } => ("extra_obs", None, Some(key)),
+        E::NanObservation { key, .. } => ("nan_observation", None, Some(key)),
+        E::ConfigRead { file, .. } => ("config_read", Some(file), None),
+        E::Hydra(h) => {
+            return hydra_report(h, message);
+        }
         E::ObsDtype { key, .. } => ("obs_dtype", None, Some(key)),
         E::ObsRank { key, .. } => ("obs_rank", None, Some(key)),
         E::ObsWidth { key, .. } => ("obs_width", None, Some(key)),

@@ -406,7 +406,7 @@ impl ModuleConfig {
     }
 }
 
-fn norm_settings(o: &Obj<'_>) -> Result<NormSettings> {
+pub(crate) fn norm_settings(o: &Obj<'_>) -> Result<NormSettings> {
     let d = NormSettings::default();
     let normalize_obs = o.bool_or("normalize_obs", d.normalize_obs)?;
     let clamp = o.number("norm_clamp_value", d.clamp)?;
@@ -414,7 +414,7 @@ fn norm_settings(o: &Obj<'_>) -> Result<NormSettings> {
     Ok(NormSettings { normalize_obs, clamp, ema_decay })
 }
 
-fn module_ops(o: &Obj<'_>, default: Vec<ModuleOp>) -> Result<Vec<ModuleOp>> {
+pub(crate) fn module_ops(o: &Obj<'_>, default: Vec<ModuleOp>) -> Result<Vec<ModuleOp>> {
     if o.fields.and_then(|f| f.get("module_operations")).is_none() {
         o.get("module_operations");
         return Ok(default);

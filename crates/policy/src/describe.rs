@@ -280,6 +280,10 @@ pub struct MaskedMimicDescription {
     pub networks: Vec<NetworkDesc>,
     /// The prior's transformers.
     pub transformers: Vec<TransformerDesc>,
+    /// The older release whose layout it was read from (`None`: today's).
+    pub release: Option<crate::releases::Release>,
+    /// That release's layout, in words.
+    pub layout: Option<&'static str>,
 }
 
 impl crate::masked_mimic::MaskedMimic {
@@ -306,7 +310,7 @@ impl crate::masked_mimic::MaskedMimic {
             .collect();
         MaskedMimicDescription {
             checkpoint: self.checkpoint_path().to_owned(),
-            model: crate::config::MASKED_MIMIC_MODEL,
+            model: self.model_class(),
             in_keys: key_widths(&self.widths, self.in_keys(), &networks),
             width_groups: width_groups(&self.widths),
             optional_inputs: vec![(crate::masked_mimic::VAE_NOISE_KEY.to_owned(), self.config.latent_dim)],
@@ -315,6 +319,8 @@ impl crate::masked_mimic::MaskedMimic {
             vae_noise_type: self.config.noise_type,
             networks,
             transformers,
+            release: self.release(),
+            layout: self.release().map(crate::releases::Release::layout),
         }
     }
 }
@@ -323,6 +329,13 @@ impl fmt::Display for MaskedMimicDescription {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(f, "checkpoint: {}", self.checkpoint)?;
         writeln!(f, "model: {} (MaskedMimic, inference: prior -> latent -> trunk)", self.model)?;
+        if let (Some(r), Some(layout)) = (self.release, self.layout) {
+            writeln!(
+                f,
+                "release: ProtoMotions {}, {layout}; Welford normalizers; masks: one entry per token, bool or float",
+                r.name()
+            )?;
+        }
         let a = self.action_size.map_or("?".to_string(), |a| a.to_string());
         writeln!(f, "actions: {a}")?;
         writeln!(

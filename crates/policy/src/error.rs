@@ -42,7 +42,10 @@ pub enum PolicyError {
         key: String,
     },
     /// No configs file given and none next to the checkpoint.
-    #[error("{checkpoint}: no resolved_configs_inference.pt or resolved_configs.pt next to it; pass the configs file with --config")]
+    #[error(
+        "{checkpoint}: no resolved_configs_inference.pt or resolved_configs.pt next to it (nor a v2.3 config.yaml); \
+         pass the configs file with --config"
+    )]
     ConfigNotFound {
         /// The checkpoint.
         checkpoint: String,
@@ -266,6 +269,27 @@ pub enum PolicyError {
     NoDiscriminator {
         /// The model class.
         class: String,
+    },
+    /// A configs file that could not be read (v2.3's `config.yaml`).
+    #[error("{file}: {source}")]
+    ConfigRead {
+        /// The file.
+        file: String,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A Hydra `config.yaml` whose interpolations do not resolve.
+    #[error(transparent)]
+    Hydra(#[from] Box<pmstate_ckpt::hydra::HydraError>),
+    /// NaN in an observation (or in its normalized form) that a module
+    /// refuses: v2.3's `NormObsBase` raises `ValueError("NaN in obs")`.
+    #[error("{module}: NaN in observation {key} (v2.3's NormObsBase refuses it)")]
+    NanObservation {
+        /// Config path of the module.
+        module: String,
+        /// The observation key.
+        key: String,
     },
     /// candle failed.
     #[error("candle: {0}")]

@@ -29,12 +29,14 @@ pub mod network;
 mod obs_check;
 pub mod obs_widths;
 pub mod problem;
+pub mod releases;
 pub mod sample;
 pub mod served;
 mod served_masked_mimic;
 mod served_policy;
 pub mod shapes;
 pub mod transformer;
+pub mod v23;
 
 pub use activation::Activation;
 pub use config::{ModelConfig, ModuleConfig, Number};

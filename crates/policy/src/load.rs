@@ -14,7 +14,8 @@ use crate::model::Policy;
 pub const CONFIG_NAMES: [&str; 2] = ["resolved_configs_inference.pt", "resolved_configs.pt"];
 
 /// The configs file for `checkpoint`: `config` when given, else the first
-/// of [`CONFIG_NAMES`] in the checkpoint's folder.
+/// of [`CONFIG_NAMES`] in the checkpoint's folder, else a v2.3 Hydra
+/// `config.yaml` where v2.3's eval finds it ([`crate::v23::find_config`]).
 pub fn find_config(checkpoint: &Path, config: Option<&Path>) -> Result<PathBuf> {
     if let Some(c) = config {
         return Ok(c.to_path_buf());
@@ -25,6 +26,7 @@ pub fn find_config(checkpoint: &Path, config: Option<&Path>) -> Result<PathBuf> 
         .iter()
         .map(|n| dir.join(n))
         .find(|p| p.is_file())
+        .or_else(|| crate::v23::find_config(checkpoint))
         .ok_or_else(|| PolicyError::ConfigNotFound { checkpoint: checkpoint.display().to_string() })
 }
 

@@ -11,6 +11,7 @@
 //! The privileged encoder is training-only: its config is parsed (and
 //! checked) but its weights are not loaded.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::path::Path;
 
@@ -25,6 +26,7 @@ use crate::load::LoadOptions;
 use crate::network::{Network, TensorMap, Trace};
 use crate::obs_check::{check_obs, ObsKeys};
 use crate::problem::{FieldProblem, GraphProblem};
+use crate::releases::Release;
 use crate::shapes::Widths;
 
 /// The key the trunk reads the latent from (`VAE_LATENT_KEY`).
@@ -76,21 +78,30 @@ pub struct MaskedMimicConfig {
 impl MaskedMimicConfig {
     /// Parses `agent.model` (`node`, at config path `path`).
     pub fn from_node(node: &Node, path: &str) -> Result<Self> {
+        Self::parse(node, path, MASKED_MIMIC_MODEL, &ModuleConfig::from_node)
+    }
+
+    /// Parses a MaskedMimic model config whose class is `class`, its
+    /// prior, trunk and encoder by `module` (today's module classes, or an
+    /// older release's: [`crate::releases`]); the other fields are the same
+    /// in every release that has this model.
+    pub(crate) fn parse(
+        node: &Node,
+        path: &str,
+        class: &'static str,
+        module: &dyn Fn(&Node, &str) -> Result<ModuleConfig>,
+    ) -> Result<Self> {
         let o = Obj::new(node, path)?;
         let target = o.string("_target_")?;
-        if target != MASKED_MIMIC_MODEL {
-            return Err(PolicyError::UnsupportedClass {
-                path: path.to_owned(),
-                class: target,
-                supported: vec![MASKED_MIMIC_MODEL],
-            });
+        if target != class {
+            return Err(PolicyError::UnsupportedClass { path: path.to_owned(), class: target, supported: vec![class] });
         }
         o.get("in_keys");
         o.get("out_keys");
         o.get("optimizer");
-        let prior = ModuleConfig::from_node(o.req("prior")?, &o.sub("prior"))?;
-        let trunk = ModuleConfig::from_node(o.req("trunk")?, &o.sub("trunk"))?;
-        let encoder = ModuleConfig::from_node(o.req("encoder")?, &o.sub("encoder"))?;
+        let prior = module(o.req("prior")?, &o.sub("prior"))?;
+        let trunk = module(o.req("trunk")?, &o.sub("trunk"))?;
+        let encoder = module(o.req("encoder")?, &o.sub("encoder"))?;
         let needs = "the prior names two out_keys: mu, then logvar";
         let prior_out = match prior.out_keys() {
             [mu, logvar] => (mu.clone(), logvar.clone()),
@@ -163,6 +174,8 @@ pub struct MaskedMimic {
     checkpoint: String,
     /// Globals let through by [`LoadOptions`] (empty unless allowed).
     allowed_globals: Vec<crate::AllowedGlobal>,
+    /// The older release whose layout it was read from (`None`: today's).
+    release: Option<Release>,
 }
 
 /// What one forward computes.
@@ -212,13 +225,24 @@ impl MaskedMimic {
 
     /// Builds the prior and trunk of `config` with the weights of `checkpoint`.
     pub fn from_parts(config: MaskedMimicConfig, checkpoint: &Checkpoint, device: &Device) -> Result<Self> {
-        let dict = match checkpoint.get("model") {
-            Some(Node::Dict(_)) => "model",
-            _ => "",
-        };
+        let dict = state_dict_name(checkpoint);
         let base = "agent.model";
         let prior = Network::load(&config.prior, checkpoint, dict, "_prior", &format!("{base}.prior"), device)?;
         let trunk = Network::load(&config.trunk, checkpoint, dict, "_trunk", &format!("{base}.trunk"), device)?;
+        Self::from_networks(config, prior, trunk, checkpoint, device, None)
+    }
+
+    /// The model of `config` with its prior and trunk built (from the
+    /// weights of `checkpoint`), read from `release`'s layout (`None`: today's).
+    pub(crate) fn from_networks(
+        config: MaskedMimicConfig,
+        prior: Network,
+        trunk: Network,
+        checkpoint: &Checkpoint,
+        device: &Device,
+        release: Option<Release>,
+    ) -> Result<Self> {
+        let base = "agent.model";
         let widths = Widths::analyse(&[&prior, &trunk]);
         for key in [&config.prior_out.0, &config.prior_out.1] {
             if let Some(&w) = widths.known.get(key) {
@@ -243,7 +267,23 @@ impl MaskedMimic {
             device: device.clone(),
             checkpoint: checkpoint.path_str().into(),
             allowed_globals: Vec::new(),
+            release,
         })
+    }
+
+    /// The older release whose layout it was read from (`None`: today's).
+    pub fn release(&self) -> Option<Release> {
+        self.release
+    }
+
+    /// The model class its configs name (today's, or the release's).
+    pub fn model_class(&self) -> &'static str {
+        self.release.map_or(MASKED_MIMIC_MODEL, Release::masked_mimic_class)
+    }
+
+    /// Sets the globals let through (the release loader reads the files itself).
+    pub(crate) fn set_allowed_globals(&mut self, allowed: Vec<crate::AllowedGlobal>) {
+        self.allowed_globals = allowed;
     }
 
     /// The checkpoint it was loaded from.
@@ -272,6 +312,24 @@ impl MaskedMimic {
         self.widths.known.get(self.trunk.out_key()).copied()
     }
 
+    /// `obs` as the forward reads it: an older release's model takes bool
+    /// observations (candle's u8; the env's masks are bool) as torch
+    /// promotes them, 1.0 where nonzero; today's takes float32 only.
+    pub(crate) fn inputs<'a>(&self, obs: &'a HashMap<String, Tensor>) -> Result<Cow<'a, HashMap<String, Tensor>>> {
+        if self.release.is_none() || obs.values().all(|t| t.dtype() != DType::U8) {
+            return Ok(Cow::Borrowed(obs));
+        }
+        let mut out = HashMap::with_capacity(obs.len());
+        for (k, t) in obs {
+            let t = match t.dtype() {
+                DType::U8 => t.ne(0u8)?.to_dtype(DType::F32)?,
+                _ => t.clone(),
+            };
+            out.insert(k.clone(), t);
+        }
+        Ok(Cow::Owned(out))
+    }
+
     pub(crate) fn check(&self, obs: &HashMap<String, Tensor>) -> Result<usize> {
         let required = self.in_keys();
         let mut accepted = required.clone();
@@ -285,6 +343,8 @@ impl MaskedMimic {
     /// [`MaskedMimic::in_keys`] (float32 `[B, W]`) and optionally
     /// `vae_noise` (`[B, vae_latent_dim]`; zero when absent).
     pub fn forward(&self, obs: &HashMap<String, Tensor>) -> Result<MaskedMimicOutputs> {
+        let obs = self.inputs(obs)?;
+        let obs = obs.as_ref();
         let batch = self.check(obs)?;
         let mut td: TensorMap =
             obs.iter().map(|(k, v)| Ok((k.clone(), v.to_device(&self.device)?))).collect::<Result<_>>()?;
@@ -318,5 +378,14 @@ impl MaskedMimic {
             stages: td,
             normalized: trace.norm_outputs,
         })
+    }
+}
+
+/// The dict of `checkpoint` holding the state dict (`model`), or `""` for a
+/// bare state dict.
+pub(crate) fn state_dict_name(checkpoint: &Checkpoint) -> &'static str {
+    match checkpoint.get("model") {
+        Some(Node::Dict(_)) => "model",
+        _ => "",
     }
 }

@@ -94,6 +94,41 @@ pub struct TransformerNetwork {
     pub config: TransformerConfig,
     /// The encoder.
     pub encoder: TransformerEncoder,
+    /// How a mask input fits its tokens (the release's rule).
+    pub mask_rule: MaskRule,
+}
+
+/// How a `Transformer`'s mask input fits its tokens: today's module reduces
+/// a wider mask (a token is padded where all its entries are 0) and spreads
+/// a `[B, 1]` one over every token; v3.0's and v3.1's concatenate the masks
+/// as they are, so anything but one entry per token fails there (and is
+/// refused here, naming the release).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MaskRule {
+    /// Today's: `[B]`, `[B, 1]` or `[B, M >= S]`.
+    Reduce,
+    /// An older release's (`v3.1`): `[B, S]`, or `[B]` for one token.
+    PerToken(&'static str),
+}
+
+impl TransformerNetwork {
+    /// The error for a mask of `m` entries per row over `seq` tokens that
+    /// its [`MaskRule`] does not take (the wider-or-one rule of today's is
+    /// checked where it is applied); `None` when it fits.
+    pub(crate) fn mask_rule_refusal(&self, key: &str, shape: &[usize], m: usize, seq: usize) -> Option<PolicyError> {
+        match self.mask_rule {
+            MaskRule::PerToken(release) if m != seq => Some(PolicyError::Attention {
+                path: self.path.clone(),
+                problem: AttentionProblem::MaskNotPerToken {
+                    key: key.to_owned(),
+                    shape: shape.to_vec(),
+                    tokens: seq,
+                    release,
+                },
+            }),
+            _ => None,
+        }
+    }
 }
 
 /// An `FSQAutoEncoder`: the encoder writes `latent_key`, the quantizer
@@ -207,6 +242,7 @@ impl Network {
                     module_path: module_path.to_owned(),
                     config: (**t).clone(),
                     encoder,
+                    mask_rule: MaskRule::Reduce,
                 })))
             }
             ModuleConfig::Mlp(m) => {
@@ -302,6 +338,19 @@ impl Network {
                 td.insert(t.config.out_key.clone(), y);
                 Ok(())
             }
+        }
+    }
+
+    /// Makes every transformer in it follow `rule` (an older release's).
+    pub(crate) fn set_mask_rule(&mut self, rule: MaskRule) {
+        match self {
+            Network::Transformer(t) => t.mask_rule = rule,
+            Network::Container { models, .. } => models.iter_mut().for_each(|m| m.set_mask_rule(rule)),
+            Network::Fsq(f) => {
+                f.encoder.set_mask_rule(rule);
+                f.decoder.set_mask_rule(rule);
+            }
+            Network::Leaf(_) => {}
         }
     }
 
@@ -477,15 +526,15 @@ impl TransformerNetwork {
             let padded = match self.config.masks.iter().find(|(tok, _)| tok == k) {
                 None => Tensor::zeros((b, seq), DType::U8, t.device())?,
                 Some((_, mask_key)) => {
-                    let raw = get(mask_key)?;
+                    let given = get(mask_key)?;
                     // ProtoMotions' masks are 1 for valid: padded = logical_not
-                    let raw = match raw.rank() {
-                        1 => raw.unsqueeze(1)?,
-                        2 => raw.clone(),
+                    let raw = match given.rank() {
+                        1 => given.unsqueeze(1)?,
+                        2 => given.clone(),
                         _ => {
                             return Err(self.err(AttentionProblem::MaskShape {
                                 key: mask_key.clone(),
-                                shape: raw.dims().to_vec(),
+                                shape: given.dims().to_vec(),
                                 tokens: seq,
                             }))
                         }
@@ -498,6 +547,9 @@ impl TransformerNetwork {
                             shape: raw.dims().to_vec(),
                             tokens: seq,
                         }));
+                    }
+                    if let Some(e) = self.mask_rule_refusal(mask_key, given.dims(), m, seq) {
+                        return Err(e);
                     }
                     if m > seq {
                         // a token is padded only if every entry is (mask.all(-1))

@@ -94,6 +94,16 @@ pub enum FieldProblem {
         /// The range.
         range: &'static str,
     },
+    /// Module operations a release's module class is not read with
+    /// (v3.0's `Flatten`: one `ModuleOperationForwardConfig`, as every
+    /// published config has it).
+    #[error("{found}: {needs}")]
+    Operations {
+        /// The operations found, by class.
+        found: String,
+        /// What is read.
+        needs: &'static str,
+    },
     /// The encoder's output width differs from `num_fsq_scalars`.
     #[error("FSQAutoEncoder encoder output dim ({encoder}) must match num_fsq_scalars ({scalars})")]
     FsqScalars {
@@ -340,6 +350,23 @@ pub enum AttentionProblem {
         shape: Vec<usize>,
         /// How many tokens it masks.
         tokens: usize,
+    },
+    /// A mask of an older release's `Transformer`, which concatenates its
+    /// masks as they are (`[B]` becomes `[B, 1]`): one entry per token.
+    #[error(
+        "mask {key} of shape {}, expected [B, {tokens}]{}: {release}'s Transformer neither reduces nor broadcasts a mask",
+        Dims(shape),
+        if *tokens == 1 { " or [B]" } else { "" }
+    )]
+    MaskNotPerToken {
+        /// The mask key.
+        key: String,
+        /// Its shape.
+        shape: Vec<usize>,
+        /// How many tokens it masks.
+        tokens: usize,
+        /// The release (`v3.1`).
+        release: &'static str,
     },
     /// The key-padding mask is not a `[B, S]` bool.
     #[error("key-padding mask of shape {} ({dtype}), expected bool [{batch}, {seq}]", Dims(shape))]

@@ -81,7 +81,7 @@ fn signature(m: &MaskedMimic) -> Signature {
         groups,
         outputs,
         action_size: m.action_size().unwrap_or(0),
-        model: MASKED_MIMIC_MODEL,
+        model: m.model_class(),
         logits_per_row: None,
     }
 }

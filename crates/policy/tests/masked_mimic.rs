@@ -355,8 +355,10 @@ fn renamed(node: Node, rename: &dyn Fn(&str) -> Option<String>) -> Node {
 }
 
 /// The masked_mimic checkpoint beside configs `rename` rewrote, loaded
-/// through the registry; its refusal.
-fn registry_refusal(rename: &dyn Fn(&str) -> Option<String>) -> PolicyError {
+/// through the registry.
+fn registry_load(
+    rename: &dyn Fn(&str) -> Option<String>,
+) -> Result<Box<dyn pmstate_policy::served::Model>, pmstate_policy::served::LoadError> {
     use pmstate_ckpt::{UnsafeGlobals, WriteOptions};
     let (root, storages) = Checkpoint::open(data("resolved_configs_inference.pt")).unwrap().into_parts();
     let edited = Checkpoint::from_parts(renamed(root, rename), storages).unwrap();
@@ -365,8 +367,12 @@ fn registry_refusal(rename: &dyn Fn(&str) -> Option<String>) -> PolicyError {
     // the configs name their classes as pickled globals: written as they are
     let opts = WriteOptions { unsafe_globals: UnsafeGlobals::Allow, ..Default::default() };
     pmstate_ckpt::save_torch(&edited, dir.path().join("resolved_configs_inference.pt"), &opts).unwrap();
-    let ckpt = dir.path().join("last.ckpt");
-    match pmstate_policy::served::load(&ckpt, None, &Device::Cpu, &Default::default()) {
+    pmstate_policy::served::load(&dir.path().join("last.ckpt"), None, &Device::Cpu, &Default::default())
+}
+
+/// [`registry_load`]'s refusal.
+fn registry_refusal(rename: &dyn Fn(&str) -> Option<String>) -> PolicyError {
+    match registry_load(rename) {
         Err(pmstate_policy::served::LoadError::Policy(e)) => e,
         Err(e) => panic!("not a policy error: {e}"),
         Ok(_) => panic!("loaded"),
@@ -374,33 +380,48 @@ fn registry_refusal(rename: &dyn Fn(&str) -> Option<String>) -> PolicyError {
 }
 
 /// v3.0 and v3.1 named MaskedMimic `protomotions.agents.masked_mimic.model.MaskedMimicModel`
-/// and built it from other modules: the refusal names the release layout it
-/// met, and lists today's classes (every family's, not PPO and AMP alone).
+/// and built it from other modules: that class is read (today's modules
+/// under it are v3.1's layout; tests/releases_masked_mimic.rs checks both
+/// releases' recordings). Their `FeedForwardModel` is not: its refusal names
+/// the release layout it met, and lists today's classes (every family's).
 #[test]
-fn an_older_release_class_is_refused_naming_its_layout() {
+fn an_older_release_class_is_read_or_refused_naming_its_layout() {
     use pmstate_policy::config::MASKED_MIMIC_MODEL;
-    const OLD: &str = "protomotions.agents.masked_mimic.model.MaskedMimicModel";
+    use pmstate_policy::releases::{FEED_FORWARD_V3, MASKED_MIMIC_V3};
     let families: Vec<&str> = pmstate_policy::served::registry::FAMILIES.iter().map(|f| f.model).collect();
-    assert!(families.contains(&MASKED_MIMIC_MODEL), "{families:?}");
+    assert!(families.contains(&MASKED_MIMIC_MODEL) && families.contains(&MASKED_MIMIC_V3), "{families:?}");
 
     // v3.1's layout: today's ObsProcessor / ModuleContainer modules under the old class
-    let e = registry_refusal(&|s| (s == MASKED_MIMIC_MODEL).then(|| OLD.to_owned()));
+    let m = registry_load(&|s| (s == MASKED_MIMIC_MODEL).then(|| MASKED_MIMIC_V3.to_owned())).unwrap();
+    assert_eq!(m.signature().model, MASKED_MIMIC_V3);
+    assert!(m.description().to_string().contains("release: ProtoMotions v3.1"), "{}", m.description());
+
+    // FeedForwardModel in v3.1's layout
+    let e = registry_refusal(&|s| (s == MASKED_MIMIC_MODEL).then(|| FEED_FORWARD_V3.to_owned()));
     assert!(
         matches!(&e, PolicyError::OlderRelease(o)
-            if o.path == "agent.model" && o.class == OLD && o.layout.starts_with("v3.1 layout") && o.supported == families),
+            if o.path == "agent.model" && o.class == FEED_FORWARD_V3 && o.layout.starts_with("v3.1 layout") && o.supported == families),
         "{e}"
     );
     let msg = e.to_string();
-    assert!(msg.contains("MaskedMimicModel, v3.1 layout (ObsProcessor, ModuleContainer)"), "{msg}");
+    assert!(msg.contains("FeedForwardModel, v3.1 layout (ObsProcessor, ModuleContainer)"), "{msg}");
     assert!(msg.contains(MASKED_MIMIC_MODEL) && msg.contains("resolved_configs_inference.pt"), "{msg}");
 
-    // v3.0's: SequentialModule containers
+    // ... in v3.0's: SequentialModule containers
     let e = registry_refusal(&|s| match s {
-        MASKED_MIMIC_MODEL => Some(OLD.to_owned()),
+        MASKED_MIMIC_MODEL => Some(FEED_FORWARD_V3.to_owned()),
         s if s.ends_with(".ModuleContainer") => Some("protomotions.agents.common.common.SequentialModule".into()),
         _ => None,
     });
-    assert!(e.to_string().contains("MaskedMimicModel, v3.0 layout (SequentialModule)"), "{e}");
+    assert!(e.to_string().contains("FeedForwardModel, v3.0 layout (SequentialModule)"), "{e}");
+
+    // the old MaskedMimic class over modules of neither layout: refused naming it
+    let e = registry_refusal(&|s| match s {
+        MASKED_MIMIC_MODEL => Some(MASKED_MIMIC_V3.to_owned()),
+        s if s.ends_with(".ModuleContainer") => Some("protomotions.agents.common.common.OtherContainer".into()),
+        _ => None,
+    });
+    assert!(matches!(&e, PolicyError::OlderRelease(o) if o.class == MASKED_MIMIC_V3 && o.supported == families), "{e}");
 
     // a class no release had: every family's class listed
     let e = registry_refusal(&|s| (s == MASKED_MIMIC_MODEL).then(|| "protomotions.agents.other.Model".to_owned()));

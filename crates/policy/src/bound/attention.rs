@@ -329,6 +329,9 @@ impl TransformerNetwork {
                     if rb != b || (m < seq && m != 1) {
                         return Err(bad());
                     }
+                    if let Some(e) = self.mask_rule_refusal(mask_key, &raw.shape, m, seq) {
+                        return Err(e);
+                    }
                     let invalid = |row: usize, c: usize| raw.value[row * m + c] == 0.0;
                     let mut out = Vec::with_capacity(b * seq);
                     for row in 0..b {

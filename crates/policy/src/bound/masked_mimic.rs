@@ -22,6 +22,8 @@ impl MaskedMimic {
     /// `out_keys`, `vae_latent`, the trunk's output, every intermediate) and
     /// each normalizer's output. Refuses what `forward` refuses.
     pub fn reference(&self, obs: &HashMap<String, Tensor>) -> Result<Reference> {
+        let obs = self.inputs(obs)?;
+        let obs = obs.as_ref();
         self.check(obs)?;
         let mut r = Reference::default();
         for (k, t) in obs {

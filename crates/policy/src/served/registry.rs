@@ -10,6 +10,7 @@ use crate::config::{AMP_MODEL, MASKED_MIMIC_MODEL, PPO_MODEL};
 use crate::error::{OlderRelease, PolicyError};
 use crate::gpc::config::LATENT_PRIOR_MODEL;
 use crate::load::{find_config, model_target, Globals};
+use crate::releases::{FEED_FORWARD_V3, MASKED_MIMIC_V3};
 
 /// How [`load`] reads a checkpoint.
 #[derive(Debug, Clone, Default)]
@@ -66,6 +67,8 @@ pub const FAMILIES: &[Family] = &[
     Family { model: AMP_MODEL, load: crate::served_policy::load },
     Family { model: MASKED_MIMIC_MODEL, load: crate::served_masked_mimic::load },
     Family { model: LATENT_PRIOR_MODEL, load: crate::gpc::served::load },
+    // v3.0's and v3.1's MaskedMimic, in either layout (crate::releases)
+    Family { model: MASKED_MIMIC_V3, load: crate::releases::masked_mimic::load_model },
 ];
 
 /// The family of the class `model`.
@@ -87,12 +90,14 @@ pub struct OlderClass {
     pub otherwise: &'static str,
 }
 
-/// Older releases' model classes (v3.0 and v3.1 built MaskedMimic in
-/// `protomotions.agents.masked_mimic.model`, from `SequentialModule`,
-/// `Flatten` and `MultiOutputModule` in v3.0 and from `ObsProcessor` and
-/// `ModuleContainer` in v3.1; today's lives in `agents.supervised`).
+/// Older releases' model classes that are not read. v3.0 and v3.1 named
+/// MaskedMimic `protomotions.agents.masked_mimic.model.MaskedMimicModel`,
+/// which is read in both layouts (a family above, [`crate::releases`]);
+/// beside it they had `FeedForwardModel` (MaskedMimic without the VAE: a
+/// trunk alone), built from `SequentialModule` in v3.0 and from
+/// `ModuleContainer` in v3.1, which no published model uses.
 pub const OLDER_CLASSES: &[OlderClass] = &[OlderClass {
-    model: "protomotions.agents.masked_mimic.model.MaskedMimicModel",
+    model: FEED_FORWARD_V3,
     layouts: &[
         ("protomotions.agents.common.common.SequentialModule", "v3.0 layout (SequentialModule)"),
         ("protomotions.agents.common.common.ModuleContainer", "v3.1 layout (ObsProcessor, ModuleContainer)"),
@@ -101,7 +106,8 @@ pub const OLDER_CLASSES: &[OlderClass] = &[OlderClass {
 }];
 
 /// Reads `checkpoint` with its resolved configs (`config`, else the file
-/// next to it: [`find_config`]) and builds its model, whatever its family.
+/// next to it: [`find_config`], which finds a v2.3 `config.yaml` too)
+/// and builds its model, whatever its family.
 /// Configs naming no known class are read as a policy, whose errors say
 /// what is wrong (the field at fault, unsafe globals); a refusal of the
 /// model class itself lists every family's class, and names the release
@@ -112,6 +118,9 @@ pub fn load(
     device: &Device,
     opts: &ModelOptions,
 ) -> Result<Box<dyn Model>, LoadError> {
+    if let Some(yaml) = hydra_config(checkpoint, config) {
+        return crate::v23::served::load(checkpoint, &yaml, device, opts);
+    }
     let config = find_config(checkpoint, config)?;
     let configs = pmstate_ckpt::Checkpoint::open(&config).ok();
     let target = configs.as_ref().and_then(|c| model_target(c).ok());
@@ -139,39 +148,15 @@ pub fn load(
     }
 }
 
-/// Every `_target_` string under the configs' model (its modules' classes).
-fn model_targets(configs: &pmstate_ckpt::Checkpoint) -> Vec<String> {
-    let mut out = Vec::new();
-    if let Ok((node, _)) = crate::load::model_node(configs) {
-        collect_targets(node, 0, &mut out);
-    }
-    out
+/// A v2.3 Hydra `config.yaml` to read `checkpoint` with: `config`, or the
+/// file [`find_config`] finds, when it is YAML. v2.3's classes share names
+/// with later releases' (`PPOModel`), so the config's format, not its
+/// class, decides.
+fn hydra_config(checkpoint: &Path, config: Option<&Path>) -> Option<std::path::PathBuf> {
+    find_config(checkpoint, config).ok().filter(|c| crate::v23::is_hydra_config(c))
 }
 
-/// Most levels walked: a model config nests a few dozen deep; a hostile
-/// one deeper is cut short (the walk only names a layout).
-const MAX_DEPTH: usize = 64;
-
-fn collect_targets(node: &pmstate_ckpt::Node, depth: usize, out: &mut Vec<String>) {
-    use pmstate_ckpt::Node;
-    if depth > MAX_DEPTH {
-        return;
-    }
-    match node {
-        Node::Dict(d) => {
-            for (k, v) in d.entries() {
-                match (k, v) {
-                    (Node::Str(k), Node::Str(t)) if k == "_target_" => out.push(t.clone()),
-                    _ => collect_targets(v, depth + 1, out),
-                }
-            }
-        }
-        Node::List(v) | Node::Tuple(v) => v.iter().for_each(|n| collect_targets(n, depth + 1, out)),
-        Node::Object(o) => {
-            if let Some(s) = &o.state {
-                collect_targets(s, depth + 1, out);
-            }
-        }
-        _ => {}
-    }
+/// Every `_target_` string under the configs' model (its modules' classes).
+fn model_targets(configs: &pmstate_ckpt::Checkpoint) -> Vec<String> {
+    crate::load::model_node(configs).map(|(node, _)| crate::releases::targets(node)).unwrap_or_default()
 }

@@ -1,0 +1,76 @@
+//! The PPO motion trackers of ProtoMotions v3.0 and v3.1
+//! (testdata/policy/v30_tracker, v31_tracker, recorded by
+//! record_releases.py from each release's own `PPOModel`, built from that
+//! release's published motion_tracker/smpl resolved configs at shrunk
+//! widths, trained 60 steps by its agent's optimizers, saved by its
+//! `agent.save`): their classes are today's, so `Policy` reads them as
+//! they are; the mean action and value within the derived float32 bound of
+//! the float64 reference (torch's within twice it, as tests/parity.rs
+//! checks today's), the neglogp of torch's own action as torch computes it.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use candle_core::{Device, Tensor};
+use pmstate_policy::bound::{within, Bounded};
+use pmstate_policy::Policy;
+
+fn dir(v: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata/policy").join(v)
+}
+
+fn load(p: &Path) -> HashMap<String, Tensor> {
+    candle_core::safetensors::load(p, &Device::Cpu).unwrap()
+}
+
+fn flat(t: &Tensor) -> Vec<f32> {
+    t.flatten_all().unwrap().to_vec1::<f32>().unwrap()
+}
+
+fn assert_within(what: &str, v: &str, got: &Tensor, reference: &Bounded, factor: f64) {
+    let g = flat(got);
+    assert_eq!(g.len(), reference.value.len(), "{v}: {what}: size");
+    if let Some((i, d, b)) = within(&g, reference, factor) {
+        panic!("{v}: {what}[{i}] = {} is {d:e} from the reference {}, bound {b:e}", g[i], reference.value[i]);
+    }
+}
+
+fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
+    flat(a).iter().zip(flat(b)).fold(0.0f32, |m, (x, y)| m.max((x - y).abs()))
+}
+
+#[test]
+fn release_trackers_match_torch_within_the_derived_bound() {
+    for (v, keys) in [
+        ("v30_tracker", ["historical_previous_actions", "max_coords_obs", "mimic_target_poses"]),
+        ("v31_tracker", ["max_coords_obs", "mimic_target_poses", "previous_actions"]),
+    ] {
+        let d = dir(v);
+        let policy = Policy::load(d.join("last.ckpt"), None, &Device::Cpu).unwrap_or_else(|e| panic!("{v}: {e}"));
+        let mut got_keys = policy.actor_keys();
+        got_keys.sort();
+        assert_eq!(got_keys, keys, "{v}");
+        assert_eq!(policy.action_size(), 69, "{v}");
+        let obs = load(&d.join("obs.safetensors"));
+        let exp = load(&d.join("expected.safetensors"));
+        let out = policy.forward(&obs).unwrap_or_else(|e| panic!("{v}: {e}"));
+        let reference = policy.reference(&obs).unwrap();
+        let mu = &reference.values[&policy.actor().mu_key];
+        assert_within("mean_action (torch)", v, &exp["mean_action"], mu, 2.0);
+        assert_within("mean_action", v, &out.mean_action, mu, 1.0);
+        let val = &reference.values[policy.critic().out_key()];
+        assert_within("value (torch)", v, &exp["value"], val, 2.0);
+        assert_within("value", v, &out.value, val, 1.0);
+        // neglogp of torch's own action under torch's mean
+        let nlp = flat(&policy.neglogp(&exp["mean_action"], &exp["action"]).unwrap());
+        for (i, (a, b)) in nlp.iter().zip(flat(&exp["neglogp"])).enumerate() {
+            let tol = 1e-5 * (1.0 + b.abs());
+            assert!((a - b).abs() <= tol, "{v}: neglogp[{i}] {a} vs torch {b}");
+        }
+        eprintln!(
+            "{v}: max |ours - torch| mean_action {:e}, value {:e}",
+            max_abs_diff(&out.mean_action, &exp["mean_action"]),
+            max_abs_diff(&out.value, &exp["value"])
+        );
+    }
+}
