@@ -12,6 +12,15 @@ pub const BM_PD_ACTION: &str = "protomotions.envs.action.action_functions.bm_pd_
 pub const NORMALIZED_PD_FIXED_GAINS_ACTION: &str =
     "protomotions.envs.action.action_functions.normalized_pd_fixed_gains_action";
 
+/// v3.1's PD conversion, which has no `env.action_config`: the env clamps
+/// the action to `robot.control.clamp_actions` (`BaseEnv.process_actions`)
+/// and the simulator takes `offset + scale * action`
+/// (`BaseSimulator._action_to_pd_targets`) with the offset and scale
+/// `build_pd_action_offset_scale` derives from the joint limits and
+/// `robot.control.action_scale`.
+pub const V31_BUILD_PD_ACTION_OFFSET_SCALE: &str =
+    "protomotions.simulator.base_simulator.utils.build_pd_action_offset_scale";
+
 /// Every action function this crate implements, by qualified name.
 pub const SUPPORTED: [&str; 2] = [BM_PD_ACTION, NORMALIZED_PD_FIXED_GAINS_ACTION];
 
@@ -151,6 +160,105 @@ impl ActionFunction {
         check_vector(&c.file, &key(scale_key), &f.scale, false)?;
         check_vector(&c.file, &key("stiffness"), &f.stiffness, true)?;
         check_vector(&c.file, &key("damping"), &f.damping, true)?;
+        Ok(f)
+    }
+
+    /// v3.1's conversion ([`V31_BUILD_PD_ACTION_OFFSET_SCALE`]), read from
+    /// the robot config: the joint limits, `hinge_axes_map` (how many joints
+    /// each body has, in body order), `control.action_scale` and
+    /// `clamp_actions`, the gains of `control.control_info`. In float32 as
+    /// NumPy computes it there (float32 arrays, Python floats weak).
+    pub(crate) fn read_v31(c: &Configs, joints: &[String]) -> Result<Self> {
+        let nd = joints.len();
+        let (lo_key, hi_key) = ("robot.kinematic_info.dof_limits_lower", "robot.kinematic_info.dof_limits_upper");
+        let (mut lo, mut hi) = (c.f32_tensor(lo_key)?, c.f32_tensor(hi_key)?);
+        for (key, v) in [(lo_key, &lo), (hi_key, &hi)] {
+            if v.len() != nd {
+                return Err(c.bad(key, ConfigProblem::Length { got: v.len(), expected: nd }));
+            }
+        }
+        let action_scale = c.f64("robot.control.action_scale")? as f32;
+        let hinge = "robot.kinematic_info.hinge_axes_map";
+        let map = c.node(hinge)?;
+        let map = crate::configs::dict_of(map).ok_or_else(|| {
+            c.bad(
+                hinge,
+                ConfigProblem::WrongType { expected: "a dict of body id to hinge axes", found: map.kind().into() },
+            )
+        })?;
+        let mut bodies: Vec<(i64, usize)> = Vec::new();
+        for (k, v) in map.entries() {
+            let pmstate_ckpt::Node::Int(id) = k else {
+                return Err(c.bad(hinge, ConfigProblem::WrongType { expected: "int body ids", found: k.kind().into() }));
+            };
+            let rows = match v {
+                pmstate_ckpt::Node::Tensor(t) => t.shape.first().copied().unwrap_or(0),
+                other => {
+                    return Err(c.bad(
+                        &format!("{hinge}.{id}"),
+                        ConfigProblem::WrongType { expected: "a tensor of hinge axes", found: other.kind().into() },
+                    ))
+                }
+            };
+            bodies.push((*id, rows));
+        }
+        bodies.sort_unstable();
+        let mut at = 0usize;
+        for (id, size) in bodies {
+            let range = at..at.saturating_add(size);
+            if range.end > nd || !(size == 1 || size == 3) {
+                return Err(c.bad(
+                    &format!("{hinge}.{id}"),
+                    ConfigProblem::Unsupported {
+                        value: format!("{size} joints from joint {at}"),
+                        supported: "1 or 3 joints per body, within the robot's joints",
+                    },
+                ));
+            }
+            if size == 3 {
+                let m = |v: &[f32]| v.iter().fold(0f32, |m, x| m.max(x.abs()));
+                let s =
+                    (2.0 * action_scale * m(&lo[range.clone()]).max(m(&hi[range.clone()]))).min(std::f32::consts::PI);
+                lo[range.clone()].iter_mut().for_each(|x| *x = -s);
+                hi[range].iter_mut().for_each(|x| *x = s);
+            } else {
+                let (l, h) = (lo[at], hi[at]);
+                let mid = 0.5 * (h + l);
+                let s = action_scale * (h - l);
+                lo[at] = mid - s;
+                hi[at] = mid + s;
+            }
+            at += size;
+        }
+        if at != nd {
+            return Err(c.bad(hinge, ConfigProblem::Length { got: at, expected: nd }));
+        }
+        let offset: Vec<f32> = lo.iter().zip(&hi).map(|(l, h)| 0.5 * (h + l)).collect();
+        let scale: Vec<f32> = lo.iter().zip(&hi).map(|(l, h)| 0.5 * (h - l)).collect();
+        let transform = match c.opt_f64("robot.control.clamp_actions")? {
+            None => Transform::None,
+            Some(v) => {
+                let k = "robot.control.clamp_actions";
+                crate::limits::domain(&c.file, k, v, v.is_finite() && v > 0.0, "a finite number > 0, or None")?;
+                Transform::Clamp(v as f32)
+            }
+        };
+        let gains = |field: &str| -> Result<Vec<f32>> {
+            joints.iter().map(|j| Ok(c.f64(&format!("robot.control.control_info.{j}.{field}"))? as f32)).collect()
+        };
+        let f = ActionFunction {
+            function: V31_BUILD_PD_ACTION_OFFSET_SCALE,
+            offset,
+            scale,
+            stiffness: gains("stiffness")?,
+            damping: gains("damping")?,
+            transform,
+        };
+        use crate::limits::check_vector;
+        check_vector(&c.file, lo_key, &f.offset, false)?;
+        check_vector(&c.file, "robot.control.action_scale", &f.scale, false)?;
+        check_vector(&c.file, "robot.control.control_info.*.stiffness", &f.stiffness, true)?;
+        check_vector(&c.file, "robot.control.control_info.*.damping", &f.damping, true)?;
         Ok(f)
     }
 

@@ -108,6 +108,10 @@ pub(crate) struct Params<'a> {
     pub(crate) key: String,
     dict: Option<&'a Dict>,
     used: RefCell<BTreeSet<String>>,
+    /// v3.1's layout: one `variables` dict holds both the context bindings
+    /// (strings, context keys) and the parameters (anything else), so a
+    /// string entry is not a parameter.
+    inline_bindings: bool,
 }
 
 /// Step selection of `select_step_indices`: the first N, or 1-based indices.
@@ -140,12 +144,20 @@ impl Steps {
 
 impl<'a> Params<'a> {
     pub(crate) fn new(file: &'a str, key: String, dict: Option<&'a Dict>) -> Self {
-        Params { file, key, dict, used: RefCell::new(BTreeSet::new()) }
+        Params { file, key, dict, used: RefCell::new(BTreeSet::new()), inline_bindings: false }
+    }
+
+    /// The parameters of a v3.1 `ObservationComponentConfig`: the
+    /// non-string entries of its `variables`.
+    pub(crate) fn inline(file: &'a str, key: String, dict: Option<&'a Dict>) -> Self {
+        Params { inline_bindings: true, ..Self::new(file, key, dict) }
     }
 
     fn get(&self, name: &str) -> Option<&'a Node> {
         self.used.borrow_mut().insert(name.to_owned());
-        self.dict.and_then(|d| d.get(name)).filter(|n| !matches!(n, Node::None))
+        self.dict
+            .and_then(|d| d.get(name))
+            .filter(|n| !(matches!(n, Node::None) || self.inline_bindings && matches!(n, Node::Str(_))))
     }
 
     pub(crate) fn bad(&self, name: &str, problem: ConfigProblem) -> DeployError {
@@ -209,8 +221,11 @@ impl<'a> Params<'a> {
     pub(crate) fn finish(&self, known: &[&str]) -> Result<()> {
         let Some(d) = self.dict else { return Ok(()) };
         let used = self.used.borrow();
-        for (k, _) in d.entries() {
+        for (k, v) in d.entries() {
             let Some(k) = k.as_str() else { continue };
+            if self.inline_bindings && matches!(v, Node::Str(_)) {
+                continue;
+            }
             if !used.contains(k) {
                 return Err(self.bad(k, ConfigProblem::UnknownParameter { known: known.join(", ") }));
             }

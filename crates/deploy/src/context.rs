@@ -37,13 +37,63 @@ pub fn row_shape(path: &str, d: &Dims) -> Option<Vec<usize>> {
         | "mimic.ref_anchor_pos" => vec![3],
         "current.rigid_body_pos" | "current.rigid_body_vel" | "current.rigid_body_ang_vel" => vec![nb, 3],
         "current.rigid_body_rot" => vec![nb, 4],
-        "historical.processed_actions" | "historical.actions" => vec![h, nd],
+        "historical.processed_actions" | "historical.actions" | "historical.buffered_actions" => vec![h, nd],
+        "historical.dof_pos" | "historical.dof_vel" => vec![h, nd],
+        "historical.anchor_rot" | "historical.root_rot" => vec![h, 4],
+        "historical.root_local_ang_vel" => vec![h, 3],
         "mimic.future_anchor_rot" => vec![f, 4],
         "mimic.future_anchor_pos" | "mimic.future_anchor_vel" | "mimic.future_anchor_ang_vel" => vec![f, 3],
         "mimic.future_dof_pos" | "mimic.future_dof_vel" => vec![f, nd],
         "mimic.future_rot" => vec![f, nb, 4],
         "mimic.future_pos" | "mimic.future_vel" | "mimic.future_ang_vel" => vec![f, nb, 3],
         "ground_heights" => vec![],
+        _ => return None,
+    })
+}
+
+/// The context path of a v3.1 context key (`BaseEnv`'s context dict and
+/// `MimicControl.get_context`: `current_state_dof_pos`,
+/// `mimic_ref_anchor_rot`, `historical_dof_pos`, ...), or `None` for a key
+/// with no counterpart here.
+///
+/// `noisy_` keys are the same readings: observation noise is a training
+/// randomization (`apply_observation_noise`), and a robot's sensors are
+/// what they are. v3.1's `mimic_ref_*` are the future references at steps
+/// 1..=N (today's `mimic.future_*`); its `historical_*` are the past steps
+/// of its `StateHistoryBuffer`, most recent first; its `historical_actions`
+/// (`historical.buffered_actions`) are the buffer's actions, which lag the
+/// state by one step (see `Feedback::BufferedActions`).
+pub fn v31_context_path(key: &str) -> Option<&'static str> {
+    let key = key.strip_prefix("noisy_").unwrap_or(key);
+    Some(match key {
+        "current_state_dof_pos" => "current.dof_pos",
+        "current_state_dof_vel" => "current.dof_vel",
+        "current_state_anchor_rot" => "current.anchor_rot",
+        "current_state_anchor_pos" => "current.anchor_pos",
+        "current_state_root_local_ang_vel" => "current.root_local_ang_vel",
+        "current_state_root_rot" => "current.root_rot",
+        "current_state_root_pos" => "current.root_pos",
+        "current_state_rigid_body_pos" => "current.rigid_body_pos",
+        "current_state_rigid_body_rot" => "current.rigid_body_rot",
+        "current_state_rigid_body_vel" => "current.rigid_body_vel",
+        "current_state_rigid_body_ang_vel" => "current.rigid_body_ang_vel",
+        "ground_heights_beneath_root" => "ground_heights",
+        "mimic_ref_anchor_rot" => "mimic.future_anchor_rot",
+        "mimic_ref_anchor_pos" => "mimic.future_anchor_pos",
+        "mimic_ref_anchor_vel" => "mimic.future_anchor_vel",
+        "mimic_ref_anchor_ang_vel" => "mimic.future_anchor_ang_vel",
+        "mimic_ref_dof_pos" => "mimic.future_dof_pos",
+        "mimic_ref_dof_vel" => "mimic.future_dof_vel",
+        "mimic_ref_pos" => "mimic.future_pos",
+        "mimic_ref_rot" => "mimic.future_rot",
+        "mimic_ref_vel" => "mimic.future_vel",
+        "mimic_ref_ang_vel" => "mimic.future_ang_vel",
+        "historical_dof_pos" => "historical.dof_pos",
+        "historical_dof_vel" => "historical.dof_vel",
+        "historical_anchor_rot" => "historical.anchor_rot",
+        "historical_root_rot" => "historical.root_rot",
+        "historical_root_local_ang_vel" => "historical.root_local_ang_vel",
+        "historical_actions" => "historical.buffered_actions",
         _ => return None,
     })
 }
@@ -75,6 +125,11 @@ pub enum Feedback {
     RobotAction,
     /// The raw actions the pipeline output (`actions`).
     Actions,
+    /// v3.1's `StateHistoryBuffer` actions: the actions after the env's
+    /// clamp (`clamp_actions`), pushed with the state they led to, so that
+    /// its `historical_actions` (slots 1.. of the buffer) start two steps
+    /// back; zeros after a reset.
+    BufferedActions,
 }
 
 impl Feedback {
@@ -82,7 +137,7 @@ impl Feedback {
     pub fn output_key(self) -> &'static str {
         match self {
             Feedback::RobotAction => "robot_action",
-            Feedback::Actions => "actions",
+            Feedback::Actions | Feedback::BufferedActions => "actions",
         }
     }
 }
@@ -167,6 +222,17 @@ pub fn descriptor(path: &str, n: &Names<'_>) -> Option<Descriptor> {
         "historical.actions" => {
             Descriptor { kind: "last_actions", element_names: None, future: false, feedback: Some(Feedback::Actions) }
         }
+        "historical.buffered_actions" => Descriptor {
+            kind: "last_actions",
+            element_names: None,
+            future: false,
+            feedback: Some(Feedback::BufferedActions),
+        },
+        // v3.1's state history: past readings of the same sensors, most recent first
+        "historical.dof_pos" => d("joint_pos_history", Some(vec![joints()]), false),
+        "historical.dof_vel" => d("joint_vel_history", Some(vec![joints()]), false),
+        "historical.anchor_rot" => d("anchor_rot_history", Some(vec![xyzw()]), false),
+        "historical.root_local_ang_vel" => d("local_root_ang_vel_history", Some(vec![xyz()]), false),
         _ => return None,
     })
 }

@@ -51,6 +51,31 @@ pub struct Contract {
     pub timing: Timing,
     /// The reference's future steps.
     pub motion: Motion,
+    /// Values an older release's configs do not hold where today's
+    /// exporter reads them, taken from that release's own semantics
+    /// (empty, and not written, for today's configs).
+    #[serde(rename = "from_release_semantics", skip_serializing_if = "Vec::is_empty")]
+    pub fallbacks: Vec<Fallback>,
+}
+
+/// One value taken from a release's own semantics rather than from the key
+/// today's exporter reads: which, from where, and what it means there.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct Fallback {
+    /// What it is (`future_steps`, `history_steps`, `observations`, `action`).
+    pub field: &'static str,
+    /// The release whose semantics give it (`v3.1`).
+    pub release: &'static str,
+    /// The config key it was read from.
+    pub key: String,
+    /// How that release uses the value.
+    pub semantics: &'static str,
+}
+
+impl std::fmt::Display for Fallback {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: from {} {} ({})", self.field, self.release, self.key, self.semantics)
+    }
 }
 
 /// One input.

@@ -25,7 +25,7 @@ mod test_heading;
 mod tracker;
 
 pub use configs::Steps;
-pub use contract::Contract;
+pub use contract::{Contract, Fallback};
 pub use envelope::{EndOfClip, Envelope, JointLimits, SafePose, SafeReason, SensorBounds, TrackerStatus};
 pub use error::{ConfigProblem, DeployError, MotionProblem, Result, SensorProblem};
 pub use motion::{MotionClip, MotionPlayer};

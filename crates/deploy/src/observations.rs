@@ -32,6 +32,21 @@ pub const MAX_COORDS_TARGET_POSES: &str = "protomotions.envs.obs.target_poses.bu
 pub const SUPPORTED: [&str; 5] =
     [REDUCED_COORDS, REDUCED_COORDS_TARGET_POSES, HISTORICAL_ACTIONS, MAX_COORDS, MAX_COORDS_TARGET_POSES];
 
+/// v3.1's `compute_historical_reduced_coords_from_state`: the reduced-coords
+/// observation of each past step of its `StateHistoryBuffer`, concatenated.
+pub const V31_HISTORICAL_REDUCED_COORDS: &str =
+    "protomotions.envs.obs.humanoid_obs_functions.compute_historical_reduced_coords_from_state";
+/// v3.1's `compute_historical_actions_from_state` (today's lives in `humanoid_historical`).
+pub const V31_HISTORICAL_ACTIONS: &str =
+    "protomotions.envs.obs.humanoid_obs_functions.compute_historical_actions_from_state";
+
+/// The functions of v3.1's observation components (`ObservationComponentConfig`)
+/// this crate implements: those its published G1 tracker's actor reads.
+/// Their formulas are today's but for the parameter names (`num_steps`,
+/// `num_future_steps`: the first N steps, None for all).
+pub const SUPPORTED_V31: [&str; 4] =
+    [REDUCED_COORDS, REDUCED_COORDS_TARGET_POSES, V31_HISTORICAL_REDUCED_COORDS, V31_HISTORICAL_ACTIONS];
+
 /// The argument of the max-coords functions that takes the anchor body's
 /// index. ProtoMotions binds it to `current.anchor_idx` /
 /// `mimic.anchor_idx`, ints in the environment's context (and in the
@@ -69,6 +84,16 @@ pub enum Function {
     /// the heading frame and relative to the current body, and optionally
     /// its velocities relative to the current body's.
     MaxCoordsTargetPoses(MaxTargets),
+    /// v3.1: [`Function::ReducedCoords`] of each past step of the robot's
+    /// state history (most recent first), concatenated.
+    HistoricalReducedCoords(HistoricalReducedCoords),
+}
+
+/// Parameters of v3.1's `compute_historical_reduced_coords_from_state`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HistoricalReducedCoords {
+    /// `num_steps`: the first N past steps (`None`: all the history holds).
+    pub steps: Option<Steps>,
 }
 
 /// Parameters of `compute_humanoid_max_coords_observations`.
@@ -220,6 +245,101 @@ impl Function {
         Ok(Some(f))
     }
 
+    /// The function registered under `qualified` in v3.1's layout
+    /// (`ObservationComponentConfig.variables`: a string is a context key,
+    /// anything else a parameter), built from its parameters; `Ok(None)`
+    /// for a name not in [`SUPPORTED_V31`]. Options whose v3.1 formulas were
+    /// not checked against the release (root velocity and height in the
+    /// history, xy offset, height and anchor velocities of the targets) are
+    /// refused, naming the parameter.
+    pub(crate) fn from_v31_params(qualified: &str, p: &Params<'_>) -> Result<Option<Function>> {
+        let off = |name: &str| -> Result<()> {
+            if p.bool(name, false)? {
+                return Err(p.bad(
+                    name,
+                    ConfigProblem::Unsupported {
+                        value: "True".into(),
+                        supported: "False (what the published v3.1 trackers use)",
+                    },
+                ));
+            }
+            Ok(())
+        };
+        let first = |name: &str| -> Result<Option<Steps>> {
+            match p.steps(name)? {
+                Some(Steps::Indices(_)) => Err(p.bad(
+                    name,
+                    ConfigProblem::WrongType { expected: "an int (the first N steps) or None", found: "list".into() },
+                )),
+                steps => Ok(steps),
+            }
+        };
+        let f = match qualified {
+            REDUCED_COORDS => {
+                p.require_w_last()?;
+                let f = Function::ReducedCoords(ReducedCoords {
+                    root_vel: p.bool("root_vel_obs", false)?,
+                    root_height: p.bool("root_height_obs", false)?,
+                });
+                p.finish(&["w_last", "root_vel_obs", "root_height_obs"])?;
+                f
+            }
+            REDUCED_COORDS_TARGET_POSES => {
+                p.require_w_last()?;
+                for name in ["include_xy_offset", "include_height", "include_anchor_vel", "include_anchor_ang_vel"] {
+                    off(name)?;
+                }
+                let f = Function::ReducedCoordsTargetPoses(ReducedTargets {
+                    dof_vel: p.bool("include_dof_vel", true)?,
+                    xy_offset: false,
+                    zero_xy_offset: false,
+                    height: false,
+                    anchor_vel: false,
+                    anchor_ang_vel: false,
+                    steps: first("num_future_steps")?,
+                });
+                p.finish(&[
+                    "w_last",
+                    "include_dof_vel",
+                    "include_xy_offset",
+                    "include_height",
+                    "include_anchor_vel",
+                    "include_anchor_ang_vel",
+                    "num_future_steps",
+                ])?;
+                f
+            }
+            V31_HISTORICAL_REDUCED_COORDS => {
+                p.require_w_last()?;
+                off("root_height_obs")?;
+                off("root_vel_obs")?;
+                let f = Function::HistoricalReducedCoords(HistoricalReducedCoords { steps: first("num_steps")? });
+                p.finish(&["w_last", "num_steps", "root_height_obs", "root_vel_obs"])?;
+                f
+            }
+            V31_HISTORICAL_ACTIONS => {
+                let f = Function::HistoricalActions(HistoricalActions { steps: first("num_steps")? });
+                p.finish(&["num_steps"])?;
+                f
+            }
+            _ => return Ok(None),
+        };
+        if let Function::ReducedCoordsTargetPoses(ReducedTargets { steps: Some(s), .. })
+        | Function::HistoricalReducedCoords(HistoricalReducedCoords { steps: Some(s) })
+        | Function::HistoricalActions(HistoricalActions { steps: Some(s) }) = &f
+        {
+            if s.needed() == 0 {
+                let name =
+                    if matches!(f, Function::ReducedCoordsTargetPoses(_)) { "num_future_steps" } else { "num_steps" };
+                return Err(p.bad(
+                    name,
+                    ConfigProblem::Unsupported { value: "0".into(), supported: "one step or more, or None" },
+                ));
+            }
+        }
+        Ok(Some(f))
+    }
+
     /// The qualified name of this function.
     pub fn qualified_name(&self) -> &'static str {
         match self {
@@ -228,6 +348,7 @@ impl Function {
             Function::HistoricalActions(_) => HISTORICAL_ACTIONS,
             Function::MaxCoords(_) => MAX_COORDS,
             Function::MaxCoordsTargetPoses(_) => MAX_COORDS_TARGET_POSES,
+            Function::HistoricalReducedCoords(_) => V31_HISTORICAL_REDUCED_COORDS,
         }
     }
 
@@ -285,6 +406,13 @@ impl Function {
                 v
             }
             Function::HistoricalActions(_) => vec![("historical_actions", Required)],
+            // historical_root_rot is bound too, read only with root_vel_obs (refused)
+            Function::HistoricalReducedCoords(_) => vec![
+                ("historical_dof_pos", Required),
+                ("historical_dof_vel", Required),
+                ("historical_root_local_ang_vel", Required),
+                ("historical_anchor_rot", Required),
+            ],
             Function::MaxCoords(m) => {
                 let mut v = vec![
                     ("body_pos", Required),
@@ -321,6 +449,7 @@ impl Function {
     pub fn history_needed(&self) -> usize {
         match self {
             Function::HistoricalActions(h) => h.steps.as_ref().map_or(1, Steps::needed),
+            Function::HistoricalReducedCoords(h) => h.steps.as_ref().map_or(1, Steps::needed),
             _ => 0,
         }
     }
@@ -341,6 +470,13 @@ impl Function {
                     .as_ref()
                     .map_or(Some(d.history_steps), |s| s.positions(d.history_steps).map(|p| p.len()))?;
                 steps * d.num_dofs
+            }
+            Function::HistoricalReducedCoords(h) => {
+                let steps = h
+                    .steps
+                    .as_ref()
+                    .map_or(Some(d.history_steps), |s| s.positions(d.history_steps).map(|p| p.len()))?;
+                steps.checked_mul(2 * d.num_dofs + 6)?
             }
             Function::MaxCoords(_) => {
                 // height, every body's position but the anchor's, rotation
@@ -379,6 +515,18 @@ impl Function {
             Function::ReducedCoordsTargetPoses(t) => t.compute_row(d, arg, out),
             Function::MaxCoords(m) => m.compute_row(d, arg, out),
             Function::MaxCoordsTargetPoses(t) => t.compute_row(d, arg, out),
+            Function::HistoricalReducedCoords(h) => {
+                let nd = d.num_dofs;
+                let (pos, vel) = (req("historical_dof_pos"), req("historical_dof_vel"));
+                let (ang, rot) = (req("historical_root_local_ang_vel"), req("historical_anchor_rot"));
+                let mut w = Writer::new(out);
+                for p in positions(h.steps.as_ref(), d.history_steps) {
+                    w.put(&pos[p * nd..(p + 1) * nd]);
+                    w.put(&vel[p * nd..(p + 1) * nd]);
+                    w.put(&ang[p * 3..p * 3 + 3]);
+                    w.put(&projected_gravity(quat(rot, p)));
+                }
+            }
             Function::HistoricalActions(h) => {
                 let nd = d.num_dofs;
                 let hist = req("historical_actions");

@@ -12,10 +12,39 @@ use pmstate_policy::{find_config, LoadOptions, Policy};
 
 use crate::actions::ActionFunction;
 use crate::configs::{as_usize, dict_of, Configs, Params};
-use crate::context::{constant, descriptor, input_name, row_shape, Constant, Dims, Names};
-use crate::contract::{round6, Contract, Control, InputEntry, Metadata, Motion, OutputEntry, Robot, Runtime, Timing};
+use crate::context::{constant, descriptor, input_name, row_shape, v31_context_path, Constant, Dims, Names};
+use crate::contract::{
+    round6, Contract, Control, Fallback, InputEntry, Metadata, Motion, OutputEntry, Robot, Runtime, Timing,
+};
 use crate::error::{ConfigProblem, DeployError, Result};
-use crate::observations::{Function, Need, ANCHOR_BODY_INDEX, SUPPORTED};
+use crate::observations::{Function, Need, ANCHOR_BODY_INDEX, SUPPORTED, SUPPORTED_V31};
+
+/// How a release lays out its observation components.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Layout {
+    /// Today's `MdpComponent`: `compute_func`, `dynamic_vars` (pickled
+    /// `FieldPath`s), `static_params`.
+    MdpComponent,
+    /// v3.1's `ObservationComponentConfig`: `function`, one `variables`
+    /// dict (a string is a context key, anything else a parameter),
+    /// `indices_subset`.
+    V31,
+}
+
+/// The layout of `env.observation_components`: v3.1's when a component
+/// has `function` and no `compute_func`.
+fn layout(comps: &pmstate_ckpt::Dict) -> Layout {
+    let v31 = comps
+        .entries()
+        .iter()
+        .filter_map(|(_, n)| dict_of(n))
+        .any(|f| f.get("function").is_some() && f.get("compute_func").is_none());
+    if v31 {
+        Layout::V31
+    } else {
+        Layout::MdpComponent
+    }
+}
 
 /// The output names, in the graph's order.
 pub const OUTPUT_NAMES: [&str; 4] = ["actions", "joint_pos_targets", "stiffness_targets", "damping_targets"];
@@ -178,6 +207,7 @@ impl Pipeline {
     }
 
     fn build(policy: Policy, c: &Configs, checkpoint: String) -> Result<Self> {
+        refuse_v30_mimic_env(c)?;
         let joints = c.strings("robot.kinematic_info.dof_names")?;
         let bodies = c.strings("robot.kinematic_info.body_names")?;
         let num_dofs = joints.len();
@@ -185,7 +215,7 @@ impl Pipeline {
             None | Some(Node::None) => None,
             Some(_) => Some(c.str("robot.anchor_body_name")?),
         };
-        let anchor_index = c.usize("robot.anchor_body_index")?;
+        let anchor_index = anchor_body_index(c)?;
         let Some(anchor_body) = bodies.get(anchor_index) else {
             return Err(c.bad(
                 "robot.anchor_body_index",
@@ -197,13 +227,24 @@ impl Pipeline {
         };
         // where the config names no anchor, body `anchor_body_index` is it
         let anchor = anchor_name.clone().unwrap_or_else(|| anchor_body.clone());
-        let future_indices = future_step_indices(c)?;
         // The actor's observations, in the order the environment lists them.
         let actor_keys = policy.actor_keys();
         let comps = c.node(COMPONENTS)?;
         let comps = dict_of(comps).ok_or_else(|| {
             c.bad(COMPONENTS, ConfigProblem::WrongType { expected: "a dict", found: comps.kind().into() })
         })?;
+        let layout = layout(comps);
+        let mut fallbacks = Vec::new();
+        if layout == Layout::V31 {
+            fallbacks.push(Fallback {
+                field: "observations",
+                release: "v3.1",
+                key: COMPONENTS.into(),
+                semantics: "ObservationComponentConfig: `function` and `variables` (a string is a context key of BaseEnv or MimicControl, mapped to a context path; anything else a parameter); noisy_* keys are the same readings (observation noise is off on a robot)",
+            });
+        }
+        let (future_indices, future_source) = future_step_indices(c)?;
+        fallbacks.extend(future_source);
         for k in &actor_keys {
             if comps.get(k).is_none() {
                 return Err(DeployError::MissingObservation { file: c.file.clone(), key: k.clone() });
@@ -213,7 +254,10 @@ impl Pipeline {
         for (k, node) in comps.entries() {
             let Some(key) = k.as_str() else { continue };
             if actor_keys.iter().any(|a| a == key) {
-                parsed.push(read_component(c, key, node)?);
+                parsed.push(match layout {
+                    Layout::MdpComponent => read_component(c, key, node)?,
+                    Layout::V31 => read_v31_component(c, key, node)?,
+                });
             }
         }
         // Constant bindings (the anchor's index) become parameters.
@@ -243,7 +287,39 @@ impl Pipeline {
                 }
             }
         }
-        let history_steps = parsed.iter().map(|(_, f, _)| f.history_needed()).max().unwrap_or(0).max(1);
+        let needed = parsed.iter().map(|(_, f, _)| f.history_needed()).max().unwrap_or(0).max(1);
+        let history_steps = match layout {
+            Layout::MdpComponent => needed,
+            // v3.1's StateHistoryBuffer holds num_state_history_steps past
+            // steps, and a function with num_steps None reads them all
+            Layout::V31 => {
+                let key = "env.num_state_history_steps";
+                let h = c.usize(key)?;
+                if h > crate::limits::MAX_HISTORY_STEPS {
+                    return Err(c.bad(key, ConfigProblem::Bound { value: h, bound: crate::limits::MAX_HISTORY_STEPS }));
+                }
+                if h == 0
+                    && parsed.iter().any(|(_, f, _)| {
+                        matches!(f, Function::HistoricalActions(_) | Function::HistoricalReducedCoords(_))
+                    })
+                {
+                    return Err(c.bad(
+                        key,
+                        ConfigProblem::Unsupported {
+                            value: "0".into(),
+                            supported: "1 or more: the actor reads the state history",
+                        },
+                    ));
+                }
+                fallbacks.push(Fallback {
+                    field: "history_steps",
+                    release: "v3.1",
+                    key: key.into(),
+                    semantics: "StateHistoryBuffer: the past num_state_history_steps steps, most recent first, every slot the first reading after a reset (reset_from_single_state); its actions are the clamped actions pushed with the state they led to, so historical_actions start two steps back, zeros after a reset",
+                });
+                h.max(1)
+            }
+        };
         if history_steps > crate::limits::MAX_HISTORY_STEPS {
             return Err(c.bad(
                 COMPONENTS,
@@ -311,7 +387,18 @@ impl Pipeline {
             observations.push(Observation { key, function, compute: f, args, width });
         }
         check_actor_widths(c, &policy, &observations)?;
-        let action = ActionFunction::read(c, num_dofs)?;
+        let action = match (layout, c.ckpt.get("env.action_config")) {
+            (Layout::V31, None) => {
+                fallbacks.push(Fallback {
+                    field: "action",
+                    release: "v3.1",
+                    key: "robot.control".into(),
+                    semantics: "no env.action_config: BaseEnv.process_actions clamps to clamp_actions, the simulator's targets are offset + scale * action with build_pd_action_offset_scale of the joint limits and action_scale; gains from control_info",
+                });
+                ActionFunction::read_v31(c, &joints)?
+            }
+            _ => ActionFunction::read(c, num_dofs)?,
+        };
         if policy.action_size() != num_dofs {
             return Err(c.bad(
                 "robot.kinematic_info.dof_names",
@@ -331,6 +418,7 @@ impl Pipeline {
                 all_paths: all_paths.into_iter().collect(),
                 future_indices,
                 action: &action,
+                fallbacks,
             },
         )?;
         // every actor key has an observation (checked above, MissingObservation)
@@ -563,6 +651,98 @@ fn read_component(c: &Configs, key: &str, node: &Node) -> Result<Component> {
     Ok((key.to_owned(), function, bindings))
 }
 
+/// A v3.1 `ObservationComponentConfig`: its function, its `variables`
+/// (strings bind arguments to context keys, mapped by
+/// [`v31_context_path`]; a key with no counterpart is kept as is, so that
+/// an argument reading it is refused by name), its parameters.
+fn read_v31_component(c: &Configs, key: &str, node: &Node) -> Result<Component> {
+    let component = format!("{COMPONENTS}.{key}");
+    let fields = dict_of(node).ok_or_else(|| {
+        c.bad(
+            &component,
+            ConfigProblem::WrongType { expected: "an ObservationComponentConfig", found: node.kind().into() },
+        )
+    })?;
+    let func_key = format!("{component}.function");
+    let qualified = match fields.get("function") {
+        Some(Node::Global { module, name }) => format!("{module}.{name}"),
+        Some(other) => {
+            return Err(c.bad(
+                &func_key,
+                ConfigProblem::WrongType { expected: "a function (a pickled global)", found: other.kind().into() },
+            ))
+        }
+        None => return Err(c.bad(&func_key, ConfigProblem::Missing)),
+    };
+    match fields.get("indices_subset") {
+        None | Some(Node::None) => {}
+        Some(other) => {
+            return Err(c.bad(
+                &format!("{component}.indices_subset"),
+                ConfigProblem::Unsupported { value: other.kind().into(), supported: "None (every body)" },
+            ))
+        }
+    }
+    let vars = fields.get("variables").and_then(dict_of);
+    let params = Params::inline(&c.file, format!("{component}.variables"), vars);
+    let Some(function) = Function::from_v31_params(&qualified, &params)? else {
+        return Err(DeployError::UnknownFunction {
+            file: c.file.clone(),
+            component,
+            function: qualified,
+            supported: SUPPORTED_V31.iter().map(|s| (*s).to_owned()).collect(),
+        });
+    };
+    let mut bindings = Vec::new();
+    for (arg, value) in vars.map(|d| d.entries()).unwrap_or_default() {
+        let (Some(arg), Node::Str(ctx)) = (arg.as_str(), value) else { continue };
+        let path = v31_context_path(ctx).map_or_else(|| ctx.clone(), str::to_owned);
+        bindings.push((arg.to_owned(), path));
+    }
+    Ok((key.to_owned(), function, bindings))
+}
+
+/// v3.0's `Mimic` env computes its observations in code (`humanoid_obs`,
+/// `mimic_obs`), not from components: its G1 tracker reads max-coords-simple
+/// target poses of every reference body in the root's heading frame with the
+/// time to each target, the root's reduced coords and their history, and
+/// realigns the reference with the robot every step. None of that is the
+/// deploy loop here; refused naming what it is, rather than by the first
+/// key today's configs have and v3.0's lack.
+fn refuse_v30_mimic_env(c: &Configs) -> Result<()> {
+    if c.ckpt.get(COMPONENTS).is_none() && c.ckpt.get("env.humanoid_obs").is_some() {
+        return Err(c.bad(
+            "env.humanoid_obs",
+            ConfigProblem::Unsupported {
+                value: "v3.0's Mimic env observations (humanoid_obs, mimic_obs)".into(),
+                supported: "observation components: today's MdpComponent or v3.1's ObservationComponentConfig",
+            },
+        ));
+    }
+    Ok(())
+}
+
+/// `robot.anchor_body_index`: an int, or a string holding one (v3.1's
+/// YAML dumps of the resolved configs write every value as a string).
+fn anchor_body_index(c: &Configs) -> Result<usize> {
+    let key = "robot.anchor_body_index";
+    match c.node(key)? {
+        Node::Int(i) => usize::try_from(*i).map_err(|_| {
+            c.bad(key, ConfigProblem::OutOfDomain { value: i.to_string(), domain: "a body index (an int >= 0)" })
+        }),
+        Node::Str(s) => s.trim().parse::<usize>().map_err(|_| {
+            c.bad(
+                key,
+                ConfigProblem::WrongType {
+                    expected: "an int, or a string holding a non-negative integer",
+                    found: format!("the string '{s}'"),
+                },
+            )
+        }),
+        other => Err(c.bad(key, ConfigProblem::WrongType { expected: "an int", found: other.kind().into() })),
+    }
+}
+
 /// The dotted path of a pickled `FieldPath` (`__reduce_ex__` state
 /// `(None, {name, _parent_path})`), or of a plain string.
 fn context_path(n: &Node) -> Option<String> {
@@ -581,13 +761,28 @@ fn context_path(n: &Node) -> Option<String> {
 }
 
 /// `env.control_components.mimic.future_steps`: a list of step offsets, or
-/// N for 1..=N.
-fn future_step_indices(c: &Configs) -> Result<Vec<usize>> {
+/// N for 1..=N. A release whose mimic control has no `future_steps` but
+/// `num_future_steps` (v3.1's `MimicControlConfig`: references at times
+/// `t + k dt`, k = 1..=N) gives 1..=N, and says so (the [`Fallback`]).
+fn future_step_indices(c: &Configs) -> Result<(Vec<usize>, Option<Fallback>)> {
     use crate::limits::{MAX_FUTURE_OFFSET, MAX_FUTURE_STEPS};
-    let key = "env.control_components.mimic.future_steps";
+    let today = "env.control_components.mimic.future_steps";
+    let v31 = "env.control_components.mimic.num_future_steps";
+    let (key, fallback) = match (c.ckpt.get(today), c.ckpt.get(v31)) {
+        (None, Some(_)) => (
+            v31,
+            Some(Fallback {
+                field: "future_steps",
+                release: "v3.1",
+                key: v31.into(),
+                semantics: "v3.1 mimic control num_future_steps: MimicControl's references at t + k dt, k = 1..=N",
+            }),
+        ),
+        _ => (today, None),
+    };
     let bound = |value: usize, bound: usize| c.bad(key, ConfigProblem::Bound { value, bound });
     let steps: Vec<usize> = match c.node(key)? {
-        Node::List(v) | Node::Tuple(v) => {
+        Node::List(v) | Node::Tuple(v) if fallback.is_none() => {
             if v.len() > MAX_FUTURE_STEPS {
                 return Err(bound(v.len(), MAX_FUTURE_STEPS));
             }
@@ -600,9 +795,9 @@ fn future_step_indices(c: &Configs) -> Result<Vec<usize>> {
                 .collect::<Result<_>>()?
         }
         n => {
-            let count = as_usize(n).ok_or_else(|| {
-                c.bad(key, ConfigProblem::WrongType { expected: "an int or a list of ints", found: n.kind().into() })
-            })?;
+            let expected = if fallback.is_some() { "an int" } else { "an int or a list of ints" };
+            let count =
+                as_usize(n).ok_or_else(|| c.bad(key, ConfigProblem::WrongType { expected, found: n.kind().into() }))?;
             // checked before the list is made: a huge count is an error, not an allocation
             if count > MAX_FUTURE_STEPS {
                 return Err(bound(count, MAX_FUTURE_STEPS));
@@ -613,7 +808,7 @@ fn future_step_indices(c: &Configs) -> Result<Vec<usize>> {
     if let Some(&far) = steps.iter().find(|&&s| s > MAX_FUTURE_OFFSET) {
         return Err(bound(far, MAX_FUTURE_OFFSET));
     }
-    Ok(steps)
+    Ok((steps, fallback))
 }
 
 /// The observations the configs imply against the widths the actor's
@@ -666,6 +861,7 @@ struct ContractParts<'a> {
     all_paths: Vec<String>,
     future_indices: Vec<usize>,
     action: &'a ActionFunction,
+    fallbacks: Vec<Fallback>,
 }
 
 /// Per-joint values of `robot.control.control_info[joint].<field>`.
@@ -802,5 +998,6 @@ fn contract(c: &Configs, p: &ContractParts<'_>) -> Result<Contract> {
             future_step_indices: p.future_indices.clone(),
         },
         timing,
+        fallbacks: p.fallbacks.clone(),
     })
 }

@@ -154,6 +154,8 @@ enum Source {
     RootLocalAngVel,
     AnchorPos,
     History(Feedback),
+    // v3.1's state history of one sensor, most recent first
+    Past(Sensor),
     FutureDofPos,
     FutureDofVel,
     FutureRot { anchor_only: bool },
@@ -162,6 +164,32 @@ enum Source {
     RefAnchorPos,
     Body(BodyField),
     GroundHeight,
+}
+
+/// A sensor whose past readings v3.1's observations read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Sensor {
+    DofPos,
+    DofVel,
+    AnchorRot,
+    RootLocalAngVel,
+}
+
+impl Sensor {
+    const ALL: [Sensor; 4] = [Sensor::DofPos, Sensor::DofVel, Sensor::AnchorRot, Sensor::RootLocalAngVel];
+
+    fn reading<'s>(self, s: &'s Sensors<'_>) -> &'s [f32] {
+        match self {
+            Sensor::DofPos => s.dof_pos,
+            Sensor::DofVel => s.dof_vel,
+            Sensor::AnchorRot => &s.anchor_rot,
+            Sensor::RootLocalAngVel => &s.root_local_ang_vel,
+        }
+    }
+
+    fn index(self) -> usize {
+        self as usize
+    }
 }
 
 /// Which array of [`BodyState`].
@@ -173,7 +201,12 @@ enum BodyField {
     AngVel,
 }
 
-const SOURCED: [&str; 23] = [
+const SOURCED: [&str; 28] = [
+    "historical.buffered_actions",
+    "historical.dof_pos",
+    "historical.dof_vel",
+    "historical.anchor_rot",
+    "historical.root_local_ang_vel",
     "current.rigid_body_pos",
     "current.rigid_body_rot",
     "current.rigid_body_vel",
@@ -209,6 +242,11 @@ fn source(path: &str) -> Option<Source> {
         "current.anchor_pos" => AnchorPos,
         "historical.processed_actions" => History(Feedback::RobotAction),
         "historical.actions" => History(Feedback::Actions),
+        "historical.buffered_actions" => History(Feedback::BufferedActions),
+        "historical.dof_pos" => Past(Sensor::DofPos),
+        "historical.dof_vel" => Past(Sensor::DofVel),
+        "historical.anchor_rot" => Past(Sensor::AnchorRot),
+        "historical.root_local_ang_vel" => Past(Sensor::RootLocalAngVel),
         "mimic.future_dof_pos" => FutureDofPos,
         "mimic.future_dof_vel" => FutureDofVel,
         "mimic.future_rot" => FutureRot { anchor_only: false },
@@ -323,6 +361,13 @@ pub struct Tracker {
     history: usize,
     fed_targets: Vec<f32>,
     fed_actions: Vec<f32>,
+    /// v3.1's buffered actions: `history + 1` rows of clamped actions,
+    /// newest first; the input is rows 1..=history.
+    buffered_actions: Vec<f32>,
+    /// v3.1's state history per [`Sensor`]: `history` past readings,
+    /// newest first, valid once `has_past`.
+    past: [Vec<f32>; 4],
+    has_past: bool,
     frame: usize,
     alignment: Option<Alignment>,
     /// The EMA's previous output, valid once `has_ema`.
@@ -384,6 +429,26 @@ impl Tracker {
         let history = dims.history_steps;
         // sizes from the configs, bounded at load (crate::limits); allocated fallibly
         let fed = history.checked_mul(nd).ok_or(DeployError::Allocation { what: "the history", bytes: usize::MAX })?;
+        let uses = |x: Source| sources.contains(&x);
+        let buffered_actions = if uses(Source::History(Feedback::BufferedActions)) {
+            zeroed(fed.saturating_add(nd), "the history")?
+        } else {
+            Vec::new()
+        };
+        let mut past: [Vec<f32>; 4] = Default::default();
+        for x in Sensor::ALL {
+            if uses(Source::Past(x)) {
+                let width = match x {
+                    Sensor::DofPos | Sensor::DofVel => nd,
+                    Sensor::AnchorRot => 4,
+                    Sensor::RootLocalAngVel => 3,
+                };
+                let len = history
+                    .checked_mul(width)
+                    .ok_or(DeployError::Allocation { what: "the state history", bytes: usize::MAX })?;
+                past[x.index()] = zeroed(len, "the state history")?;
+            }
+        }
         Ok(Tracker {
             future_steps,
             anchor,
@@ -392,6 +457,9 @@ impl Tracker {
             history,
             fed_targets: zeroed(fed, "the history")?,
             fed_actions: zeroed(fed, "the history")?,
+            buffered_actions,
+            past,
+            has_past: false,
             frame: 0,
             alignment: None,
             ema_prev: vec![0.0; nd],
@@ -432,6 +500,8 @@ impl Tracker {
         self.run_steps = 0;
         self.fed_targets.iter_mut().for_each(|x| *x = 0.0);
         self.fed_actions.iter_mut().for_each(|x| *x = 0.0);
+        self.buffered_actions.iter_mut().for_each(|x| *x = 0.0);
+        self.has_past = false;
         self.status.safe_mode = None;
         self.record(RecordKind::Reset, 0, None, None);
     }
@@ -686,6 +756,33 @@ impl Tracker {
             self.fed_actions.copy_within(..(self.history - 1) * nd, nd);
             self.fed_actions[..nd].copy_from_slice(&self.cand_actions);
         }
+        if !self.buffered_actions.is_empty() {
+            // BaseEnv.post_physics_step: the clamped action into slot 0
+            self.buffered_actions.copy_within(..self.history * nd, nd);
+            let clamp = self.pipeline.action().transform;
+            for (b, a) in self.buffered_actions[..nd].iter_mut().zip(&self.cand_actions) {
+                *b = match clamp {
+                    crate::actions::Transform::Clamp(c) if !a.is_nan() => a.max(-c).min(c),
+                    _ => *a,
+                };
+            }
+        }
+        for x in Sensor::ALL {
+            let past = &mut self.past[x.index()];
+            if past.is_empty() {
+                continue;
+            }
+            let r = x.reading(s);
+            let w = r.len();
+            if self.has_past {
+                past.copy_within(..(self.history - 1) * w, w);
+                past[..w].copy_from_slice(r);
+            } else {
+                // reset_from_single_state: every slot the first reading
+                past.chunks_mut(w).for_each(|c| c.copy_from_slice(r));
+            }
+        }
+        self.has_past = true;
         self.frame = self.frame.saturating_add(1);
         self.run_steps += 1;
         Ok(Some(ev))
@@ -705,6 +802,20 @@ impl Tracker {
                 Source::AnchorPos => buf.extend_from_slice(&s.anchor_pos.unwrap_or([0.0; 3])),
                 Source::History(Feedback::RobotAction) => buf.extend_from_slice(&self.fed_targets),
                 Source::History(Feedback::Actions) => buf.extend_from_slice(&self.fed_actions),
+                Source::History(Feedback::BufferedActions) => {
+                    let nd = s.dof_pos.len();
+                    buf.extend_from_slice(&self.buffered_actions[nd..]);
+                }
+                Source::Past(x) => {
+                    if self.has_past {
+                        buf.extend_from_slice(&self.past[x.index()]);
+                    } else {
+                        // the first step after a reset: the history is this reading
+                        for _ in 0..self.history {
+                            buf.extend_from_slice(x.reading(s));
+                        }
+                    }
+                }
                 Source::Body(field) => {
                     if let Some(b) = &s.bodies {
                         buf.extend_from_slice(match field {
