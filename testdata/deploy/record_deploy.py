@@ -546,9 +546,13 @@ def main():
     }
     manifest_path = os.path.join(args.out, "manifest.json")
     old = {}
-    if args.only and os.path.exists(manifest_path) and not args.runtime_clip:
+    if os.path.exists(manifest_path):
         with open(manifest_path) as f:
-            old = json.load(f)["variants"]
+            previous = json.load(f)
+        if args.only and not args.runtime_clip:
+            old = previous["variants"]
+        # keys other recorders own (record_releases_deploy.py's releases) are kept
+        manifest.update({k: v for k, v in previous.items() if k not in manifest})
     for name, ckpt in VARIANTS.items():
         if args.only and name not in args.only:
             if name in old:

@@ -1763,6 +1763,10 @@ def run_gpc_prior(fabric, root, out_dir, name, desc, builder, verify):
 RUNNERS = {"masked_mimic": run_masked_mimic, "gpc_prior": run_gpc_prior}
 
 
+# the manifest keys this recorder writes (any other key is another recorder's)
+MANIFEST_KEYS = ("description", "reference", "torch", "tolerance_note", "variants")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--protomotions", required=True, help="checkout of github:NVlabs/ProtoMotions")
@@ -1784,10 +1788,14 @@ def main():
 
     os.makedirs(args.out, exist_ok=True)
     manifest_path = os.path.join(args.out, "manifest.json")
-    old = {}
-    if args.only and os.path.exists(manifest_path):
+    old, others = {}, {}
+    if os.path.exists(manifest_path):
         with open(manifest_path) as f:
-            old = {v["name"]: v for v in json.load(f)["variants"]}
+            previous = json.load(f)
+        if args.only:
+            old = {v["name"]: v for v in previous["variants"]}
+        # keys other recorders own (record_releases.py's release_variants) are kept
+        others = {k: v for k, v in previous.items() if k not in MANIFEST_KEYS}
     entries = []
     for name, desc, builder in VARIANTS:
         if args.only and name not in args.only:
@@ -1808,6 +1816,7 @@ def main():
                           "should compare normalizer outputs tightly (a few ulp) and MLP outputs with a "
                           "relative tolerance",
         "variants": entries,
+        **others,
     }
     with open(manifest_path, "w") as f:
         json.dump(manifest, f, indent=1, sort_keys=True)

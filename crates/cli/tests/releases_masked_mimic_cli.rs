@@ -185,3 +185,69 @@ async fn serve_answers_both_release_layouts_like_the_library() {
         }
     }
 }
+
+/// A safetensors file of float32 tensors, those named in `as_bool` written
+/// as BOOL (nonzero: true), as torch saves the releases' boolean masks.
+fn write_with_bool_masks(path: &std::path::Path, tensors: &HashMap<String, Tensor>, as_bool: &[&str]) {
+    let mut keys: Vec<&String> = tensors.keys().collect();
+    keys.sort();
+    let (mut header, mut data) = (serde_json::Map::new(), Vec::<u8>::new());
+    for k in keys {
+        let t = &tensors[k];
+        let values = flat(t);
+        let start = data.len();
+        let dtype = if as_bool.contains(&k.as_str()) {
+            data.extend(values.iter().map(|&v| u8::from(v != 0.0)));
+            "BOOL"
+        } else {
+            data.extend(values.iter().flat_map(|v| v.to_le_bytes()));
+            "F32"
+        };
+        header.insert(k.clone(), json!({"dtype": dtype, "shape": t.dims(), "data_offsets": [start, data.len()]}));
+    }
+    let mut h = serde_json::to_vec(&Value::Object(header)).unwrap();
+    while h.len() % 8 != 0 {
+        h.push(b' ');
+    }
+    let mut bytes = (h.len() as u64).to_le_bytes().to_vec();
+    bytes.extend(h);
+    bytes.extend(data);
+    std::fs::write(path, bytes).unwrap();
+}
+
+/// Masks of either dtype: an observations file holding the masks as BOOL
+/// (as the releases' environments make them) gives the same bits as the
+/// float32 file, and the release's own action with boolean masks.
+#[test]
+fn policy_run_reads_boolean_masks() {
+    let tmp = tempfile::tempdir().unwrap();
+    for (dir, _) in DIRS {
+        let ckpt = data(&format!("{dir}/last.ckpt"));
+        let obs = load(&data(&format!("{dir}/obs.safetensors")));
+        let masks: Vec<&str> = obs.keys().filter(|k| k.ends_with("_masks")).map(String::as_str).collect();
+        assert!(!masks.is_empty(), "{dir}: no mask in the recording");
+        let bool_obs = tmp.path().join(format!("{dir}_bool_obs.safetensors"));
+        write_with_bool_masks(&bool_obs, &obs, &masks);
+        let mut outs = Vec::new();
+        for (name, file) in [("float", data(&format!("{dir}/obs.safetensors"))), ("bool", bool_obs.clone())] {
+            let out_path = tmp.path().join(format!("{dir}_{name}.safetensors"));
+            let o = pmstate(&[
+                "policy",
+                "run",
+                ckpt.to_str().unwrap(),
+                "--obs",
+                file.to_str().unwrap(),
+                "--out",
+                out_path.to_str().unwrap(),
+            ]);
+            assert!(o.status.success(), "{dir} {name}: {}", text(&o));
+            outs.push(load(&out_path));
+        }
+        assert_eq!(flat(&outs[0]["mean_action"]), flat(&outs[1]["mean_action"]), "{dir}");
+        let want = load(&data(&format!("{dir}/expected.safetensors")));
+        let got = flat(&outs[1]["mean_action"]);
+        let torch = flat(&want["bool_masks.action"]);
+        let d = got.iter().zip(&torch).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+        assert!(d <= 1e-5, "{dir}: {d}");
+    }
+}

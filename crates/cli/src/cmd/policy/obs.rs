@@ -6,7 +6,8 @@
 //! file of 1.4 million empty extra tensors cost 1.2 GB and seconds before
 //! the "unexpected observation" error. Here the header is streamed from
 //! the open file and each entry checked as it comes (a key the policy does
-//! not accept, a key given twice, a dtype other than F32, a rank other than
+//! not accept, a key given twice, a dtype other than F32 (or BOOL, read as
+//! 0.0 / 1.0: the releases' environments make their masks boolean), a rank other than
 //! 2, more than a few dimensions, data outside the file), so the first bad
 //! entry ends the read with at most one entry in memory; only then are the
 //! accepted tensors read, each exactly its declared bytes.
@@ -182,7 +183,8 @@ impl Schema for ObsSchema<'_> {
             let problem = ObsProblem::NotInt64 { key, dtype: dtype.to_lowercase(), width };
             return Err(obs_error(self.flag(), self.path, problem));
         }
-        if dtype != "F32" && !(takes_int64 && dtype == "I64") {
+        // a boolean tensor (a mask as the releases' environments make it) reads as 0.0 / 1.0
+        if dtype != "F32" && dtype != "BOOL" && !(takes_int64 && dtype == "I64") {
             return Err(PolicyError::ObsDtype { key, dtype: dtype.to_lowercase(), width }.into());
         }
         if dims.len() != 2 {
@@ -287,8 +289,12 @@ pub(crate) fn read_tensors(path: &Path, schema: &dyn Schema) -> Result<HashMap<S
     let mut out = HashMap::with_capacity(entries.len());
     for (key, e) in entries {
         let [start, end] = e.data_offsets;
-        // the schemas accept f32, and int64 only where a reader asks for it
-        let elem: u64 = if e.dtype == "I64" { 8 } else { 4 };
+        // the schemas accept f32, bool, and int64 only where a reader asks for it
+        let elem: u64 = match e.dtype.as_str() {
+            "I64" => 8,
+            "BOOL" => 1,
+            _ => 4,
+        };
         let needed = e.shape.dims.iter().try_fold(elem, |acc, &d| acc.checked_mul(d));
         let bad = ObsProblem::Offsets { key: key.clone(), start, end, needed: needed.unwrap_or(u64::MAX), available };
         let Some(needed) = needed.filter(|&x| start <= end && end <= available && end - start == x) else {
@@ -300,7 +306,11 @@ pub(crate) fn read_tensors(path: &Path, schema: &dyn Schema) -> Result<HashMap<S
         };
         let mut raw = vec![0u8; bytes];
         read_exact_at(&file, data_start + start, &mut raw).map_err(io)?;
-        let t = if elem == 8 {
+        let t = if elem == 1 {
+            // torch's promotion of a bool next to floats: true 1.0, false 0.0
+            let values: Vec<f32> = raw.iter().map(|&b| if b != 0 { 1.0 } else { 0.0 }).collect();
+            Tensor::from_vec(values, dims, &Device::Cpu)?
+        } else if elem == 8 {
             let values: Vec<i64> = raw
                 .chunks_exact(8)
                 .map(|c| i64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]))

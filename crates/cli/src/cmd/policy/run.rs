@@ -19,7 +19,7 @@ use crate::{output, CliError, Global};
 pub struct Args {
     #[command(flatten)]
     files: PolicyFiles,
-    /// Observations: a safetensors file of one f32 [B, D_key] tensor per in_key.
+    /// Observations: a safetensors file of one f32 [B, D_key] tensor per in_key (a bool tensor, such as a mask, reads as 0.0 / 1.0).
     #[arg(long)]
     obs: PathBuf,
     /// Where to write the outputs (safetensors).
