@@ -9,14 +9,16 @@ The committed testdata holds the same cases at shrunk widths; this script
 is the published-width check of issue 35 (its result is in
 docs/checkpoints.md, "Older releases").
 
-usage: python benches/releases_published.py --v23 PATH
+usage: python benches/releases_published.py [--v23 PATH] [--v30 PATH] [--v31 PATH]
            [--pmstate target/release/pmstate] [--json OUT]
 
-PATH is a tree of github:NVlabs/ProtoMotions at tag v2.3 (e.g. made with
-`git archive v2.3`, or blob by blob where LFS objects are missing). Each
-release's recorder (testdata/policy/record_v23.py for v2.3) writes into a
-temporary folder with `--published-widths`; nothing is written into the
-repository.
+Each PATH is a tree of github:NVlabs/ProtoMotions at that tag (blob by blob
+where LFS objects are missing). Each release's recorder
+(testdata/policy/record_v23.py, record_releases.py) writes into a temporary
+folder with `--published-widths` (hidden widths as published; v3.0/v3.1's
+observation widths are the recorder's own, as in the committed cases);
+nothing is written into the repository. v3.0/v3.1's MaskedMimic recordings
+have no float64 forward (its cells are "-").
 """
 import argparse
 import json
@@ -27,14 +29,26 @@ import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-# per release: its recorder, the cases it writes, and the outputs compared
-RELEASES = {
-    "v2.3": {
-        "recorder": "testdata/policy/record_v23.py",
-        "flag": "--v23",
+# per recorder: the releases it records (its flag per release), the cases it
+# writes, and the outputs compared (pmstate's name, the recording's name)
+RECORDERS = {
+    "testdata/policy/record_v23.py": {
+        "releases": {"v2.3": "--v23"},
         "cases": {
-            "v23_tracker": ["mean_action", "value"],
-            "v23_masked_mimic": ["mean_action", "latent_mu", "latent_logvar"],
+            "v23_tracker": [("mean_action", "mean_action"), ("value", "value")],
+            "v23_masked_mimic": [("mean_action", "mean_action"), ("latent_mu", "latent_mu"), ("latent_logvar", "latent_logvar")],
+        },
+    },
+    "testdata/policy/record_releases.py": {
+        "releases": {"v3.0": "--v30", "v3.1": "--v31"},
+        "cases": {
+            f"{tag}_{kind}": pairs
+            for tag in ("v30", "v31")
+            for kind, pairs in (
+                ("tracker", [("mean_action", "mean_action"), ("value", "value")]),
+                # with the recorded vae_noise (in obs.safetensors)
+                ("masked_mimic", [("mean_action", "action"), ("latent_mu", "latent_mu"), ("latent_logvar", "latent_logvar")]),
+            )
         },
     },
 }
@@ -46,18 +60,25 @@ def max_abs_diff(a, b):
     return float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64)))) if a.size else 0.0
 
 
-def check_release(name, spec, tree, pmstate, tmp):
+def check_recorder(recorder, spec, trees, pmstate, tmp):
     from safetensors.numpy import load_file
 
-    out = os.path.join(tmp, name)
-    cmd = [sys.executable, os.path.join(ROOT, spec["recorder"]), spec["flag"], tree, "--out", out, "--published-widths"]
-    commit = subprocess.run(["git", "-C", tree, "rev-parse", "HEAD"], capture_output=True, text=True)
-    if commit.returncode != 0:
-        cmd += ["--reference-commit", "unknown (not a git tree)"]
+    given = {r: trees[r] for r in spec["releases"] if trees.get(r)}
+    if not given:
+        return []
+    out = os.path.join(tmp, os.path.basename(recorder))
+    cmd = [sys.executable, os.path.join(ROOT, recorder), "--out", out, "--published-widths"]
+    for release, tree in given.items():
+        cmd += [spec["releases"][release], tree]
+    if recorder.endswith("record_v23.py"):
+        cmd += ["--reference-commit", "unknown (a tree without git metadata)"]
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
     rows = []
-    for case, keys in spec["cases"].items():
+    for case, pairs in spec["cases"].items():
         d = os.path.join(out, case)
+        if not os.path.isdir(d):
+            continue
+        release = next(r for r in spec["releases"] if case.startswith(r.replace(".", "")))
         got_path = os.path.join(d, "pmstate.safetensors")
         run = subprocess.run(
             [pmstate, "policy", "run", os.path.join(d, "last.ckpt"), "--obs", os.path.join(d, "obs.safetensors"), "--out", got_path],
@@ -65,19 +86,20 @@ def check_release(name, spec, tree, pmstate, tmp):
             text=True,
         )
         if run.returncode != 0:
-            rows.append({"release": name, "case": case, "error": run.stderr.strip()})
+            rows.append({"release": release, "case": case, "error": run.stderr.strip()})
             continue
         got, want = load_file(got_path), load_file(os.path.join(d, "expected.safetensors"))
-        ref = load_file(os.path.join(d, "expected_f64.safetensors"))
+        f64 = os.path.join(d, "expected_f64.safetensors")
+        ref = load_file(f64) if os.path.exists(f64) else {}
         ckpt_mb = os.path.getsize(os.path.join(d, "last.ckpt")) / 2**20
         rows.append(
             {
-                "release": name,
+                "release": release,
                 "case": case,
                 "checkpoint_mib": round(ckpt_mb, 1),
-                "pmstate_vs_torch": {k: max_abs_diff(got[k], want[k]) for k in keys},
-                "pmstate_vs_f64": {k: max_abs_diff(got[k], ref[k]) for k in keys},
-                "torch_vs_f64": {k: max_abs_diff(want[k], ref[k]) for k in keys},
+                "pmstate_vs_torch": {o: max_abs_diff(got[o], want[t]) for o, t in pairs},
+                "pmstate_vs_f64": {o: max_abs_diff(got[o], ref[t]) for o, t in pairs if t in ref},
+                "torch_vs_f64": {o: max_abs_diff(want[t], ref[t]) for o, t in pairs if t in ref},
             }
         )
     return rows
@@ -86,17 +108,16 @@ def check_release(name, spec, tree, pmstate, tmp):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--v23", help="a tree of ProtoMotions at tag v2.3")
+    ap.add_argument("--v30", help="a tree of ProtoMotions at tag v3.0")
+    ap.add_argument("--v31", help="a tree of ProtoMotions at tag v3.1")
     ap.add_argument("--pmstate", default=os.path.join(ROOT, "target/release/pmstate"))
     ap.add_argument("--json", help="write the rows as JSON here too")
     args = ap.parse_args()
-    trees = {"v2.3": args.v23}
+    trees = {"v2.3": args.v23, "v3.0": args.v30, "v3.1": args.v31}
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for name, spec in RELEASES.items():
-            if trees.get(name) is None:
-                print(f"{name}: skipped (no tree given)")
-                continue
-            rows += check_release(name, spec, trees[name], args.pmstate, tmp)
+        for recorder, spec in RECORDERS.items():
+            rows += check_recorder(recorder, spec, trees, args.pmstate, tmp)
     print("| release | case | checkpoint | output | pmstate vs torch | pmstate vs float64 | torch vs float64 |")
     print("|---|---|---|---|---|---|---|")
     for r in rows:
@@ -104,8 +125,8 @@ def main():
             print(f"| {r['release']} | {r['case']} | - | - | FAILED: {r['error']} | | |")
             continue
         for k in r["pmstate_vs_torch"]:
-            vals = [r[c][k] for c in ("pmstate_vs_torch", "pmstate_vs_f64", "torch_vs_f64")]
-            cells = " | ".join(f"{v:.1e}" for v in vals)
+            vals = [r[c].get(k) for c in ("pmstate_vs_torch", "pmstate_vs_f64", "torch_vs_f64")]
+            cells = " | ".join("-" if v is None else f"{v:.1e}" for v in vals)
             print(f"| {r['release']} | {r['case']} | {r['checkpoint_mib']} MiB | {k} | {cells} |")
     if args.json:
         with open(args.json, "w") as f:

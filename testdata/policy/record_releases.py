@@ -84,6 +84,10 @@ BATCH = 16
 UNITS = {1024: 16, 256: 12, 128: 8}
 LATENT = 8
 TOKEN = 16
+# --published-widths: hidden widths left as published (a check of its own,
+# benches/releases_published.py, into a scratch folder; never testdata)
+PUBLISHED = False
+PUBLISHED_LATENT = 64
 
 # observation widths chosen here (the published configs fix the step counts
 # through their reshapes: 5 future poses, 5 (v3.1) or 15 (v3.0) historical
@@ -135,7 +139,10 @@ def children(cfg):
 
 
 def shrink(cfg):
-    """Hidden widths of one module config tree, in place."""
+    """Hidden widths of one module config tree, in place (nothing with
+    --published-widths)."""
+    if PUBLISHED:
+        return
     name = type(cfg).__name__
     if hasattr(cfg, "layers") and cfg.layers:
         for layer in cfg.layers:
@@ -443,7 +450,7 @@ def record_tracker(release, root, out_dir, R):
     m = agent_cfg.model
     for mlp in (m.actor.mu_model, m.critic):
         for layer in mlp.layers:
-            layer.units = TRACKER_UNITS.get(layer.units, layer.units)
+            layer.units = layer.units if PUBLISHED else TRACKER_UNITS.get(layer.units, layer.units)
     cfgs["simulator"].num_envs = BATCH
     widths = TRACKER_WIDTHS[release]
     if sorted(widths) != sorted(m.in_keys):
@@ -482,6 +489,15 @@ def record_tracker(release, root, out_dir, R):
     with torch.no_grad():
         td = inner(TensorDict({k: v.clone() for k, v in obs.items()}, batch_size=8))
     expected = {k: td[k] for k in ("mean_action", "value", "action", "neglogp")}
+    if PUBLISHED:
+        # the same forward in float64: the reference both float32 forwards are measured against
+        import copy
+
+        m64 = copy.deepcopy(inner).double()
+        with torch.no_grad():
+            td64 = m64(TensorDict({k: v.double() for k, v in obs.items()}, batch_size=8))
+        ref = {k: td64[k].contiguous() for k in ("mean_action", "value")}
+        write_safetensors(torch, os.path.join(vdir, "expected_f64.safetensors"), ref)
     write_safetensors(torch, os.path.join(vdir, "obs.safetensors"), obs)
     write_safetensors(torch, os.path.join(vdir, "expected.safetensors"), {k: v.contiguous() for k, v in expected.items()})
     norms = sorted(k[: -len(".mean")] for k in ckpt["model"] if k.endswith("running_obs_norm.mean"))
@@ -522,8 +538,17 @@ def main():
     ap.add_argument("--v31-commit", default=TAG_COMMITS["v3.1"])
     ap.add_argument("--out", default=HERE)
     ap.add_argument("--one", nargs=3, metavar=("RELEASE", "PATH", "JSON_OUT"), help=argparse.SUPPRESS)
+    ap.add_argument(
+        "--published-widths",
+        action="store_true",
+        help="keep the published hidden widths (a check of its own, into --out; not for testdata)",
+    )
     args = ap.parse_args()
     reexec_deterministic()
+    global PUBLISHED, LATENT
+    PUBLISHED = args.published_widths
+    if PUBLISHED:
+        LATENT = PUBLISHED_LATENT
     if args.one:
         release, root, json_out = args.one
         recorded = record_one(release, os.path.abspath(root), args.out)
@@ -536,16 +561,19 @@ def main():
             continue
         print(f"== {release} from {root}", flush=True)
         with tempfile.NamedTemporaryFile(suffix=".json") as tmp:
+            extra = ["--published-widths"] if PUBLISHED else []
             subprocess.check_call([sys.executable, os.path.abspath(__file__), "--out", args.out,
-                                   "--one", release, root, tmp.name])
+                                   "--one", release, root, tmp.name] + extra)
             recorded = json.load(open(tmp.name))
         for entry in recorded:
             entry["reference"]["commit"] = commit
             print(f"   {entry['name']}: {sum(f['bytes'] for f in entry['files'].values())} bytes", flush=True)
             entries.append(entry)
     manifest_path = os.path.join(args.out, "manifest.json")
-    with open(manifest_path) as f:
-        manifest = json.load(f)
+    manifest = {}
+    if os.path.exists(manifest_path):
+        with open(manifest_path) as f:
+            manifest = json.load(f)
     kept = {e["name"]: e for e in manifest.get("release_variants", [])}
     kept.update({e["name"]: e for e in entries})
     manifest["release_variants"] = [kept[k] for k in sorted(kept)]
