@@ -115,10 +115,16 @@ impl Env<'_> {
         self.int("env.num_state_history_steps")
     }
 
-    /// Future steps the mimic control's context holds.
+    /// Future steps the mimic control's context holds (v3.1 names them
+    /// `num_future_steps`).
     fn future(&self) -> Result<usize, Unsized> {
         let path = "env.control_components.mimic.future_steps";
-        self.configs.get(path).and_then(count_steps).ok_or_else(|| field(path, "an int or a list of step indices"))
+        let v31 = "env.control_components.mimic.num_future_steps";
+        match (self.configs.get(path), self.configs.get(v31)) {
+            (Some(n), _) => count_steps(n).ok_or_else(|| field(path, "an int or a list of step indices")),
+            (None, Some(n)) => count_steps(n).ok_or_else(|| field(v31, "an int")),
+            (None, None) => Err(field(path, "an int or a list of step indices")),
+        }
     }
 }
 
@@ -193,11 +199,21 @@ fn reduced_coords(env: &Env, p: &Params) -> Result<usize, Unsized> {
     add(&[mul(2, d)?, 6, vel, h])
 }
 
-/// The width of a component computed by `function`, from its static params.
+/// The width of a component computed by `function`, from its static params
+/// (v3.1's `num_steps` / `num_future_steps` where today's has
+/// `history_steps` / `future_steps`).
 fn rule(function: &str, env: &Env, p: &Params) -> Result<usize, Unsized> {
     let name = function.rsplit('.').next().unwrap_or(function);
-    let history = || env.steps(p.get("history_steps"), &p.path("history_steps"), || env.history());
-    let future = || env.steps(p.get("future_steps"), &p.path("future_steps"), || env.future());
+    let named = |today: &'static str, v31: &'static str| {
+        if p.get(today).is_none() && p.get(v31).is_some() {
+            v31
+        } else {
+            today
+        }
+    };
+    let (h, f) = (named("history_steps", "num_steps"), named("future_steps", "num_future_steps"));
+    let history = || env.steps(p.get(h), &p.path(h), || env.history());
+    let future = || env.steps(p.get(f), &p.path(f), || env.future());
     match name {
         "compute_humanoid_max_coords_observations" => max_coords(env, p),
         "compute_humanoid_reduced_coords_observations" => reduced_coords(env, p),
@@ -257,16 +273,22 @@ pub fn observation_widths(configs: &Checkpoint) -> Vec<ComponentWidth> {
             let component = k.as_str()?.to_owned();
             let path = format!("{COMPONENTS}.{component}");
             let fields = node_fields(v);
-            let function = match fields.and_then(|f| f.get("compute_func")) {
+            // today's MdpComponent (compute_func, static_params) or v3.1's
+            // ObservationComponentConfig (function, variables: constants beside context keys)
+            let (func, params) = match fields.map(|f| f.get("compute_func").is_some()) {
+                Some(false) if fields.and_then(|f| f.get("function")).is_some() => ("function", "variables"),
+                _ => ("compute_func", "static_params"),
+            };
+            let function = match fields.and_then(|f| f.get(func)) {
                 Some(Node::Global { module, name }) => format!("{module}.{name}"),
                 _ => {
-                    let width = Err(field(&format!("{path}.compute_func"), "a function"));
+                    let width = Err(field(&format!("{path}.{func}"), "a function"));
                     return Some(ComponentWidth { component, function: String::new(), width });
                 }
             };
             let params = Params {
-                dict: fields.and_then(|f| f.get("static_params")).and_then(node_fields),
-                path: format!("{path}.static_params"),
+                dict: fields.and_then(|f| f.get(params)).and_then(node_fields),
+                path: format!("{path}.{params}"),
             };
             let width = rule(&function, &env, &params);
             Some(ComponentWidth { component, function, width })
@@ -314,6 +336,27 @@ mod tests {
         }
         // smpl (3, two files) and g1 (8 + 6)
         assert!(checked >= 20, "only {checked} widths compared");
+    }
+
+    /// v3.1's component format (`function`, `variables`, `num_steps`,
+    /// `num_future_steps`): the G1 tracker's widths as v3.1's own observation
+    /// code computed them (testdata/deploy/manifest.json, recorded by
+    /// record_releases_deploy.py).
+    #[test]
+    fn v31_components_have_the_widths_v31_computed() {
+        let dir = format!("{}/../../testdata/deploy", env!("CARGO_MANIFEST_DIR"));
+        let manifest: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(format!("{dir}/manifest.json")).unwrap()).unwrap();
+        let want = &manifest["releases"]["cases"]["v31_g1_tracker"]["obs_widths"];
+        let c = Checkpoint::open(format!("{dir}/v31_g1_tracker/resolved_configs_inference.pt")).unwrap();
+        let widths = observation_widths(&c);
+        let mut checked = 0;
+        for (k, w) in want.as_object().unwrap() {
+            let cw = widths.iter().find(|c| &c.component == k).unwrap_or_else(|| panic!("{k}"));
+            assert_eq!(cw.width, Ok(w.as_u64().unwrap() as usize), "{k}");
+            checked += 1;
+        }
+        assert_eq!(checked, 4);
     }
 
     #[test]
