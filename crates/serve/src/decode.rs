@@ -5,10 +5,17 @@
 //! fault; nothing a client sends can panic here.
 //!
 //! In four steps, each its own function: the request parameters
-//! ([`Params`]), each input (shape, width, data: [`decode_input`]), the
+//! ([`Params`]), each input (shape, width, data: [`decode_tensor`]), the
 //! outputs wanted ([`select_outputs`]), then the inputs the needed networks
 //! read, in order, with the width sums the checkpoint fixes
 //! ([`order_inputs`], [`check_width_sums`]).
+//!
+//! Both transports share these steps: a REST body and a gRPC
+//! `ModelInferRequest` differ only in where an input's values are (JSON
+//! `data` or the binary extension; `raw_input_contents` or typed
+//! `contents`), which each reads through its own [`TensorSource`]; the
+//! request's inputs go through [`read_tensors`], the rest through
+//! [`assemble`].
 
 use std::sync::Arc;
 
@@ -221,82 +228,128 @@ fn shaped(name: &str, shape: &[u64], row: &[usize], max_rows: usize) -> Result<(
     Ok((r, per_row))
 }
 
-/// The values of an input, from its JSON `data` or from the binary data
-/// after the header (taking `binary_data_size` bytes off the front of
-/// `binary`: 4 a value for FP32, 8 for INT64, little-endian).
-fn values_of(
-    name: &str,
-    shape: &[u64],
-    (r, d): (usize, usize),
-    datatype: Datatype,
-    binary_size: Option<&ParamValue>,
-    data: Option<&RawValue>,
-    binary: &mut &[u8],
-) -> Result<Values, InputError> {
-    let input = || name.to_owned();
-    let dims = || Dims(shape.to_vec());
-    let count = r
-        .checked_mul(d)
-        .ok_or_else(|| InputError::TooLarge { input: input(), shape: Dims(vec![r as u64, d as u64]) })?;
-    match (binary_size, data) {
-        (Some(_), Some(_)) => Err(InputError::DataTwice { input: input() }),
-        (None, None) => Err(InputError::NoData { input: input() }),
-        (None, Some(raw)) => {
-            let overflow = || InputError::DataOverflow { input: input(), shape: dims(), needed: count };
-            let data = match datatype {
-                Datatype::Fp32 => Values::F32(read_data(raw, count).map_err(|e| match e {
-                    DataError::TooMany => overflow(),
-                    DataError::Json(e) => InputError::Data { input: input(), reason: e.to_string() },
-                })?),
-                Datatype::Int64 => Values::I64(read_ints(raw, count).map_err(|e| match e {
-                    IntDataError::TooMany => overflow(),
-                    IntDataError::Element { index, value, problem } => {
-                        InputError::IntData { input: input(), index, value, problem }
-                    }
-                    IntDataError::Json(e) => InputError::Data { input: input(), reason: e.to_string() },
-                })?),
-            };
-            if data.len() != count {
-                return Err(InputError::DataLength {
-                    input: input(),
-                    values: data.len(),
-                    shape: dims(),
-                    needed: count,
-                });
-            }
-            Ok(data)
+/// Where one input's values come from, read only once its name, datatype
+/// and shape have been checked: each transport's own form of tensor data
+/// (REST's JSON `data` or binary extension, gRPC's raw or typed contents).
+/// Everything else about a request is checked here once, whichever
+/// transport it came by: [`decode_tensor`], [`read_tensors`], [`assemble`].
+pub trait TensorSource {
+    /// What the sources of one request share (REST's binary part of the
+    /// body, which its binary inputs take in turn).
+    type Shared;
+    /// The `count` values of `input` in `datatype` (`shape` as sent, for
+    /// refusals), exactly `count` of them or a refusal naming the input.
+    fn values(
+        self,
+        shared: &mut Self::Shared,
+        input: &str,
+        shape: &[u64],
+        count: usize,
+        datatype: Datatype,
+    ) -> Result<Values, InputError>;
+}
+
+/// One input tensor as a transport hands it over, its values not yet read.
+#[derive(Debug)]
+pub struct TensorIn<S> {
+    /// The observation key.
+    pub name: String,
+    /// The datatype as sent (`FP32`, `INT64`).
+    pub datatype: String,
+    /// The shape as sent.
+    pub shape: Vec<u64>,
+    /// Where its values are.
+    pub source: S,
+}
+
+/// Little-endian values of `datatype` from exactly `count * size` bytes
+/// (the caller has checked the length).
+pub fn values_from_le(bytes: &[u8], datatype: Datatype) -> Values {
+    match datatype {
+        Datatype::Fp32 => {
+            Values::F32(bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect())
         }
-        (Some(size), None) => {
-            let size = size
-                .as_u64()
-                .and_then(|s| usize::try_from(s).ok())
-                .ok_or_else(|| InputError::BinarySizeValue { input: input(), size: size.to_string() })?;
-            let elem = datatype.size();
-            if Some(size) != count.checked_mul(elem) {
-                let needed = count.saturating_mul(elem);
-                return Err(InputError::BinarySize {
-                    input: input(),
-                    size,
-                    datatype: datatype.name(),
-                    shape: dims(),
-                    needed,
-                });
-            }
-            if size > binary.len() {
-                return Err(InputError::BinaryShort { input: input(), size, left: binary.len() });
-            }
-            let (mine, rest) = binary.split_at(size);
-            *binary = rest;
-            Ok(match datatype {
-                Datatype::Fp32 => {
-                    Values::F32(mine.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect())
+        Datatype::Int64 => Values::I64(
+            bytes
+                .chunks_exact(8)
+                .map(|b| i64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]))
+                .collect(),
+        ),
+    }
+}
+
+/// A REST input's data: its JSON `data`, or with the binary extension
+/// `binary_data_size` bytes taken off the front of the binary part (4 a
+/// value for FP32, 8 for INT64, little-endian).
+struct RestData<'a> {
+    binary_size: Option<ParamValue>,
+    data: Option<&'a RawValue>,
+}
+
+impl<'a> TensorSource for RestData<'a> {
+    type Shared = &'a [u8];
+
+    fn values(
+        self,
+        binary: &mut &'a [u8],
+        name: &str,
+        shape: &[u64],
+        count: usize,
+        datatype: Datatype,
+    ) -> Result<Values, InputError> {
+        let input = || name.to_owned();
+        let dims = || Dims(shape.to_vec());
+        match (self.binary_size, self.data) {
+            (Some(_), Some(_)) => Err(InputError::DataTwice { input: input() }),
+            (None, None) => Err(InputError::NoData { input: input() }),
+            (None, Some(raw)) => {
+                let overflow = || InputError::DataOverflow { input: input(), shape: dims(), needed: count };
+                let data = match datatype {
+                    Datatype::Fp32 => Values::F32(read_data(raw, count).map_err(|e| match e {
+                        DataError::TooMany => overflow(),
+                        DataError::Json(e) => InputError::Data { input: input(), reason: e.to_string() },
+                    })?),
+                    Datatype::Int64 => Values::I64(read_ints(raw, count).map_err(|e| match e {
+                        IntDataError::TooMany => overflow(),
+                        IntDataError::Element { index, value, problem } => {
+                            InputError::IntData { input: input(), index, value, problem }
+                        }
+                        IntDataError::Json(e) => InputError::Data { input: input(), reason: e.to_string() },
+                    })?),
+                };
+                if data.len() != count {
+                    return Err(InputError::DataLength {
+                        input: input(),
+                        values: data.len(),
+                        shape: dims(),
+                        needed: count,
+                    });
                 }
-                Datatype::Int64 => Values::I64(
-                    mine.chunks_exact(8)
-                        .map(|b| i64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]))
-                        .collect(),
-                ),
-            })
+                Ok(data)
+            }
+            (Some(size), None) => {
+                let size = size
+                    .as_u64()
+                    .and_then(|s| usize::try_from(s).ok())
+                    .ok_or_else(|| InputError::BinarySizeValue { input: input(), size: size.to_string() })?;
+                let elem = datatype.size();
+                if Some(size) != count.checked_mul(elem) {
+                    let needed = count.saturating_mul(elem);
+                    return Err(InputError::BinarySize {
+                        input: input(),
+                        size,
+                        datatype: datatype.name(),
+                        shape: dims(),
+                        needed,
+                    });
+                }
+                if size > binary.len() {
+                    return Err(InputError::BinaryShort { input: input(), size, left: binary.len() });
+                }
+                let (mine, rest) = binary.split_at(size);
+                *binary = rest;
+                Ok(values_from_le(mine, datatype))
+            }
         }
     }
 }
@@ -321,29 +374,31 @@ fn check_int_range(name: &str, values: &[i64], width: usize, below: usize) -> Re
 /// model fixes (a pipeline's: `[rows, ...]` with the row shape it fixes),
 /// its data filling the shape, finite where refused otherwise.
 /// Returns the input and its rows.
-pub fn decode_input(
-    inp: RequestInput<'_>,
+pub fn decode_tensor<S: TensorSource>(
+    t: TensorIn<S>,
+    shared: &mut S::Shared,
     expect: &Expect,
     non_finite: NonFinite,
-    binary: &mut &[u8],
 ) -> Result<(Input, usize), RequestError> {
     let iface = expect.iface;
-    let name = inp.name.0;
+    let name = t.name;
     let spec = iface.input(&name);
     if spec.is_none() && !iface.ignored.contains(&name) {
         let known = iface.inputs.iter().map(|i| i.name.clone()).collect();
         return Err(InputError::UnexpectedInput { input: name, known }.into());
     }
     let datatype = spec.map_or(Datatype::Fp32, |s| s.datatype);
-    if inp.datatype.0 != datatype.name() {
-        return Err(InputError::Datatype { input: name, datatype: inp.datatype.0, expected: datatype.name() }.into());
+    if t.datatype != datatype.name() {
+        return Err(InputError::Datatype { input: name, datatype: t.datatype, expected: datatype.name() }.into());
     }
     let (r, d) = match spec.and_then(|s| s.row_shape.as_deref()) {
-        Some(row) => shaped(&name, &inp.shape.0, row, expect.max_rows)?,
-        None => shape_of(&name, &inp.shape.0, spec.and_then(|s| s.width), expect.max_rows)?,
+        Some(row) => shaped(&name, &t.shape, row, expect.max_rows)?,
+        None => shape_of(&name, &t.shape, spec.and_then(|s| s.width), expect.max_rows)?,
     };
-    let binary_size = inp.parameters.get("binary_data_size");
-    let values = values_of(&name, &inp.shape.0, (r, d), datatype, binary_size, inp.data, binary)?;
+    let count = r
+        .checked_mul(d)
+        .ok_or_else(|| InputError::TooLarge { input: name.clone(), shape: Dims(vec![r as u64, d as u64]) })?;
+    let values = t.source.values(shared, &name, &t.shape, count, datatype)?;
     match &values {
         Values::F32(v) if non_finite == NonFinite::Reject => {
             if let Some(i) = v.iter().position(|v| !v.is_finite()) {
@@ -360,21 +415,21 @@ pub fn decode_input(
     Ok(((name, d, values), r))
 }
 
-/// Every input of the request (each once, all with the same rows, the
-/// binary data used up exactly); returns them and the rows.
-fn read_inputs(
-    list: Vec<RequestInput<'_>>,
+/// Every input of a request (each once, all with the same rows); returns
+/// them and the rows (None: no input).
+pub fn read_tensors<S: TensorSource>(
+    list: Vec<TensorIn<S>>,
+    shared: &mut S::Shared,
     expect: &Expect,
     non_finite: NonFinite,
-    mut binary: &[u8],
-) -> Result<(Vec<Input>, usize), RequestError> {
+) -> Result<(Vec<Input>, Option<usize>), RequestError> {
     let mut inputs: Vec<Input> = Vec::with_capacity(list.len());
     let mut rows: Option<(usize, String)> = None;
-    for inp in list {
-        if inputs.iter().any(|(k, _, _)| *k == inp.name.0) {
-            return Err(InputError::DuplicateInput { input: inp.name.0 }.into());
+    for t in list {
+        if inputs.iter().any(|(k, _, _)| *k == t.name) {
+            return Err(InputError::DuplicateInput { input: t.name }.into());
         }
-        let (input, r) = decode_input(inp, expect, non_finite, &mut binary)?;
+        let (input, r) = decode_tensor(t, shared, expect, non_finite)?;
         match &rows {
             None => rows = Some((r, input.0.clone())),
             Some((r0, first)) if *r0 != r => {
@@ -385,13 +440,29 @@ fn read_inputs(
         }
         inputs.push(input);
     }
-    if !binary.is_empty() {
-        return Err(InputError::BinaryLeftOver { bytes: binary.len() }.into());
-    }
-    let Some((rows, _)) = rows else {
+    Ok((inputs, rows.map(|(r, _)| r)))
+}
+
+/// A request whose inputs are read ([`read_tensors`]), made ready for the
+/// batcher: at least one input, the outputs it asks for (or allows), the
+/// inputs the networks behind them read, the width sums and logits bounds.
+pub fn assemble(
+    id: Option<String>,
+    params: &Params,
+    inputs: Vec<Input>,
+    rows: Option<usize>,
+    outputs: Option<Vec<RequestOutput>>,
+    expect: &Expect,
+) -> Result<Decoded, RequestError> {
+    let Some(rows) = rows else {
         return Err(InputError::NoInputs.into());
     };
-    Ok((inputs, rows))
+    let has = |k: &str| inputs.iter().any(|(n, _, _)| n == k);
+    let outputs = select_outputs(outputs, expect.iface, params, &has)?;
+    let ordered = order_inputs(expect.iface, inputs, &outputs, params)?;
+    check_width_sums(expect.iface, &ordered)?;
+    check_logits(expect.iface, rows)?;
+    Ok(Decoded { id, rows, inputs: ordered, outputs, seed: params.sample.then_some(params.seed) })
 }
 
 /// The outputs to return: those asked for (each known, once, `action` and
@@ -553,15 +624,24 @@ pub fn decode(body: &[u8], header_len: Option<usize>, expect: &Expect) -> Result
 }
 
 /// [`decode`] once the JSON is parsed.
-fn decode_request(req: InferRequest<'_>, binary: &[u8], expect: &Expect) -> Result<Decoded, RequestError> {
+fn decode_request<'a>(req: InferRequest<'a>, mut binary: &'a [u8], expect: &Expect) -> Result<Decoded, RequestError> {
     let params = Params::read(&req.parameters, expect.non_finite)?;
-    let (inputs, rows) = read_inputs(req.inputs.0, expect, params.non_finite, binary)?;
-    let has = |k: &str| inputs.iter().any(|(n, _, _)| n == k);
-    let outputs = select_outputs(req.outputs.map(|o| o.0), expect.iface, &params, &has)?;
-    let ordered = order_inputs(expect.iface, inputs, &outputs, &params)?;
-    check_width_sums(expect.iface, &ordered)?;
-    check_logits(expect.iface, rows)?;
-    Ok(Decoded { id: req.id, rows, inputs: ordered, outputs, seed: params.sample.then_some(params.seed) })
+    let list = req
+        .inputs
+        .0
+        .into_iter()
+        .map(|i: RequestInput<'a>| TensorIn {
+            name: i.name.0,
+            datatype: i.datatype.0,
+            shape: i.shape.0,
+            source: RestData { binary_size: i.parameters.get("binary_data_size").cloned(), data: i.data },
+        })
+        .collect();
+    let (inputs, rows) = read_tensors(list, &mut binary, expect, params.non_finite)?;
+    if !binary.is_empty() {
+        return Err(InputError::BinaryLeftOver { bytes: binary.len() }.into());
+    }
+    assemble(req.id, &params, inputs, rows, req.outputs.map(|o| o.0), expect)
 }
 
 #[cfg(test)]

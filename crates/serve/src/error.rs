@@ -177,6 +177,14 @@ pub enum StartError {
         /// What happened.
         source: std::io::Error,
     },
+    /// The gRPC address could not be bound (or its Unix socket path is taken).
+    #[error("listening for gRPC on {addr}: {source}")]
+    BindGrpc {
+        /// The address (`grpc://127.0.0.1:8001`, `unix:/path`).
+        addr: String,
+        /// What happened.
+        source: std::io::Error,
+    },
     /// An option makes no sense (`--max-batch 0`, a bad model name, ...).
     #[error(transparent)]
     Options(#[from] OptionsError),
@@ -558,6 +566,74 @@ pub enum InputError {
         input: String,
         /// What is wrong (serde_json's words, with the column).
         reason: String,
+    },
+    /// A gRPC list longer than REST's JSON allows (inputs, outputs,
+    /// parameters, shape dimensions: [`crate::protocol`]'s bounds).
+    #[error("{count} {what}, at most {max} are allowed")]
+    TooMany {
+        /// What the list holds.
+        what: &'static str,
+        /// Items sent.
+        count: usize,
+        /// The bound.
+        max: usize,
+    },
+    /// A gRPC shape with a negative dimension.
+    #[error("input {input}: shape {shape} has a negative dimension")]
+    NegativeShape {
+        /// The input.
+        input: String,
+        /// The shape sent, as text (`[2, -1]`).
+        shape: String,
+    },
+    /// A gRPC `raw_input_contents` entry whose length does not match the shape.
+    #[error("input {input}: raw_input_contents holds {bytes} bytes, but {datatype} shape {shape} needs {needed}")]
+    RawSize {
+        /// The input.
+        input: String,
+        /// Bytes sent.
+        bytes: usize,
+        /// The input's datatype.
+        datatype: &'static str,
+        /// Its shape as sent.
+        shape: Dims,
+        /// Bytes the shape needs.
+        needed: usize,
+    },
+    /// A gRPC request whose `raw_input_contents` are not one entry per input.
+    #[error(
+        "raw_input_contents has {raw} entries for {inputs} inputs: when raw contents are used, every input \
+         comes that way, one entry each, in the order of inputs"
+    )]
+    RawCount {
+        /// Entries of `raw_input_contents`.
+        raw: usize,
+        /// Inputs of the request.
+        inputs: usize,
+    },
+    /// A gRPC input given both typed `contents` and a raw entry.
+    #[error("input {input}: both contents and raw_input_contents are given")]
+    RawAndTyped {
+        /// The input.
+        input: String,
+    },
+    /// A gRPC input with neither typed `contents` nor raw contents.
+    #[error("input {input}: no values (neither contents nor raw_input_contents)")]
+    NoContents {
+        /// The input.
+        input: String,
+    },
+    /// Typed gRPC values in a list other than the datatype's.
+    #[error("input {input}: values in contents.{field}, but {datatype} values go in contents.{expected}")]
+    ContentsField {
+        /// The input.
+        input: String,
+        /// The list that holds values.
+        field: &'static str,
+        /// The input's datatype.
+        datatype: &'static str,
+        /// The list its values belong in.
+        expected: &'static str,
     },
     /// JSON data with more values than the shape holds (refused when one more is read).
     #[error("input {input}: more values than shape {shape} holds ({needed})")]

@@ -24,6 +24,12 @@ pub enum Event {
         /// sha256 of the checkpoint, when loaded from a file.
         sha256: Option<String>,
     },
+    /// The gRPC endpoint answers at `url` (after [`Event::Listening`], when
+    /// [`crate::ServeOptions::grpc`] is set).
+    GrpcListening {
+        /// `grpc://127.0.0.1:8001` (port 0 resolved) or `unix:/path`.
+        url: String,
+    },
     /// A new checkpoint was swapped in.
     Reloaded {
         /// The new version.
@@ -98,6 +104,7 @@ impl std::fmt::Display for Event {
                 }
                 write!(f, " on http://{addr}")
             }
+            Event::GrpcListening { url } => write!(f, "serving gRPC (inference.GRPCInferenceService) on {url}"),
             Event::Reloaded { version, checkpoint, sha256, seconds } => {
                 write!(f, "reloaded {checkpoint} as version {version} in {seconds:.3} s")?;
                 if let Some(s) = sha256 {

@@ -12,6 +12,7 @@ pub mod decode;
 pub mod encode;
 mod error;
 pub mod events;
+pub mod grpc;
 pub mod json_floats;
 pub mod load;
 pub mod metrics;
@@ -30,7 +31,7 @@ pub use error::{
     Abandon, Difference, Dims, InputError, LoadError, OptionsError, PinProblem, RequestError, StartError, QUOTE_BYTES,
 };
 pub use events::{ignore_events, Event, EventSink};
-pub use options::{Batching, FileLimits, Limits, ModelSource, NonFinite, ServeOptions, Watch};
+pub use options::{Batching, FileLimits, GrpcAddr, Limits, ModelSource, NonFinite, ServeOptions, Watch};
 pub use routes::HEADER_LENGTH;
 pub use server::{Server, ServerHandle};
 pub use state::AppState;

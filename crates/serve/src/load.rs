@@ -37,6 +37,10 @@ pub struct LoadPlan {
     pub headers: Vec<(&'static str, String)>,
     /// Rows in one request.
     pub rows_per_request: usize,
+    /// Send this gRPC `ModelInfer` request instead of `body` over HTTP
+    /// (the server must serve gRPC: [`ServeOptions::grpc`]), one channel
+    /// (one HTTP/2 connection) per client, as `tritonclient.grpc` does.
+    pub grpc: Option<crate::grpc::proto::ModelInferRequest>,
 }
 
 /// One concurrency level's result.
@@ -125,6 +129,48 @@ fn quantile(v: &[f64], q: f64) -> f64 {
     v[rank - 1]
 }
 
+/// One gRPC client of a level: `ModelInfer` with `req` in a loop on a
+/// channel of its own (a new one after a transport failure); returns its
+/// latencies and failures while `measuring`.
+async fn grpc_caller(
+    addr: crate::options::GrpcAddr,
+    req: crate::grpc::proto::ModelInferRequest,
+    measuring: Arc<AtomicBool>,
+    stop: Arc<AtomicBool>,
+) -> (Vec<f64>, u64) {
+    let (mut lat, mut errors) = (Vec::new(), 0u64);
+    let mut client = None;
+    while !stop.load(Ordering::Relaxed) {
+        let t = Instant::now();
+        if client.is_none() {
+            client = crate::grpc::connect(&addr).await.ok();
+            if client.is_none() {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+        let ok = match client.as_mut() {
+            Some(c) => match c.model_infer(req.clone()).await {
+                Ok(_) => true,
+                Err(status) => {
+                    if status.code() == tonic::Code::Unavailable || status.code() == tonic::Code::Unknown {
+                        client = None;
+                    }
+                    false
+                }
+            },
+            None => false,
+        };
+        if measuring.load(Ordering::Relaxed) {
+            if ok {
+                lat.push(t.elapsed().as_secs_f64());
+            } else {
+                errors += 1;
+            }
+        }
+    }
+    (lat, errors)
+}
+
 /// Runs `plan` against a server started with `opts` (on a runtime of its
 /// own; the clients on another, so that their CPU time can be told apart),
 /// then shuts the server down.
@@ -153,6 +199,11 @@ async fn level(server: &Server, clients: &tokio::runtime::Handle, plan: &LoadPla
     let stop = Arc::new(AtomicBool::new(false));
     let mut tasks = Vec::with_capacity(n);
     for _ in 0..n {
+        if let (Some(req), Some(addr)) = (&plan.grpc, server.grpc_addr()) {
+            let (req, addr, measuring, stop) = (req.clone(), addr.clone(), measuring.clone(), stop.clone());
+            tasks.push(clients.spawn(grpc_caller(addr, req, measuring, stop)));
+            continue;
+        }
         // one connection per simulated caller
         let addr = server.addr();
         let (body, measuring, stop) = (plan.body.clone(), measuring.clone(), stop.clone());

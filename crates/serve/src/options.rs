@@ -172,6 +172,30 @@ pub struct ServeOptions {
     pub threads: Option<usize>,
     /// How checkpoint files are read, at start-up and on reload.
     pub files: FileLimits,
+    /// Where to serve the KServe V2 gRPC API as well (None: HTTP only):
+    /// the same model, batcher, limits and metrics as the HTTP endpoint.
+    pub grpc: Option<GrpcAddr>,
+}
+
+/// Where the gRPC endpoint listens.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GrpcAddr {
+    /// A TCP address (port 0: a free port, see [`crate::Server::grpc_addr`]).
+    Tcp(SocketAddr),
+    /// A Unix domain socket, for clients on the same machine (no TCP port
+    /// to expose, file permissions decide who may connect). A stale socket
+    /// file nothing answers on is replaced; the file is removed at shutdown.
+    Unix(PathBuf),
+}
+
+/// How gRPC clients name it: `grpc://127.0.0.1:8001`, `unix:/run/pmstate.sock`.
+impl std::fmt::Display for GrpcAddr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            GrpcAddr::Tcp(a) => write!(f, "grpc://{a}"),
+            GrpcAddr::Unix(p) => write!(f, "unix:{}", p.display()),
+        }
+    }
 }
 
 /// How the checkpoint and its configs are read, at start-up and on every
@@ -217,6 +241,7 @@ impl ServeOptions {
             limits: Limits::default(),
             threads: None,
             files: FileLimits::default(),
+            grpc: None,
         }
     }
 }

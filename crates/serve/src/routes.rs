@@ -103,7 +103,7 @@ async fn server_metadata() -> Json<ServerMetadata> {
 }
 
 /// The model if `name` (and `version`, when given) is what is served.
-fn find(st: &AppState, name: &str, version: Option<&str>) -> Result<Arc<LoadedModel>, RequestError> {
+pub(crate) fn find(st: &AppState, name: &str, version: Option<&str>) -> Result<Arc<LoadedModel>, RequestError> {
     if name != st.name {
         return Err(RequestError::UnknownModel { name: name.to_owned(), served: st.name.clone() });
     }
@@ -231,10 +231,10 @@ async fn infer_counted(
 }
 
 /// Counts a request in `pmstate_requests_in_flight` while it lives.
-struct InFlight(prometheus_client::metrics::gauge::Gauge);
+pub(crate) struct InFlight(prometheus_client::metrics::gauge::Gauge);
 
 impl InFlight {
-    fn enter(g: &prometheus_client::metrics::gauge::Gauge) -> InFlight {
+    pub(crate) fn enter(g: &prometheus_client::metrics::gauge::Gauge) -> InFlight {
         g.inc();
         InFlight(g.clone())
     }
@@ -248,14 +248,20 @@ impl Drop for InFlight {
 
 /// Bytes of the in-flight body budget one request holds, counted in
 /// `pmstate_body_bytes_reserved`; given back when dropped.
-struct Reservation {
+pub(crate) struct Reservation {
     permit: tokio::sync::OwnedSemaphorePermit,
     gauge: prometheus_client::metrics::gauge::Gauge,
 }
 
 impl Reservation {
+    /// An empty reservation on `st`'s body budget (None once it is closed: shutting down).
+    pub(crate) fn empty(st: &AppState) -> Option<Reservation> {
+        let permit = st.body_budget.clone().try_acquire_many_owned(0).ok()?;
+        Some(Reservation { permit, gauge: st.metrics.body_bytes_reserved.clone() })
+    }
+
     /// Charges `n` more bytes, if the budget has them.
-    fn grow(&mut self, budget: &Arc<tokio::sync::Semaphore>, n: usize) -> bool {
+    pub(crate) fn grow(&mut self, budget: &Arc<tokio::sync::Semaphore>, n: usize) -> bool {
         let Ok(n32) = u32::try_from(n) else { return false };
         match budget.clone().try_acquire_many_owned(n32) {
             Ok(more) => {
@@ -325,10 +331,9 @@ async fn read_body(st: &AppState, headers: &HeaderMap, mut body: Body) -> Result
     if declared.is_some_and(|n| n > limit as u64) {
         return Err(RequestError::TooLarge { limit });
     }
-    let Ok(permit) = st.body_budget.clone().try_acquire_many_owned(0) else {
+    let Some(mut held) = Reservation::empty(st) else {
         return Err(RequestError::ShuttingDown);
     };
-    let mut held = Reservation { permit, gauge: st.metrics.body_bytes_reserved.clone() };
     let (total, stall) = (st.limits.body_timeout, st.limits.body_stall_timeout);
     let deadline = tokio::time::Instant::now() + total;
     let mut buf: Vec<u8> = Vec::new();
@@ -383,9 +388,22 @@ fn reserve_answer(st: &AppState, bytes: usize) -> Result<AnswerReservation, Requ
 
 /// Bytes of the answer budget one request holds, counted in
 /// `pmstate_answer_bytes_reserved`; given back when dropped.
-struct AnswerReservation {
+pub(crate) struct AnswerReservation {
     permit: tokio::sync::OwnedSemaphorePermit,
     gauge: prometheus_client::metrics::gauge::Gauge,
+}
+
+impl AnswerReservation {
+    /// An answer that came out at `len` bytes, over the `bound` reserved
+    /// (an open width counted as 1): charges the rest when the budget has it.
+    pub(crate) fn charge_beyond(&mut self, st: &AppState, bound: usize, len: usize) {
+        if len > bound {
+            if let Ok(more) = st.answer_budget.clone().try_acquire_many_owned(permits(len - bound)) {
+                self.gauge.inc_by(more.num_permits() as i64);
+                self.permit.merge(more);
+            }
+        }
+    }
 }
 
 impl Drop for AnswerReservation {
@@ -405,6 +423,40 @@ impl AsRef<[u8]> for HeldAnswer {
     fn as_ref(&self) -> &[u8] {
         &self.body
     }
+}
+
+/// A request run by the batcher, with what its transport needs to answer it.
+pub(crate) struct Ran {
+    /// The outputs.
+    pub answer: crate::batcher::Answer,
+    /// Its share of the answer budget, to hold until the answer is sent.
+    pub held: AnswerReservation,
+    /// The bound reserved ([`answer_bound`]).
+    pub bound: usize,
+    /// The request's id.
+    pub id: Option<String>,
+    /// Its rows.
+    pub rows: usize,
+}
+
+/// What every transport does with a decoded request: reserves a bound of
+/// its answer, queues it for the batcher and waits for its outputs. The
+/// model handle is dropped before the wait (a reload may swap it meanwhile;
+/// the batcher runs whichever is served and says which in the answer).
+pub(crate) async fn run(
+    st: &AppState,
+    model: Arc<LoadedModel>,
+    decoded: crate::decode::Decoded,
+) -> Result<Ran, RequestError> {
+    let bound = answer_bound(&model.interface, decoded.rows, &decoded.outputs);
+    drop(model);
+    let held = reserve_answer(st, bound)?;
+    let id = decoded.id.clone();
+    let rows = decoded.rows;
+    let (tx, rx) = oneshot::channel();
+    st.batcher.submit(Job { req: decoded, enqueued: Instant::now(), reply: tx })?;
+    let answer = rx.await.map_err(|_| RequestError::ShuttingDown)??;
+    Ok(Ran { answer, held, bound, id, rows })
 }
 
 async fn infer_inner(
@@ -434,23 +486,10 @@ async fn infer_inner(
         .await
         .map_err(|e| RequestError::Task { what: "decoding", source: Arc::new(e) })??
     };
-    let bound = answer_bound(&model.interface, decoded.rows, &decoded.outputs);
-    drop(model);
-    let mut held = reserve_answer(st, bound)?;
-    let id = decoded.id.clone();
-    let rows = decoded.rows;
-    let (tx, rx) = oneshot::channel();
-    st.batcher.submit(Job { req: decoded, enqueued: Instant::now(), reply: tx })?;
-    let answer = rx.await.map_err(|_| RequestError::ShuttingDown)??;
+    let Ran { answer, mut held, bound, id, rows } = run(st, model, decoded).await?;
     let enc = encode(&st.name, id.as_deref(), &answer);
     drop(answer);
-    if enc.body.len() > bound {
-        // an open width counted as 1: charge the rest when the budget has it
-        if let Ok(more) = st.answer_budget.clone().try_acquire_many_owned(permits(enc.body.len() - bound)) {
-            held.gauge.inc_by(more.num_permits() as i64);
-            held.permit.merge(more);
-        }
-    }
+    held.charge_beyond(st, bound, enc.body.len());
     st.metrics.rows.inc_by(rows as u64);
     let header_len = enc.header_len;
     // the reservation lives as long as the bytes: hyper drops them once they are written

@@ -14,7 +14,7 @@ use crate::error::{LoadError, OptionsError, StartError};
 use crate::events::{Event, EventSink};
 use crate::metrics::Metrics;
 use crate::model::{Cancel, FileStamp, LoadedModel, ModelKind};
-use crate::options::{Limits, ModelSource, ServeOptions};
+use crate::options::{GrpcAddr, Limits, ModelSource, ServeOptions};
 use crate::reload::{ReloadConfig, ReloadStats, Reloader};
 use crate::slot::ModelSlot;
 use crate::state::AppState;
@@ -22,6 +22,7 @@ use crate::state::AppState;
 /// A running server.
 pub struct Server {
     addr: SocketAddr,
+    grpc_addr: Option<GrpcAddr>,
     handle: ServerHandle,
     serve: JoinHandle<std::io::Result<()>>,
     reloader: Option<Reloader>,
@@ -142,8 +143,20 @@ impl Server {
     /// current tokio runtime). The server is ready when this returns.
     pub async fn start(opts: ServeOptions, events: EventSink) -> Result<Server, StartError> {
         check(&opts)?;
-        let ServeOptions { source, name, addr, device, batching, watch, widths, non_finite, limits, threads, files } =
-            opts;
+        let ServeOptions {
+            source,
+            name,
+            addr,
+            device,
+            batching,
+            watch,
+            widths,
+            non_finite,
+            limits,
+            threads,
+            files,
+            grpc,
+        } = opts;
         let pins = widths.clone();
         let (model, reload_cfg, stamp) = match source {
             ModelSource::Checkpoint { path, config } => {
@@ -212,12 +225,19 @@ impl Server {
         let reload_fn: Option<ReloadFn> = reloader.as_ref().map(|r| Arc::new(r.trigger_fn()) as ReloadFn);
         let listener = tokio::net::TcpListener::bind(addr).await.map_err(|source| StartError::Bind { addr, source })?;
         let addr = listener.local_addr().map_err(|source| StartError::Bind { addr, source })?;
+        let grpc = match grpc {
+            Some(g) => Some(
+                crate::grpc::bind(&g).await.map_err(|source| StartError::BindGrpc { addr: g.to_string(), source })?,
+            ),
+            None => None,
+        };
         let (stop_tx, stop_rx) = watch::channel(false);
         let app = crate::routes::router(state.clone());
         let st = state.clone();
         let ev = events.clone();
         let began = std::sync::OnceLock::new();
-        let serve = tokio::spawn(crate::conns::serve(listener, app, state.clone(), stop_rx, move |w| {
+        let grpc_stop = stop_rx.clone();
+        let http = crate::conns::serve(listener, app, state.clone(), stop_rx, move |w| {
             let timeout = limits.drain_timeout;
             match began.get() {
                 None => {
@@ -235,7 +255,23 @@ impl Server {
                     seconds_left: timeout.saturating_sub(t.elapsed()).as_secs_f64(),
                 }),
             }
-        }));
+        });
+        let (grpc_serve, grpc_addr) = match grpc {
+            Some((l, a)) => (Some(crate::grpc::serve(state.clone(), l, grpc_stop)), Some(a)),
+            None => (None, None),
+        };
+        // one task serves both endpoints: the drain timeout and a forced
+        // stop (Server::wait) end them together
+        let serve = tokio::spawn(async move {
+            let grpc = async move {
+                match grpc_serve {
+                    Some(g) => g.await,
+                    None => Ok(()),
+                }
+            };
+            let (h, g) = tokio::join!(http, grpc);
+            h.and(g)
+        });
         let listening = match listening {
             Event::Listening { model, version, checkpoint, sha256, .. } => {
                 Event::Listening { addr, model, version, checkpoint, sha256 }
@@ -243,14 +279,22 @@ impl Server {
             e => e,
         };
         events(&listening);
+        if let Some(a) = &grpc_addr {
+            events(&Event::GrpcListening { url: a.to_string() });
+        }
         let force = Arc::new(watch::Sender::new(None));
         let handle = ServerHandle { state, stop: Arc::new(stop_tx), force, reload: reload_fn, events };
-        Ok(Server { addr, handle, serve, reloader, limits })
+        Ok(Server { addr, grpc_addr, handle, serve, reloader, limits })
     }
 
     /// The address it listens on.
     pub fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// Where the gRPC endpoint listens (port 0 resolved), when it was asked for.
+    pub fn grpc_addr(&self) -> Option<&GrpcAddr> {
+        self.grpc_addr.as_ref()
     }
 
     /// A handle to shut it down or reload it.

@@ -213,6 +213,7 @@ fn the_load_generator_counts_the_answers_of_every_client() {
         body: bytes::Bytes::from(request()),
         headers: vec![("content-type", "application/json".to_string())],
         rows_per_request: 1,
+        grpc: None,
     };
     let results = crate::load::run_load(opts, &plan).expect("the load runs");
     assert_eq!(results.iter().map(|r| r.clients).collect::<Vec<_>>(), [1, 3]);
@@ -222,4 +223,32 @@ fn the_load_generator_counts_the_answers_of_every_client() {
         assert!(r.p50 <= r.p99, "{} clients: p50 {} p99 {}", r.clients, r.p50, r.p99);
         assert!(r.rows_per_forward >= 1.0, "{} clients: {} rows per forward", r.clients, r.rows_per_forward);
     }
+}
+
+/// The load generator's gRPC clients: every `ModelInfer` answered, counted as the HTTP ones are.
+#[test]
+fn the_load_generator_drives_the_grpc_endpoint() {
+    use crate::grpc::proto::{model_infer_request::InferInputTensor, ModelInferRequest};
+    let mut opts = ServeOptions::new(ModelSource::Checkpoint { path: smpl_tracker().join("last.ckpt"), config: None });
+    opts.addr = SocketAddr::from(([127, 0, 0, 1], 0));
+    opts.grpc = Some(crate::GrpcAddr::Tcp(SocketAddr::from(([127, 0, 0, 1], 0))));
+    opts.threads = Some(1);
+    let mut req = ModelInferRequest { model_name: "policy".into(), ..Default::default() };
+    for (name, width) in [("max_coords_obs", 358), ("mimic_target_poses", 576), ("previous_actions", 69)] {
+        let shape = vec![1, width as i64];
+        req.inputs.push(InferInputTensor { name: name.into(), datatype: "FP32".into(), shape, ..Default::default() });
+        req.raw_input_contents.push(vec![0u8; width * 4].into());
+    }
+    let plan = crate::load::LoadPlan {
+        clients: vec![2],
+        seconds: 0.3,
+        warmup: 0.05,
+        body: bytes::Bytes::new(),
+        headers: vec![],
+        rows_per_request: 1,
+        grpc: Some(req),
+    };
+    let results = crate::load::run_load(opts, &plan).expect("the load runs");
+    assert_eq!((results[0].clients, results[0].errors), (2, 0));
+    assert!(results[0].requests > 0 && results[0].rows_per_forward >= 1.0, "{:?}", results[0]);
 }

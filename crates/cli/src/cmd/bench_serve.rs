@@ -2,7 +2,8 @@
 //! full-size smpl tracker of `bench-policy`: throughput and client-side
 //! p50/p99 latency for 1, 16 and 256 concurrent clients sending one row
 //! each (JSON, or the binary tensor extension that `tritonclient` uses by
-//! default), with dynamic batching on and with `--max-batch 1`, beside the
+//! default, or with `--encoding grpc` the gRPC API's raw contents), with
+//! dynamic batching on and with `--max-batch 1`, beside the
 //! in-process forward at batch 1 and at the largest batch, and the issue's
 //! goals checked against them, per encoding. Clients ask for `mean_action`
 //! (the server runs the actor alone) unless `--ask action-and-value`; the
@@ -13,6 +14,8 @@ use std::time::Duration;
 
 use candle_core::Device;
 use pmstate_policy::{Policy, PolicyModel};
+use pmstate_serve::grpc::proto::model_infer_request::{InferInputTensor, InferRequestedOutputTensor};
+use pmstate_serve::grpc::proto::ModelInferRequest;
 use pmstate_serve::load::{run_load, LoadPlan, LoadResult};
 use pmstate_serve::{Batching, ModelSource, ServeOptions};
 use serde::Serialize;
@@ -38,7 +41,8 @@ pub struct Args {
     /// --max-wait-us of the batching mode.
     #[arg(long, default_value_t = 0)]
     max_wait_us: u64,
-    /// How the clients encode tensors (repeatable; default both, JSON first).
+    /// How the clients encode tensors (repeatable; default json and binary,
+    /// JSON first; grpc: the KServe V2 gRPC API, raw contents).
     #[arg(long = "encoding", value_enum)]
     encodings: Vec<Encoding>,
     /// What every client asks for; the in-process forward beside it does
@@ -74,6 +78,7 @@ impl Encoding {
         match self {
             Encoding::Json => "json",
             Encoding::Binary => "binary",
+            Encoding::Grpc => "grpc",
         }
     }
 }
@@ -87,6 +92,11 @@ pub enum Encoding {
     /// The binary tensor data extension both ways: a JSON header, then the
     /// raw little-endian floats (`tritonclient`'s default, `binary_data=True`).
     Binary,
+    /// The KServe V2 gRPC API (`ModelInfer`): each input's raw
+    /// little-endian floats in `raw_input_contents`, the outputs' in
+    /// `raw_output_contents` (what `tritonclient.grpc` sends and reads),
+    /// one HTTP/2 connection per client.
+    Grpc,
 }
 
 /// One line of `--json` output.
@@ -165,6 +175,21 @@ fn binary_body_of(rows: &[(String, usize, Vec<f32>)], outputs: &[&str]) -> (Vec<
     (out, header_len)
 }
 
+/// The same request as a gRPC `ModelInfer`: one `raw_input_contents`
+/// entry per input (little-endian floats), `outputs` asked for (answered
+/// raw, as the inputs came).
+fn grpc_request_of(rows: &[(String, usize, Vec<f32>)], outputs: &[&str]) -> ModelInferRequest {
+    let mut req = ModelInferRequest { model_name: "policy".into(), ..Default::default() };
+    for (k, w, v) in rows {
+        let shape = vec![1, i64::try_from(*w).unwrap_or(i64::MAX)];
+        req.inputs.push(InferInputTensor { name: k.clone(), datatype: "FP32".into(), shape, ..Default::default() });
+        req.raw_input_contents.push(v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>().into());
+    }
+    req.outputs =
+        outputs.iter().map(|o| InferRequestedOutputTensor { name: (*o).into(), ..Default::default() }).collect();
+    req
+}
+
 /// The benchmark policy of `bench-policy` (deterministic weights).
 fn policy() -> Result<Policy, CliError> {
     let weights = bench_weights()?;
@@ -237,7 +262,9 @@ pub fn run(a: Args, g: Global) -> Result<ExitCode, CliError> {
         .collect::<Result<_, CliError>>()?;
     let encodings = if a.encodings.is_empty() { vec![Encoding::Json, Encoding::Binary] } else { a.encodings.clone() };
     for &encoding in &encodings {
+        let grpc = (encoding == Encoding::Grpc).then(|| grpc_request_of(&rows, a.ask.outputs()));
         let (body, headers) = match encoding {
+            Encoding::Grpc => (Vec::new(), vec![]),
             Encoding::Json => (body_of(&rows, a.ask.outputs()), vec![("content-type", "application/json".to_string())]),
             Encoding::Binary => {
                 let (body, header_len) = binary_body_of(&rows, a.ask.outputs());
@@ -255,6 +282,7 @@ pub fn run(a: Args, g: Global) -> Result<ExitCode, CliError> {
             body: body.into(),
             headers,
             rows_per_request: 1,
+            grpc,
         };
         load_both_modes(&a, threads, &clients, &plan, encoding, &mut records)?;
         goals(&mut records, encoding, &clients, a.max_batch);
@@ -289,6 +317,9 @@ fn load_both_modes(
             label: "bench-serve: full-size smpl tracker".into(),
         });
         opts.addr = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
+        if plan.grpc.is_some() {
+            opts.grpc = Some(pmstate_serve::GrpcAddr::Tcp(std::net::SocketAddr::from(([127, 0, 0, 1], 0))));
+        }
         opts.threads = Some(threads);
         let max_batch = if batching { a.max_batch } else { 1 };
         opts.batching = Batching {

@@ -10,12 +10,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use pmstate_policy::Globals;
-use pmstate_serve::{Batching, Event, Limits, ModelSource, NonFinite, ServeOptions, Watch};
+use pmstate_serve::{Batching, Event, GrpcAddr, Limits, ModelSource, NonFinite, ServeOptions, Watch};
 
 use crate::args::DeviceArg;
 use crate::{output, CliError, Global};
 
-/// `pmstate serve [--pipeline] CHECKPOINT [--config P] [--name policy] [--addr 127.0.0.1:8080] [--device cpu|cuda]
+/// `pmstate serve [--pipeline] CHECKPOINT [--config P] [--name policy] [--addr 127.0.0.1:8080]
+/// [--grpc-addr 127.0.0.1:8001|unix:/path] [--device cpu|cuda]
 /// [--max-batch N] [--max-wait-us N] [--queue N] [--watch] [--drain-timeout S] [--header-timeout S]
 /// [--body-timeout S] [--body-stall-timeout S] [--max-connections N]`
 #[derive(clap::Args, Debug)]
@@ -38,6 +39,13 @@ pub struct Args {
     /// (8080: 127.0.0.1:8080); port 0 picks a free port (the address is printed).
     #[arg(long, default_value = "127.0.0.1:8080", value_parser = listen_addr)]
     addr: SocketAddr,
+    /// Serve the KServe V2 gRPC API (inference.GRPCInferenceService, with
+    /// Triton's ModelStreamInfer) here too, on the same model, batcher,
+    /// limits and metrics: IP:PORT, HOST:PORT or PORT as --addr (port 0
+    /// picks a free port; the address is printed as grpc://IP:PORT), or
+    /// unix:/PATH for a Unix domain socket (local clients; removed at exit).
+    #[arg(long, value_parser = grpc_addr)]
+    grpc_addr: Option<GrpcAddr>,
     /// Where the policy runs (a pipeline runs on the CPU).
     #[arg(long, value_enum, default_value = "cpu")]
     device: DeviceArg,
@@ -137,6 +145,20 @@ fn listen_addr(s: &str) -> Result<SocketAddr, String> {
         .ok_or_else(|| format!("\"{s}\": {host} has no address"))
 }
 
+/// `unix:/PATH` (also `unix:///PATH`, gRPC's own spelling), or a TCP address as [`listen_addr`] reads it.
+fn grpc_addr(s: &str) -> Result<GrpcAddr, String> {
+    match s.strip_prefix("unix:") {
+        Some(path) => {
+            let path = path.strip_prefix("//").unwrap_or(path);
+            if path.is_empty() {
+                return Err(format!("\"{s}\": no socket path; expected unix:/PATH, e.g. unix:/tmp/pmstate.sock"));
+            }
+            Ok(GrpcAddr::Unix(PathBuf::from(path)))
+        }
+        None => listen_addr(s).map(GrpcAddr::Tcp).map_err(|e| format!("{e}, or unix:/PATH")),
+    }
+}
+
 /// `KEY=N`.
 fn width_pin(s: &str) -> Result<(String, usize), String> {
     let (k, n) = s.split_once('=').ok_or_else(|| format!("\"{s}\": expected KEY=N, e.g. max_coords_obs=358"))?;
@@ -161,6 +183,7 @@ pub fn run(a: Args, g: Global) -> Result<ExitCode, CliError> {
     let mut opts = ServeOptions::new(source);
     opts.name = a.name;
     opts.addr = a.addr;
+    opts.grpc = a.grpc_addr;
     opts.device = device;
     opts.batching = Batching { max_batch: a.max_batch, max_wait: Duration::from_micros(a.max_wait_us), queue: a.queue };
     opts.watch = if a.watch { Watch::Poll { interval: Duration::from_secs_f64(a.watch_interval) } } else { Watch::Off };
@@ -181,7 +204,7 @@ pub fn run(a: Args, g: Global) -> Result<ExitCode, CliError> {
     opts.files.globals = if a.allow_unsafe_globals { Globals::Allow } else { Globals::Refuse };
     let json = g.json;
     let events = Arc::new(move |e: &Event| {
-        let quiet_ok = matches!(e, Event::Listening { .. });
+        let quiet_ok = matches!(e, Event::Listening { .. } | Event::GrpcListening { .. });
         if json {
             // an event is plain data: encoding it cannot fail
             let _ = output::json_line(e);
@@ -216,5 +239,17 @@ mod tests {
             let e = listen_addr(bad).unwrap_err();
             assert!(e.contains("IP:PORT") || e.contains("no port"), "{bad}: {e}");
         }
+    }
+
+    /// A TCP address as --addr takes it, or a Unix socket path in either of gRPC's spellings.
+    #[test]
+    fn grpc_addr_takes_tcp_addresses_and_unix_socket_paths() {
+        assert_eq!(grpc_addr("127.0.0.1:0"), Ok(GrpcAddr::Tcp(SocketAddr::from(([127, 0, 0, 1], 0)))));
+        assert_eq!(grpc_addr("8001"), Ok(GrpcAddr::Tcp(SocketAddr::from(([127, 0, 0, 1], 8001)))));
+        assert_eq!(grpc_addr("unix:/tmp/p.sock"), Ok(GrpcAddr::Unix("/tmp/p.sock".into())));
+        assert_eq!(grpc_addr("unix:///tmp/p.sock"), Ok(GrpcAddr::Unix("/tmp/p.sock".into())));
+        assert_eq!(grpc_addr("unix:rel.sock"), Ok(GrpcAddr::Unix("rel.sock".into())));
+        assert!(grpc_addr("unix:").unwrap_err().contains("no socket path"));
+        assert!(grpc_addr("nowhere").unwrap_err().contains("unix:/PATH"));
     }
 }
