@@ -106,3 +106,35 @@ async fn serve_answers_the_releases_trackers_like_policy_run() {
         let _ = child.wait();
     }
 }
+
+/// The G1 tracker of v3.1 (testdata/deploy/v31_g1_tracker, recorded by
+/// record_releases_deploy.py from v3.1's own classes, observation widths as
+/// published): `policy describe` sizes every observation from the configs
+/// and `policy run` on the actor's keys alone gives v3.1's own actions.
+#[test]
+fn the_v31_g1_tracker_runs_on_its_actor_keys() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/deploy/v31_g1_tracker");
+    let ckpt = dir.join("last.ckpt").display().to_string();
+    let out = pmstate(&["--json", "policy", "describe", &ckpt]);
+    assert!(out.status.success(), "{}", text(&out));
+    let d: Value = serde_json::from_str(String::from_utf8_lossy(&out.stdout).lines().next().unwrap()).unwrap();
+    let widths: HashMap<String, u64> = d["in_keys"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|k| Some((k["key"].as_str()?.to_owned(), k["width"].as_u64()?)))
+        .collect();
+    let obs_path = dir.join("obs_b16.safetensors").display().to_string();
+    let obs = load(&obs_path);
+    for (k, t) in &obs {
+        assert_eq!(widths.get(k), Some(&(t.dims()[1] as u64)), "{k}: {d}");
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let out_file = tmp.path().join("g1.safetensors").display().to_string();
+    let o = pmstate(&["policy", "run", &ckpt, "--obs", &obs_path, "--out", &out_file]);
+    assert!(o.status.success(), "{}", text(&o));
+    let got = flat(&load(&out_file)["mean_action"]);
+    let torch = flat(&load(&dir.join("torch_b16.safetensors").display().to_string())["actions"]);
+    let d = got.iter().zip(&torch).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+    assert!(d <= 1e-5, "{d}");
+}
