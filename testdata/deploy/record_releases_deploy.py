@@ -14,8 +14,9 @@ resampled at the control period, the start-of-motion alignment, the future
 references), which the older releases did not ship.
 
 The commits default to the tags' (v3.1: 494e54d3..., v3.0: 56e49e7f...), for
-extractions that are not git work trees. v3.0's trackers are not recorded
-(V30_NOT_RECORDED says why; with --v30 the manifest says so too).
+extractions that are not git work trees. With --v30, v3.0's G1 and H1-2
+trackers are recorded too (V30_CASES, record_v30_case), after the v3.1 case,
+with v3.0's `protomotions` imported in place of v3.1's.
 
 What is recorded, per case (v31_g1_tracker: v3.1's published
 motion_tracker/g1-amass):
@@ -54,6 +55,26 @@ motion_tracker/g1-amass):
 
 Deterministic: one CPU thread, fixed seeds; safetensors headers without
 __metadata__.
+
+v3.0 (v30_g1_tracker, v30_h1_tracker: motion_tracker/g1-amass and
+h1_2-amass): the same checkpoint recipe with v3.0's classes (its configs name
+no anchor body: the root, body 0, is recorded as the anchor), and v3.0's own
+observation code, which its Mimic env calls in code rather than through
+components: `compute_humanoid_reduced_coords_observations` (with
+`root_projected_gravity` of the root), its `HistoryBuffer` (current first;
+`reset_hist_default`'s fill after a reset), `MimicObs.build_target_poses`
+(max-coords-simple, with velocities and the time to each target; the stub env
+it reads holds the motion clock, the clip lengths and `respawn_root_offset`)
+and `Mimic.get_spawn_to_ref_pose_offset_with_terrain_height_correction` for
+the realigned reference. `inputs_b16` is named by pipeline input (pmstate's
+context paths: v3.0 has no context keys). The loop (30 steps) reads every
+body's state around the clip, in the clip's frame (v3.0 does not rotate the
+reference), offset by a constant xy; the reference one control step ahead
+from today's player, shifted by the realignment `align_motion_with_humanoid`
+sets after each step (the robot root's xy minus the reference root's), the
+motion clock advanced in float32 as `MimicMotionManager` does. The G1 loop
+runs on the synthetic clip; the H1-2 (29 bodies, 27 joints) on a seeded
+clip of its own, `v30_h1_tracker/clip.motion` (write_clip).
 """
 import argparse
 import json
@@ -67,22 +88,21 @@ sys.path.insert(0, os.path.dirname(HERE))
 from pm_reference import reexec_deterministic, reference_commit, write_safetensors  # noqa: E402
 
 SHRINK = {1024: 16}
-# Why v3.0's trackers are not recorded (yet): its Mimic env has no observation
-# components; its G1 actor reads `mimic_target_poses` of type
-# max-coords-simple (every reference body's position, rotation and velocities
-# in the ROOT's heading frame, with the time to each target), the root's
-# reduced coords (`dof_to_obs` of the hinge axes, the root's projected
-# gravity) and their HistoryBuffer, and its motion manager realigns the
-# reference with the robot every step: a runtime pmstate's deploy loop does
-# not implement.
-V30_NOT_RECORDED = ("v3.0's Mimic env: max-coords-simple target poses of every body in the root's frame "
-                    "with times, the reference realigned to the robot each step; not implemented by the deploy loop")
 B16_SEED = 12
 REPLAY_SEED = 5
 # case -> the release and its published model
 CASES = {
     "v31_g1_tracker": {"release": "v3.1", "model": "motion_tracker/g1-amass"},
 }
+# v3.0's trackers (recorded with --v30): one runtime, two robots
+V30_CASES = {
+    "v30_g1_tracker": {"release": "v3.0", "model": "motion_tracker/g1-amass"},
+    "v30_h1_tracker": {"release": "v3.0", "model": "motion_tracker/h1_2-amass"},
+}
+V30_B16_SEED = 14
+V30_REPLAY_SEED = 6
+# loop steps (each step's observations are ~1300 floats for the G1)
+V30_REPLAY_STEPS = 30
 
 
 def shrink_units(mlp_cfg):
@@ -323,6 +343,252 @@ def record_replay(args, torch, outdir, nd, nb, anchor, nfut, context, act, new_b
             "torch_cpu_capability": torch.backends.cpu.get_cpu_capability()}
 
 
+def write_clip(torch, path, nb, nd, frames=25, fps=30):
+    """A smooth seeded clip (torch.save of the RobotState dict a `.motion`
+    holds) for a robot the synthetic G1 clip does not fit."""
+    g = torch.Generator().manual_seed(21)
+    t = torch.arange(frames, dtype=torch.float32).unsqueeze(-1) / fps
+    phase, amp = torch.rand(1, nd, generator=g) * 6.283, 0.1 + 0.4 * torch.rand(1, nd, generator=g)
+    dof_pos = amp * torch.sin(2.0 * t + phase)
+    base = torch.randn(1, nb, 3, generator=g) * 0.3 + torch.tensor([0.0, 0.0, 0.8])
+    pos = base + torch.stack([0.5 * t, 0.1 * torch.sin(t), 0.02 * torch.sin(3 * t)], -1)
+    axis = torch.randn(1, nb, 3, generator=g)
+    axis = axis / axis.norm(dim=-1, keepdim=True)
+    ang = (0.3 * torch.sin(1.5 * t)).unsqueeze(-1) + torch.rand(1, nb, 1, generator=g)
+    rot = torch.cat([axis * torch.sin(ang / 2), torch.cos(ang / 2)], -1)
+    d = lambda x: torch.cat([(x[1:] - x[:-1]) * fps, (x[-1:] - x[-2:-1]) * fps])  # noqa: E731
+    torch.save({"fps": fps, "dof_pos": dof_pos.contiguous(), "dof_vel": d(dof_pos).contiguous(),
+                "rigid_body_pos": pos.contiguous(), "rigid_body_rot": rot.contiguous(),
+                "rigid_body_vel": d(pos).contiguous(), "rigid_body_ang_vel": (axis * d(ang)).contiguous(),
+                "rigid_body_contacts": torch.zeros(frames, nb, dtype=torch.bool)}, path)
+
+
+def use_release(root, other):
+    """Imports `protomotions` from `root` from here on: the other release's
+    modules are dropped (both are one package name)."""
+    for m in list(sys.modules):
+        if m == "protomotions" or m.startswith("protomotions."):
+            del sys.modules[m]
+    if other in sys.path:
+        sys.path.remove(other)
+    sys.path.insert(0, root)
+
+
+def record_v30_case(args, torch, name, spec, outdir):
+    """v3.0's Mimic env observations by v3.0's own code: the reduced coords
+    (`compute_humanoid_reduced_coords_observations`: `dof_to_obs` of the
+    hinges, the root's world angular velocity, `root_projected_gravity` of
+    the root), their `HistoryBuffer` (current first; after a reset every
+    slot the first reading, as `reset_hist_default` sets it) and
+    `MimicObs.build_target_poses` (max-coords-simple with velocities, the
+    time to each target appended) of references offset by
+    `Mimic.get_spawn_to_ref_pose_offset_with_terrain_height_correction`
+    (flat terrain: the realignment's xy offset, z zero)."""
+    from types import SimpleNamespace
+    from protomotions.envs.utils.humanoid import (compute_humanoid_reduced_coords_observations,
+                                                  compute_humanoid_max_coords_observations, root_projected_gravity)
+    from protomotions.envs.obs.humanoid_obs import HistoryBuffer
+    from protomotions.envs.obs.mimic_obs import MimicObs
+    from protomotions.envs.mimic.env import Mimic
+    from protomotions.utils.rotations import quat_rotate_inverse
+
+    src = os.path.join(args.v30, "data/pretrained_models", spec["model"], "resolved_configs_inference.pt")
+    cfg = torch.load(src, weights_only=False)
+    shrink_units(cfg["agent"].model.actor.mu_model)
+    shrink_units(cfg["agent"].model.critic)
+    robot, env = cfg["robot"], cfg["env"]
+    k = robot.kinematic_info
+    nd, nb = k.num_dofs, len(k.body_names)
+    anchor = 0  # v3.0 has no anchor body: its observations read the root (body 0)
+    hist = env.humanoid_obs.reduced_coords_obs.num_historical_steps
+    tp = env.mimic_obs.mimic_target_pose
+    nfut = tp.num_future_steps
+    dt = 0.02  # the env's dt: decimation / fps of the published simulator config
+    sim = cfg["simulator"]
+    assert abs(sim.sim.decimation / sim.sim.fps - dt) < 1e-12, (sim.sim.decimation, sim.sim.fps)
+    actor_keys = list(cfg["agent"].model.actor.in_keys)
+    offset, scale = pd_offset_scale(torch, robot)
+    clamp = robot.control.clamp_actions
+
+    def reduced(state):
+        return compute_humanoid_reduced_coords_observations(
+            dof_pos=state["dof_pos"], dof_vel=state["dof_vel"], root_ang_vel=state["ang_vel"][:, 0, :],
+            root_projected_gravity=root_projected_gravity(state["rot"][:, 0], w_last=True),
+            hinge_axes_map=k.hinge_axes_map, w_last=True)
+
+    def stub_env(batch, times, lengths, realign):
+        """What MimicObs and Mimic's offset read of the env: dt, the motion
+        manager's times, the motion lib's lengths, the respawn offset."""
+        return SimpleNamespace(
+            num_envs=batch, device=torch.device("cpu"), dt=dt, skip_height_correction=True,
+            respawn_root_offset=torch.cat([realign, torch.zeros(batch, 1)], -1),
+            motion_manager=SimpleNamespace(motion_times=times, motion_ids=torch.arange(batch)),
+            motion_lib=SimpleNamespace(get_motion_length=lambda ids: lengths[ids]))
+
+    def targets(state, fut, times, lengths, realign):
+        batch = state["dof_pos"].shape[0]
+        e = stub_env(batch, times, lengths, realign)
+        mo = MimicObs(env.mimic_obs, e)
+        env_ids = torch.arange(batch)
+        ids_rep = env_ids.unsqueeze(1).expand(-1, nfut).reshape(-1)
+        gt = fut["pos"].reshape(batch * nfut, nb, 3).clone()
+        gt += Mimic.get_spawn_to_ref_pose_offset_with_terrain_height_correction(e, gt, ids_rep)
+        flat = lambda x, w: x.reshape(batch * nfut, nb, w)  # noqa: E731
+        return mo.build_target_poses(tp.type, tp.with_velocities, state["pos"], state["rot"], state["vel"],
+                                     state["ang_vel"], gt, flat(fut["rot"], 4), flat(fut["vel"], 3),
+                                     flat(fut["ang_vel"], 3), torch.zeros(batch * nfut, 1), env_ids, nfut)
+
+    def random_state(g, batch):
+        return {"rot": unit(torch, torch.randn(batch, nb, 4, generator=g)),
+                "ang_vel": torch.randn(batch, nb, 3, generator=g),
+                "pos": torch.randn(batch, nb, 3, generator=g), "vel": torch.randn(batch, nb, 3, generator=g),
+                "dof_pos": torch.randn(batch, nd, generator=g), "dof_vel": torch.randn(batch, nd, generator=g)}
+
+    # sixteen seeded rows: the current state, hist - 1 past ones pushed through v3.0's HistoryBuffer
+    g = torch.Generator().manual_seed(V30_B16_SEED)
+    past = [random_state(g, 16) for _ in range(hist - 1)]  # oldest first
+    cur = random_state(g, 16)
+    hb = None
+    for s in past + [cur]:
+        o = reduced(s)
+        if hb is None:
+            hb = HistoryBuffer(hist, 16, shape=(o.shape[-1],), device="cpu")
+            hb.set_curr(o)
+            hb.set_hist(hb.get_current())  # reset_hist_default
+        else:
+            hb.rotate()
+            hb.set_curr(o)
+    fut = {"pos": torch.randn(16, nfut, nb, 3, generator=g), "rot": unit(torch, torch.randn(16, nfut, nb, 4, generator=g)),
+           "vel": torch.randn(16, nfut, nb, 3, generator=g), "ang_vel": torch.randn(16, nfut, nb, 3, generator=g)}
+    times = torch.rand(16, generator=g) * 2.0
+    # half the rows' clips end before the next target: the time is clamped
+    lengths = times + torch.rand(16, generator=g) * 2.0 * nfut * dt
+    realign = torch.randn(16, 2, generator=g)
+    obs = {"reduced_coords_obs": reduced(cur), "historical_reduced_coords_obs": hb.get_all_flattened().clone(),
+           "mimic_target_poses": targets(cur, fut, times, lengths, realign)}
+    obs = {kk: obs[kk] for kk in actor_keys}
+    widths = {kk: v.shape[-1] for kk, v in obs.items()}
+    mc = compute_humanoid_max_coords_observations(cur["pos"], cur["rot"], cur["vel"], cur["ang_vel"], torch.zeros(16),
+                                                  torch.zeros(16, 1, dtype=torch.bool), True, True, False, True)
+    critic_w = {"max_coords_obs": mc.shape[-1], "historical_max_coords_obs": hist * mc.shape[-1]}
+    model, TensorDict = build_model(cfg)
+    materialise(torch, model, TensorDict, {**widths, **critic_w}, 3)
+
+    def act(o):
+        with torch.no_grad():
+            td = model._actor.mu(TensorDict({kk: o[kk] for kk in actor_keys}, batch_size=[o[actor_keys[0]].shape[0]]))
+            mean = td[cfg["agent"].model.actor.mu_key]
+        clamped = torch.clamp(mean, -clamp, clamp)  # BaseEnv.process_actions
+        return mean, clamped, offset + scale * clamped  # the simulator's PD targets
+
+    def past_rows(f):
+        return torch.stack([f(s) for s in reversed(past)], 1)  # newest first
+
+    inputs = {
+        "current_dof_pos": cur["dof_pos"], "current_dof_vel": cur["dof_vel"],
+        "current_rigid_body_pos": cur["pos"], "current_rigid_body_rot": cur["rot"],
+        "current_rigid_body_vel": cur["vel"], "current_rigid_body_ang_vel": cur["ang_vel"],
+        "historical_dof_pos": past_rows(lambda s: s["dof_pos"]), "historical_dof_vel": past_rows(lambda s: s["dof_vel"]),
+        "historical_root_rot": past_rows(lambda s: s["rot"][:, 0]),
+        "historical_root_ang_vel": past_rows(lambda s: s["ang_vel"][:, 0]),
+        "mimic_future_pos": fut["pos"], "mimic_future_rot": fut["rot"], "mimic_future_vel": fut["vel"],
+        "mimic_future_ang_vel": fut["ang_vel"], "mimic_realign_offset": realign,
+        "mimic_motion_time": times.unsqueeze(-1), "mimic_motion_length": lengths.unsqueeze(-1),
+    }
+    os.makedirs(outdir, exist_ok=True)
+    mean, _, pd = act(obs)
+    write_safetensors(torch, os.path.join(outdir, "inputs_b16.safetensors"), {kk: v.contiguous() for kk, v in inputs.items()})
+    write_safetensors(torch, os.path.join(outdir, "obs_b16.safetensors"), {kk: v.contiguous() for kk, v in obs.items()})
+    write_safetensors(torch, os.path.join(outdir, "torch_b16.safetensors"), {"actions": mean, "joint_pos_targets": pd})
+    state = {"model": model.state_dict(), "epoch": 0, "step_count": 0, "run_start_time": 0.0,
+             "best_evaluated_score": None}
+    torch.save(state, os.path.join(outdir, "last.ckpt"))
+    torch.save({kk: cfg[kk] for kk in ("robot", "simulator", "terrain", "scene_lib", "motion_lib", "env", "agent")},
+               os.path.join(outdir, "resolved_configs_inference.pt"))
+
+    # the loop: the robot's readings around the clip (in the clip's frame:
+    # v3.0 does not rotate the reference), the reference one step ahead
+    import numpy as np
+    sys.path.insert(0, args.today)
+    from deployment.motion_utils import MotionPlayer
+    clip_path = os.path.join(HERE, "synthetic.motion")
+    raw = torch.load(clip_path, weights_only=False)
+    if raw["dof_pos"].shape[-1] != nd or raw["rigid_body_pos"].shape[1] != nb:
+        # the synthetic clip is the G1's: other robots get one of their own
+        clip_path = os.path.join(outdir, "clip.motion")
+        write_clip(torch, clip_path, nb, nd)
+    player = MotionPlayer(clip_path, control_dt=dt)
+    T = min(player.total_frames, V30_REPLAY_STEPS)
+    # the clip's length as v3.0's motion lib and the player take it: (frames - 1) / fps
+    raw = torch.load(clip_path, weights_only=False)
+    length = np.float32((1.0 / float(raw["fps"])) * (raw["rigid_body_pos"].shape[0] - 1))
+    g = torch.Generator().manual_seed(V30_REPLAY_SEED)
+    states = []
+    for t in range(T):
+        r = player.get_state_at_frame(t)
+        states.append({
+            "rot": unit(torch, torch.from_numpy(r["body_rot"]).float() + 0.02 * torch.randn(nb, 4, generator=g)).unsqueeze(0),
+            "ang_vel": (torch.from_numpy(r["body_ang_vel"]).float() + 0.2 * torch.randn(nb, 3, generator=g)).unsqueeze(0),
+            "pos": (torch.from_numpy(r["body_pos"]).float() + torch.tensor([0.3, -0.2, 0.0])
+                    + 0.01 * torch.randn(nb, 3, generator=g)).unsqueeze(0),
+            "vel": (torch.from_numpy(r["body_vel"]).float() + 0.1 * torch.randn(nb, 3, generator=g)).unsqueeze(0),
+            "dof_pos": (torch.from_numpy(r["dof_pos"]).float() + 0.05 * torch.randn(nd, generator=g)).unsqueeze(0),
+            "dof_vel": (torch.from_numpy(r["dof_vel"]).float() + 0.2 * torch.randn(nd, generator=g)).unsqueeze(0),
+        })
+    motion_times = torch.zeros(1)
+    lengths = torch.tensor([float(length)])
+    hb = None
+    realign = None
+    rec = {}
+    for t in range(T):
+        s = states[t]
+        ref_root = lambda f: torch.from_numpy(player.get_state_at_frame(f)["body_pos"][0]).float()  # noqa: E731
+        if realign is None:
+            # after a reset the robot stands where the reference is offset to
+            realign = (s["pos"][0, 0, :2] - ref_root(t)[:2]).unsqueeze(0)
+        o = reduced(s)
+        if hb is None:
+            hb = HistoryBuffer(hist, 1, shape=(o.shape[-1],), device="cpu")
+            hb.set_curr(o)
+            hb.set_hist(hb.get_current())
+        else:
+            hb.rotate()
+            hb.set_curr(o)
+        futs = player.get_future_references(t, list(range(1, nfut + 1)))
+        fut = {kk: torch.from_numpy(np.asarray(futs[src])).float().unsqueeze(0)
+               for kk, src in (("pos", "body_pos"), ("rot", "body_rot"), ("vel", "body_vel"), ("ang_vel", "body_ang_vel"))}
+        ob = {"reduced_coords_obs": o, "historical_reduced_coords_obs": hb.get_all_flattened().clone(),
+              "mimic_target_poses": targets(s, fut, motion_times, lengths, realign)}
+        mean, clamped, pd = act(ob)
+        for kk in actor_keys:
+            rec.setdefault(f"obs.{kk}", []).append(ob[kk][0])
+        rec.setdefault("actions", []).append(mean[0])
+        rec.setdefault("joint_pos_targets", []).append(pd[0])
+        for kk, v in (("dof_pos", s["dof_pos"][0]), ("dof_vel", s["dof_vel"][0]), ("anchor_rot", s["rot"][0, anchor]),
+                      ("root_local_ang_vel", quat_rotate_inverse(s["rot"][:, 0], s["ang_vel"][:, 0], True)[0]),
+                      ("body_pos", s["pos"][0]), ("body_rot", s["rot"][0]), ("body_vel", s["vel"][0]),
+                      ("body_ang_vel", s["ang_vel"][0])):
+            rec.setdefault(f"sensors.{kk}", []).append(v)
+        # BaseEnv.post_physics_step: the reference realigned with the robot
+        # (align_motion_with_humanoid), then the motion manager's clock
+        realign = (s["pos"][0, 0, :2] - ref_root(t)[:2]).unsqueeze(0)
+        motion_times += dt
+    out = {kk: torch.stack(v) for kk, v in rec.items()}
+    write_safetensors(torch, os.path.join(outdir, "sensors.safetensors"),
+                      {kk[len("sensors."):]: v.contiguous() for kk, v in out.items() if kk.startswith("sensors.")})
+    write_safetensors(torch, os.path.join(outdir, "replay.safetensors"),
+                      {kk: v.contiguous() for kk, v in out.items() if not kk.startswith("sensors.")})
+    return {
+        "release": spec["release"], "published": spec["model"],
+        "shrunk": "hidden units 1024 -> 16 (actor and critic); observation widths, history and action size as published",
+        "history_steps": hist, "num_future_steps": nfut, "anchor_body_index": anchor,
+        "observation_keys": actor_keys, "obs_widths": widths,
+        "replay": {"clip": os.path.relpath(clip_path, ROOT), "frames": T, "control_dt": dt,
+                   "motion_length": float(length), "robot_offset_from_clip": [0.3, -0.2, 0.0],
+                   "torch_cpu_capability": torch.backends.cpu.get_cpu_capability()},
+    }
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--v31", required=True)
@@ -355,9 +621,13 @@ def main():
     cases = releases.setdefault("cases", {})
     for name, spec in CASES.items():
         cases[name] = record_case(args, torch, name, spec, os.path.join(HERE, name))
+    releases.pop("not_recorded", None)
     if args.v30:
-        # v3.0's trackers are not recorded: see V30_NOT_RECORDED
-        releases["not_recorded"] = {"v3.0": V30_NOT_RECORDED}
+        releases["references"]["v3.0"] = {"repository": "github:NVlabs/ProtoMotions", "tag": "v3.0",
+                                         "commit": reference_commit(args.v30, args.commit_v30)}
+        use_release(args.v30, args.v31)
+        for name, spec in V30_CASES.items():
+            cases[name] = record_v30_case(args, torch, name, spec, os.path.join(HERE, name))
     with open(manifest_path, "w") as f:
         json.dump(manifest, f, indent=1, sort_keys=True)
         f.write("\n")

@@ -1,7 +1,8 @@
-//! `pmstate deploy contract|replay` on an older release's tracker: v3.1's
-//! G1 (testdata/deploy/v31_g1_tracker, recorded by
-//! testdata/deploy/record_releases_deploy.py with v3.1's own classes and
-//! observation code).
+//! `pmstate deploy contract|run|replay` on older releases' trackers: v3.1's
+//! G1 (testdata/deploy/v31_g1_tracker) and v3.0's G1 and H1-2
+//! (testdata/deploy/v30_*_tracker), recorded by
+//! testdata/deploy/record_releases_deploy.py with each release's own
+//! classes and observation code.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -154,4 +155,140 @@ fn run_of_the_v31_g1_tracker_writes_the_pipeline_outputs() {
     let worst = flat(&got["joint_pos_targets"]).iter().zip(&theirs).fold(0f32, |d, (a, b)| d.max((a - b).abs()));
     eprintln!("deploy run, v3.1 g1, b16: PD targets max |diff| {worst:e} from the release's");
     assert!(worst <= 1e-4, "{worst:e}");
+}
+
+/// v3.0's trackers: the G1 and the H1-2 (testdata/deploy/v30_*_tracker),
+/// and the clip each was recorded on.
+const V30_CASES: [(&str, &str); 2] = [
+    ("testdata/deploy/v30_g1_tracker", "testdata/deploy/synthetic.motion"),
+    ("testdata/deploy/v30_h1_tracker", "testdata/deploy/v30_h1_tracker/clip.motion"),
+];
+
+/// The contract of v3.0's trackers (refused before: "v3.0's Mimic env
+/// observations"): the root's state and the reference clock among the
+/// inputs, and where each value v3.0's configs lack came from.
+#[test]
+fn contract_of_the_v30_trackers_says_where_its_values_came_from() {
+    for (dir, _) in V30_CASES {
+        let ckpt = root(&format!("{dir}/last.ckpt"));
+        let out = pmstate(&["deploy", "contract", &ckpt]);
+        assert!(out.status.success(), "{}", text(&out));
+        let yaml = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(yaml, Pipeline::load(&ckpt, None).expect("load").contract().to_yaml());
+        assert!(yaml.contains("realign_motion_with_humanoid_on_each_step"), "{yaml}");
+        let out = pmstate(&["--json", "deploy", "contract", &ckpt]);
+        assert!(out.status.success(), "{}", text(&out));
+        let j: J = serde_json::from_slice(&out.stdout).expect("one JSON object");
+        assert_eq!(j["robot"]["anchor_body_index"], 0);
+        let fields: Vec<(&str, &str)> = j["from_release_semantics"]
+            .as_array()
+            .expect("list")
+            .iter()
+            .filter_map(|f| Some((f["field"].as_str()?, f["release"].as_str()?)))
+            .collect();
+        assert_eq!(
+            fields,
+            [
+                ("anchor_body_index", "v3.0"),
+                ("observations", "v3.0"),
+                ("future_steps", "v3.0"),
+                ("reference_frame", "v3.0"),
+                ("history_steps", "v3.0"),
+                ("action", "v3.0"),
+            ],
+            "{dir}"
+        );
+        let kinds: Vec<&str> =
+            j["policy_inputs"].as_array().expect("inputs").iter().filter_map(|e| e["kind"].as_str()).collect();
+        for kind in
+            ["body_pos", "body_rot", "root_rot_history", "reference_motion_realign_offset", "reference_motion_time"]
+        {
+            assert!(kinds.contains(&kind), "{dir}: {kind} in {kinds:?}");
+        }
+    }
+}
+
+/// `deploy replay` of v3.0's trackers over the recorded readings (every
+/// body's state), the envelope off: the PD targets of `Tracker` to the bit,
+/// which crates/deploy/tests/releases.rs holds to v3.0's loop step by step;
+/// here within the largest difference that test observed (3.9e-5), with
+/// margin.
+#[test]
+fn replay_of_the_v30_trackers_matches_the_releases_loop() {
+    for (dir, motion) in V30_CASES {
+        let ckpt = root(&format!("{dir}/last.ckpt"));
+        let (motion, sensors) = (root(motion), root(&format!("{dir}/sensors.safetensors")));
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let o = tmp.path().join("replay.safetensors").display().to_string();
+        let args = ["deploy", "replay", &ckpt, "--motion", &motion, "--sensors", &sensors, "--out", &o];
+        let out = pmstate(&[&args[..], &["--envelope", "off"]].concat());
+        assert!(out.status.success(), "{}", text(&out));
+        let got_targets = flat(&load(&o)["joint_pos_targets"]);
+
+        let pipeline = Pipeline::load(&ckpt, None).expect("load");
+        let clip = MotionClip::load(&motion).expect("clip");
+        let player = MotionPlayer::new(&clip, pipeline.contract().dt).expect("player");
+        let opts = TrackerOptions::reference(pipeline.contract());
+        let mut t = Tracker::new(pipeline, player, opts).expect("tracker");
+        let s = load(&sensors);
+        let f = |k: &str| flat(&s[k]);
+        let (dp, dv, ar, av) = (f("dof_pos"), f("dof_vel"), f("anchor_rot"), f("root_local_ang_vel"));
+        let (bp, br, bv, ba) = (f("body_pos"), f("body_rot"), f("body_vel"), f("body_ang_vel"));
+        let steps = s["dof_pos"].dims()[0];
+        let (nd, nb) = (dp.len() / steps, bp.len() / steps / 3);
+        let mut ours = Vec::new();
+        for k in 0..steps {
+            let pd = t
+                .step(&Sensors {
+                    dof_pos: &dp[k * nd..(k + 1) * nd],
+                    dof_vel: &dv[k * nd..(k + 1) * nd],
+                    anchor_rot: [ar[4 * k], ar[4 * k + 1], ar[4 * k + 2], ar[4 * k + 3]],
+                    root_local_ang_vel: [av[3 * k], av[3 * k + 1], av[3 * k + 2]],
+                    anchor_pos: None,
+                    bodies: Some(pmstate_deploy::BodyState {
+                        pos: &bp[k * nb * 3..(k + 1) * nb * 3],
+                        rot: &br[k * nb * 4..(k + 1) * nb * 4],
+                        vel: &bv[k * nb * 3..(k + 1) * nb * 3],
+                        ang_vel: &ba[k * nb * 3..(k + 1) * nb * 3],
+                        ground_height: 0.0,
+                    }),
+                    stamp: None,
+                })
+                .expect("step");
+            ours.extend_from_slice(&pd.joint_pos_targets);
+        }
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&got_targets), bits(&ours), "{dir}: deploy replay and Tracker differ");
+        let want = flat(&load(&root(&format!("{dir}/replay.safetensors")))["joint_pos_targets"]);
+        let worst = got_targets.iter().zip(&want).fold(0f32, |d, (a, b)| d.max((a - b).abs()));
+        eprintln!("deploy replay, {dir}: PD targets max |diff| {worst:e} from the release's loop");
+        assert!(worst <= 2e-4, "{dir}: {worst:e}");
+    }
+}
+
+/// `deploy run` on sixteen rows of v3.0's inputs (the recorded ones the
+/// pipeline reads): the outputs of `Pipeline::forward` to the bit.
+#[test]
+fn run_of_the_v30_trackers_writes_the_pipeline_outputs() {
+    for (dir, _) in V30_CASES {
+        let ckpt = root(&format!("{dir}/last.ckpt"));
+        let p = Pipeline::load(&ckpt, None).expect("load");
+        let mut inputs = load(&root(&format!("{dir}/inputs_b16.safetensors")));
+        inputs.retain(|k, _| p.inputs().iter().any(|i| &i.name == k));
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let path = tmp.path().join("inputs.safetensors");
+        candle_core::safetensors::save(&inputs, &path).expect("save");
+        let o = tmp.path().join("out.safetensors").display().to_string();
+        let out = pmstate(&["deploy", "run", &ckpt, "--inputs", &path.display().to_string(), "--out", &o]);
+        assert!(out.status.success(), "{}", text(&out));
+        let got = load(&o);
+        let want = p.forward(&inputs).expect("forward");
+        for (name, t) in want.named() {
+            assert_eq!(flat(&got[name]), flat(t), "{dir} {name}");
+        }
+        let theirs = flat(&load(&root(&format!("{dir}/torch_b16.safetensors")))["joint_pos_targets"]);
+        let worst = flat(&got["joint_pos_targets"]).iter().zip(&theirs).fold(0f32, |d, (a, b)| d.max((a - b).abs()));
+        eprintln!("deploy run, {dir}, b16: PD targets max |diff| {worst:e} from the release's");
+        assert!(worst <= 2e-4, "{dir}: {worst:e}");
+    }
 }

@@ -16,6 +16,18 @@ pub struct Dims {
     pub history_steps: usize,
 }
 
+/// Where the tracker's references are expressed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReferenceFrame {
+    /// Today's and v3.1's deployment runtime: the clip rotated and moved
+    /// once, at the first step, onto the robot's anchor
+    /// (`init_tracker_alignment`).
+    StartAligned,
+    /// v3.0: the clip's own frame; its observations shift the reference by
+    /// `mimic.realign_offset`, which follows the robot every step.
+    ClipRealigned,
+}
+
 /// The pipeline input name of a context path, as ProtoMotions' exporter
 /// sanitizes it (`.`, `[`, `]` to `_`).
 pub fn input_name(path: &str) -> String {
@@ -40,7 +52,10 @@ pub fn row_shape(path: &str, d: &Dims) -> Option<Vec<usize>> {
         "historical.processed_actions" | "historical.actions" | "historical.buffered_actions" => vec![h, nd],
         "historical.dof_pos" | "historical.dof_vel" => vec![h, nd],
         "historical.anchor_rot" | "historical.root_rot" => vec![h, 4],
-        "historical.root_local_ang_vel" => vec![h, 3],
+        "historical.root_local_ang_vel" | "historical.root_ang_vel" => vec![h, 3],
+        // v3.0: the xy the reference is shifted by, the motion clock
+        "mimic.realign_offset" => vec![2],
+        "mimic.motion_time" | "mimic.motion_length" => vec![1],
         "mimic.future_anchor_rot" => vec![f, 4],
         "mimic.future_anchor_pos" | "mimic.future_anchor_vel" | "mimic.future_anchor_ang_vel" => vec![f, 3],
         "mimic.future_dof_pos" | "mimic.future_dof_vel" => vec![f, nd],
@@ -233,6 +248,12 @@ pub fn descriptor(path: &str, n: &Names<'_>) -> Option<Descriptor> {
         "historical.dof_vel" => d("joint_vel_history", Some(vec![joints()]), false),
         "historical.anchor_rot" => d("anchor_rot_history", Some(vec![xyzw()]), false),
         "historical.root_local_ang_vel" => d("local_root_ang_vel_history", Some(vec![xyz()]), false),
+        // v3.0's history of the root body (bodies[0]) and its reference clock
+        "historical.root_rot" => d("root_rot_history", Some(vec![xyzw()]), false),
+        "historical.root_ang_vel" => d("root_ang_vel_history", Some(vec![xyz()]), false),
+        "mimic.realign_offset" => d("reference_motion_realign_offset", Some(vec![strs(&["x", "y"])]), false),
+        "mimic.motion_time" => d("reference_motion_time", None, false),
+        "mimic.motion_length" => d("reference_motion_length", None, false),
         _ => return None,
     })
 }

@@ -23,6 +23,7 @@ mod served;
 #[path = "../tests/common/heading.rs"]
 mod test_heading;
 mod tracker;
+pub mod v30;
 
 pub use configs::Steps;
 pub use contract::{Contract, Fallback};

@@ -208,6 +208,8 @@ pub struct MotionPlayer {
     frames: usize,
     num_dofs: usize,
     num_bodies: usize,
+    /// The clip's length in seconds, float32 (`(frames - 1) / fps`).
+    length: f32,
     arrays: MotionArrays,
 }
 
@@ -285,12 +287,18 @@ impl MotionPlayer {
                 a.body_rot.extend(slerp(q(f0), q(f1), blend));
             }
         }
-        Ok(MotionPlayer { control_dt, frames: n, num_dofs: nd, num_bodies: nb, arrays: a })
+        Ok(MotionPlayer { control_dt, frames: n, num_dofs: nd, num_bodies: nb, length: len32, arrays: a })
     }
 
     /// Frames at the control rate.
     pub fn total_frames(&self) -> usize {
         self.frames
+    }
+
+    /// The clip's length in seconds, float32: what v3.0's motion lib
+    /// clamps a target's time to.
+    pub fn length(&self) -> f32 {
+        self.length
     }
 
     /// The control period.

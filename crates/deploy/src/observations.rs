@@ -87,6 +87,8 @@ pub enum Function {
     /// v3.1: [`Function::ReducedCoords`] of each past step of the robot's
     /// state history (most recent first), concatenated.
     HistoricalReducedCoords(HistoricalReducedCoords),
+    /// v3.0's observations, computed in code by its Mimic env ([`crate::v30`]).
+    V30(crate::v30::V30Function),
 }
 
 /// Parameters of v3.1's `compute_historical_reduced_coords_from_state`.
@@ -349,6 +351,7 @@ impl Function {
             Function::MaxCoords(_) => MAX_COORDS,
             Function::MaxCoordsTargetPoses(_) => MAX_COORDS_TARGET_POSES,
             Function::HistoricalReducedCoords(_) => V31_HISTORICAL_REDUCED_COORDS,
+            Function::V30(f) => f.qualified_name(),
         }
     }
 
@@ -370,6 +373,7 @@ impl Function {
     pub fn arguments(&self) -> Vec<(&'static str, Need)> {
         use Need::*;
         match self {
+            Function::V30(f) => f.arguments(),
             Function::ReducedCoords(r) => {
                 let mut v = vec![
                     ("dof_pos", Required),
@@ -450,6 +454,7 @@ impl Function {
         match self {
             Function::HistoricalActions(h) => h.steps.as_ref().map_or(1, Steps::needed),
             Function::HistoricalReducedCoords(h) => h.steps.as_ref().map_or(1, Steps::needed),
+            Function::V30(f) => f.history_needed(),
             _ => 0,
         }
     }
@@ -458,6 +463,7 @@ impl Function {
     /// or `None` when a selection reaches past what the context holds.
     pub fn width(&self, d: &Dims) -> Option<usize> {
         Some(match self {
+            Function::V30(f) => f.width(d.num_dofs, d.num_bodies)?,
             Function::ReducedCoords(r) => 2 * d.num_dofs + 6 + 3 * usize::from(r.root_vel) + usize::from(r.root_height),
             Function::ReducedCoordsTargetPoses(t) => {
                 let steps =
@@ -513,6 +519,7 @@ impl Function {
                 }
             }
             Function::ReducedCoordsTargetPoses(t) => t.compute_row(d, arg, out),
+            Function::V30(f) => f.compute_row(d.num_dofs, d.num_bodies, arg, out),
             Function::MaxCoords(m) => m.compute_row(d, arg, out),
             Function::MaxCoordsTargetPoses(t) => t.compute_row(d, arg, out),
             Function::HistoricalReducedCoords(h) => {

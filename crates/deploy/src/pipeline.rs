@@ -12,7 +12,9 @@ use pmstate_policy::{find_config, LoadOptions, Policy};
 
 use crate::actions::ActionFunction;
 use crate::configs::{as_usize, dict_of, Configs, Params};
-use crate::context::{constant, descriptor, input_name, row_shape, v31_context_path, Constant, Dims, Names};
+use crate::context::{
+    constant, descriptor, input_name, row_shape, v31_context_path, Constant, Dims, Names, ReferenceFrame,
+};
 use crate::contract::{
     round6, Contract, Control, Fallback, InputEntry, Metadata, Motion, OutputEntry, Robot, Runtime, Timing,
 };
@@ -29,6 +31,9 @@ enum Layout {
     /// dict (a string is a context key, anything else a parameter),
     /// `indices_subset`.
     V31,
+    /// v3.0's Mimic env: no components; its observations computed in code,
+    /// configured by `env.humanoid_obs` and `env.mimic_obs` ([`crate::v30`]).
+    V30,
 }
 
 /// The layout of `env.observation_components`: v3.1's when a component
@@ -132,6 +137,7 @@ pub struct Pipeline {
     action: ActionFunction,
     contract: Contract,
     limits: RobotLimits,
+    reference_frame: ReferenceFrame,
 }
 
 /// The limits a robot config gives, per joint in the contract's order.
@@ -187,7 +193,7 @@ fn robot_limits(c: &Configs, joints: &[String]) -> Result<RobotLimits> {
     Ok(RobotLimits { joints: joint_limits, velocity: (velocity.len() == nd && nd > 0).then_some(velocity) })
 }
 
-const COMPONENTS: &str = "env.observation_components";
+pub(crate) const COMPONENTS: &str = "env.observation_components";
 
 impl Pipeline {
     /// Loads the pipeline of a ProtoMotions checkpoint: the actor as
@@ -207,7 +213,6 @@ impl Pipeline {
     }
 
     fn build(policy: Policy, c: &Configs, checkpoint: String) -> Result<Self> {
-        refuse_v30_mimic_env(c)?;
         let joints = c.strings("robot.kinematic_info.dof_names")?;
         let bodies = c.strings("robot.kinematic_info.body_names")?;
         let num_dofs = joints.len();
@@ -215,7 +220,9 @@ impl Pipeline {
             None | Some(Node::None) => None,
             Some(_) => Some(c.str("robot.anchor_body_name")?),
         };
-        let anchor_index = anchor_body_index(c)?;
+        let v30_no_anchor = crate::v30::config::is_v30(c) && c.ckpt.get("robot.anchor_body_index").is_none();
+        // v3.0's robot configs name no anchor: its observations read the root
+        let anchor_index = if v30_no_anchor { 0 } else { anchor_body_index(c)? };
         let Some(anchor_body) = bodies.get(anchor_index) else {
             return Err(c.bad(
                 "robot.anchor_body_index",
@@ -229,37 +236,53 @@ impl Pipeline {
         let anchor = anchor_name.clone().unwrap_or_else(|| anchor_body.clone());
         // The actor's observations, in the order the environment lists them.
         let actor_keys = policy.actor_keys();
-        let comps = c.node(COMPONENTS)?;
-        let comps = dict_of(comps).ok_or_else(|| {
-            c.bad(COMPONENTS, ConfigProblem::WrongType { expected: "a dict", found: comps.kind().into() })
-        })?;
-        let layout = layout(comps);
         let mut fallbacks = Vec::new();
-        if layout == Layout::V31 {
+        if v30_no_anchor {
             fallbacks.push(Fallback {
-                field: "observations",
-                release: "v3.1",
-                key: COMPONENTS.into(),
-                semantics: "ObservationComponentConfig: `function` and `variables` (a string is a context key of BaseEnv or MimicControl, mapped to a context path; anything else a parameter); noisy_* keys are the same readings (observation noise is off on a robot)",
+                field: "anchor_body_index",
+                release: "v3.0",
+                key: "robot.kinematic_info.body_names".into(),
+                semantics: "no anchor body: v3.0's observations read the root (body 0), which is the anchor here (its rotation drives the tilt guard)",
             });
         }
-        let (future_indices, future_source) = future_step_indices(c)?;
-        fallbacks.extend(future_source);
-        for k in &actor_keys {
-            if comps.get(k).is_none() {
-                return Err(DeployError::MissingObservation { file: c.file.clone(), key: k.clone() });
-            }
-        }
-        let mut parsed = Vec::new();
-        for (k, node) in comps.entries() {
-            let Some(key) = k.as_str() else { continue };
-            if actor_keys.iter().any(|a| a == key) {
-                parsed.push(match layout {
-                    Layout::MdpComponent => read_component(c, key, node)?,
-                    Layout::V31 => read_v31_component(c, key, node)?,
+        let (layout, mut parsed, future_indices, v30_history) = if crate::v30::config::is_v30(c) {
+            let dt = timing(c)?.control_dt;
+            let o = crate::v30::config::observations(c, &actor_keys, num_dofs, dt)?;
+            fallbacks.extend(o.fallbacks);
+            (Layout::V30, o.components, o.future_indices, o.history_steps)
+        } else {
+            let comps = c.node(COMPONENTS)?;
+            let comps = dict_of(comps).ok_or_else(|| {
+                c.bad(COMPONENTS, ConfigProblem::WrongType { expected: "a dict", found: comps.kind().into() })
+            })?;
+            let layout = layout(comps);
+            if layout == Layout::V31 {
+                fallbacks.push(Fallback {
+                    field: "observations",
+                    release: "v3.1",
+                    key: COMPONENTS.into(),
+                    semantics: "ObservationComponentConfig: `function` and `variables` (a string is a context key of BaseEnv or MimicControl, mapped to a context path; anything else a parameter); noisy_* keys are the same readings (observation noise is off on a robot)",
                 });
             }
-        }
+            let (future_indices, future_source) = future_step_indices(c)?;
+            fallbacks.extend(future_source);
+            for k in &actor_keys {
+                if comps.get(k).is_none() {
+                    return Err(DeployError::MissingObservation { file: c.file.clone(), key: k.clone() });
+                }
+            }
+            let mut parsed = Vec::new();
+            for (k, node) in comps.entries() {
+                let Some(key) = k.as_str() else { continue };
+                if actor_keys.iter().any(|a| a == key) {
+                    parsed.push(match layout {
+                        Layout::MdpComponent => read_component(c, key, node)?,
+                        Layout::V31 | Layout::V30 => read_v31_component(c, key, node)?,
+                    });
+                }
+            }
+            (layout, parsed, future_indices, 0)
+        };
         // Constant bindings (the anchor's index) become parameters.
         for (key, f, bindings) in &mut parsed {
             for (arg, path) in bindings.iter() {
@@ -290,6 +313,8 @@ impl Pipeline {
         let needed = parsed.iter().map(|(_, f, _)| f.history_needed()).max().unwrap_or(0).max(1);
         let history_steps = match layout {
             Layout::MdpComponent => needed,
+            // v3.0's HistoryBuffer holds the current step and the past ones
+            Layout::V30 => v30_history.max(1),
             // v3.1's StateHistoryBuffer holds num_state_history_steps past
             // steps, and a function with num_steps None reads them all
             Layout::V31 => {
@@ -388,10 +413,10 @@ impl Pipeline {
         }
         check_actor_widths(c, &policy, &observations)?;
         let action = match (layout, c.ckpt.get("env.action_config")) {
-            (Layout::V31, None) => {
+            (Layout::V31 | Layout::V30, None) => {
                 fallbacks.push(Fallback {
                     field: "action",
-                    release: "v3.1",
+                    release: if layout == Layout::V30 { "v3.0" } else { "v3.1" },
                     key: "robot.control".into(),
                     semantics: "no env.action_config: BaseEnv.process_actions clamps to clamp_actions, the simulator's targets are offset + scale * action with build_pd_action_offset_scale of the joint limits and action_scale; gains from control_info",
                 });
@@ -432,7 +457,14 @@ impl Pipeline {
                 key: policy.actor_keys().join(", "),
             })?;
         let limits = robot_limits(c, &joints)?;
-        Ok(Pipeline { policy, actor_obs, dims, inputs, observations, action, contract, limits })
+        let reference_frame =
+            if layout == Layout::V30 { ReferenceFrame::ClipRealigned } else { ReferenceFrame::StartAligned };
+        Ok(Pipeline { policy, actor_obs, dims, inputs, observations, action, contract, limits, reference_frame })
+    }
+
+    /// Where the tracker expresses the references ([`ReferenceFrame`]).
+    pub fn reference_frame(&self) -> ReferenceFrame {
+        self.reference_frame
     }
 
     /// The joint position and velocity limits the robot config gives (the
@@ -700,26 +732,6 @@ fn read_v31_component(c: &Configs, key: &str, node: &Node) -> Result<Component> 
         bindings.push((arg.to_owned(), path));
     }
     Ok((key.to_owned(), function, bindings))
-}
-
-/// v3.0's `Mimic` env computes its observations in code (`humanoid_obs`,
-/// `mimic_obs`), not from components: its G1 tracker reads max-coords-simple
-/// target poses of every reference body in the root's heading frame with the
-/// time to each target, the root's reduced coords and their history, and
-/// realigns the reference with the robot every step. None of that is the
-/// deploy loop here; refused naming what it is, rather than by the first
-/// key today's configs have and v3.0's lack.
-fn refuse_v30_mimic_env(c: &Configs) -> Result<()> {
-    if c.ckpt.get(COMPONENTS).is_none() && c.ckpt.get("env.humanoid_obs").is_some() {
-        return Err(c.bad(
-            "env.humanoid_obs",
-            ConfigProblem::Unsupported {
-                value: "v3.0's Mimic env observations (humanoid_obs, mimic_obs)".into(),
-                supported: "observation components: today's MdpComponent or v3.1's ObservationComponentConfig",
-            },
-        ));
-    }
-    Ok(())
 }
 
 /// `robot.anchor_body_index`: an int, or a string holding one (v3.1's

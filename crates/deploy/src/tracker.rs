@@ -164,6 +164,10 @@ enum Source {
     RefAnchorPos,
     Body(BodyField),
     GroundHeight,
+    // v3.0: the xy the reference is shifted by, the motion clock
+    RealignOffset,
+    MotionTime,
+    MotionLength,
 }
 
 /// A sensor whose past readings v3.1's observations read.
@@ -173,17 +177,31 @@ enum Sensor {
     DofVel,
     AnchorRot,
     RootLocalAngVel,
+    // v3.0: the root body's (bodies[0]) rotation and world angular velocity
+    RootRot,
+    RootAngVel,
 }
 
 impl Sensor {
-    const ALL: [Sensor; 4] = [Sensor::DofPos, Sensor::DofVel, Sensor::AnchorRot, Sensor::RootLocalAngVel];
+    const ALL: [Sensor; 6] = [
+        Sensor::DofPos,
+        Sensor::DofVel,
+        Sensor::AnchorRot,
+        Sensor::RootLocalAngVel,
+        Sensor::RootRot,
+        Sensor::RootAngVel,
+    ];
 
+    /// The reading; the root body's are empty without `bodies` (a tracker
+    /// that reads them refuses such a reading first, `Tracker::check`).
     fn reading<'s>(self, s: &'s Sensors<'_>) -> &'s [f32] {
         match self {
             Sensor::DofPos => s.dof_pos,
             Sensor::DofVel => s.dof_vel,
             Sensor::AnchorRot => &s.anchor_rot,
             Sensor::RootLocalAngVel => &s.root_local_ang_vel,
+            Sensor::RootRot => s.bodies.as_ref().map_or(&[][..], |b| b.rot.get(..4).unwrap_or(&[])),
+            Sensor::RootAngVel => s.bodies.as_ref().map_or(&[][..], |b| b.ang_vel.get(..3).unwrap_or(&[])),
         }
     }
 
@@ -201,7 +219,12 @@ enum BodyField {
     AngVel,
 }
 
-const SOURCED: [&str; 28] = [
+const SOURCED: [&str; 33] = [
+    "historical.root_rot",
+    "historical.root_ang_vel",
+    "mimic.realign_offset",
+    "mimic.motion_time",
+    "mimic.motion_length",
     "historical.buffered_actions",
     "historical.dof_pos",
     "historical.dof_vel",
@@ -247,6 +270,11 @@ fn source(path: &str) -> Option<Source> {
         "historical.dof_vel" => Past(Sensor::DofVel),
         "historical.anchor_rot" => Past(Sensor::AnchorRot),
         "historical.root_local_ang_vel" => Past(Sensor::RootLocalAngVel),
+        "historical.root_rot" => Past(Sensor::RootRot),
+        "historical.root_ang_vel" => Past(Sensor::RootAngVel),
+        "mimic.realign_offset" => RealignOffset,
+        "mimic.motion_time" => MotionTime,
+        "mimic.motion_length" => MotionLength,
         "mimic.future_dof_pos" => FutureDofPos,
         "mimic.future_dof_vel" => FutureDofVel,
         "mimic.future_rot" => FutureRot { anchor_only: false },
@@ -320,6 +348,17 @@ impl Alignment {
         }
     }
 
+    /// No alignment: the clip's frame is the robot's (v3.0, which shifts
+    /// the reference each step instead). Every method returns its
+    /// argument to the bit.
+    pub fn identity() -> Self {
+        Alignment {
+            heading_offset: [0.0, 0.0, 0.0, 1.0],
+            robot_anchor_start_pos: [0.0; 3],
+            motion_anchor_start_pos: [0.0; 3],
+        }
+    }
+
     /// A clip rotation in the robot's frame.
     pub fn rot(&self, q: Quat) -> Quat {
         quat_mul_np(self.heading_offset, q)
@@ -366,8 +405,15 @@ pub struct Tracker {
     buffered_actions: Vec<f32>,
     /// v3.1's state history per [`Sensor`]: `history` past readings,
     /// newest first, valid once `has_past`.
-    past: [Vec<f32>; 4],
+    past: [Vec<f32>; 6],
     has_past: bool,
+    /// v3.0: the reference in the clip's own frame (no start alignment),
+    /// shifted each step by `realign` (see [`crate::v30`]).
+    clip_frame: bool,
+    /// v3.0's realignment offset set by the last committed step.
+    realign: Option<[f32; 2]>,
+    /// v3.0's motion clock: float32, advanced by the control period per step.
+    motion_time: f32,
     frame: usize,
     alignment: Option<Alignment>,
     /// The EMA's previous output, valid once `has_ema`.
@@ -435,13 +481,13 @@ impl Tracker {
         } else {
             Vec::new()
         };
-        let mut past: [Vec<f32>; 4] = Default::default();
+        let mut past: [Vec<f32>; 6] = Default::default();
         for x in Sensor::ALL {
             if uses(Source::Past(x)) {
                 let width = match x {
                     Sensor::DofPos | Sensor::DofVel => nd,
-                    Sensor::AnchorRot => 4,
-                    Sensor::RootLocalAngVel => 3,
+                    Sensor::AnchorRot | Sensor::RootRot => 4,
+                    Sensor::RootLocalAngVel | Sensor::RootAngVel => 3,
                 };
                 let len = history
                     .checked_mul(width)
@@ -460,6 +506,9 @@ impl Tracker {
             buffered_actions,
             past,
             has_past: false,
+            clip_frame: pipeline.reference_frame() == crate::context::ReferenceFrame::ClipRealigned,
+            realign: None,
+            motion_time: 0.0,
             frame: 0,
             alignment: None,
             ema_prev: vec![0.0; nd],
@@ -502,6 +551,8 @@ impl Tracker {
         self.fed_actions.iter_mut().for_each(|x| *x = 0.0);
         self.buffered_actions.iter_mut().for_each(|x| *x = 0.0);
         self.has_past = false;
+        self.realign = None;
+        self.motion_time = 0.0;
         self.status.safe_mode = None;
         self.record(RecordKind::Reset, 0, None, None);
     }
@@ -608,7 +659,15 @@ impl Tracker {
         if self.options.envelope.stale_after_periods.is_some() && s.stamp.is_none() {
             return Err(DeployError::Sensor { name: "stamp", problem: SensorProblem::Missing });
         }
-        let needs_bodies = self.sources.iter().any(|x| matches!(x, Source::Body(_) | Source::GroundHeight));
+        let needs_bodies = self.sources.iter().any(|x| {
+            matches!(
+                x,
+                Source::Body(_)
+                    | Source::GroundHeight
+                    | Source::RealignOffset
+                    | Source::Past(Sensor::RootRot | Sensor::RootAngVel)
+            )
+        });
         match (&s.bodies, needs_bodies) {
             (None, true) => return Err(DeployError::Sensor { name: "bodies", problem: SensorProblem::Missing }),
             (Some(b), _) => {
@@ -719,6 +778,7 @@ impl Tracker {
     fn policy_step(&mut self, s: &Sensors<'_>) -> Result<Option<u32>> {
         let align = match self.alignment {
             Some(a) => a,
+            None if self.clip_frame => Alignment::identity(),
             None => {
                 let f = self.player.frame(0);
                 let a = self.anchor;
@@ -783,15 +843,32 @@ impl Tracker {
             }
         }
         self.has_past = true;
+        if self.clip_frame {
+            // BaseEnv.post_physics_step: align_motion_with_humanoid, then the clock
+            self.realign = Some(self.realign_of(s));
+            self.motion_time += self.player.control_dt() as f32;
+        }
         self.frame = self.frame.saturating_add(1);
         self.run_steps += 1;
         Ok(Some(ev))
+    }
+
+    /// v3.0's realignment at this step's frame: the robot root's xy minus
+    /// the reference root's (`align_motion_with_humanoid`).
+    fn realign_of(&self, s: &Sensors<'_>) -> [f32; 2] {
+        let f = self.player.frame(self.frame);
+        let root = s.bodies.as_ref().map_or(&[][..], |b| b.pos);
+        match root.get(..2) {
+            Some(r) => [r[0] - f.body_pos[0], r[1] - f.body_pos[1]],
+            None => [0.0; 2],
+        }
     }
 
     /// The pipeline's inputs of this step into `buffers`.
     fn assemble(&mut self, s: &Sensors<'_>, align: &Alignment) {
         let anchor = self.anchor;
         let nb = self.player.num_bodies();
+        let realign = if self.clip_frame { self.realign.unwrap_or_else(|| self.realign_of(s)) } else { [0.0; 2] };
         for (src, buf) in self.sources.iter().zip(self.buffers.iter_mut()) {
             buf.clear();
             match *src {
@@ -827,6 +904,10 @@ impl Tracker {
                     }
                 }
                 Source::GroundHeight => buf.push(s.bodies.as_ref().map_or(0.0, |b| b.ground_height)),
+                // the last step's realignment; after a reset, this step's
+                Source::RealignOffset => buf.extend_from_slice(&realign),
+                Source::MotionTime => buf.push(self.motion_time),
+                Source::MotionLength => buf.push(self.player.length()),
                 Source::RefAnchorPos => {
                     let f = self.player.frame(self.frame);
                     let p = &f.body_pos[anchor * 3..anchor * 3 + 3];
