@@ -76,6 +76,18 @@ pub enum CliError {
     /// carries the tracker's errors).
     #[error(transparent)]
     Sim(Box<pmstate_sim::SimError>),
+    /// `migrate`: refused or failed (boxed: it carries the checkpoint's errors).
+    #[error(transparent)]
+    Migrate(Box<pmstate_policy::migrate::MigrateError>),
+}
+
+impl From<pmstate_policy::migrate::MigrateError> for CliError {
+    fn from(e: pmstate_policy::migrate::MigrateError) -> Self {
+        match e {
+            pmstate_policy::migrate::MigrateError::Ckpt(c) => CliError::Ckpt(c),
+            e => CliError::Migrate(Box::new(e)),
+        }
+    }
 }
 
 impl From<pmstate_sim::SimError> for CliError {
@@ -177,6 +189,7 @@ impl CliError {
             CliError::Serve(_) => ErrorReport::new("serve", message),
             CliError::Sim(e) => sim_report(e, message),
             CliError::Hydra(e) => hydra_report(e, message),
+            CliError::Migrate(e) => ErrorReport::new(format!("migrate.{}", e.kind()), message).at(e.file(), e.key()),
         }
     }
 }
@@ -261,6 +274,7 @@ fn policy_report(e: &pmstate_policy::PolicyError, message: String) -> ErrorRepor
         E::ExtraObs { key, .. } => ("extra_obs", None, Some(key)),
         E::NanObservation { key, .. } => ("nan_observation", None, Some(key)),
         E::ConfigRead { file, .. } => ("config_read", Some(file), None),
+        E::HydraConfig { file } => ("hydra_config", Some(file), None),
         E::Hydra(h) => {
             return hydra_report(h, message);
         }

@@ -87,6 +87,11 @@ enum Command {
     /// List (and with --delete remove) temporary files that a killed pmstate
     /// left in a folder (`.pmstate-<pid>-*.tmp` whose process is gone).
     CleanTmp(cmd::clean_tmp::Args),
+    /// Make an older release's motion tracker (v3.1) loadable by today's
+    /// ProtoMotions: checkpoint and resolved configs of today's classes in
+    /// OUT_DIR, with a report of what was mapped, renamed, dropped. Exit 1
+    /// when refused (the error names the key and why).
+    Migrate(cmd::migrate::Args),
 }
 
 fn run(cli: Cli) -> Result<ExitCode, CliError> {
@@ -107,6 +112,7 @@ fn run(cli: Cli) -> Result<ExitCode, CliError> {
         Command::Serve(a) => cmd::serve::run(a, g),
         Command::BenchServe(a) => cmd::bench_serve::run(a, g),
         Command::BenchDeploy(a) => cmd::bench_deploy::run(a, g),
+        Command::Migrate(a) => cmd::migrate::run(a, g),
     }
 }
 

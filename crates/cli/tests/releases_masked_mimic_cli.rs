@@ -206,7 +206,7 @@ fn write_with_bool_masks(path: &std::path::Path, tensors: &HashMap<String, Tenso
         header.insert(k.clone(), json!({"dtype": dtype, "shape": t.dims(), "data_offsets": [start, data.len()]}));
     }
     let mut h = serde_json::to_vec(&Value::Object(header)).unwrap();
-    while h.len() % 8 != 0 {
+    while !h.len().is_multiple_of(8) {
         h.push(b' ');
     }
     let mut bytes = (h.len() as u64).to_le_bytes().to_vec();

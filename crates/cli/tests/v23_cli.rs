@@ -162,3 +162,11 @@ async fn serve_answers_a_v23_tracker_like_policy_run() {
     let _ = child.kill();
     let _ = child.wait();
 }
+
+#[test]
+fn deploy_refuses_a_v23_checkpoint_naming_why() {
+    let out = pmstate(&["--json", "deploy", "contract", &data("v23_tracker/last.ckpt")]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    let e: Value = serde_json::from_str(String::from_utf8_lossy(&out.stderr).lines().last().unwrap()).unwrap();
+    assert!(e["message"].as_str().unwrap().contains("v2.3 Hydra config"), "{e}");
+}

@@ -279,6 +279,17 @@ pub enum PolicyError {
         #[source]
         source: std::io::Error,
     },
+    /// A v2.3 Hydra `config.yaml` where resolved configs are needed: the
+    /// PPO/AMP policy reader and the deploy pipeline read v3.0 and later;
+    /// v2.3's models are read through the registry (`served::load`).
+    #[error(
+        "{file}: a ProtoMotions v2.3 Hydra config: this reads resolved configs (v3.0 and later); v2.3's models \
+         are read by `policy describe|run` and `serve` (v2.3 published no robot tracker to deploy)"
+    )]
+    HydraConfig {
+        /// The config file.
+        file: String,
+    },
     /// A Hydra `config.yaml` whose interpolations do not resolve.
     #[error(transparent)]
     Hydra(#[from] Box<pmstate_ckpt::hydra::HydraError>),

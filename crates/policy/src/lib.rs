@@ -22,6 +22,7 @@ pub mod fsq;
 pub mod gpc;
 mod load;
 pub mod masked_mimic;
+pub mod migrate;
 pub mod mlp;
 mod model;
 pub mod module_ops;

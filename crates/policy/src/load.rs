@@ -156,6 +156,9 @@ pub(crate) fn open_vetted<T>(
     read: impl FnOnce(&Checkpoint) -> Result<T>,
 ) -> Result<Opened<T>> {
     let config_path = find_config(checkpoint, config)?;
+    if crate::v23::is_hydra_config(&config_path) {
+        return Err(PolicyError::HydraConfig { file: config_path.display().to_string() });
+    }
     let configs = Checkpoint::open(&config_path)?;
     let mut allowed = vet(&configs, GlobalRule::Config, opts)?;
     let model = read(&configs)?;

@@ -80,6 +80,10 @@ pub enum OpenWidth {
     /// The checkpoint fixes only a sum with other keys, and the configs
     /// have no observation component of that name.
     NoComponent,
+    /// The checkpoint fixes only a sum with other keys, and the configs
+    /// declare no observation components at all: a release before v3.1
+    /// (v3.0's Mimic env computes its observations in code).
+    NoComponents,
     /// No network reads the key (the config lists it), and the configs
     /// have no observation component of that name.
     Unread,
@@ -98,6 +102,11 @@ impl fmt::Display for OpenWidth {
             OpenWidth::NoComponent => write!(
                 f,
                 "the checkpoint fixes only a sum with other keys, and {COMPONENTS} has no component of this name"
+            ),
+            OpenWidth::NoComponents => write!(
+                f,
+                "the checkpoint fixes only a sum with other keys, and the configs declare no {COMPONENTS} \
+                 (v3.0 and earlier compute their observations in code)"
             ),
             OpenWidth::Unread => {
                 write!(f, "{COMPONENTS} has no component of this name")
@@ -231,6 +240,9 @@ impl Widths {
                     _ => Err(match (rejected.get(k.as_str()), self.components.iter().find(|c| &c.component == k)) {
                         (Some(&config), _) => OpenWidth::Contradicts { config },
                         (None, Some(ComponentWidth { width: Err(u), .. })) => OpenWidth::Unsized(u.clone()),
+                        _ if self.groups.iter().any(|g| g.keys.contains(k)) && self.components.is_empty() => {
+                            OpenWidth::NoComponents
+                        }
                         _ if self.groups.iter().any(|g| g.keys.contains(k)) => OpenWidth::NoComponent,
                         _ => OpenWidth::Unread,
                     }),

@@ -74,3 +74,14 @@ fn release_trackers_match_torch_within_the_derived_bound() {
         );
     }
 }
+
+/// v3.0's configs declare no observation components (its Mimic env
+/// computes them in code): a width the checkpoint leaves open says so.
+#[test]
+fn v30_open_widths_say_the_release_computes_observations_in_code() {
+    let p = Policy::load(dir("v30_tracker").join("last.ckpt"), None, &Device::Cpu).unwrap();
+    let d = p.describe().unwrap();
+    let open: Vec<String> = d.in_keys.iter().filter_map(|k| k.open_because.as_ref().map(|o| o.to_string())).collect();
+    assert!(!open.is_empty());
+    assert!(open.iter().all(|o| o.contains("v3.0 and earlier compute their observations in code")), "{open:?}");
+}

@@ -149,3 +149,13 @@ fn the_description_names_the_release_and_its_modules() {
     let v = model.as_any().downcast_ref::<V23Model>().unwrap();
     assert!(matches!(v.net(), V23Net::Ppo { .. }));
 }
+
+/// Where resolved configs are needed (the PPO/AMP reader the deploy
+/// pipeline builds on), a v2.3 config.yaml is refused naming it and where
+/// v2.3's models are read, not parsed as a pickle.
+#[test]
+fn the_resolved_configs_reader_names_a_v23_config() {
+    let e = pmstate_policy::Policy::load(dir("v23_tracker").join("last.ckpt"), None, &Device::Cpu).unwrap_err();
+    assert!(matches!(&e, PolicyError::HydraConfig { file } if file.ends_with("config.yaml")), "{e}");
+    assert!(e.to_string().contains("policy describe|run"), "{e}");
+}

@@ -14,6 +14,7 @@ pub mod deploy;
 pub mod deploy_sim;
 pub mod diff;
 pub mod inspect;
+pub mod migrate;
 pub mod normalizers;
 pub mod policy;
 pub(crate) mod realtime_args;

@@ -1,0 +1,328 @@
+//! `pmstate migrate`: a v3.1 motion tracker's checkpoint and configs made
+//! loadable by today's ProtoMotions (commit 607ca7a0), for evaluation and
+//! for resuming training, with the same model outputs.
+//!
+//! Today's ProtoMotions cannot unpickle v3.1's configs (classes such as
+//! `envs.obs.observation_component.ObservationComponentConfig` are gone),
+//! so nothing of the old file can be loaded by it. `migrate` reads the old
+//! configs inertly ([`read`]), lays their values onto a recorded template
+//! of today's configs for the same robot ([`templates`], [`objects`]):
+//! every object keeps exactly today's fields, the old value where the old
+//! release had the field (renamed per [`tables`]), today's default where
+//! it had none; the reward, termination and observation components are
+//! mapped one by one onto today's functions with the same math
+//! ([`components`]); a few values are set by rule so today's code computes
+//! what the old release did (below). The checkpoint's state dict needs no
+//! renames ([`state_dict`]). Every decision is in the [`Report`].
+//!
+//! Rules (v3.1):
+//! - `agent.model` normalizers: today's `norm_ema_decay` (absent in v3.1)
+//!   is set to None: v3.1's running statistics are Welford's, and today's
+//!   default (an EMA) would update the loaded moments differently on resume;
+//! - `env.action_config`: v3.1's model ends in its own `output_activation`
+//!   (kept) and its env clamps actions to `robot.control.clamp_actions`; today's
+//!   template applies tanh in the action function, which would apply it twice,
+//!   so `action_transform` becomes `clamp` with v3.1's bound;
+//! - `env.num_state_history_steps`: at least today's template value (today's
+//!   `previous_actions` observation reads the state history buffer).
+//!
+//! Refused, as typed [`MigrateError`]s: v3.0 (its observations are computed
+//! in code, see [`tables`]), anything but a PPO motion tracker, a robot
+//! without a recorded template (today: SMPL only), a component without a
+//! same-math counterpart (unless `drop_unmatched_terms`, rewards and
+//! terminations only: then it is dropped and the report says training runs
+//! without it).
+
+mod components;
+mod error;
+mod inference;
+mod objects;
+mod read;
+mod report;
+mod state_dict;
+mod tables;
+mod templates;
+mod write;
+
+use std::path::Path;
+
+use pmstate_ckpt::{Checkpoint, Node};
+
+pub use error::MigrateError;
+pub use read::Release;
+pub use report::{Action, Entry, Report};
+pub use write::OUTPUT_FILES;
+
+use components::Ctx;
+use objects::{assemble, short, Overlay};
+use read::field;
+use tables::{Kind, V31_FIELD_RENAMES, V31_RULE_KEYS};
+
+/// The top-level keys of a resolved-configs file (train_agent.py's save_configs order).
+const TOP_KEYS: [&str; 7] = ["robot", "simulator", "terrain", "scene_lib", "motion_lib", "env", "agent"];
+
+/// How to migrate.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct MigrateOptions {
+    /// Replace migrate's own files in an existing OUT_DIR (anything else there is still refused).
+    pub force: bool,
+    /// Drop rewards and terminations that have no same-math counterpart
+    /// today instead of refusing (each is reported; training then runs without it).
+    pub drop_unmatched_terms: bool,
+}
+
+/// A migration done in memory: what [`migrate`] writes.
+pub struct Migrated {
+    /// What was done.
+    pub report: Report,
+    /// The checkpoint (`last.ckpt`).
+    pub checkpoint: Checkpoint,
+    /// `resolved_configs.pt`.
+    pub training: Checkpoint,
+    /// `resolved_configs_inference.pt`.
+    pub inference: Checkpoint,
+}
+
+/// Migrates in memory: reads `old_ckpt` and the resolved configs next to it.
+///
+/// # Errors
+///
+/// [`MigrateError`]: the files cannot be read, or are not a release and
+/// family `migrate` handles, or hold something today's code has no
+/// equivalent for (named).
+pub fn plan(old_ckpt: &Path, opts: &MigrateOptions) -> Result<Migrated, MigrateError> {
+    let configs_path = read::find_configs(old_ckpt)?;
+    let old = read::read(&configs_path)?;
+    let template = templates::for_robot(&old.robot_class, &old.file)?;
+    let mut report = Report {
+        release: old.release.name(),
+        family: "ppo_tracker",
+        robot: old.robot_class.clone(),
+        template: template.name,
+        old_checkpoint: old_ckpt.display().to_string(),
+        old_configs: old.file.clone(),
+        written: Vec::new(),
+        entries: Vec::new(),
+        caveats: Vec::new(),
+    };
+    let checkpoint = state_dict::read(old_ckpt, &mut report)?;
+    let today = template.open(false)?;
+    let today_inference = template.open(true)?;
+    let root = migrate_configs(&old, &today, &mut report, opts)?;
+    // the inference file: the migrated training configs with today's
+    // inference overrides (what apply_all_inference_overrides changed in
+    // the template: no termination, endless episodes, ...)
+    let mut overridden = Vec::new();
+    let inference_root = inference::apply(root.clone(), today.root(), today_inference.root(), "", &mut overridden);
+    for key in overridden {
+        report.push(key, Action::Set).note("resolved_configs_inference.pt only: today's inference override");
+    }
+    let training = assemble(root, &today, &old.configs)?;
+    let inference = assemble(inference_root, &today, &old.configs)?;
+    report.caveats = caveats(&report);
+    Ok(Migrated { report, checkpoint, training, inference })
+}
+
+/// Migrates `old_ckpt` into `out_dir` (created; refused when it holds files,
+/// unless `force` and they are migrate's own): last.ckpt, resolved_configs.pt,
+/// resolved_configs_inference.pt and migrate_report.json, each written
+/// atomically.
+///
+/// # Errors
+///
+/// As [`plan`], and [`MigrateError::OutDirNotEmpty`] or a write failure.
+pub fn migrate(old_ckpt: &Path, out_dir: &Path, opts: &MigrateOptions) -> Result<Report, MigrateError> {
+    let m = plan(old_ckpt, opts)?;
+    write::prepare(out_dir, opts.force)?;
+    write::torch_file(&m.checkpoint, &out_dir.join(OUTPUT_FILES[0]), false)?;
+    write::torch_file(&m.training, &out_dir.join(OUTPUT_FILES[1]), true)?;
+    write::torch_file(&m.inference, &out_dir.join(OUTPUT_FILES[2]), true)?;
+    let mut report = m.report;
+    report.written = OUTPUT_FILES.iter().map(|f| (*f).to_owned()).collect();
+    let json = serde_json::to_vec_pretty(&report).map_err(|e| MigrateError::Io {
+        path: out_dir.join(OUTPUT_FILES[3]).display().to_string(),
+        source: std::io::Error::other(e),
+    })?;
+    write::json_file(&json, &out_dir.join(OUTPUT_FILES[3]))?;
+    Ok(report)
+}
+
+/// One configs file: the template with the old values laid on.
+fn migrate_configs(
+    old: &read::Old,
+    template: &Checkpoint,
+    report: &mut Report,
+    opts: &MigrateOptions,
+) -> Result<Node, MigrateError> {
+    let Node::Dict(root) = template.root() else {
+        return Err(MigrateError::Malformed {
+            file: template.path_str().to_owned(),
+            key: "(root)".into(),
+            expected: "a dict",
+            found: template.root().kind().into(),
+        });
+    };
+    let mut overlay = Overlay { report, renames: V31_FIELD_RENAMES, rule_keys: V31_RULE_KEYS };
+    let mut entries = Vec::with_capacity(root.len());
+    for (k, tv) in root.entries() {
+        let key = objects::key_text(k);
+        let v = match old.configs.get(&key) {
+            Some(ov) if TOP_KEYS.contains(&key.as_str()) => overlay.overlay(tv, ov, &key)?,
+            _ => tv.clone(),
+        };
+        entries.push((k.clone(), v));
+    }
+    let mut root = Node::Dict(objects::rebuild(root, entries, "(root)")?);
+    apply_rules(&mut root, old, template, report, opts)?;
+    Ok(root)
+}
+
+/// The component tables and the rules of the module docs.
+fn apply_rules(
+    root: &mut Node,
+    old: &read::Old,
+    template: &Checkpoint,
+    report: &mut Report,
+    opts: &MigrateOptions,
+) -> Result<(), MigrateError> {
+    let old_env = old.configs.get("env").cloned().unwrap_or(Node::None);
+    let today_env = template.get("env").cloned().unwrap_or(Node::None);
+    let ctx = Ctx { file: &old.file, old_robot: old.configs.get("robot"), drop_unmatched: opts.drop_unmatched_terms };
+    let mut tables = Vec::new();
+    for kind in [Kind::Reward, Kind::Termination, Kind::Observation] {
+        tables.push((kind.field(), components::migrate_table(kind, &today_env, &old_env, &ctx, report)?));
+    }
+    let env = object_fields_mut(root, "env", &old.file)?;
+    for (name, table) in tables {
+        env.insert(name, table);
+    }
+    // state history: at least what today's observations read
+    let old_h = field(&old_env, "num_state_history_steps").and_then(Node::as_i64_opt).unwrap_or(0);
+    let today_h = field(&today_env, "num_state_history_steps").and_then(Node::as_i64_opt).unwrap_or(0);
+    let h = old_h.max(today_h);
+    env.insert("num_state_history_steps", Node::Int(h));
+    if h != old_h {
+        report
+            .push("env.num_state_history_steps", Action::Set)
+            .from(old_h.to_string())
+            .to(h.to_string())
+            .note("today's previous_actions observation reads the state history buffer");
+    }
+    // actions: v3.1 clamps to robot.control.clamp_actions, its model applies its own output activation
+    let clamp = old.configs.get("robot.control.clamp_actions").cloned().unwrap_or(Node::None);
+    if let Some(Node::Dict(ac)) = env.get_mut("action_config") {
+        let (transform, note) = match clamp {
+            Node::None => (Node::None, "v3.1 leaves actions unbounded when robot.control.clamp_actions is None"),
+            _ => (Node::Str("clamp".into()), "v3.1's env clamps actions to robot.control.clamp_actions; its model's own output activation is kept, so today's tanh would apply twice"),
+        };
+        report.push("env.action_config.action_transform", Action::Set).to(short(&transform)).note(note);
+        ac.insert("action_transform", transform);
+        if !matches!(clamp, Node::None) {
+            report
+                .push("env.action_config.clamp_value", Action::Set)
+                .to(short(&clamp))
+                .from("robot.control.clamp_actions");
+            ac.insert("clamp_value", clamp);
+        }
+    }
+    // normalizers: Welford, as v3.1 trained them
+    let agent = object_fields_mut(root, "agent", &old.file)?;
+    if let Some(model) = agent.get_mut("model") {
+        set_everywhere(model, "norm_ema_decay", &Node::None, "agent.model", report);
+    }
+    Ok(())
+}
+
+/// `root[key]`'s fields, mutably.
+fn object_fields_mut<'a>(
+    root: &'a mut Node,
+    key: &str,
+    file: &str,
+) -> Result<&'a mut pmstate_ckpt::Dict, MigrateError> {
+    let malformed = || MigrateError::Malformed {
+        file: file.to_owned(),
+        key: key.to_owned(),
+        expected: "a dataclass",
+        found: "another value".into(),
+    };
+    let Node::Dict(d) = root else { return Err(malformed()) };
+    match d.get_mut(key) {
+        Some(Node::Object(o)) => match o.state.as_mut() {
+            Some(Node::Dict(f)) => Ok(f),
+            _ => Err(malformed()),
+        },
+        _ => Err(malformed()),
+    }
+}
+
+/// Sets `field` to `value` in every object of a subtree that has it with another value.
+fn set_everywhere(n: &mut Node, name: &str, value: &Node, key: &str, report: &mut Report) {
+    match n {
+        Node::Object(o) => {
+            if let Some(Node::Dict(f)) = o.state.as_mut() {
+                if let Some(v) = f.get_mut(name) {
+                    if v != value {
+                        report
+                            .push(format!("{key}.{name}"), Action::Set)
+                            .from(short(v))
+                            .to(short(value))
+                            .note("v3.1's normalizers keep Welford running statistics; today's EMA default would update the loaded moments differently");
+                        *v = value.clone();
+                    }
+                }
+                let names: Vec<String> =
+                    f.entries().iter().filter_map(|(k, _)| k.as_str().map(str::to_owned)).collect();
+                for k in names {
+                    if let Some(child) = f.get_mut(&k) {
+                        set_everywhere(child, name, value, &format!("{key}.{k}"), report);
+                    }
+                }
+            }
+        }
+        Node::List(v) => {
+            for (i, c) in v.iter_mut().enumerate() {
+                set_everywhere(c, name, value, &format!("{key}.{i}"), report);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// What the report's reader must know.
+fn caveats(report: &Report) -> Vec<String> {
+    let mut c = vec![
+        "model outputs: the migrated checkpoint and configs give v3.1's outputs with today's agent (verified by \
+         testdata/migrate/record_migrate.py verify on the recorded case)"
+            .to_owned(),
+        "observations and rewards: mapped components compute v3.1's math with today's context; the env loop itself \
+         (simulator, PD targets from today's action_config offsets/scales) was not run"
+            .to_owned(),
+    ];
+    let dropped: Vec<&str> = report
+        .entries
+        .iter()
+        .filter(|e| e.action == Action::Dropped && e.key.starts_with("env.") && e.key.contains("_components."))
+        .map(|e| e.key.as_str())
+        .collect();
+    if !dropped.is_empty() {
+        c.push(format!(
+            "resume: training continues WITHOUT {} (no same-math counterpart today); evaluation is unaffected",
+            dropped.join(", ")
+        ));
+    }
+    c
+}
+
+/// An int of a node, for the few integer fields the rules read.
+trait AsI64 {
+    fn as_i64_opt(&self) -> Option<i64>;
+}
+
+impl AsI64 for Node {
+    fn as_i64_opt(&self) -> Option<i64> {
+        match self {
+            Node::Int(i) => Some(*i),
+            _ => None,
+        }
+    }
+}

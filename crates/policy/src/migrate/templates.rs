@@ -1,0 +1,57 @@
+//! Today's configs the old values are laid onto, recorded from today's
+//! ProtoMotions by `testdata/migrate/record_migrate.py templates` (its own
+//! `build_standard_configs` on the shipped experiment, then
+//! `apply_all_inference_overrides` for the inference file): pickles of
+//! today's dataclasses with every field today's classes have, so a
+//! migrated object carries each attribute today's code reads, with today's
+//! default where the old release has no counterpart. Data, not code: read
+//! inertly like any other configs file.
+
+use pmstate_ckpt::{Checkpoint, ReadOptions};
+
+use super::MigrateError;
+
+/// One recorded template.
+pub(crate) struct Template {
+    /// Its name in reports (`smpl_tracker`).
+    pub name: &'static str,
+    /// The robot config class it is for.
+    pub robot_class: &'static str,
+    /// `resolved_configs.pt` (training).
+    pub training: &'static [u8],
+    /// `resolved_configs_inference.pt`.
+    pub inference: &'static [u8],
+}
+
+/// Every recorded template.
+pub(crate) const TEMPLATES: &[Template] = &[Template {
+    name: "smpl_tracker",
+    robot_class: "protomotions.robot_configs.smpl.SmplRobotConfig",
+    training: include_bytes!("../../../../testdata/migrate/templates/smpl_tracker/resolved_configs.pt"),
+    inference: include_bytes!("../../../../testdata/migrate/templates/smpl_tracker/resolved_configs_inference.pt"),
+}];
+
+/// The template for a robot class.
+pub(crate) fn for_robot(class: &str, file: &str) -> Result<&'static Template, MigrateError> {
+    TEMPLATES.iter().find(|t| t.robot_class == class).ok_or_else(|| MigrateError::NoTemplate {
+        file: file.to_owned(),
+        class: class.to_owned(),
+        known: TEMPLATES.iter().map(|t| t.robot_class).collect::<Vec<_>>().join(", "),
+    })
+}
+
+impl Template {
+    /// The training or inference configs, parsed.
+    pub(crate) fn open(&self, inference: bool) -> Result<Checkpoint, MigrateError> {
+        let (bytes, name) = if inference {
+            (self.inference, "resolved_configs_inference.pt")
+        } else {
+            (self.training, "resolved_configs.pt")
+        };
+        Ok(Checkpoint::from_bytes(
+            bytes.to_vec(),
+            &format!("<template {}/{name}>", self.name),
+            &ReadOptions::default(),
+        )?)
+    }
+}

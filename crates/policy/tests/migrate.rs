@@ -1,0 +1,193 @@
+//! `pmstate_policy::migrate` on the recorded v3.1 smpl tracker
+//! (testdata/policy/v31_tracker): the migrated files must be byte for byte
+//! the ones testdata/migrate/record_migrate.py verified with today's
+//! ProtoMotions (testdata/migrate/v31_tracker, verified.json: same model
+//! outputs as v3.1 for evaluation and after a resume's load), and the report
+//! the one recorded there; so any change to migrate forces re-verification.
+//! Then the refusals, each naming what it refuses.
+
+use std::path::{Path, PathBuf};
+
+use pmstate_ckpt::{save_torch, Checkpoint, Node, UnsafeGlobals, WriteOptions};
+use pmstate_policy::migrate::{migrate, plan, Action, MigrateError, MigrateOptions, OUTPUT_FILES};
+
+fn repo(rel: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").join(rel)
+}
+
+const DROP: MigrateOptions = MigrateOptions { force: false, drop_unmatched_terms: true };
+
+fn verified() -> serde_json::Value {
+    let text = std::fs::read_to_string(repo("testdata/migrate/verified.json")).unwrap();
+    serde_json::from_str(&text).unwrap()
+}
+
+#[test]
+fn v31_tracker_migrates_to_the_verified_files() {
+    let v = verified();
+    let case = &v["cases"][0];
+    assert_eq!(case["name"], "v31_tracker");
+    assert_eq!(case["verified"], true, "the recording says today's ProtoMotions did not reproduce v3.1");
+    assert_eq!(case["resume_state_verified"], true);
+    let out = tempfile::tempdir().unwrap();
+    let dir = out.path().join("migrated");
+    let report = migrate(&repo("testdata/policy/v31_tracker/last.ckpt"), &dir, &DROP).unwrap();
+    for f in &OUTPUT_FILES[..3] {
+        let got = std::fs::read(dir.join(f)).unwrap();
+        let want = std::fs::read(repo("testdata/migrate/v31_tracker").join(f)).unwrap();
+        assert!(got == want, "{f} differs from the verified recording: rerun record_migrate.py verify");
+    }
+    // the report, as recorded by the verified run (its paths aside)
+    let mut got = serde_json::to_value(&report).unwrap();
+    let mut want = case["report"][0].clone();
+    for r in [&mut got, &mut want] {
+        for k in ["old_checkpoint", "old_configs"] {
+            r.as_object_mut().unwrap().remove(k);
+        }
+    }
+    assert_eq!(got, want, "the report differs from the verified recording");
+    assert_eq!(report.release, "v3.1");
+    assert!(report
+        .entries
+        .iter()
+        .any(|e| e.action == Action::Dropped && e.key == "env.reward_components.action_smoothness"));
+    assert!(report.caveats.iter().any(|c| c.contains("WITHOUT env.reward_components.action_smoothness")));
+    assert!(dir.join("migrate_report.json").is_file());
+}
+
+#[test]
+fn the_migrated_configs_carry_todays_classes_and_v31_values() {
+    let m = plan(&repo("testdata/policy/v31_tracker/last.ckpt"), &DROP).unwrap();
+    let t = &m.training;
+    let class = |k: &str| match t.get(k) {
+        Some(Node::Object(o)) => o.class_name().unwrap(),
+        other => panic!("{k}: {other:?}"),
+    };
+    assert_eq!(class("env.observation_components.max_coords_obs"), "protomotions.envs.mdp_component.MdpComponent");
+    assert_eq!(class("env.reward_components.gt_rew"), "protomotions.envs.mdp_component.MdpComponent");
+    // v3.1's values, not the template's: the coefficient (-100; today's experiment -25) and widths
+    assert_eq!(t.get("env.reward_components.gt_rew.static_params.coefficient"), Some(&Node::Float(-100.0)));
+    assert_eq!(t.get("env.control_components.mimic.future_steps"), Some(&Node::Int(1)));
+    assert_eq!(t.get("agent.model.actor.mu_model.layers.0.units"), Some(&Node::Int(16)));
+    assert_eq!(t.get("agent.model.actor.mu_model.output_activation").and_then(Node::as_str), Some("tanh"));
+    assert_eq!(t.get("agent.model.actor.mu_model.norm_ema_decay"), Some(&Node::None));
+    assert_eq!(t.get("env.action_config.action_transform").and_then(Node::as_str), Some("clamp"));
+    assert!(t.get("env.reward_components.action_smoothness").is_none());
+    // the inference file: today's inference overrides on top
+    assert!(m.inference.get("env.termination_components.tracking_error").is_none());
+    assert!(t.get("env.termination_components.tracking_error").is_some());
+}
+
+#[test]
+fn a_term_without_counterpart_is_refused_by_default_naming_it() {
+    let e = plan(&repo("testdata/policy/v31_tracker/last.ckpt"), &MigrateOptions::default()).err().unwrap();
+    match &e {
+        MigrateError::NoCounterpart { key, function, why, .. } => {
+            assert_eq!(key, "env.reward_components.action_smoothness");
+            assert_eq!(function, "protomotions.envs.rewards.base.norm");
+            assert!(why.contains("processed actions"), "{why}");
+        }
+        other => panic!("{other}"),
+    }
+}
+
+#[test]
+fn v30_is_refused_naming_why() {
+    let e = plan(&repo("testdata/policy/v30_tracker/last.ckpt"), &DROP).err().unwrap();
+    assert!(matches!(&e, MigrateError::NotMigratable { release: "v3.0", key, .. } if key == "env"), "{e}");
+    assert!(e.to_string().contains("MimicEnvConfig"), "{e}");
+}
+
+#[test]
+fn non_trackers_todays_files_and_robots_without_a_template_are_refused() {
+    let e = plan(&repo("testdata/policy/v31_masked_mimic/last.ckpt"), &DROP).err().unwrap();
+    assert!(matches!(&e, MigrateError::NotATracker { key, .. } if key == "agent._target_"), "{e}");
+    let e = plan(&repo("testdata/policy/smpl_tracker/last.ckpt"), &DROP).err().unwrap();
+    assert!(matches!(e, MigrateError::AlreadyCurrent { .. }), "{e}");
+    let e = plan(&repo("testdata/deploy/v31_g1_tracker/last.ckpt"), &DROP).err().unwrap();
+    assert!(matches!(&e, MigrateError::NoTemplate { class, .. } if class.ends_with("G1RobotConfig")), "{e}");
+    let e = plan(&repo("testdata/checkpoints/ppo_full.ckpt"), &DROP).err().unwrap();
+    assert!(matches!(e, MigrateError::ConfigNotFound { .. }), "{e}");
+}
+
+/// A copy of the v3.1 tracker whose env is of a class no release has.
+fn unknown_release(dir: &Path) -> PathBuf {
+    let src = Checkpoint::open(repo("testdata/policy/v31_tracker/resolved_configs.pt")).unwrap();
+    let (root, storages) = src.into_parts();
+    let Node::Dict(mut d) = root else { panic!("root") };
+    let Some(Node::Object(env)) = d.get_mut("env") else { panic!("env") };
+    env.callable = Node::Global { module: "someone.else.config".into(), name: "EnvConfig".into() };
+    let ckpt = Checkpoint::from_parts(Node::Dict(d), storages).unwrap();
+    let opts = WriteOptions { unsafe_globals: UnsafeGlobals::Allow, ..WriteOptions::default() };
+    save_torch(&ckpt, dir.join("resolved_configs.pt"), &opts).unwrap();
+    std::fs::copy(repo("testdata/policy/v31_tracker/last.ckpt"), dir.join("last.ckpt")).unwrap();
+    dir.join("last.ckpt")
+}
+
+#[test]
+fn an_unknown_release_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let e = plan(&unknown_release(tmp.path()), &DROP).err().unwrap();
+    assert!(
+        matches!(&e, MigrateError::UnknownRelease { why, .. } if why.contains("someone.else.config.EnvConfig")),
+        "{e}"
+    );
+}
+
+#[test]
+fn an_existing_out_dir_is_never_overwritten_without_force() {
+    let tmp = tempfile::tempdir().unwrap();
+    let old = repo("testdata/policy/v31_tracker/last.ckpt");
+    // a folder holding someone's file: refused, with or without --force
+    std::fs::write(tmp.path().join("notes.txt"), b"mine").unwrap();
+    for force in [false, true] {
+        let e = migrate(&old, tmp.path(), &MigrateOptions { force, ..DROP }).err().unwrap();
+        assert!(matches!(&e, MigrateError::OutDirNotEmpty { first, .. } if first == "notes.txt"), "{e}");
+    }
+    assert_eq!(std::fs::read(tmp.path().join("notes.txt")).unwrap(), b"mine");
+    assert!(!tmp.path().join("last.ckpt").exists());
+    // migrate's own files: refused, then replaced with --force
+    let out = tmp.path().join("out");
+    migrate(&old, &out, &DROP).unwrap();
+    std::fs::write(out.join("resolved_configs.pt"), b"edited").unwrap();
+    let e = migrate(&old, &out, &DROP).err().unwrap();
+    assert!(matches!(e, MigrateError::OutDirNotEmpty { .. }), "{e}");
+    assert_eq!(std::fs::read(out.join("resolved_configs.pt")).unwrap(), b"edited");
+    migrate(&old, &out, &MigrateOptions { force: true, ..DROP }).unwrap();
+    assert_eq!(
+        std::fs::read(out.join("resolved_configs.pt")).unwrap(),
+        std::fs::read(repo("testdata/migrate/v31_tracker/resolved_configs.pt")).unwrap()
+    );
+    // no temporary file is left behind
+    for e in std::fs::read_dir(&out).unwrap() {
+        let name = e.unwrap().file_name().to_string_lossy().into_owned();
+        assert!(OUTPUT_FILES.contains(&name.as_str()), "left behind: {name}");
+    }
+}
+
+/// Today's ProtoMotions loads the migrated files and reproduces v3.1's
+/// outputs (record_migrate.py verify --no-write). Needs PMSTATE_PYTHON (a
+/// python with torch, lightning, tensordict and ProtoMotions' dependencies)
+/// and PMSTATE_PROTOMOTIONS (a checkout at 607ca7a0); skips otherwise.
+#[test]
+fn todays_protomotions_reproduces_v31_on_the_migrated_files() {
+    let (Some(python), Some(pm)) = (std::env::var_os("PMSTATE_PYTHON"), std::env::var_os("PMSTATE_PROTOMOTIONS"))
+    else {
+        eprintln!("SKIPPED: set PMSTATE_PYTHON and PMSTATE_PROTOMOTIONS to check the migrated files with today's ProtoMotions");
+        return;
+    };
+    let bin = repo("target/debug/pmstate");
+    if !bin.is_file() {
+        eprintln!("SKIPPED: {} not built (cargo build -p pmstate-cli)", bin.display());
+        return;
+    }
+    let out = std::process::Command::new(python)
+        .arg(repo("testdata/migrate/record_migrate.py"))
+        .args(["verify", "--no-write", "--protomotions"])
+        .arg(pm)
+        .arg("--pmstate")
+        .arg(&bin)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+}
