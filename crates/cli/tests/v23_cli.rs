@@ -1,18 +1,15 @@
 //! ProtoMotions v2.3 checkpoints (a Hydra `config.yaml` beside `last.ckpt`;
 //! testdata/policy/v23_*, recorded by record_v23.py from v2.3's own code)
-//! through the CLI: `config`, `policy describe`, `policy run` and `serve`,
-//! the config found where v2.3's eval finds it.
+//! through the CLI: `config`, `policy describe`, `policy run` (`serve`:
+//! releases_trackers_cli.rs), the config found where v2.3's eval finds it.
 #![cfg(unix)]
 
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
-use std::process::{Command, Output, Stdio};
-use std::time::Duration;
+use std::process::{Command, Output};
 
 use candle_core::{DType, Device, Tensor};
-use pmstate_serve::client::Client;
-use serde_json::{json, Value};
+use serde_json::Value;
 
 fn pmstate(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_pmstate")).args(args).output().expect("run pmstate")
@@ -104,63 +101,6 @@ fn a_v23_config_missing_a_key_is_named() {
     let e: Value = serde_json::from_str(String::from_utf8_lossy(&out.stderr).lines().last().unwrap()).unwrap();
     assert_eq!(e["kind"], "hydra.not_found", "{e}");
     assert!(e["message"].as_str().unwrap().contains("robot.number_of_actions"), "{e}");
-}
-
-#[tokio::test(flavor = "current_thread")]
-async fn serve_answers_a_v23_tracker_like_policy_run() {
-    let ckpt = data("v23_tracker/last.ckpt");
-    let obs_path = data("v23_tracker/obs.safetensors");
-    let tmp = tempfile::tempdir().unwrap();
-    let out_file = tmp.path().join("run.safetensors").display().to_string();
-    let o = pmstate(&["policy", "run", &ckpt, "--obs", &obs_path, "--out", &out_file]);
-    assert!(o.status.success(), "{}", text(&o));
-    let want: Vec<u32> = load(&out_file)["mean_action"]
-        .flatten_all()
-        .unwrap()
-        .to_vec1::<f32>()
-        .unwrap()
-        .iter()
-        .map(|v| v.to_bits())
-        .collect();
-
-    let mut child = Command::new(env!("CARGO_BIN_EXE_pmstate"))
-        .args(["--json", "serve", "--addr", "127.0.0.1:0", "--name", "v23", &ckpt])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let first: Value = serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap();
-    assert_eq!(first["event"], "listening", "{first}");
-    let addr = first["addr"].as_str().unwrap().parse().unwrap();
-    let c = Client::new(addr).with_timeout(Duration::from_secs(120));
-
-    let meta = c.get("/v2/models/v23").await.unwrap().json();
-    let shapes: Vec<&Value> = meta["inputs"].as_array().unwrap().iter().map(|i| &i["shape"]).collect();
-    assert_eq!(shapes, [&json!([-1, 358]), &json!([-1, 1299]), &json!([-1, 25])], "{meta}");
-    let obs = load(&obs_path);
-    let mut keys: Vec<&String> = obs.keys().collect();
-    keys.sort();
-    let inputs: Vec<Value> = keys
-        .iter()
-        .map(|k| {
-            let t = &obs[*k];
-            json!({"name": k, "shape": t.dims(), "datatype": "FP32", "data": t.flatten_all().unwrap().to_vec1::<f32>().unwrap()})
-        })
-        .collect();
-    let body = serde_json::to_vec(&json!({"inputs": inputs, "outputs": [{"name": "mean_action"}]})).unwrap();
-    let r = c.post("/v2/models/v23/infer", body, &[]).await.unwrap();
-    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
-    let reply = r.json();
-    let got: Vec<u32> = reply["outputs"][0]["data"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| (v.as_f64().unwrap() as f32).to_bits())
-        .collect();
-    assert_eq!(got, want);
-    let _ = child.kill();
-    let _ = child.wait();
 }
 
 #[test]
