@@ -153,6 +153,8 @@ fn manifests_match_their_crd_schemas() {
     for (m, s) in [
         ("deploy/kserve/servingruntime.yaml", "deploy/schema/servingruntime.schema.json"),
         ("deploy/kserve/inferenceservice.yaml", "deploy/schema/inferenceservice.schema.json"),
+        ("deploy/kserve/servingruntime-repository.yaml", "deploy/schema/servingruntime.schema.json"),
+        ("deploy/kserve/inferenceservice-repository.yaml", "deploy/schema/inferenceservice.schema.json"),
     ] {
         let errors = validate(m, s);
         assert!(errors.is_empty(), "{m}:\n{}", errors.join("\n"));

@@ -132,6 +132,13 @@ pub struct Paused {
     flag: Arc<PauseFlag>,
 }
 
+impl Paused {
+    /// A guard that holds nothing back (no model to pause).
+    pub(crate) fn none() -> Paused {
+        Paused { flag: Arc::new(PauseFlag::default()) }
+    }
+}
+
 impl Drop for Paused {
     fn drop(&mut self) {
         self.flag.set(false);
@@ -154,7 +161,7 @@ impl Batcher {
     pub fn start(
         slot: Arc<ModelSlot>,
         batching: Batching,
-        pool: rayon::ThreadPool,
+        pool: Arc<rayon::ThreadPool>,
         metrics: Arc<Metrics>,
     ) -> std::io::Result<Batcher> {
         // room for every waiting job and the stop message: sends never block
@@ -233,7 +240,7 @@ struct Worker {
     rx: Receiver<Msg>,
     slot: Arc<ModelSlot>,
     batching: Batching,
-    pool: rayon::ThreadPool,
+    pool: Arc<rayon::ThreadPool>,
     metrics: Arc<Metrics>,
     waiting: Arc<Waiting>,
     pause: Arc<PauseFlag>,

@@ -191,6 +191,117 @@ pub enum StartError {
     /// A thread or the runtime could not be started.
     #[error("starting the server: {0}")]
     Runtime(std::io::Error),
+    /// The model repository could not be read, or a model named by
+    /// `--load-model` did not load.
+    #[error(transparent)]
+    Repository(#[from] RepositoryError),
+}
+
+/// Why the model repository, one of its models or a repository request
+/// (index, load, unload) failed. Each names the file or model concerned.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum RepositoryError {
+    /// The repository directory (or a model's directory) cannot be listed.
+    #[error("reading the model repository {path}: {reason}")]
+    Read {
+        /// The directory.
+        path: String,
+        /// The I/O error's text.
+        reason: String,
+    },
+    /// A model name that cannot be a directory of the repository (a path
+    /// separator, `..`, a character outside `[A-Za-z0-9._-]`).
+    #[error("invalid model name {}: expected letters, digits, '.', '_' or '-' (not '.' or '..')", clip(.name))]
+    BadName {
+        /// The name asked for.
+        name: String,
+    },
+    /// No directory of that name in the repository.
+    #[error("no model {} in the repository {repository}", clip(.name))]
+    NoModel {
+        /// The name asked for.
+        name: String,
+        /// The repository directory.
+        repository: String,
+    },
+    /// A model directory without a numeric version directory.
+    #[error("model {name}: no version directory (expected {path}/<N>/, N a number)")]
+    NoVersion {
+        /// The model.
+        name: String,
+        /// Its directory.
+        path: String,
+    },
+    /// More versions (or models) than a repository request may load.
+    #[error("{what}: {count} found, at most {max} are served")]
+    TooMany {
+        /// Versions of which model, or models of which repository.
+        what: String,
+        /// How many.
+        count: usize,
+        /// The bound.
+        max: usize,
+    },
+    /// A version directory holds no checkpoint pmstate can find.
+    #[error("model {name} version {version}: no checkpoint in {path} (expected one of {expected}, or `checkpoint` in config.json)")]
+    NoCheckpoint {
+        /// The model.
+        name: String,
+        /// The version.
+        version: u64,
+        /// The version directory.
+        path: String,
+        /// The file names looked for.
+        expected: &'static str,
+    },
+    /// A model's `config.json` is not what pmstate reads.
+    #[error("{file}: {problem}")]
+    Config {
+        /// The file.
+        file: String,
+        /// The key and what is wrong with it.
+        problem: String,
+    },
+    /// A version failed to load: the model is not served.
+    #[error("model {name} version {version}: {reason}")]
+    Load {
+        /// The model.
+        name: String,
+        /// The version.
+        version: u64,
+        /// The load error's text.
+        reason: String,
+    },
+    /// Load and unload requests are refused in `--model-control-mode none`
+    /// (Triton refuses them there too).
+    #[error("explicit model load / unload is not allowed: the server runs with --model-control-mode none (use --model-control-mode explicit)")]
+    ControlMode,
+    /// A repository request to a server started on one checkpoint.
+    #[error("this server serves no model repository (start it with --repository DIR)")]
+    NoRepository,
+    /// A repository request's body or parameters are not what it takes.
+    #[error("bad repository request: {reason}")]
+    BadRequest {
+        /// What is wrong.
+        reason: String,
+    },
+    /// The server is shutting down: nothing more is loaded.
+    #[error("the server is shutting down")]
+    ShuttingDown,
+}
+
+impl RepositoryError {
+    /// The HTTP status of a refused repository request: 404 for a model
+    /// the repository does not hold, 503 while shutting down, else 400 (a
+    /// failed load too, as Triton answers it).
+    pub fn status(&self) -> StatusCode {
+        match self {
+            RepositoryError::NoModel { .. } => StatusCode::NOT_FOUND,
+            RepositoryError::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
+            _ => StatusCode::BAD_REQUEST,
+        }
+    }
 }
 
 /// An option of [`crate::ServeOptions`] that makes no sense.
@@ -226,6 +337,9 @@ pub enum OptionsError {
         /// The option (`device`, `widths`).
         option: &'static str,
     },
+    /// Widths given for a model repository (each model's configs give them).
+    #[error("widths do not apply to a model repository: each model's widths are those its configs give")]
+    RepositoryWidths,
     /// Widths given for a model built in process (its widths were pinned when it was built).
     #[error("widths apply to a model loaded from a checkpoint: a model built in process is pinned when it is built")]
     PinnedWhenBuilt,
@@ -669,6 +783,15 @@ pub enum RequestError {
         /// The version served.
         served: u64,
     },
+    /// A model of the repository that is not serving (unloaded, or its
+    /// load failed): the reason the repository index gives.
+    #[error("model {} is unavailable: {}", clip(.name), clip(.reason))]
+    Unavailable {
+        /// The model.
+        name: String,
+        /// Why.
+        reason: String,
+    },
     /// No such route.
     #[error("no route {} {}", clip(.method), clip(.path))]
     NoRoute {
@@ -812,6 +935,7 @@ impl RequestError {
         match self {
             RequestError::UnknownModel { .. }
             | RequestError::UnknownVersion { .. }
+            | RequestError::Unavailable { .. }
             | RequestError::NoRoute { .. }
             | RequestError::NoContract { .. } => StatusCode::NOT_FOUND,
             RequestError::Method { .. } => StatusCode::METHOD_NOT_ALLOWED,
@@ -849,6 +973,7 @@ impl RequestError {
         match self {
             RequestError::UnknownModel { .. }
             | RequestError::UnknownVersion { .. }
+            | RequestError::Unavailable { .. }
             | RequestError::NoRoute { .. }
             | RequestError::NoContract { .. } => "not_found",
             RequestError::Method { .. } => "method",

@@ -30,6 +30,41 @@ pub enum Event {
         /// `grpc://127.0.0.1:8001` (port 0 resolved) or `unix:/path`.
         url: String,
     },
+    /// A model repository is served and the server answers at `addr`
+    /// (instead of [`Event::Listening`]; each model loaded was reported as
+    /// [`Event::ModelLoaded`] before).
+    RepositoryListening {
+        /// The bound address (port 0 resolved).
+        addr: SocketAddr,
+        /// The repository directory.
+        repository: String,
+        /// The models being served.
+        models: Vec<String>,
+    },
+    /// A model version of the repository is served.
+    ModelLoaded {
+        /// The model.
+        model: String,
+        /// The version (its directory's number).
+        version: u64,
+        /// Its checkpoint.
+        checkpoint: String,
+        /// sha256 of the checkpoint.
+        sha256: Option<String>,
+    },
+    /// A model of the repository failed to load: it is listed UNAVAILABLE,
+    /// the others serve on.
+    ModelFailed {
+        /// The model.
+        model: String,
+        /// Why.
+        reason: String,
+    },
+    /// A model of the repository was unloaded.
+    ModelUnloaded {
+        /// The model.
+        model: String,
+    },
     /// A new checkpoint was swapped in.
     Reloaded {
         /// The new version.
@@ -104,6 +139,22 @@ impl std::fmt::Display for Event {
                 }
                 write!(f, " on http://{addr}")
             }
+            Event::RepositoryListening { addr, repository, models } => {
+                write!(f, "serving the model repository {repository} ({} model(s) loaded", models.len())?;
+                if !models.is_empty() {
+                    write!(f, ": {}", models.join(", "))?;
+                }
+                write!(f, ") on http://{addr}")
+            }
+            Event::ModelLoaded { model, version, checkpoint, sha256 } => {
+                write!(f, "loaded {model} version {version} from {checkpoint}")?;
+                if let Some(s) = sha256 {
+                    write!(f, " (sha256 {s})")?;
+                }
+                Ok(())
+            }
+            Event::ModelFailed { model, reason } => write!(f, "model {model} is unavailable: {reason}"),
+            Event::ModelUnloaded { model } => write!(f, "unloaded {model}"),
             Event::GrpcListening { url } => write!(f, "serving gRPC (inference.GRPCInferenceService) on {url}"),
             Event::Reloaded { version, checkpoint, sha256, seconds } => {
                 write!(f, "reloaded {checkpoint} as version {version} in {seconds:.3} s")?;

@@ -46,7 +46,7 @@ use crate::model::{Datatype, LoadedModel};
 use crate::options::GrpcAddr;
 use crate::protocol::{self, Name, ParamValue, Parameters, RequestOutput};
 use crate::routes::{find, run, InFlight, Reservation};
-use crate::state::AppState;
+use crate::state::{AppState, Served};
 
 /// The messages and service of `proto/inference.proto`, generated at build
 /// time (protox + tonic-prost-build): the server's trait and the client.
@@ -62,8 +62,10 @@ use proto::model_infer_request::InferInputTensor;
 use proto::model_infer_response::InferOutputTensor;
 use proto::{
     InferParameter, InferTensorContents, ModelInferRequest, ModelInferResponse, ModelMetadataRequest,
-    ModelMetadataResponse, ModelReadyRequest, ModelReadyResponse, ModelStreamInferResponse, ServerLiveRequest,
-    ServerLiveResponse, ServerMetadataRequest, ServerMetadataResponse, ServerReadyRequest, ServerReadyResponse,
+    ModelMetadataResponse, ModelReadyRequest, ModelReadyResponse, ModelStreamInferResponse, RepositoryIndexRequest,
+    RepositoryIndexResponse, RepositoryModelLoadRequest, RepositoryModelLoadResponse, RepositoryModelUnloadRequest,
+    RepositoryModelUnloadResponse, ServerLiveRequest, ServerLiveResponse, ServerMetadataRequest,
+    ServerMetadataResponse, ServerReadyRequest, ServerReadyResponse,
 };
 
 /// Most calls (unary or streams) open at once on one connection.
@@ -91,6 +93,32 @@ pub fn status_of(e: &RequestError) -> Status {
         _ => Code::InvalidArgument,
     };
     Status::new(code, e.to_string())
+}
+
+/// The gRPC status of a refused repository request.
+pub fn repository_status(e: &crate::error::RepositoryError) -> Status {
+    use crate::error::RepositoryError as R;
+    use tonic::Code;
+    let code = match e {
+        R::NoModel { .. } => Code::NotFound,
+        R::BadName { .. } | R::BadRequest { .. } => Code::InvalidArgument,
+        R::ControlMode | R::NoRepository => Code::FailedPrecondition,
+        R::ShuttingDown => Code::Unavailable,
+        _ => Code::Internal,
+    };
+    Status::new(code, e.to_string())
+}
+
+/// Load and unload parameters (Triton's config overrides and file
+/// contents) are not taken: refused rather than ignored.
+fn no_parameters(n: usize) -> Result<(), Status> {
+    if n > 0 {
+        let e = crate::error::RepositoryError::BadRequest {
+            reason: "load and unload parameters are not supported (configure a model by its config.json)".into(),
+        };
+        return Err(repository_status(&e));
+    }
+    Ok(())
 }
 
 /// A gRPC input's values: its entry of `raw_input_contents`, or its typed `contents`.
@@ -322,20 +350,33 @@ impl Service {
     async fn infer(&self, req: ModelInferRequest) -> Result<ModelInferResponse, RequestError> {
         let st = &self.st;
         let start = Instant::now();
-        st.metrics.requests.inc();
+        // counted on the model's metrics; a request naming no served model on the server's
+        let target = find(st, &req.model_name, version(&req.model_version));
+        let metrics = match &target {
+            Ok((s, _)) => s.metrics.clone(),
+            Err(_) => st.metrics.clone(),
+        };
+        metrics.requests.inc();
         // dropped with this future, also when the client goes away
-        let _in_flight = InFlight::enter(&st.metrics.in_flight);
-        let r = self.infer_inner(req).await;
-        st.metrics.latency.observe(start.elapsed().as_secs_f64());
+        let _in_flight = InFlight::enter(&metrics.in_flight);
+        let r = match target {
+            Ok((served, model)) => self.infer_inner(&served, model, req).await,
+            Err(e) => Err(e),
+        };
+        metrics.latency.observe(start.elapsed().as_secs_f64());
         if let Err(e) = &r {
-            st.metrics.error(e);
+            metrics.error(e);
         }
         r
     }
 
-    async fn infer_inner(&self, req: ModelInferRequest) -> Result<ModelInferResponse, RequestError> {
+    async fn infer_inner(
+        &self,
+        served: &Served,
+        model: Arc<LoadedModel>,
+        req: ModelInferRequest,
+    ) -> Result<ModelInferResponse, RequestError> {
         let st = &self.st;
-        let model: Arc<LoadedModel> = find(st, &req.model_name, version(&req.model_version))?;
         // the decoded message is charged to the body budget REST bodies share
         let size = prost::Message::encoded_len(&req);
         let Some(mut body) = Reservation::empty(st) else {
@@ -344,7 +385,7 @@ impl Service {
         if !body.grow(&st.body_budget, size) {
             return Err(RequestError::Busy { budget: st.limits.max_inflight_body_bytes });
         }
-        let (non_finite, max_rows) = (st.non_finite, st.batching.max_batch);
+        let (non_finite, max_rows) = (st.non_finite, served.batching.max_batch);
         let (decoded, raw) = if size <= DECODE_INLINE_BYTES {
             decode_grpc(req, &Expect { iface: &model.interface, non_finite, max_rows })?
         } else {
@@ -353,13 +394,13 @@ impl Service {
                 .await
                 .map_err(|e| RequestError::Task { what: "decoding", source: Arc::new(e) })??
         };
-        let ran = run(st, model, decoded).await?;
+        let ran = run(st, served, model, decoded).await?;
         drop(body);
         let mut held = ran.held;
-        let resp = encode_grpc(&st.name, ran.id.as_deref(), &ran.answer, raw);
+        let resp = encode_grpc(&served.name, ran.id.as_deref(), &ran.answer, raw);
         drop(ran.answer);
         held.charge_beyond(st, ran.bound, prost::Message::encoded_len(&resp));
-        st.metrics.rows.inc_by(ran.rows as u64);
+        served.metrics.rows.inc_by(ran.rows as u64);
         // the answer budget is held until the response is built; tonic
         // encodes and sends it after this returns (one message at a time
         // per call, at most MAX_STREAMS_PER_CONNECTION calls a connection)
@@ -408,8 +449,8 @@ impl GrpcInferenceService for Service {
         req: Request<ModelMetadataRequest>,
     ) -> Result<Response<ModelMetadataResponse>, Status> {
         let req = req.into_inner();
-        let m = find(&self.st, &req.name, version(&req.version)).map_err(|e| status_of(&e))?;
-        let md = protocol::ModelMetadata::of(&self.st.name, &m);
+        let (served, m) = find(&self.st, &req.name, version(&req.version)).map_err(|e| status_of(&e))?;
+        let md = protocol::ModelMetadata::of(&served.name, &m);
         let tensor = |t: protocol::MetadataTensor| proto::model_metadata_response::TensorMetadata {
             name: t.name,
             datatype: t.datatype.to_owned(),
@@ -426,6 +467,50 @@ impl GrpcInferenceService for Service {
 
     async fn model_infer(&self, req: Request<ModelInferRequest>) -> Result<Response<ModelInferResponse>, Status> {
         self.infer(req.into_inner()).await.map(Response::new).map_err(|e| status_of(&e))
+    }
+
+    async fn repository_index(
+        &self,
+        req: Request<RepositoryIndexRequest>,
+    ) -> Result<Response<RepositoryIndexResponse>, Status> {
+        let req = req.into_inner();
+        let list = crate::routes::repository_index(&self.st, &req.repository_name, req.ready)
+            .await
+            .map_err(|e| repository_status(&e))?;
+        let models = list
+            .into_iter()
+            .map(|e| proto::repository_index_response::ModelIndex {
+                name: e.name,
+                version: e.version,
+                state: e.state,
+                reason: e.reason,
+            })
+            .collect();
+        Ok(Response::new(RepositoryIndexResponse { models }))
+    }
+
+    async fn repository_model_load(
+        &self,
+        req: Request<RepositoryModelLoadRequest>,
+    ) -> Result<Response<RepositoryModelLoadResponse>, Status> {
+        let req = req.into_inner();
+        no_parameters(req.parameters.len())?;
+        crate::routes::repository_load(&self.st, &req.repository_name, &req.model_name)
+            .await
+            .map_err(|e| repository_status(&e))?;
+        Ok(Response::new(RepositoryModelLoadResponse {}))
+    }
+
+    async fn repository_model_unload(
+        &self,
+        req: Request<RepositoryModelUnloadRequest>,
+    ) -> Result<Response<RepositoryModelUnloadResponse>, Status> {
+        let req = req.into_inner();
+        no_parameters(req.parameters.len())?;
+        crate::routes::repository_unload(&self.st, &req.repository_name, &req.model_name)
+            .await
+            .map_err(|e| repository_status(&e))?;
+        Ok(Response::new(RepositoryModelUnloadResponse {}))
     }
 
     type ModelStreamInferStream = StreamAnswers;
@@ -468,7 +553,7 @@ impl GrpcInferenceService for Service {
                     Ok(Err(status)) => break Some(status),
                     Ok(Ok(Some(req))) => {
                         let svc = svc.clone();
-                        let (name, id) = (svc.st.name.clone(), req.id.clone());
+                        let (name, id) = (req.model_name.clone(), req.id.clone());
                         let task = tokio::spawn(async move {
                             match svc.infer(req).await {
                                 Ok(r) => {

@@ -20,6 +20,7 @@ pub mod model;
 pub mod options;
 pub mod protocol;
 pub mod reload;
+pub mod repository;
 mod routes;
 mod server;
 pub mod signals;
@@ -28,10 +29,12 @@ mod state;
 
 pub use blocking::{serve_until_signalled, Stopped};
 pub use error::{
-    Abandon, Difference, Dims, InputError, LoadError, OptionsError, PinProblem, RequestError, StartError, QUOTE_BYTES,
+    Abandon, Difference, Dims, InputError, LoadError, OptionsError, PinProblem, RepositoryError, RequestError,
+    StartError, QUOTE_BYTES,
 };
 pub use events::{ignore_events, Event, EventSink};
 pub use options::{Batching, FileLimits, GrpcAddr, Limits, ModelSource, NonFinite, ServeOptions, Watch};
+pub use repository::{IndexEntry, ModelConfig, ModelControl, RepositoryOptions};
 pub use routes::HEADER_LENGTH;
 pub use server::{Server, ServerHandle};
-pub use state::AppState;
+pub use state::{AppState, Served};

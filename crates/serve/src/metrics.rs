@@ -165,8 +165,110 @@ impl Metrics {
     }
 }
 
+/// Families that describe the whole server (connections and the shared
+/// budgets), left out of the per-model series of a repository.
+const SERVER_ONLY: [&str; 4] = [
+    "pmstate_connections",
+    "pmstate_connections_evicted",
+    "pmstate_body_bytes_reserved",
+    "pmstate_answer_bytes_reserved",
+];
+
+/// One family of an OpenMetrics text: its `# HELP`/`# TYPE` lines and samples.
+struct Block {
+    name: String,
+    head: Vec<String>,
+    samples: Vec<String>,
+}
+
+/// Splits OpenMetrics text into families (`# EOF` dropped).
+fn families(text: &str) -> Vec<Block> {
+    let mut out: Vec<Block> = Vec::new();
+    for line in text.lines() {
+        if line == "# EOF" || line.is_empty() {
+            continue;
+        }
+        if let Some(rest) = line.strip_prefix("# ") {
+            let name = rest.split_whitespace().nth(1).unwrap_or_default();
+            match out.last_mut() {
+                Some(f) if f.name == name => f.head.push(line.to_owned()),
+                _ => out.push(Block { name: name.to_owned(), head: vec![line.to_owned()], samples: Vec::new() }),
+            }
+        } else if let Some(f) = out.last_mut() {
+            f.samples.push(line.to_owned());
+        }
+    }
+    out
+}
+
+/// `sample` with `labels` (already valid label text: `model="a",version="1"`) added.
+fn with_labels(sample: &str, labels: &str) -> String {
+    match sample.find(['{', ' ']) {
+        Some(i) if sample.as_bytes()[i] == b'{' => {
+            let rest = &sample[i + 1..];
+            let sep = if rest.starts_with('}') { "" } else { "," };
+            format!("{}{{{labels}{sep}{rest}", &sample[..i])
+        }
+        Some(i) => format!("{}{{{labels}}}{}", &sample[..i], &sample[i..]),
+        None => sample.to_owned(),
+    }
+}
+
+/// The `/metrics` text of a model repository: `server`'s families (the
+/// server-wide series, unlabelled), each followed by the same family of
+/// every model version in `models` (name, version, its own rendered text),
+/// labelled `model="NAME",version="V"`: one `# HELP`/`# TYPE` per family,
+/// as OpenMetrics requires. Names and versions are checked to be plain
+/// (`[A-Za-z0-9._-]`, digits) before they are served, so they need no escaping.
+pub fn merge(server: &str, models: &[(String, String, String)]) -> String {
+    let mut fams = families(server);
+    for (name, version, text) in models {
+        let labels = format!("model=\"{name}\",version=\"{version}\"");
+        for f in families(text) {
+            if SERVER_ONLY.contains(&f.name.as_str()) {
+                continue;
+            }
+            if let Some(into) = fams.iter_mut().find(|g| g.name == f.name) {
+                into.samples.extend(f.samples.iter().map(|s| with_labels(s, &labels)));
+            }
+        }
+    }
+    let mut s = String::new();
+    for f in fams {
+        for l in f.head.iter().chain(&f.samples) {
+            s.push_str(l);
+            s.push('\n');
+        }
+    }
+    s.push_str("# EOF\n");
+    s
+}
+
 impl Default for Metrics {
     fn default() -> Self {
         Self::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each family keeps one header; the models' samples follow the server's, labelled.
+    #[test]
+    fn merged_metrics_keep_one_header_per_family_and_label_each_model() {
+        let server = Metrics::new();
+        server.requests.inc();
+        let a = Metrics::new();
+        a.requests.inc_by(3);
+        a.connections.set(7);
+        let text = merge(&server.render(), &[("a".into(), "2".into(), a.render())]);
+        assert_eq!(text.matches("# TYPE pmstate_infer_requests counter").count(), 1, "{text}");
+        assert!(text.contains("pmstate_infer_requests_total 1\n"), "{text}");
+        assert!(text.contains("pmstate_infer_requests_total{model=\"a\",version=\"2\"} 3\n"), "{text}");
+        assert!(text.contains("pmstate_infer_errors_total{model=\"a\",version=\"2\",kind=\"busy\"} 0"), "{text}");
+        assert!(!text.contains("pmstate_connections{model"), "{text}");
+        assert!(text.ends_with("# EOF\n"));
+        assert_eq!(with_labels("x{} 1", "m=\"a\""), "x{m=\"a\"} 1");
     }
 }

@@ -29,6 +29,14 @@ pub enum ModelSource {
         /// The resolved configs file, when not next to the checkpoint.
         config: Option<PathBuf>,
     },
+    /// A model repository in Triton's layout (`DIR/<name>/<version>/`):
+    /// several models at once, each version with its own batcher, reload
+    /// thread and metrics, and Triton's repository extension (index, load,
+    /// unload). [`ServeOptions::name`] and [`ServeOptions::widths`] do not
+    /// apply (each model is named by its directory; widths by its configs);
+    /// [`ServeOptions::batching`] is each model's default, which its
+    /// `config.json` may override. See [`crate::repository`].
+    Repository(crate::repository::RepositoryOptions),
     /// A model of any family built in process (`PolicyModel::new` over
     /// `Policy::from_parts`, a `MaskedMimicModel`, ...: widths are pinned
     /// when it is built, not by [`ServeOptions::widths`]); `label` stands

@@ -66,6 +66,9 @@ pub struct ReloadConfig {
     pub files: FileLimits,
     /// A policy or a pipeline.
     pub kind: ModelKind,
+    /// Keep the version number across reloads (a repository's version is
+    /// its directory's number); false: each reload counts one up.
+    pub keep_version: bool,
 }
 
 /// The reload thread.
@@ -118,6 +121,11 @@ impl Reloader {
         Ok(Reloader { tx, stopping, thread: Some(thread) })
     }
 
+    /// Asks for a reload now, whatever the file's stamp.
+    pub fn trigger(&self) {
+        let _ = self.tx.send(Msg::Now);
+    }
+
     /// A function that asks for a reload now, whatever the file's stamp.
     pub fn trigger_fn(&self) -> impl Fn() + Send + Sync + 'static {
         let tx = std::sync::Mutex::new(self.tx.clone());
@@ -162,6 +170,15 @@ struct Watcher {
 }
 
 impl Watcher {
+    /// The version a reload serves.
+    fn next_version(&self, current: u64) -> u64 {
+        if self.cfg.keep_version {
+            current
+        } else {
+            current + 1
+        }
+    }
+
     fn poll(&mut self) {
         // a missing file is a rename in progress: look again next time
         let Ok(stamp) = FileStamp::of(&self.cfg.path) else { return };
@@ -188,7 +205,7 @@ impl Watcher {
         let deadline = self.cfg.files.reload_deadline;
         let cancel = Cancel { deadline: Some((start + deadline, deadline)), stop: Some(self.stop.clone()) };
         let (path, config, version, files) =
-            (&self.cfg.path, self.cfg.config.as_ref(), current.version + 1, &self.cfg.files);
+            (&self.cfg.path, self.cfg.config.as_ref(), self.next_version(current.version), &self.cfg.files);
         let loaded = match self.cfg.kind {
             ModelKind::Policy => {
                 LoadedModel::load_with(path, config, &self.cfg.device, &self.cfg.pins, version, files, &cancel)

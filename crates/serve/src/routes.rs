@@ -18,10 +18,11 @@ use tokio::sync::oneshot;
 use crate::batcher::Job;
 use crate::decode::{decode, Expect};
 use crate::encode::{answer_bound, encode};
-use crate::error::RequestError;
+use crate::error::{RepositoryError, RequestError};
 use crate::model::LoadedModel;
 use crate::protocol::{ModelConfigResponse, ModelMetadata, ModelReady, ServerMetadata};
-use crate::state::AppState;
+use crate::repository::{IndexEntry, Repository};
+use crate::state::{AppState, Served};
 
 /// The binary extension's header.
 pub const HEADER_LENGTH: &str = "inference-header-content-length";
@@ -46,6 +47,9 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v2/models/{name}/versions/{version}/contract", get(model_contract_v))
         .route("/v2/models/{name}/infer", post(infer))
         .route("/v2/models/{name}/versions/{version}/infer", post(infer_v))
+        .route("/v2/repository/index", post(repo_index))
+        .route("/v2/repository/models/{name}/load", post(repo_load))
+        .route("/v2/repository/models/{name}/unload", post(repo_unload))
         .route("/metrics", get(metrics))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
@@ -102,22 +106,15 @@ async fn server_metadata() -> Json<ServerMetadata> {
     Json(ServerMetadata::new())
 }
 
-/// The model if `name` (and `version`, when given) is what is served.
-pub(crate) fn find(st: &AppState, name: &str, version: Option<&str>) -> Result<Arc<LoadedModel>, RequestError> {
-    if name != st.name {
-        return Err(RequestError::UnknownModel { name: name.to_owned(), served: st.name.clone() });
-    }
-    let m = st.slot.current();
-    if let Some(v) = version {
-        if v != m.version.to_string() {
-            return Err(RequestError::UnknownVersion {
-                name: name.to_owned(),
-                version: v.to_owned(),
-                served: m.version,
-            });
-        }
-    }
-    Ok(m)
+/// The model version `name` (and `version`, when given) names, and the
+/// model it serves now: [`crate::repository::Models::find`], the one
+/// routing of both transports.
+pub(crate) fn find(
+    st: &AppState,
+    name: &str,
+    version: Option<&str>,
+) -> Result<(Arc<Served>, Arc<LoadedModel>), RequestError> {
+    st.models.find(name, version)
 }
 
 async fn model_metadata(State(st): State<Arc<AppState>>, Path(name): Path<String>) -> Response {
@@ -130,7 +127,7 @@ async fn model_metadata_v(State(st): State<Arc<AppState>>, Path((name, v)): Path
 
 fn metadata_of(st: &AppState, name: &str, v: Option<&str>) -> Response {
     match find(st, name, v) {
-        Ok(m) => Json(ModelMetadata::of(&st.name, &m)).into_response(),
+        Ok((s, m)) => Json(ModelMetadata::of(&s.name, &m)).into_response(),
         Err(e) => e.into_response(),
     }
 }
@@ -145,10 +142,10 @@ async fn model_ready_v(State(st): State<Arc<AppState>>, Path((name, v)): Path<(S
 
 fn ready_of(st: &AppState, name: &str, v: Option<&str>) -> Response {
     match find(st, name, v) {
-        Ok(_) => {
+        Ok((s, _)) => {
             let ready = !st.draining.load(Ordering::Relaxed);
             let status = if ready { StatusCode::OK } else { StatusCode::BAD_REQUEST };
-            (status, Json(ModelReady { name: st.name.clone(), ready })).into_response()
+            (status, Json(ModelReady { name: s.name.clone(), ready })).into_response()
         }
         Err(e) => e.into_response(),
     }
@@ -164,7 +161,7 @@ async fn model_config_v(State(st): State<Arc<AppState>>, Path((name, v)): Path<(
 
 fn config_of(st: &AppState, name: &str, v: Option<&str>) -> Response {
     match find(st, name, v) {
-        Ok(m) => Json(ModelConfigResponse::of(&st.name, &m, &st.batching, st.reloads.counts())).into_response(),
+        Ok((s, m)) => Json(ModelConfigResponse::of(&s.name, &m, &s.batching, s.reloads.counts())).into_response(),
         Err(e) => e.into_response(),
     }
 }
@@ -180,18 +177,157 @@ async fn model_contract_v(State(st): State<Arc<AppState>>, Path((name, v)): Path
 /// A pipeline's deployment contract as the YAML ProtoMotions' exporter
 /// writes next to its ONNX graph (`unified_pipeline.yaml`); 404 for a policy.
 fn contract_of(st: &AppState, name: &str, v: Option<&str>) -> Response {
-    let m = match find(st, name, v) {
-        Ok(m) => m,
+    let (s, m) = match find(st, name, v) {
+        Ok(found) => found,
         Err(e) => return e.into_response(),
     };
     match m.contract() {
         Some(c) => ([(header::CONTENT_TYPE, "application/yaml")], c.to_yaml()).into_response(),
-        None => RequestError::NoContract { name: st.name.clone() }.into_response(),
+        None => RequestError::NoContract { name: s.name.clone() }.into_response(),
+    }
+}
+
+/// Largest body of a repository request (`{"ready": true}`, `{"parameters": {}}`).
+const MAX_REPOSITORY_BODY: usize = 4096;
+
+/// The repository served, if `repository_name` names it (empty: the one
+/// served; else its directory's path or last component).
+fn repository_of(st: &AppState, repository_name: &str) -> Result<Arc<Repository>, RepositoryError> {
+    let Some(r) = &st.repository else {
+        return Err(RepositoryError::NoRepository);
+    };
+    let dir = r.dir();
+    let named = repository_name.is_empty()
+        || std::path::Path::new(repository_name) == dir
+        || dir.file_name().is_some_and(|n| n == repository_name);
+    if !named {
+        return Err(RepositoryError::BadRequest {
+            reason: format!(
+                "unknown repository \"{}\": this server serves {}",
+                clip_name(repository_name).escape_debug(),
+                dir.display()
+            ),
+        });
+    }
+    Ok(r.clone())
+}
+
+/// At most 64 characters of a client's string, for error messages.
+fn clip_name(s: &str) -> String {
+    s.chars().take(64).collect()
+}
+
+/// The repository index, shared by both transports.
+pub(crate) async fn repository_index(
+    st: &Arc<AppState>,
+    repository_name: &str,
+    ready: bool,
+) -> Result<Vec<IndexEntry>, RepositoryError> {
+    let r = repository_of(st, repository_name)?;
+    let st = st.clone();
+    // a directory listing: off the async workers
+    tokio::task::spawn_blocking(move || r.index(&st.models, ready))
+        .await
+        .map_err(|e| RepositoryError::BadRequest { reason: e.to_string() })?
+}
+
+/// Loads a model of the repository, shared by both transports.
+pub(crate) async fn repository_load(st: &AppState, repository_name: &str, name: &str) -> Result<(), RepositoryError> {
+    let r = repository_of(st, repository_name)?;
+    r.check_control()?;
+    if st.draining.load(Ordering::Relaxed) {
+        return Err(RepositoryError::ShuttingDown);
+    }
+    r.load(&st.models, name).await
+}
+
+/// Unloads a model of the repository, shared by both transports.
+pub(crate) async fn repository_unload(st: &AppState, repository_name: &str, name: &str) -> Result<(), RepositoryError> {
+    let r = repository_of(st, repository_name)?;
+    r.check_control()?;
+    r.unload(&st.models, name).await
+}
+
+fn repository_error(e: &RepositoryError) -> Response {
+    (e.status(), Json(serde_json::json!({ "error": e.to_string() }))).into_response()
+}
+
+/// A repository request's JSON body (empty: `{}`), at most [`MAX_REPOSITORY_BODY`] bytes.
+async fn small_json(body: Body) -> Result<serde_json::Map<String, serde_json::Value>, RepositoryError> {
+    let bad = |reason: String| RepositoryError::BadRequest { reason };
+    let bytes = axum::body::to_bytes(body, MAX_REPOSITORY_BODY)
+        .await
+        .map_err(|_| bad(format!("the body must be a JSON object of at most {MAX_REPOSITORY_BODY} bytes")))?;
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Ok(serde_json::Map::new());
+    }
+    match serde_json::from_slice(&bytes) {
+        Ok(serde_json::Value::Object(m)) => Ok(m),
+        Ok(_) => Err(bad("the body must be a JSON object".into())),
+        Err(e) => Err(bad(format!("the body is not JSON: {e}"))),
+    }
+}
+
+/// `POST /v2/repository/index` (`{"ready": true}`: only what is ready).
+async fn repo_index(State(st): State<Arc<AppState>>, body: Body) -> Response {
+    let r = async {
+        let m = small_json(body).await?;
+        let ready = match m.get("ready") {
+            None => false,
+            Some(v) => v
+                .as_bool()
+                .ok_or_else(|| RepositoryError::BadRequest { reason: "`ready` must be true or false".into() })?,
+        };
+        repository_index(&st, "", ready).await
+    };
+    match r.await {
+        Ok(list) => Json(list).into_response(),
+        Err(e) => repository_error(&e),
+    }
+}
+
+/// A load or unload body: `{}` or `{"parameters": {}}` (parameters are refused).
+async fn no_load_parameters(body: Body) -> Result<(), RepositoryError> {
+    let m = small_json(body).await?;
+    let empty = match m.get("parameters") {
+        None => true,
+        Some(serde_json::Value::Object(p)) => p.is_empty(),
+        Some(_) => false,
+    };
+    if !empty || m.keys().any(|k| k != "parameters") {
+        return Err(RepositoryError::BadRequest {
+            reason: "load and unload parameters are not supported (configure a model by its config.json)".into(),
+        });
+    }
+    Ok(())
+}
+
+/// `POST /v2/repository/models/NAME/load`.
+async fn repo_load(State(st): State<Arc<AppState>>, Path(name): Path<String>, body: Body) -> Response {
+    let r = async {
+        no_load_parameters(body).await?;
+        repository_load(&st, "", &name).await
+    };
+    match r.await {
+        Ok(()) => StatusCode::OK.into_response(),
+        Err(e) => repository_error(&e),
+    }
+}
+
+/// `POST /v2/repository/models/NAME/unload`.
+async fn repo_unload(State(st): State<Arc<AppState>>, Path(name): Path<String>, body: Body) -> Response {
+    let r = async {
+        no_load_parameters(body).await?;
+        repository_unload(&st, "", &name).await
+    };
+    match r.await {
+        Ok(()) => StatusCode::OK.into_response(),
+        Err(e) => repository_error(&e),
     }
 }
 
 async fn metrics(State(st): State<Arc<AppState>>) -> Response {
-    let text = st.metrics.render();
+    let text = st.render_metrics();
     ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], text).into_response()
 }
 
@@ -216,15 +352,24 @@ async fn infer_counted(
     body: Body,
 ) -> Response {
     let start = Instant::now();
-    st.metrics.requests.inc();
+    // counted on the model's metrics; a request naming no served model on the server's
+    let target = find(&st, &name, version.as_deref());
+    let metrics = match &target {
+        Ok((s, _)) => s.metrics.clone(),
+        Err(_) => st.metrics.clone(),
+    };
+    metrics.requests.inc();
     // dropped with this future, also when hyper drops it for a closed connection
-    let _in_flight = InFlight::enter(&st.metrics.in_flight);
-    let r = infer_inner(&st, &name, version.as_deref(), &headers, body).await;
-    st.metrics.latency.observe(start.elapsed().as_secs_f64());
+    let _in_flight = InFlight::enter(&metrics.in_flight);
+    let r = match target {
+        Ok((s, model)) => infer_inner(&st, &s, model, &headers, body).await,
+        Err(e) => Err(e),
+    };
+    metrics.latency.observe(start.elapsed().as_secs_f64());
     match r {
         Ok(r) => r,
         Err(e) => {
-            st.metrics.error(&e);
+            metrics.error(&e);
             e.into_response()
         }
     }
@@ -445,6 +590,7 @@ pub(crate) struct Ran {
 /// the batcher runs whichever is served and says which in the answer).
 pub(crate) async fn run(
     st: &AppState,
+    served: &Served,
     model: Arc<LoadedModel>,
     decoded: crate::decode::Decoded,
 ) -> Result<Ran, RequestError> {
@@ -454,19 +600,18 @@ pub(crate) async fn run(
     let id = decoded.id.clone();
     let rows = decoded.rows;
     let (tx, rx) = oneshot::channel();
-    st.batcher.submit(Job { req: decoded, enqueued: Instant::now(), reply: tx })?;
+    served.batcher.submit(Job { req: decoded, enqueued: Instant::now(), reply: tx })?;
     let answer = rx.await.map_err(|_| RequestError::ShuttingDown)??;
     Ok(Ran { answer, held, bound, id, rows })
 }
 
 async fn infer_inner(
     st: &Arc<AppState>,
-    name: &str,
-    version: Option<&str>,
+    served: &Served,
+    model: Arc<LoadedModel>,
     headers: &HeaderMap,
     body: Body,
 ) -> Result<Response, RequestError> {
-    let model = find(st, name, version)?;
     let header_len =
         match headers.get(HEADER_LENGTH) {
             None => None,
@@ -475,7 +620,7 @@ async fn infer_inner(
             })?),
         };
     let (bytes, _permit) = read_body(st, headers, body).await?;
-    let (non_finite, max_rows) = (st.non_finite, st.batching.max_batch);
+    let (non_finite, max_rows) = (st.non_finite, served.batching.max_batch);
     let decoded = if bytes.len() <= DECODE_INLINE_BYTES {
         decode(&bytes, header_len, &Expect { iface: &model.interface, non_finite, max_rows })?
     } else {
@@ -486,11 +631,11 @@ async fn infer_inner(
         .await
         .map_err(|e| RequestError::Task { what: "decoding", source: Arc::new(e) })??
     };
-    let Ran { answer, mut held, bound, id, rows } = run(st, model, decoded).await?;
-    let enc = encode(&st.name, id.as_deref(), &answer);
+    let Ran { answer, mut held, bound, id, rows } = run(st, served, model, decoded).await?;
+    let enc = encode(&served.name, id.as_deref(), &answer);
     drop(answer);
     held.charge_beyond(st, bound, enc.body.len());
-    st.metrics.rows.inc_by(rows as u64);
+    served.metrics.rows.inc_by(rows as u64);
     let header_len = enc.header_len;
     // the reservation lives as long as the bytes: hyper drops them once they are written
     let bytes = Bytes::from_owner(HeldAnswer { body: enc.body, _held: held });

@@ -9,15 +9,14 @@ use std::sync::Arc;
 use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinHandle;
 
-use crate::batcher::Batcher;
 use crate::error::{LoadError, OptionsError, StartError};
 use crate::events::{Event, EventSink};
 use crate::metrics::Metrics;
 use crate::model::{Cancel, FileStamp, LoadedModel, ModelKind};
 use crate::options::{GrpcAddr, Limits, ModelSource, ServeOptions};
-use crate::reload::{ReloadConfig, ReloadStats, Reloader};
-use crate::slot::ModelSlot;
-use crate::state::AppState;
+use crate::reload::ReloadConfig;
+use crate::repository::{start_served, LoadBase, ModelControl, Models, Repository};
+use crate::state::{AppState, Served};
 
 /// A running server.
 pub struct Server {
@@ -25,12 +24,8 @@ pub struct Server {
     grpc_addr: Option<GrpcAddr>,
     handle: ServerHandle,
     serve: JoinHandle<std::io::Result<()>>,
-    reloader: Option<Reloader>,
     limits: Limits,
 }
-
-/// Asks the reload thread for a reload.
-type ReloadFn = Arc<dyn Fn() + Send + Sync>;
 
 /// Controls a running server from anywhere (signal handlers, tests).
 #[derive(Clone)]
@@ -39,7 +34,6 @@ pub struct ServerHandle {
     stop: Arc<watch::Sender<bool>>,
     /// Turned true (with the signal) to stop without waiting for the drain.
     force: Arc<watch::Sender<Option<i32>>>,
-    reload: Option<ReloadFn>,
     events: EventSink,
 }
 
@@ -57,13 +51,13 @@ impl ServerHandle {
         self.force.send_replace(Some(signal));
     }
 
-    /// Reloads the checkpoint now (what SIGHUP does); the outcome is an event.
+    /// Reloads the checkpoint now (what SIGHUP does): every model version
+    /// served, each from its own file; each outcome is an event.
     pub fn reload(&self) {
-        match &self.reload {
-            Some(trigger) => trigger(),
-            None => {
-                let m = self.state.slot.current();
-                let e = LoadError::NotReloadable { name: self.state.name.clone() };
+        for s in self.state.models.all() {
+            if !s.trigger_reload() {
+                let m = s.slot.current();
+                let e = LoadError::NotReloadable { name: s.name.clone() };
                 (self.events)(&Event::ReloadFailed {
                     checkpoint: m.provenance.checkpoint.clone(),
                     reason: e.to_string(),
@@ -73,21 +67,66 @@ impl ServerHandle {
         }
     }
 
-    /// Holds forwards back until the guard is dropped (requests queue,
-    /// then are refused with 503): see [`crate::batcher::Batcher::pause`].
-    pub fn pause(&self) -> crate::batcher::Paused {
-        self.state.batcher.pause()
+    /// The model version a request naming `name` (and `version`) reaches.
+    fn served(&self, name: Option<&str>) -> Option<Arc<Served>> {
+        match name {
+            Some(n) => self.state.models.find(n, None).ok().map(|(s, _)| s),
+            None => self.state.models.all().into_iter().next(),
+        }
     }
 
-    /// The version being served.
+    /// Holds forwards back until the guard is dropped (requests queue,
+    /// then are refused with 503): see [`crate::batcher::Batcher::pause`].
+    /// With a repository, the first model's (see [`ServerHandle::pause_model`]).
+    pub fn pause(&self) -> crate::batcher::Paused {
+        match self.served(None) {
+            Some(s) => s.batcher.pause(),
+            None => crate::batcher::Paused::none(),
+        }
+    }
+
+    /// [`ServerHandle::pause`] for the latest version of model `name`
+    /// (None when it is not served).
+    pub fn pause_model(&self, name: &str) -> Option<crate::batcher::Paused> {
+        self.served(Some(name)).map(|s| s.batcher.pause())
+    }
+
+    /// The version being served (with a repository: the first model's
+    /// lowest; 0 when none is).
     pub fn version(&self) -> u64 {
-        self.state.slot.current().version
+        self.served(None).map_or(0, |s| s.slot.current().version)
     }
 
     /// The metrics text, as `GET /metrics` returns it.
     pub fn metrics_text(&self) -> String {
-        self.state.metrics.render()
+        self.state.render_metrics()
     }
+}
+
+/// The state every handler shares, over `models`.
+fn state_of(
+    models: Models,
+    repository: Option<Arc<Repository>>,
+    metrics: Arc<Metrics>,
+    limits: Limits,
+    non_finite: crate::options::NonFinite,
+) -> Arc<AppState> {
+    Arc::new(AppState {
+        models,
+        repository,
+        metrics,
+        limits,
+        non_finite,
+        body_budget: Arc::new(Semaphore::new(limits.max_inflight_body_bytes)),
+        answer_budget: Arc::new(Semaphore::new(limits.max_inflight_answer_bytes)),
+        draining: AtomicBool::new(false),
+    })
+}
+
+/// Stops every model version served (their queues run first).
+async fn stop_models(models: &Models) {
+    let all = models.all();
+    let _ = tokio::task::spawn_blocking(move || all.iter().for_each(|s| s.stop())).await;
 }
 
 fn check(opts: &ServeOptions) -> Result<(), OptionsError> {
@@ -124,6 +163,9 @@ fn check(opts: &ServeOptions) -> Result<(), OptionsError> {
     if let Some((what, _)) = zero.into_iter().find(|(_, z)| *z) {
         return Err(OptionsError::ZeroLimit { what });
     }
+    if matches!(opts.source, ModelSource::Repository(_)) && !opts.widths.is_empty() {
+        return Err(OptionsError::RepositoryWidths);
+    }
     if matches!(opts.source, ModelSource::InProcess { .. }) && !opts.widths.is_empty() {
         return Err(OptionsError::PinnedWhenBuilt);
     }
@@ -157,8 +199,40 @@ impl Server {
             files,
             grpc,
         } = opts;
+        let threads = threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+        // one forward pool, whatever the number of models: they share the cores
+        let pool = Arc::new(
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .thread_name(|i| format!("pmstate-forward-{i}"))
+                .build()
+                .map_err(|e| StartError::Runtime(std::io::Error::other(e.to_string())))?,
+        );
         let pins = widths.clone();
         let (model, reload_cfg, stamp) = match source {
+            ModelSource::Repository(ropts) => {
+                let base = LoadBase { device, files, watch, batching, pool, events: events.clone() };
+                let repo = Arc::new(Repository::new(&ropts, base));
+                let models = Models::default();
+                let names = match ropts.control {
+                    ModelControl::None => repo.model_names()?,
+                    ModelControl::Explicit => ropts.load.clone(),
+                };
+                for n in &names {
+                    match repo.load(&models, n).await {
+                        Ok(()) => {}
+                        // a model named by --load-model must load
+                        Err(e) if ropts.control == ModelControl::Explicit => {
+                            stop_models(&models).await;
+                            return Err(e.into());
+                        }
+                        Err(e) => events(&Event::ModelFailed { model: n.clone(), reason: e.to_string() }),
+                    }
+                }
+                let metrics = Arc::new(Metrics::new());
+                let state = state_of(models, Some(repo), metrics, limits, non_finite);
+                return Self::bind_and_serve(state, addr, grpc, limits, events, None).await;
+            }
             ModelSource::Checkpoint { path, config } => {
                 let (p, c, d) = (path.clone(), config.clone(), device.clone());
                 let model = tokio::task::spawn_blocking(move || {
@@ -169,7 +243,12 @@ impl Server {
                 crate::events::report_allowed_globals(&model, &events);
                 let stamp = FileStamp::of(&path).ok();
                 let kind = ModelKind::Policy;
-                (model, Some(ReloadConfig { path, config, device, pins: widths, watch, files, kind }), stamp)
+                let keep_version = false;
+                (
+                    model,
+                    Some(ReloadConfig { path, config, device, pins: widths, watch, files, kind, keep_version }),
+                    stamp,
+                )
             }
             ModelSource::Pipeline { path, config } => {
                 let (p, c) = (path.clone(), config.clone());
@@ -181,18 +260,15 @@ impl Server {
                 crate::events::report_allowed_globals(&model, &events);
                 let stamp = FileStamp::of(&path).ok();
                 let kind = ModelKind::Pipeline;
-                (model, Some(ReloadConfig { path, config, device, pins: widths, watch, files, kind }), stamp)
+                let keep_version = false;
+                (
+                    model,
+                    Some(ReloadConfig { path, config, device, pins: widths, watch, files, kind, keep_version }),
+                    stamp,
+                )
             }
             ModelSource::InProcess { model, label } => (LoadedModel::of_model(Arc::from(model), &label), None, None),
         };
-        let threads = threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .thread_name(|i| format!("pmstate-forward-{i}"))
-            .build()
-            .map_err(|e| StartError::Runtime(std::io::Error::other(e.to_string())))?;
-        let metrics = Arc::new(Metrics::new());
-        metrics.model_version.set(model.version as i64);
         let listening = Event::Listening {
             addr,
             model: name.clone(),
@@ -200,36 +276,45 @@ impl Server {
             checkpoint: model.provenance.checkpoint.clone(),
             sha256: model.provenance.sha256.clone(),
         };
-        let slot = Arc::new(ModelSlot::new(model));
-        let batcher = Batcher::start(slot.clone(), batching, pool, metrics.clone()).map_err(StartError::Runtime)?;
-        let reloads = Arc::new(ReloadStats::default());
-        let state = Arc::new(AppState {
-            name,
-            slot: slot.clone(),
-            batcher,
-            metrics: metrics.clone(),
-            batching,
-            limits,
-            non_finite,
-            body_budget: Arc::new(Semaphore::new(limits.max_inflight_body_bytes)),
-            answer_budget: Arc::new(Semaphore::new(limits.max_inflight_answer_bytes)),
-            draining: AtomicBool::new(false),
-            reloads: reloads.clone(),
-        });
-        let reloader = match reload_cfg {
-            Some(cfg) => {
-                Some(Reloader::start(cfg, stamp, slot, metrics, reloads, events.clone()).map_err(StartError::Runtime)?)
-            }
-            None => None,
+        let reload = reload_cfg.map(|c| (c, stamp));
+        let served = start_served(name, model, reload, batching, pool, &events).map_err(StartError::Runtime)?;
+        // one model: its metrics are the server's (one unlabelled set)
+        let metrics = served.metrics.clone();
+        let state = state_of(Models::single(served), None, metrics, limits, non_finite);
+        Self::bind_and_serve(state, addr, grpc, limits, events, Some(listening)).await
+    }
+
+    /// Binds the endpoints and serves `state`; `listening` is the event of
+    /// a single-checkpoint server (None: a repository's).
+    async fn bind_and_serve(
+        state: Arc<AppState>,
+        addr: SocketAddr,
+        grpc: Option<GrpcAddr>,
+        limits: Limits,
+        events: EventSink,
+        listening: Option<Event>,
+    ) -> Result<Server, StartError> {
+        let bound = async {
+            let listener =
+                tokio::net::TcpListener::bind(addr).await.map_err(|source| StartError::Bind { addr, source })?;
+            let addr = listener.local_addr().map_err(|source| StartError::Bind { addr, source })?;
+            let grpc = match grpc {
+                Some(g) => Some(
+                    crate::grpc::bind(&g)
+                        .await
+                        .map_err(|source| StartError::BindGrpc { addr: g.to_string(), source })?,
+                ),
+                None => None,
+            };
+            Ok::<_, StartError>((listener, addr, grpc))
         };
-        let reload_fn: Option<ReloadFn> = reloader.as_ref().map(|r| Arc::new(r.trigger_fn()) as ReloadFn);
-        let listener = tokio::net::TcpListener::bind(addr).await.map_err(|source| StartError::Bind { addr, source })?;
-        let addr = listener.local_addr().map_err(|source| StartError::Bind { addr, source })?;
-        let grpc = match grpc {
-            Some(g) => Some(
-                crate::grpc::bind(&g).await.map_err(|source| StartError::BindGrpc { addr: g.to_string(), source })?,
-            ),
-            None => None,
+        let (listener, addr, grpc) = match bound.await {
+            Ok(b) => b,
+            Err(e) => {
+                // the batchers and reload threads already started
+                stop_models(&state.models).await;
+                return Err(e);
+            }
         };
         let (stop_tx, stop_rx) = watch::channel(false);
         let app = crate::routes::router(state.clone());
@@ -272,19 +357,25 @@ impl Server {
             let (h, g) = tokio::join!(http, grpc);
             h.and(g)
         });
-        let listening = match listening {
-            Event::Listening { model, version, checkpoint, sha256, .. } => {
+        let listening = match (listening, &state.repository) {
+            (Some(Event::Listening { model, version, checkpoint, sha256, .. }), _) => {
                 Event::Listening { addr, model, version, checkpoint, sha256 }
             }
-            e => e,
+            (Some(e), _) => e,
+            (None, repo) => {
+                let mut models: Vec<String> = state.models.all().iter().map(|s| s.name.clone()).collect();
+                models.dedup();
+                let repository = repo.as_ref().map(|r| r.dir().display().to_string()).unwrap_or_default();
+                Event::RepositoryListening { addr, repository, models }
+            }
         };
         events(&listening);
         if let Some(a) = &grpc_addr {
             events(&Event::GrpcListening { url: a.to_string() });
         }
         let force = Arc::new(watch::Sender::new(None));
-        let handle = ServerHandle { state, stop: Arc::new(stop_tx), force, reload: reload_fn, events };
-        Ok(Server { addr, grpc_addr, handle, serve, reloader, limits })
+        let handle = ServerHandle { state, stop: Arc::new(stop_tx), force, events };
+        Ok(Server { addr, grpc_addr, handle, serve, limits })
     }
 
     /// The address it listens on.
@@ -305,7 +396,7 @@ impl Server {
     /// Waits until a shutdown (from a [`ServerHandle`]) has drained, then
     /// stops the batcher and the reload thread.
     pub async fn wait(self) -> std::io::Result<()> {
-        let Server { handle, mut serve, reloader, limits, .. } = self;
+        let Server { handle, mut serve, limits, .. } = self;
         let mut stop = handle.stop.subscribe();
         let mut force = handle.force.subscribe();
         let result = tokio::select! {
@@ -328,14 +419,10 @@ impl Server {
         let state = handle.state.clone();
         let events = handle.events.clone();
         drop(handle);
-        tokio::task::spawn_blocking(move || {
-            if let Some(r) = reloader {
-                r.stop();
-            }
-            state.batcher.stop();
-        })
-        .await
-        .map_err(|e| std::io::Error::other(e.to_string()))?;
+        if let Some(r) = &state.repository {
+            r.close();
+        }
+        stop_models(&state.models).await;
         events(&Event::Stopped);
         result.map_err(|e| std::io::Error::other(e.to_string()))?
     }

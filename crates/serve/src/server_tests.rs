@@ -70,7 +70,7 @@ async fn a_failed_or_panicking_forward_on(threads: usize) -> Value {
         (Fault::Error, "internal error: the forward failed: candle: injected fault"),
         (Fault::Panic, "internal error: the forward panicked"),
     ] {
-        handle.state.batcher.inject(fault);
+        handle.state.models.all()[0].batcher.inject(fault);
         let r = infer().await.expect("an answer");
         assert_eq!(r.status, 500, "{fault:?}");
         assert_eq!(r.header("content-type"), Some("application/json"));
@@ -143,7 +143,7 @@ async fn a_failed_pipeline_forward_is_a_500_and_the_server_goes_on() {
         (Fault::Error, "internal error: the forward failed: candle: injected fault"),
         (Fault::Panic, "internal error: the forward panicked"),
     ] {
-        handle.state.batcher.inject(fault);
+        handle.state.models.all()[0].batcher.inject(fault);
         let r = infer().await.expect("an answer");
         assert_eq!((r.status, r.json()["error"].clone()), (500, json!(want)), "{fault:?}");
         let again = infer().await.expect("an answer");

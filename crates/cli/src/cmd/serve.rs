@@ -1,6 +1,7 @@
 //! `pmstate serve`: a ProtoMotions policy (or, with `--pipeline`, its
-//! deployment pipeline) behind the Open Inference Protocol (KServe V2
-//! REST), with dynamic batching, hot reload and metrics. Everything but the flags lives in pmstate-serve; this module
+//! deployment pipeline; or, with `--repository`, every model of a model
+//! repository) behind the Open Inference Protocol (KServe V2 REST and
+//! gRPC), with dynamic batching, hot reload and metrics. Everything but the flags lives in pmstate-serve; this module
 //! turns flags into [`ServeOptions`] and the server's events into lines.
 
 use std::net::{SocketAddr, ToSocketAddrs};
@@ -10,19 +11,42 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use pmstate_policy::Globals;
-use pmstate_serve::{Batching, Event, GrpcAddr, Limits, ModelSource, NonFinite, ServeOptions, Watch};
+use pmstate_serve::{
+    Batching, Event, GrpcAddr, Limits, ModelControl, ModelSource, NonFinite, RepositoryOptions, ServeOptions, Watch,
+};
 
 use crate::args::DeviceArg;
 use crate::{output, CliError, Global};
 
-/// `pmstate serve [--pipeline] CHECKPOINT [--config P] [--name policy] [--addr 127.0.0.1:8080]
-/// [--grpc-addr 127.0.0.1:8001|unix:/path] [--device cpu|cuda]
+/// `pmstate serve [--pipeline] CHECKPOINT [--config P] [--name policy] [--addr 127.0.0.1:8080]`,
+/// or `pmstate serve --repository DIR [--model-control-mode none|explicit] [--load-model NAME]...`,
+/// both with `[--grpc-addr 127.0.0.1:8001|unix:/path] [--device cpu|cuda]
 /// [--max-batch N] [--max-wait-us N] [--queue N] [--watch] [--drain-timeout S] [--header-timeout S]
 /// [--body-timeout S] [--body-stall-timeout S] [--max-connections N]`
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// A ProtoMotions checkpoint (last.ckpt, inference_last.ckpt, or its safetensors conversion).
-    checkpoint: PathBuf,
+    #[arg(required_unless_present = "repository")]
+    checkpoint: Option<PathBuf>,
+    /// Serve a model repository in Triton's layout instead of one
+    /// checkpoint: DIR/NAME/N/ holds version N of model NAME (a checkpoint
+    /// and its configs), DIR/NAME/config.json optionally names the
+    /// checkpoint file, --pipeline mode and batching. Every version is
+    /// served (requests naming no version go to the highest), each with
+    /// its own batcher and metrics; Triton's repository API
+    /// (/v2/repository/index, .../models/NAME/load, .../unload) answers.
+    #[arg(long, value_name = "DIR", conflicts_with_all = ["checkpoint", "config", "pipeline", "name", "widths"])]
+    repository: Option<PathBuf>,
+    /// none: every model of --repository is loaded at start, load and
+    /// unload requests are refused; explicit: only --load-model models are
+    /// loaded at start, clients load and unload by the repository API.
+    /// Default: none.
+    #[arg(long, value_enum, requires = "repository")]
+    model_control_mode: Option<ControlMode>,
+    /// A model of --repository to load at start (repeatable; with
+    /// --model-control-mode explicit). The server does not start if it fails.
+    #[arg(long = "load-model", value_name = "NAME", requires = "repository")]
+    load_models: Vec<String>,
     /// The resolved configs (default: resolved_configs_inference.pt, else resolved_configs.pt, next to CHECKPOINT).
     #[arg(long)]
     config: Option<PathBuf>,
@@ -118,6 +142,15 @@ pub struct Args {
     allow_unsafe_globals: bool,
 }
 
+/// `--model-control-mode`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum ControlMode {
+    /// Everything loaded at start; no load or unload.
+    None,
+    /// Load and unload by request.
+    Explicit,
+}
+
 /// `IP:PORT`, `HOST:PORT` or `PORT` (on 127.0.0.1, as the default address).
 /// A host name takes its first IPv4 address (localhost: 127.0.0.1, what
 /// curl and most clients try first), else its first address.
@@ -169,16 +202,35 @@ fn width_pin(s: &str) -> Result<(String, usize), String> {
 }
 
 /// Serves until SIGINT or SIGTERM; each event is a line (or, with
-/// `--json`, an object with an `event` field: listening, reloaded,
+/// `--json`, an object with an `event` field: listening (with
+/// `--repository`: model_loaded / model_failed per model, then
+/// repository_listening; model_unloaded later), grpc_listening, reloaded,
 /// reload_failed, draining, drain_waiting, drain_forced, drain_timed_out,
 /// stopped). Exit 0 after a drain; a second SIGINT/SIGTERM while the drain
 /// waits stops at once, exit 130 (SIGINT) or 143 (SIGTERM).
 pub fn run(a: Args, g: Global) -> Result<ExitCode, CliError> {
+    // clap drops `requires = "repository"` when a CHECKPOINT (which
+    // conflicts with --repository) is given: checked here too
+    if a.repository.is_none() && (a.model_control_mode.is_some() || !a.load_models.is_empty()) {
+        return Err(CliError::Usage("--model-control-mode and --load-model apply to --repository DIR".into()));
+    }
     let (device, _) = a.device.open()?;
-    let source = if a.pipeline {
-        ModelSource::Pipeline { path: a.checkpoint, config: a.config }
-    } else {
-        ModelSource::Checkpoint { path: a.checkpoint, config: a.config }
+    let source = match (a.repository, a.checkpoint) {
+        (Some(dir), _) => {
+            let control = match a.model_control_mode {
+                None | Some(ControlMode::None) => ModelControl::None,
+                Some(ControlMode::Explicit) => ModelControl::Explicit,
+            };
+            if control == ModelControl::None && !a.load_models.is_empty() {
+                return Err(CliError::Usage(
+                    "--load-model applies to --model-control-mode explicit (mode none loads every model)".into(),
+                ));
+            }
+            ModelSource::Repository(RepositoryOptions { dir, control, load: a.load_models })
+        }
+        (None, Some(path)) if a.pipeline => ModelSource::Pipeline { path, config: a.config },
+        (None, Some(path)) => ModelSource::Checkpoint { path, config: a.config },
+        (None, None) => return Err(CliError::Usage("a CHECKPOINT or --repository DIR is needed".into())),
     };
     let mut opts = ServeOptions::new(source);
     opts.name = a.name;
@@ -204,11 +256,18 @@ pub fn run(a: Args, g: Global) -> Result<ExitCode, CliError> {
     opts.files.globals = if a.allow_unsafe_globals { Globals::Allow } else { Globals::Refuse };
     let json = g.json;
     let events = Arc::new(move |e: &Event| {
-        let quiet_ok = matches!(e, Event::Listening { .. } | Event::GrpcListening { .. });
+        let quiet_ok =
+            matches!(e, Event::Listening { .. } | Event::GrpcListening { .. } | Event::RepositoryListening { .. });
         if json {
             // an event is plain data: encoding it cannot fail
             let _ = output::json_line(e);
-        } else if matches!(e, Event::ReloadFailed { .. } | Event::DrainTimedOut { .. } | Event::GlobalAllowed { .. }) {
+        } else if matches!(
+            e,
+            Event::ReloadFailed { .. }
+                | Event::DrainTimedOut { .. }
+                | Event::GlobalAllowed { .. }
+                | Event::ModelFailed { .. }
+        ) {
             output::err_line(format!("pmstate serve: {e}"));
         } else if quiet_ok || !g.quiet {
             output::line(e);
