@@ -5,18 +5,23 @@ verifies its output with today's ProtoMotions' own code.
 usage: python testdata/migrate/record_migrate.py templates --protomotions PATH
        python testdata/migrate/record_migrate.py verify --protomotions PATH [--pmstate BIN] [--no-write]
        python testdata/migrate/record_migrate.py kernels --protomotions PATH --v31 V31_PATH
+       python testdata/migrate/record_migrate.py g1-kernels --protomotions PATH --v31 V31_PATH
+       python testdata/migrate/record_migrate.py g1-observations --protomotions PATH
 
 PATH is a checkout of github:NVlabs/ProtoMotions at commit
 607ca7a0bb92e261120bcab8d9f97f28b3130ffc; its `protomotions` package is
 imported from PATH at run time, nothing of it is copied here.
 
-templates: today's configs of the shipped smpl motion-tracker experiment
-(data/pretrained_models/motion_tracker/smpl/experiment_config.py), built
+templates: today's configs of the experiments in TEMPLATES (the shipped
+smpl motion-tracker experiment,
+data/pretrained_models/motion_tracker/smpl/experiment_config.py, and
+today's PPO G1 tracker, examples/experiments/mimic/mlp_bm_l2c2.py), built
 with today's `build_standard_configs` exactly as
 testdata/policy/record_policy.py builds them (its helpers are imported), and
 the inference configs after today's `apply_all_inference_overrides`; pickled
 with torch.save as train_agent.py's save_configs does, into
-templates/smpl_tracker/{resolved_configs.pt,resolved_configs_inference.pt}.
+templates/<name>/{resolved_configs.pt,resolved_configs_inference.pt}
+(--only NAME... records only those).
 These pickles are data (today's dataclass instances, every field today's
 classes have, with today's defaults); `pmstate migrate` embeds them and
 overlays the old release's values onto them.
@@ -51,6 +56,20 @@ configs (its variables and indices_subset); the env-level parameters
 Components whose v3.1 inputs are not generated here (the target poses,
 the previous actions) are listed as not compared. Adds kernels_vs_v31 to
 verified.json.
+
+g1-kernels: the table entries for the v3.1 G1 tracker's BeyondMimic-style
+rewards and terminations (G1_ENTRIES), which no migrated case exercises yet
+(the G1 tracker is refused at its observations): v3.1's function, bound as
+v3.1's configs bind it (the anchor read from the context), against today's,
+bound as today's G1 template binds it (the reference anchor as the reference
+body at anchor_idx), each in a process of its own on the same seeded random
+states (64 envs, 30 bodies, anchor body 16), without density weights.
+Adds g1_table_kernels_vs_v31 to verified.json.
+
+g1-observations: the v3.1 G1 tracker's four actor observations, today's
+functions on v3.1's recorded context values
+(testdata/deploy/v31_g1_tracker/inputs_b16.safetensors) against v3.1's
+values (obs_b16.safetensors); adds g1_observations_vs_v31 to verified.json.
 """
 import argparse
 import hashlib
@@ -70,6 +89,14 @@ from pm_reference import reexec_deterministic  # noqa: E402
 
 EVAL_SEED = 1234
 SMPL_REL = "data/pretrained_models/motion_tracker/smpl/experiment_config.py"
+# today's experiments a template is recorded from: (template name, experiment
+# relative to the ProtoMotions checkout, robot name)
+TEMPLATES = [
+    ("smpl_tracker", SMPL_REL, "smpl"),
+    # today's PPO G1 tracker (BeyondMimic-style rewards, reduced-coords
+    # observations with history, L2C2): the G1 tracker's template
+    ("g1_tracker", "examples/experiments/mimic/mlp_bm_l2c2.py", "g1"),
+]
 CASES = [
     # (name, old checkpoint relative to the repo, old expected outputs, migrate's flags)
     # v3.1's action_smoothness has no same-math counterpart today (see the
@@ -99,14 +126,17 @@ def sha256(path):
     return h.hexdigest()
 
 
-def templates(rp, root):
-    cfgs, mod, args = rp.build_configs(root, SMPL_REL, "smpl", "smpl_tracker")
-    inf = rp.inference_configs(cfgs, mod, args)
-    out = os.path.join(HERE, "templates", "smpl_tracker")
-    os.makedirs(out, exist_ok=True)
-    rp.save_resolved_configs(cfgs, os.path.join(out, "resolved_configs.pt"))
-    rp.save_resolved_configs(inf, os.path.join(out, "resolved_configs_inference.pt"))
-    print(f"wrote {out}")
+def templates(rp, root, only=None):
+    for name, rel, robot in TEMPLATES:
+        if only and name not in only:
+            continue
+        cfgs, mod, args = rp.build_configs(root, rel, robot, name)
+        inf = rp.inference_configs(cfgs, mod, args)
+        out = os.path.join(HERE, "templates", name)
+        os.makedirs(out, exist_ok=True)
+        rp.save_resolved_configs(cfgs, os.path.join(out, "resolved_configs.pt"))
+        rp.save_resolved_configs(inf, os.path.join(out, "resolved_configs_inference.pt"))
+        print(f"wrote {out}")
 
 
 def verify(rp, root, pmstate, write):
@@ -319,11 +349,189 @@ def kernels(rp, root, v31_root, case_dir):
     return results
 
 
+# ------------------------------------------------------------ g1-kernels
+# The G1 tracker's BeyondMimic-style table entries (migrate/tables.rs), today's
+# function against v3.1's on the same seeded random states, bound as each
+# release binds them: v3.1 reads the anchor from its context
+# (current_state_anchor_*, ref_state_anchor_* = the reference body at the
+# anchor), today's reads the reference anchor as ref_rigid_body_*[:, anchor_idx].
+# No density weights: with them v3.1's math is not today's (refused).
+G1_BODIES, G1_ANCHOR = 30, 16
+# (name, v3.1 module.function, today's module.function, parameters)
+G1_ENTRIES = [
+    ("global_anchor_pos", "rewards.tracking.global_position_error_exp",
+     "rewards.tracking.compute_global_anchor_pos_rew", {"sigma": 0.3}),
+    ("global_anchor_ori", "rewards.tracking.global_orientation_error_exp",
+     "rewards.tracking.compute_global_anchor_ori_rew", {"sigma": 0.4}),
+    ("relative_body_pos", "rewards.tracking.relative_body_position_error_exp",
+     "rewards.tracking.compute_relative_body_pos_rew", {"sigma": 0.3}),
+    ("relative_body_ori", "rewards.tracking.relative_body_orientation_error_exp",
+     "rewards.tracking.compute_relative_body_ori_rew", {"sigma": 0.4}),
+    ("body_lin_vel", "rewards.tracking.global_velocity_error_exp",
+     "rewards.tracking.compute_global_body_lin_vel_rew", {"sigma": 1.0}),
+    ("body_ang_vel", "rewards.tracking.global_velocity_error_exp",
+     "rewards.tracking.compute_global_body_ang_vel_rew", {"sigma": 3.14}),
+    ("bad_ref_pos", "terminations.tracking.anchor_pos_error",
+     "terminations.tracking.compute_anchor_pos_error_term", {"threshold": 0.5}),
+    ("bad_ref_ori", "terminations.tracking.anchor_ori_error",
+     "terminations.tracking.compute_anchor_ori_error_term", {"threshold": 0.8}),
+]
+
+
+def g1_inputs(torch):
+    g = torch.Generator().manual_seed(78)
+
+    def quat(*shape):
+        q = torch.randn(*shape, 4, generator=g)
+        return q / q.norm(dim=-1, keepdim=True)
+
+    x = {}
+    for side in ("cur", "ref"):
+        x[f"{side}_pos"] = torch.randn(N, G1_BODIES, 3, generator=g) * 0.3 + torch.tensor([0.0, 0.0, 0.8])
+        x[f"{side}_rot"] = quat(N, G1_BODIES)
+        x[f"{side}_vel"] = torch.randn(N, G1_BODIES, 3, generator=g)
+        x[f"{side}_ang_vel"] = torch.randn(N, G1_BODIES, 3, generator=g) * 2
+    return x
+
+
+def g1_old_kwargs(name, x, p):
+    a = G1_ANCHOR
+    ca, ra = (x["cur_pos"][:, a], x["cur_rot"][:, a]), (x["ref_pos"][:, a], x["ref_rot"][:, a])
+    return {
+        "global_anchor_pos": dict(x=ca[0], ref_x=ra[0]),
+        "global_anchor_ori": dict(q=ca[1], ref_q=ra[1]),
+        "relative_body_pos": dict(body_pos=x["cur_pos"], ref_body_pos=x["ref_pos"], anchor_pos=ca[0],
+                                  ref_anchor_pos=ra[0], anchor_rot=ca[1], ref_anchor_rot=ra[1]),
+        "relative_body_ori": dict(body_rot=x["cur_rot"], ref_body_rot=x["ref_rot"], anchor_rot=ca[1],
+                                  ref_anchor_rot=ra[1]),
+        "body_lin_vel": dict(x=x["cur_vel"], ref_x=x["ref_vel"]),
+        "body_ang_vel": dict(x=x["cur_ang_vel"], ref_x=x["ref_ang_vel"]),
+        "bad_ref_pos": dict(anchor_pos=ca[0], ref_anchor_pos=ra[0]),
+        "bad_ref_ori": dict(anchor_rot=ca[1], ref_anchor_rot=ra[1]),
+    }[name] | p
+
+
+def g1_today_kwargs(name, x, p):
+    a = G1_ANCHOR
+    cap, car = x["cur_pos"][:, a], x["cur_rot"][:, a]
+    return {
+        "global_anchor_pos": dict(current_anchor_pos=cap, ref_rigid_body_pos=x["ref_pos"], anchor_idx=a),
+        "global_anchor_ori": dict(current_anchor_rot=car, ref_rigid_body_rot=x["ref_rot"], anchor_idx=a),
+        "relative_body_pos": dict(current_rigid_body_pos=x["cur_pos"], ref_rigid_body_pos=x["ref_pos"],
+                                  current_anchor_rot=car, ref_rigid_body_rot=x["ref_rot"],
+                                  current_anchor_pos=cap, anchor_idx=a),
+        "relative_body_ori": dict(current_rigid_body_rot=x["cur_rot"], ref_rigid_body_rot=x["ref_rot"],
+                                  current_anchor_rot=car, anchor_idx=a),
+        "body_lin_vel": dict(current_rigid_body_vel=x["cur_vel"], ref_rigid_body_vel=x["ref_vel"]),
+        "body_ang_vel": dict(current_rigid_body_ang_vel=x["cur_ang_vel"], ref_rigid_body_ang_vel=x["ref_ang_vel"]),
+        "bad_ref_pos": dict(current_anchor_pos=cap, ref_rigid_body_pos=x["ref_pos"], anchor_idx=a),
+        "bad_ref_ori": dict(current_anchor_rot=car, ref_rigid_body_rot=x["ref_rot"], anchor_idx=a),
+    }[name] | p
+
+
+def g1_call(root, inputs_path, out_path, old):
+    """v3.1's (old) or today's functions on the shared inputs, in this process."""
+    sys.path.insert(0, root)
+    import importlib
+    import torch
+    x = torch.load(inputs_path)
+    out = {}
+    for name, old_fn, new_fn, p in G1_ENTRIES:
+        mod, fn = (old_fn if old else new_fn).rsplit(".", 1)
+        f = getattr(importlib.import_module(f"protomotions.envs.{mod}"), fn)
+        out[name] = f(**(g1_old_kwargs if old else g1_today_kwargs)(name, x, p))
+    torch.save(out, out_path)
+
+
+def g1_kernels(torch, root, v31_root):
+    scratch = tempfile.mkdtemp(prefix="migrate_g1_kernels_")
+    inputs = os.path.join(scratch, "inputs.pt")
+    torch.save(g1_inputs(torch), inputs)
+    outs = {}
+    for tag, r in (("old", v31_root), ("today", root)):
+        outs[tag] = os.path.join(scratch, f"{tag}.pt")
+        subprocess.check_call([sys.executable, os.path.abspath(__file__), f"g1-call-{tag}", "--protomotions", r,
+                               "--args", inputs, outs[tag], "-"])
+    old, new = torch.load(outs["old"]), torch.load(outs["today"])
+    res = {}
+    for name, old_fn, new_fn, _ in G1_ENTRIES:
+        got, want = new[name], old[name]
+        res[name] = {"v31": old_fn, "today": new_fn, "bit_identical": bool(torch.equal(got, want)),
+                     "max_abs_diff": float((got.double() - want.double()).abs().max())}
+    return res
+
+
+# ------------------------------------------------------- g1-observations
+# The v3.1 G1 tracker's actor observations, today's functions against
+# v3.1's own values: testdata/deploy/v31_g1_tracker/inputs_b16.safetensors
+# (v3.1's context values, recorded by record_releases_deploy.py) and
+# obs_b16.safetensors (v3.1's observation components on them). The two
+# observations today's G1 template holds are computed with its component's
+# static_params; the two history observations it lacks with today's
+# function and v3.1's parameters (all history steps). Evidence for mapping
+# them; migrate does not map them yet.
+G1_OBS_DIR = "testdata/deploy/v31_g1_tracker"
+
+
+def g1_observations(rp, root):
+    torch = rp.torch
+    from safetensors.torch import load_file
+    x = load_file(os.path.join(REPO, G1_OBS_DIR, "inputs_b16.safetensors"))
+    want = load_file(os.path.join(REPO, G1_OBS_DIR, "obs_b16.safetensors"))
+    tpl = torch.load(os.path.join(HERE, "templates", "g1_tracker", "resolved_configs.pt"), weights_only=False)
+    comps = tpl["env"].observation_components
+    from protomotions.envs.obs.humanoid_historical import (compute_historical_actions_from_state,
+                                                           compute_historical_reduced_coords_from_state)
+
+    def params(name):
+        return {k: v for k, v in comps[name].static_params.items() if k not in ENV_PARAMS}
+
+    calls = {
+        "noisy_reduced_coords_obs": lambda: comps["noisy_reduced_coords_obs"].compute_func(
+            dof_pos=x["current_state_dof_pos"], dof_vel=x["current_state_dof_vel"],
+            anchor_rot=x["current_state_anchor_rot"], root_local_ang_vel=x["current_state_root_local_ang_vel"],
+            **params("noisy_reduced_coords_obs")),
+        "noisy_mimic_reduced_coords_target_poses": lambda: comps["noisy_mimic_reduced_coords_target_poses"]
+        .compute_func(current_state_anchor_rot=x["current_state_anchor_rot"],
+                      mimic_ref_anchor_rot=x["mimic_ref_anchor_rot"], mimic_ref_dof_vel=x["mimic_ref_dof_vel"],
+                      mimic_ref_dof_pos=x["mimic_ref_dof_pos"], **params("noisy_mimic_reduced_coords_target_poses")),
+        # today's reshapes a root rotation the recorded inputs lack (v3.1's
+        # output does not read it, nor today's with root_height_obs and
+        # root_vel_obs off): run with two different ones, both must match
+        "noisy_historical_reduced_coords_obs": lambda: [compute_historical_reduced_coords_from_state(
+            historical_dof_pos=x["historical_dof_pos"], historical_dof_vel=x["historical_dof_vel"],
+            historical_root_rot=rr, historical_root_local_ang_vel=x["historical_root_local_ang_vel"],
+            historical_anchor_rot=x["historical_anchor_rot"], w_last=True, history_steps=None)
+            for rr in (x["historical_anchor_rot"],
+                       torch.tensor([0.0, 0.0, 0.0, 1.0]).expand_as(x["historical_anchor_rot"]))],
+        "historical_previous_actions": lambda: compute_historical_actions_from_state(
+            historical_actions=x["historical_actions"], history_steps=None),
+    }
+    res = {}
+    for name, call in calls.items():
+        try:
+            got = call()
+        except Exception as e:  # noqa: BLE001  (recorded: today's function cannot take v3.1's inputs)
+            res[name] = {"not_run": f"{type(e).__name__}: {e}"}
+            continue
+        w = want[name]
+        outs = got if isinstance(got, list) else [got]
+        same_shape = all(tuple(g.shape) == tuple(w.shape) for g in outs)
+        res[name] = {"shape": list(outs[0].shape), "runs": len(outs),
+                     "bit_identical": bool(same_shape and all(torch.equal(g, w) for g in outs)),
+                     "max_abs_diff": max(float((g.double() - w.double()).abs().max()) for g in outs)
+                     if same_shape else None}
+    return res
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("step", choices=["templates", "verify", "kernels", "old-kernels"])
+    ap.add_argument("step", choices=["templates", "verify", "kernels", "g1-kernels", "g1-observations", "old-kernels",
+                                     "g1-call-old",
+                                     "g1-call-today"])
     ap.add_argument("--v31", help="kernels: a checkout of ProtoMotions v3.1 (494e54d3)")
     ap.add_argument("--args", nargs=3, help=argparse.SUPPRESS)
+    ap.add_argument("--only", nargs="*", help="templates: record only these templates (names of TEMPLATES)")
     ap.add_argument("--protomotions", required=True)
     ap.add_argument("--pmstate", default=os.path.join(REPO, "target", "debug", "pmstate"))
     ap.add_argument("--no-write", action="store_true", help="verify only: write neither verified.json nor the migrated files")
@@ -333,12 +541,39 @@ def main():
     if args.step == "old-kernels":
         old_kernels(root, *args.args)
         return
+    if args.step in ("g1-call-old", "g1-call-today"):
+        g1_call(root, args.args[0], args.args[1], args.step == "g1-call-old")
+        return
+    if args.step == "g1-kernels":
+        import torch
+        res = g1_kernels(torch, root, os.path.abspath(args.v31))
+        for k, v in res.items():
+            print(k, v)
+        path = os.path.join(HERE, "verified.json")
+        with open(path) as f:
+            rec = json.load(f)
+        rec["g1_table_kernels_vs_v31"] = res
+        with open(path, "w") as f:
+            json.dump(rec, f, indent=1, sort_keys=True)
+            f.write("\n")
+        return
     rp = load_record_policy()
     rp.import_reference(root)
     import logging
     logging.disable(logging.WARNING)
     if args.step == "templates":
-        templates(rp, root)
+        templates(rp, root, args.only)
+    elif args.step == "g1-observations":
+        res = g1_observations(rp, root)
+        for k, v in res.items():
+            print(k, v)
+        path = os.path.join(HERE, "verified.json")
+        with open(path) as f:
+            rec = json.load(f)
+        rec["g1_observations_vs_v31"] = res
+        with open(path, "w") as f:
+            json.dump(rec, f, indent=1, sort_keys=True)
+            f.write("\n")
     elif args.step == "kernels":
         res = kernels(rp, root, os.path.abspath(args.v31), "v31_tracker")
         for k, v in res.items():

@@ -104,10 +104,91 @@ fn non_trackers_todays_files_and_robots_without_a_template_are_refused() {
     assert!(matches!(&e, MigrateError::NotATracker { key, .. } if key == "agent._target_"), "{e}");
     let e = plan(&repo("testdata/policy/smpl_tracker/last.ckpt"), &DROP).err().unwrap();
     assert!(matches!(e, MigrateError::AlreadyCurrent { .. }), "{e}");
-    let e = plan(&repo("testdata/deploy/v31_g1_tracker/last.ckpt"), &DROP).err().unwrap();
-    assert!(matches!(&e, MigrateError::NoTemplate { class, .. } if class.ends_with("G1RobotConfig")), "{e}");
+    let tmp = tempfile::tempdir().unwrap();
+    let e =
+        plan(&with_robot_class(tmp.path(), "protomotions.robot_configs.h1_2", "H1_2RobotConfig"), &DROP).err().unwrap();
+    assert!(matches!(&e, MigrateError::NoTemplate { class, .. } if class.ends_with("H1_2RobotConfig")), "{e}");
+    assert!(e.to_string().contains("G1RobotConfig"), "the recorded templates are named: {e}");
     let e = plan(&repo("testdata/checkpoints/ppo_full.ckpt"), &DROP).err().unwrap();
     assert!(matches!(e, MigrateError::ConfigNotFound { .. }), "{e}");
+}
+
+/// A copy of the v3.1 tracker whose robot config is of another class.
+fn with_robot_class(dir: &Path, module: &str, name: &str) -> PathBuf {
+    let src = Checkpoint::open(repo("testdata/policy/v31_tracker/resolved_configs.pt")).unwrap();
+    let (root, storages) = src.into_parts();
+    let Node::Dict(mut d) = root else { panic!("root") };
+    let Some(Node::Object(robot)) = d.get_mut("robot") else { panic!("robot") };
+    robot.callable = Node::Global { module: module.into(), name: name.into() };
+    let ckpt = Checkpoint::from_parts(Node::Dict(d), storages).unwrap();
+    let opts = WriteOptions { unsafe_globals: UnsafeGlobals::Allow, ..WriteOptions::default() };
+    save_torch(&ckpt, dir.join("resolved_configs.pt"), &opts).unwrap();
+    std::fs::copy(repo("testdata/policy/v31_tracker/last.ckpt"), dir.join("last.ckpt")).unwrap();
+    dir.join("last.ckpt")
+}
+
+/// The G1 tracker's BeyondMimic-style table entries, which no migrated case
+/// exercises yet, were checked by `record_migrate.py g1-kernels`: today's
+/// function against v3.1's, bit for bit.
+#[test]
+fn the_g1_table_entries_were_checked_against_v31() {
+    let v = verified();
+    let k = v["g1_table_kernels_vs_v31"].as_object().expect("g1_table_kernels_vs_v31 in verified.json");
+    for name in [
+        "global_anchor_pos",
+        "global_anchor_ori",
+        "relative_body_pos",
+        "relative_body_ori",
+        "body_lin_vel",
+        "body_ang_vel",
+        "bad_ref_pos",
+        "bad_ref_ori",
+    ] {
+        assert_eq!(k[name]["bit_identical"], true, "{name}: {}", k[name]);
+    }
+}
+
+/// The G1 tracker's actor observations, today's functions on v3.1's recorded
+/// inputs against v3.1's values (`record_migrate.py g1-observations`).
+#[test]
+fn todays_observation_functions_computed_v31s_g1_values() {
+    let v = verified();
+    let k = v["g1_observations_vs_v31"].as_object().expect("g1_observations_vs_v31 in verified.json");
+    for name in [
+        "noisy_reduced_coords_obs",
+        "noisy_mimic_reduced_coords_target_poses",
+        "noisy_historical_reduced_coords_obs",
+        "historical_previous_actions",
+    ] {
+        assert_eq!(k[name]["bit_identical"], true, "{name}: {}", k[name]);
+    }
+}
+
+/// The v3.1 G1 tracker: today's G1 template is recorded, but what today's
+/// code cannot compute the same way is refused, each naming why.
+#[test]
+fn v31_g1_tracker_is_refused_naming_each_blocker() {
+    let g1 = repo("testdata/deploy/v31_g1_tracker/last.ckpt");
+    // by default: the first term without a counterpart in today's template
+    let e = plan(&g1, &MigrateOptions::default()).err().unwrap();
+    match &e {
+        MigrateError::NoCounterpart { key, function, why, .. } => {
+            assert_eq!(key, "env.reward_components.global_anchor_pos");
+            assert_eq!(function, "protomotions.envs.rewards.tracking.global_position_error_exp");
+            assert!(why.contains("compute_global_anchor_pos_rew") && why.contains("does not synthesize"), "{why}");
+        }
+        other => panic!("{other}"),
+    }
+    // dropping terms: observations are never dropped, the first is refused
+    let e = plan(&g1, &DROP).err().unwrap();
+    match &e {
+        MigrateError::NoCounterpart { key, why, .. } => {
+            // the reduced-coords observation and target poses are mapped; the history is not
+            assert_eq!(key, "env.observation_components.noisy_historical_reduced_coords_obs");
+            assert!(why.contains("does not synthesize bindings"), "{why}");
+        }
+        other => panic!("{other}"),
+    }
 }
 
 /// A copy of the v3.1 tracker whose env is of a class no release has.

@@ -11,7 +11,7 @@ use pmstate_ckpt::{Dict, DictKind, Node};
 use super::objects::{import_old, join, key_text, rebuild};
 use super::read::field;
 use super::report::{Action, Report};
-use super::tables::{ComponentMap, Kind, V31_COMPONENTS, V31_NO_COUNTERPART};
+use super::tables::{ComponentMap, Kind, DENSITY_WHY, NOT_IN_TEMPLATE_WHY, V31_COMPONENTS, V31_NO_COUNTERPART};
 use super::MigrateError;
 
 /// `module.name` of a global node.
@@ -58,8 +58,27 @@ pub(crate) fn migrate_table(
         })?;
         let vars =
             field(oc, "variables").and_then(Node::as_dict).cloned().unwrap_or_else(|| Dict::new(DictKind::Plain));
-        let Some(map) = find_map(kind, &old_fn, &vars) else {
-            let why = no_counterpart_why(&old_fn, &vars);
+        // v3.1's density-weighted rewards average over bodies with weights
+        // today's functions do not take: never the same math
+        let density = kind == Kind::Reward && matches!(field(oc, "use_density_weights"), Some(Node::Bool(true)));
+        let found = if density { None } else { find_map(kind, &old_fn, &vars) };
+        let template_comp = found.and_then(|map| {
+            let fits = |c: &&Node| {
+                global_name(field(c, "compute_func")).as_deref() == Some(map.today_fn)
+                    && map.today_noisy.is_none_or(|noisy| reads_noisy(c) == noisy)
+            };
+            today
+                .get(&name)
+                .filter(fits)
+                .or_else(|| today.entries().iter().map(|(_, v)| v).find(fits))
+                .map(|tc| (map, tc))
+        });
+        let Some((map, tc)) = template_comp else {
+            let why = match found {
+                Some(map) => format!("{}: {NOT_IN_TEMPLATE_WHY}", map.today_fn),
+                None if density => DENSITY_WHY.to_owned(),
+                None => no_counterpart_why(&old_fn, &vars),
+            };
             if ctx.drop_unmatched && kind != Kind::Observation {
                 report
                     .push(ckey, Action::Dropped)
@@ -69,25 +88,6 @@ pub(crate) fn migrate_table(
             }
             return Err(MigrateError::NoCounterpart { file: ctx.file.to_owned(), key: ckey, function: old_fn, why });
         };
-        let tc = today
-            .get(&name)
-            .filter(|c| global_name(field(c, "compute_func")).as_deref() == Some(map.today_fn))
-            .or_else(|| {
-                today
-                    .entries()
-                    .iter()
-                    .map(|(_, v)| v)
-                    .find(|c| global_name(field(c, "compute_func")).as_deref() == Some(map.today_fn))
-            })
-            .ok_or_else(|| MigrateError::NoCounterpart {
-                file: ctx.file.to_owned(),
-                key: ckey.clone(),
-                function: old_fn.clone(),
-                why: format!(
-                    "today's template has no component computing {} to take its context bindings from",
-                    map.today_fn
-                ),
-            })?;
         let params = static_params(kind, map, oc, &vars, tc, ctx, &ckey)?;
         let mut comp = match tc {
             Node::Object(o) => (**o).clone(),
@@ -114,6 +114,24 @@ pub(crate) fn migrate_table(
         out.push((k.clone(), Node::Object(Box::new(comp))));
     }
     Ok(Node::Dict(rebuild(today, out, &key)?))
+}
+
+/// Whether a template component binds today's noisy context (a
+/// `dynamic_vars` field path under `noisy`).
+fn reads_noisy(c: &Node) -> bool {
+    fn walk(n: &Node) -> bool {
+        match n {
+            Node::Dict(d) => d.entries().iter().any(|(k, v)| {
+                (k.as_str() == Some("_parent_path")
+                    && v.as_str().is_some_and(|p| p == "noisy" || p.starts_with("noisy.")))
+                    || walk(v)
+            }),
+            Node::List(v) | Node::Tuple(v) => v.iter().any(walk),
+            Node::Object(o) => o.state.as_ref().is_some_and(walk),
+            _ => false,
+        }
+    }
+    field(c, "dynamic_vars").is_some_and(walk)
 }
 
 fn unreachable_component(file: &str, key: &str) -> Result<pmstate_ckpt::Object, MigrateError> {
@@ -207,10 +225,9 @@ fn static_params(
             if matches!(field(oc, "zero_during_grace_period"), Some(Node::Bool(true))) {
                 set("zero_during_grace_period", Node::Bool(true));
             }
-            for opt in ["multiplicative", "use_density_weights"] {
-                if matches!(field(oc, opt), Some(Node::Bool(true))) {
-                    return Err(refuse(format!("{opt} = True is not mapped to today's MdpComponent")));
-                }
+            // (use_density_weights = True never gets here: unmatched, see migrate_table)
+            if matches!(field(oc, "multiplicative"), Some(Node::Bool(true))) {
+                return Err(refuse("multiplicative = True is not mapped to today's MdpComponent".into()));
             }
         }
         Kind::Termination => {

@@ -28,10 +28,19 @@
 //!
 //! Refused, as typed [`MigrateError`]s: v3.0 (its observations are computed
 //! in code, see [`tables`]), anything but a PPO motion tracker, a robot
-//! without a recorded template (today: SMPL only), a component without a
-//! same-math counterpart (unless `drop_unmatched_terms`, rewards and
-//! terminations only: then it is dropped and the report says training runs
-//! without it).
+//! without a recorded template (today: SMPL and G1), a component without a
+//! same-math counterpart, or whose counterpart today's template does not
+//! hold (its context bindings are the template's, never made up), unless
+//! `drop_unmatched_terms`, rewards and terminations only: then it is
+//! dropped and the report says training runs without it; a template whose
+//! action function is not today's transform + clamp.
+//!
+//! The G1 tracker (template `g1_tracker`, today's mlp_bm_l2c2 experiment)
+//! is refused today: its history observations are not mapped (the template
+//! lacks their context bindings; today's functions compute v3.1's values on
+//! its recorded inputs, record_migrate.py g1-observations), and
+//! its density-weighted rewards, physical action rate and soft joint-limit
+//! reward have no same-math counterpart (see [`tables`]).
 
 mod components;
 mod error;
@@ -211,6 +220,21 @@ fn apply_rules(
     // actions: v3.1 clamps to robot.control.clamp_actions, its model applies its own output activation
     let clamp = old.configs.get("robot.control.clamp_actions").cloned().unwrap_or(Node::None);
     if let Some(Node::Dict(ac)) = env.get_mut("action_config") {
+        // today's G1 experiment computes PD targets in its own action
+        // function (bm_pd_action, its own per-joint scales and gains), not
+        // by today's transform + clamp: v3.1's actions would drive other targets
+        if ac.get("action_transform").is_none() {
+            let class = global_name_of(ac.get("fn")).unwrap_or_else(|| "a dict without action_transform".into());
+            return Err(MigrateError::NotMigratable {
+                file: old.file.clone(),
+                release: old.release.name(),
+                key: "env.action_config".into(),
+                class,
+                why: "today's template computes actions with its own action function, not today's \
+                      action_transform with v3.1's clamp, so v3.1's policy outputs would become other PD targets"
+                    .into(),
+            });
+        }
         let (transform, note) = match clamp {
             Node::None => (Node::None, "v3.1 leaves actions unbounded when robot.control.clamp_actions is None"),
             _ => (Node::Str("clamp".into()), "v3.1's env clamps actions to robot.control.clamp_actions; its model's own output activation is kept, so today's tanh would apply twice"),
@@ -231,6 +255,14 @@ fn apply_rules(
         set_everywhere(model, "norm_ema_decay", &Node::None, "agent.model", report);
     }
     Ok(())
+}
+
+/// `module.name` of a global (a function in a config), if it is one.
+fn global_name_of(n: Option<&Node>) -> Option<String> {
+    match n {
+        Some(Node::Global { module, name }) => Some(format!("{module}.{name}")),
+        _ => None,
+    }
 }
 
 /// `root[key]`'s fields, mutably.

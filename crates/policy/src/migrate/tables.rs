@@ -49,6 +49,11 @@ pub(crate) struct ComponentMap {
     pub require: &'static [(&'static str, &'static str)],
     /// What differs in how today's code feeds it, if anything.
     pub note: &'static str,
+    /// Whether today's template component must read today's noisy context
+    /// (`Some(true)`), must not (`Some(false)`), or either (`None`): v3.1's
+    /// noisy and clean bindings of one function are today's components of
+    /// that function bound to `noisy` or to `current`.
+    pub today_noisy: Option<bool>,
 }
 
 const MSE_EXP: &str = "protomotions.envs.rewards.base.mean_squared_error_exp";
@@ -64,6 +69,7 @@ pub(crate) const V31_COMPONENTS: &[ComponentMap] = &[
         params: &[("coefficient", "coefficient")],
         require: &[],
         note: "",
+        today_noisy: None,
     },
     ComponentMap {
         kind: Kind::Reward,
@@ -73,6 +79,7 @@ pub(crate) const V31_COMPONENTS: &[ComponentMap] = &[
         params: &[("coefficient", "coefficient")],
         require: &[],
         note: "",
+        today_noisy: None,
     },
     ComponentMap {
         kind: Kind::Reward,
@@ -82,6 +89,7 @@ pub(crate) const V31_COMPONENTS: &[ComponentMap] = &[
         params: &[("coefficient", "coefficient")],
         require: &[],
         note: "",
+        today_noisy: None,
     },
     ComponentMap {
         kind: Kind::Reward,
@@ -91,6 +99,7 @@ pub(crate) const V31_COMPONENTS: &[ComponentMap] = &[
         params: &[("coefficient", "coefficient")],
         require: &[],
         note: "",
+        today_noisy: None,
     },
     ComponentMap {
         kind: Kind::Reward,
@@ -100,6 +109,7 @@ pub(crate) const V31_COMPONENTS: &[ComponentMap] = &[
         params: &[("coefficient", "coefficient")],
         require: &[],
         note: "today's takes the reference root height as the z of the reference's body 0 (the root)",
+        today_noisy: None,
     },
     ComponentMap {
         kind: Kind::Reward,
@@ -109,6 +119,7 @@ pub(crate) const V31_COMPONENTS: &[ComponentMap] = &[
         params: &[("use_torque_squared", "use_torque_squared")],
         require: &[],
         note: "",
+        today_noisy: None,
     },
     ComponentMap {
         kind: Kind::Reward,
@@ -118,6 +129,7 @@ pub(crate) const V31_COMPONENTS: &[ComponentMap] = &[
         params: &[],
         require: &[],
         note: "v3.1's indices_subset (body-name groups) must name exactly the robot's contact_bodies, which today's contact_body_ids index",
+        today_noisy: None,
     },
     ComponentMap {
         kind: Kind::Termination,
@@ -127,6 +139,7 @@ pub(crate) const V31_COMPONENTS: &[ComponentMap] = &[
         params: &[("threshold", "threshold")],
         require: &[],
         note: "",
+        today_noisy: None,
     },
     ComponentMap {
         kind: Kind::Observation,
@@ -148,6 +161,7 @@ pub(crate) const V31_COMPONENTS: &[ComponentMap] = &[
         ],
         require: &[],
         note: "today's also binds the anchor body index (the robot's anchor_body_name; the root when unset, as v3.1 computes it)",
+        today_noisy: None,
     },
     ComponentMap {
         kind: Kind::Observation,
@@ -157,6 +171,7 @@ pub(crate) const V31_COMPONENTS: &[ComponentMap] = &[
         params: &[],
         require: &[],
         note: "today's reads the last action from the state history buffer (history_steps 1; env.num_state_history_steps kept at least 1)",
+        today_noisy: None,
     },
     ComponentMap {
         kind: Kind::Observation,
@@ -175,8 +190,197 @@ pub(crate) const V31_COMPONENTS: &[ComponentMap] = &[
         params: &[("with_velocities", "with_velocities"), ("with_relative", "with_relative"), ("w_last", "w_last")],
         require: &[("num_future_steps", "null")],
         note: "the number of future steps comes from env.control_components.mimic (future_steps), as in v3.1 when num_future_steps is unset",
+        today_noisy: None,
+    },
+    // --- the G1 tracker's BeyondMimic-style terms (v3.1 rewards/tracking.py
+    // and terminations/tracking.py against today's). Today's functions take
+    // the reference anchor as the reference body at `mimic.anchor_idx`; v3.1
+    // binds `ref_state_anchor_*`, the reference body at the robot's
+    // anchor_body_name: the same body. Only without v3.1's density weights
+    // (see DENSITY_WHY): today's functions average over bodies unweighted.
+    ComponentMap {
+        kind: Kind::Reward,
+        old_fn: "protomotions.envs.rewards.tracking.global_position_error_exp",
+        bindings: &[("x", "current_state_anchor_pos"), ("ref_x", "ref_state_anchor_pos")],
+        today_fn: "protomotions.envs.rewards.tracking.compute_global_anchor_pos_rew",
+        params: &[("sigma", "sigma")],
+        require: &[],
+        note: ANCHOR_NOTE,
+        today_noisy: None,
+    },
+    ComponentMap {
+        kind: Kind::Reward,
+        old_fn: "protomotions.envs.rewards.tracking.global_orientation_error_exp",
+        bindings: &[("q", "current_state_anchor_rot"), ("ref_q", "ref_state_anchor_rot")],
+        today_fn: "protomotions.envs.rewards.tracking.compute_global_anchor_ori_rew",
+        params: &[("sigma", "sigma")],
+        require: &[],
+        note: ANCHOR_NOTE,
+        today_noisy: None,
+    },
+    ComponentMap {
+        kind: Kind::Reward,
+        old_fn: "protomotions.envs.rewards.tracking.relative_body_position_error_exp",
+        bindings: &[
+            ("body_pos", "current_state_rigid_body_pos"),
+            ("ref_body_pos", "ref_state_rigid_body_pos"),
+            ("anchor_pos", "current_state_anchor_pos"),
+            ("ref_anchor_pos", "ref_state_anchor_pos"),
+            ("anchor_rot", "current_state_anchor_rot"),
+            ("ref_anchor_rot", "ref_state_anchor_rot"),
+        ],
+        today_fn: "protomotions.envs.rewards.tracking.compute_relative_body_pos_rew",
+        params: &[("sigma", "sigma")],
+        require: &[],
+        note: ANCHOR_NOTE,
+        today_noisy: None,
+    },
+    ComponentMap {
+        kind: Kind::Reward,
+        old_fn: "protomotions.envs.rewards.tracking.relative_body_orientation_error_exp",
+        bindings: &[
+            ("body_rot", "current_state_rigid_body_rot"),
+            ("ref_body_rot", "ref_state_rigid_body_rot"),
+            ("anchor_rot", "current_state_anchor_rot"),
+            ("ref_anchor_rot", "ref_state_anchor_rot"),
+        ],
+        today_fn: "protomotions.envs.rewards.tracking.compute_relative_body_ori_rew",
+        params: &[("sigma", "sigma")],
+        require: &[],
+        note: ANCHOR_NOTE,
+        today_noisy: None,
+    },
+    ComponentMap {
+        kind: Kind::Reward,
+        old_fn: "protomotions.envs.rewards.tracking.global_velocity_error_exp",
+        bindings: &[("x", "current_state_rigid_body_vel"), ("ref_x", "ref_state_rigid_body_vel")],
+        today_fn: "protomotions.envs.rewards.tracking.compute_global_body_lin_vel_rew",
+        params: &[("sigma", "sigma")],
+        require: &[],
+        note: "",
+        today_noisy: None,
+    },
+    ComponentMap {
+        kind: Kind::Reward,
+        old_fn: "protomotions.envs.rewards.tracking.global_velocity_error_exp",
+        bindings: &[("x", "current_state_rigid_body_ang_vel"), ("ref_x", "ref_state_rigid_body_ang_vel")],
+        today_fn: "protomotions.envs.rewards.tracking.compute_global_body_ang_vel_rew",
+        params: &[("sigma", "sigma")],
+        require: &[],
+        note: "",
+        today_noisy: None,
+    },
+    ComponentMap {
+        kind: Kind::Termination,
+        old_fn: "protomotions.envs.terminations.tracking.anchor_pos_error",
+        bindings: &[("anchor_pos", "current_state_anchor_pos"), ("ref_anchor_pos", "ref_state_anchor_pos")],
+        today_fn: "protomotions.envs.terminations.tracking.compute_anchor_pos_error_term",
+        params: &[("threshold", "threshold")],
+        require: &[],
+        note: ANCHOR_NOTE,
+        today_noisy: None,
+    },
+    ComponentMap {
+        kind: Kind::Termination,
+        old_fn: "protomotions.envs.terminations.tracking.anchor_ori_error",
+        bindings: &[("anchor_rot", "current_state_anchor_rot"), ("ref_anchor_rot", "ref_state_anchor_rot")],
+        today_fn: "protomotions.envs.terminations.tracking.compute_anchor_ori_error_term",
+        params: &[("threshold", "threshold")],
+        require: &[],
+        note: ANCHOR_NOTE,
+        today_noisy: None,
+    },
+    // --- the G1 tracker's reduced-coords actor observations: today's
+    // function with today's G1 template's bindings computes v3.1's values
+    // on v3.1's recorded inputs (record_migrate.py g1-observations). v3.1's
+    // noisy bindings (training) are today's component on today's noisy
+    // context, its clean ones (v3.1's inference override) today's on current.
+    ComponentMap {
+        kind: Kind::Observation,
+        old_fn: REDUCED_COORDS,
+        bindings: &[
+            ("dof_pos", "noisy_current_state_dof_pos"),
+            ("dof_vel", "noisy_current_state_dof_vel"),
+            ("root_local_ang_vel", "noisy_current_state_root_local_ang_vel"),
+            ("anchor_rot", "noisy_current_state_anchor_rot"),
+        ],
+        today_fn: REDUCED_COORDS,
+        params: REDUCED_COORDS_PARAMS,
+        require: &[],
+        note: "today's reads its noisy context (today's observation noise model, not v3.1's)",
+        today_noisy: Some(true),
+    },
+    ComponentMap {
+        kind: Kind::Observation,
+        old_fn: REDUCED_COORDS,
+        bindings: &[
+            ("dof_pos", "current_state_dof_pos"),
+            ("dof_vel", "current_state_dof_vel"),
+            ("root_local_ang_vel", "current_state_root_local_ang_vel"),
+            ("anchor_rot", "current_state_anchor_rot"),
+        ],
+        today_fn: REDUCED_COORDS,
+        params: REDUCED_COORDS_PARAMS,
+        require: &[],
+        note: "",
+        today_noisy: Some(false),
+    },
+    ComponentMap {
+        kind: Kind::Observation,
+        old_fn: REDUCED_TARGETS,
+        bindings: &[
+            ("current_state_anchor_rot", "noisy_current_state_anchor_rot"),
+            ("mimic_ref_anchor_rot", "mimic_ref_anchor_rot"),
+            ("mimic_ref_dof_vel", "mimic_ref_dof_vel"),
+            ("mimic_ref_dof_pos", "mimic_ref_dof_pos"),
+        ],
+        today_fn: REDUCED_TARGETS,
+        params: REDUCED_TARGETS_PARAMS,
+        require: &[("num_future_steps", "null")],
+        note: REDUCED_TARGETS_NOTE,
+        today_noisy: Some(true),
+    },
+    ComponentMap {
+        kind: Kind::Observation,
+        old_fn: REDUCED_TARGETS,
+        bindings: &[
+            ("current_state_anchor_rot", "current_state_anchor_rot"),
+            ("mimic_ref_anchor_rot", "mimic_ref_anchor_rot"),
+            ("mimic_ref_dof_vel", "mimic_ref_dof_vel"),
+            ("mimic_ref_dof_pos", "mimic_ref_dof_pos"),
+        ],
+        today_fn: REDUCED_TARGETS,
+        params: REDUCED_TARGETS_PARAMS,
+        require: &[("num_future_steps", "null")],
+        note: REDUCED_TARGETS_NOTE,
+        today_noisy: Some(false),
     },
 ];
+
+const REDUCED_COORDS: &str = "protomotions.envs.obs.humanoid.compute_humanoid_reduced_coords_observations";
+const REDUCED_COORDS_PARAMS: &[(&str, &str)] =
+    &[("w_last", "w_last"), ("root_height_obs", "root_height_obs"), ("root_vel_obs", "root_vel_obs")];
+const REDUCED_TARGETS: &str = "protomotions.envs.obs.target_poses.build_reduced_coords_target_poses";
+const REDUCED_TARGETS_PARAMS: &[(&str, &str)] = &[("w_last", "w_last"), ("include_xy_offset", "include_xy_offset")];
+const REDUCED_TARGETS_NOTE: &str = "the number of future steps comes from env.control_components.mimic \
+    (future_steps), as in v3.1 when num_future_steps is unset";
+
+/// The note of the anchor-relative G1 terms.
+const ANCHOR_NOTE: &str = "today's takes the reference anchor as the reference body at mimic.anchor_idx \
+    (the robot's anchor_body_name, the body v3.1's ref_state_anchor_* is read from)";
+
+/// Why a v3.1 reward with `use_density_weights = True` has no counterpart:
+/// v3.1's reward manager passes per-body weights into the kernel, today's
+/// functions take no weights.
+pub(crate) const DENSITY_WHY: &str = "use_density_weights = True: v3.1 averages the per-body error weighted by \
+    compute_body_density_weights (kinematic-chain distances); today's function averages over bodies unweighted \
+    and today's MdpComponent has no per-body weights";
+
+/// Why a component whose today's counterpart the template does not hold is
+/// refused: its context bindings (`dynamic_vars`) are taken from the
+/// template, never made up.
+pub(crate) const NOT_IN_TEMPLATE_WHY: &str = "today's template has no component computing it to take its \
+    context bindings (dynamic_vars) from; migrate does not synthesize bindings";
 
 /// A v3.1 component known to have no same-math counterpart today.
 pub(crate) struct NoCounterpart {
@@ -189,12 +393,64 @@ pub(crate) struct NoCounterpart {
 }
 
 /// v3.1 components known to have no same-math counterpart today.
-pub(crate) const V31_NO_COUNTERPART: &[NoCounterpart] = &[NoCounterpart {
-    old_fn: "protomotions.envs.rewards.base.norm",
-    bindings: &[("x", "current_actions - previous_actions")],
-    why: "v3.1 penalizes the norm of the policy's action change; today's compute_action_smoothness reads processed \
-          actions (PD targets: the change scaled per joint by pd_action_scale) and today's context has no current raw action",
-}];
+/// An empty `bindings` matches the function with any bindings.
+pub(crate) const V31_NO_COUNTERPART: &[NoCounterpart] = &[
+    NoCounterpart {
+        old_fn: "protomotions.envs.rewards.base.norm",
+        bindings: &[("x", "current_actions - previous_actions")],
+        why: "v3.1 penalizes the norm of the policy's action change; today's compute_action_smoothness reads processed \
+              actions (PD targets: the change scaled per joint by pd_action_scale) and today's context has no current raw action",
+    },
+    NoCounterpart {
+        old_fn: "protomotions.envs.rewards.regularization.physical_action_rate",
+        bindings: &[("action_delta", "current_actions - previous_actions"), ("pd_action_scale", "pd_action_scale")],
+        why: "v3.1 takes the norm of (simulator's current action - state history's previous action) times the \
+              simulator's pd_action_scale; today's compute_action_smoothness takes the norm of the change of the \
+              env's processed actions, scaled by today's G1 action function (bm_pd_action) with its own per-joint \
+              action_scale, not shown equal to v3.1's pd_action_scale (neither release's action inputs are \
+              generated by the kernels check)",
+    },
+    NoCounterpart {
+        old_fn: "protomotions.envs.rewards.regularization.soft_pos_limit_reward",
+        bindings: &[
+            ("dof_pos", "current_state_dof_pos"),
+            ("dof_limits_lower", "soft_dof_limits_lower"),
+            ("dof_limits_upper", "soft_dof_limits_upper"),
+        ],
+        why: "v3.1 binds its context's soft joint limits (the hard limits narrowed by the robot's soft_pos_limit); \
+              today's compute_soft_pos_limit_rew takes the limits as static_params, which today's G1 experiment \
+              sets to the hard limits; migrate does not compute v3.1's soft limits",
+    },
+    NoCounterpart {
+        old_fn: "protomotions.envs.terminations.tracking.relative_body_pos_error",
+        bindings: &[],
+        why: "today's compute_relative_body_pos_error_term has not been matched to v3.1's math, and today's G1 \
+              template has no component computing it to take its context bindings from",
+    },
+    NoCounterpart {
+        old_fn: "protomotions.envs.obs.humanoid_obs_functions.compute_historical_reduced_coords_from_state",
+        bindings: &[],
+        why: OBS_HISTORY,
+    },
+    NoCounterpart {
+        old_fn: "protomotions.envs.obs.humanoid_obs_functions.compute_historical_max_coords_from_state",
+        bindings: &[],
+        why: OBS_HISTORY,
+    },
+    NoCounterpart {
+        old_fn: "protomotions.envs.obs.humanoid_obs_functions.compute_historical_actions_from_state",
+        bindings: &[],
+        why: "v3.1 binds the history of the policy's actions (as its env clamped them); today's function \
+              computes v3.1's values on them (record_migrate.py g1-observations), but today's G1 template's \
+              history observation binds processed actions (PD targets), other values, and migrate does not \
+              synthesize the binding to today's historical.actions",
+    },
+];
+
+/// Why v3.1's G1 history observations are not mapped (yet).
+const OBS_HISTORY: &str = "today's G1 template has no history observation of this kind to take context bindings \
+    (historical / noisy_historical) from, and migrate does not synthesize bindings (today's function computes \
+    v3.1's values for the reduced-coords history: record_migrate.py g1-observations)";
 
 /// Fields of today's classes that hold a v3.1 field under another name:
 /// (today's class, today's field, v3.1's field).

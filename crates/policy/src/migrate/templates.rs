@@ -24,12 +24,22 @@ pub(crate) struct Template {
 }
 
 /// Every recorded template.
-pub(crate) const TEMPLATES: &[Template] = &[Template {
-    name: "smpl_tracker",
-    robot_class: "protomotions.robot_configs.smpl.SmplRobotConfig",
-    training: include_bytes!("../../../../testdata/migrate/templates/smpl_tracker/resolved_configs.pt"),
-    inference: include_bytes!("../../../../testdata/migrate/templates/smpl_tracker/resolved_configs_inference.pt"),
-}];
+pub(crate) const TEMPLATES: &[Template] = &[
+    Template {
+        name: "smpl_tracker",
+        robot_class: "protomotions.robot_configs.smpl.SmplRobotConfig",
+        training: include_bytes!("../../../../testdata/migrate/templates/smpl_tracker/resolved_configs.pt"),
+        inference: include_bytes!("../../../../testdata/migrate/templates/smpl_tracker/resolved_configs_inference.pt"),
+    },
+    // today's PPO G1 tracker, examples/experiments/mimic/mlp_bm_l2c2.py
+    // (the v3.1 G1 tracker's rewards and reduced-coords observations)
+    Template {
+        name: "g1_tracker",
+        robot_class: "protomotions.robot_configs.g1.G1RobotConfig",
+        training: include_bytes!("../../../../testdata/migrate/templates/g1_tracker/resolved_configs.pt"),
+        inference: include_bytes!("../../../../testdata/migrate/templates/g1_tracker/resolved_configs_inference.pt"),
+    },
+];
 
 /// The template for a robot class.
 pub(crate) fn for_robot(class: &str, file: &str) -> Result<&'static Template, MigrateError> {
