@@ -30,6 +30,10 @@ for f in testdata/checkpoints/*.pt testdata/checkpoints/*.ckpt testdata/hostile/
 done
 cp testdata/hostile/*.safetensors $c/safetensors_bridge/
 cp testdata/traces/*.safetensors $c/trace_reader/
+# v2.3's Hydra configs: our own OmegaConf cases and the recorded v2.3 models' config.yaml
+mkdir -p $c/hydra_config
+cp testdata/hydra/*.yaml $c/hydra_config/
+for d in testdata/policy/v23_*/; do cp "$d/config.yaml" "$c/hydra_config/$(basename "$d").yaml"; done
 for t in pickle_reader torch_zip torch_legacy safetensors_bridge trace_reader infer_request; do
   if [ -d fuzz/seeds/$t ]; then cp fuzz/seeds/$t/* $c/$t/ 2>/dev/null || true; fi
 done

@@ -10,7 +10,7 @@ seconds=${FUZZ_SECONDS:-30}
 export RUSTC_BOOTSTRAP=1
 bash fuzz/seed.sh
 (cd fuzz && cargo fuzz build -O)
-for t in pickle_reader torch_zip torch_legacy safetensors_bridge trace_reader infer_request tracker_step; do
+for t in pickle_reader torch_zip torch_legacy safetensors_bridge trace_reader infer_request tracker_step hydra_config; do
   echo "== fuzz $t for ${seconds}s"
   # -timeout: one input taking over 10 s is a hang; -rss_limit_mb and
   # -malloc_limit_mb: memory is bounded by a small multiple of the input
