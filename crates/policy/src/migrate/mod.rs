@@ -5,15 +5,15 @@
 //! Today's ProtoMotions cannot unpickle v3.1's configs (classes such as
 //! `envs.obs.observation_component.ObservationComponentConfig` are gone),
 //! so nothing of the old file can be loaded by it. `migrate` reads the old
-//! configs inertly ([`read`]), lays their values onto a recorded template
-//! of today's configs for the same robot ([`templates`], [`objects`]):
+//! configs inertly (`read`), lays their values onto a recorded template
+//! of today's configs for the same robot (`templates`, `objects`):
 //! every object keeps exactly today's fields, the old value where the old
-//! release had the field (renamed per [`tables`]), today's default where
+//! release had the field (renamed per `tables`), today's default where
 //! it had none; the reward, termination and observation components are
 //! mapped one by one onto today's functions with the same math
-//! ([`components`]); a few values are set by rule so today's code computes
+//! (`components`); a few values are set by rule so today's code computes
 //! what the old release did (below). The checkpoint's state dict needs no
-//! renames ([`state_dict`]). Every decision is in the [`Report`].
+//! renames (`state_dict`). Every decision is in the [`Report`].
 //!
 //! Rules (v3.1):
 //! - `agent.model` normalizers: today's `norm_ema_decay` (absent in v3.1)
@@ -27,7 +27,7 @@
 //!   `previous_actions` observation reads the state history buffer).
 //!
 //! Refused, as typed [`MigrateError`]s: v3.0 (its observations are computed
-//! in code, see [`tables`]), anything but a PPO motion tracker, a robot
+//! in code, see `tables`), anything but a PPO motion tracker, a robot
 //! without a recorded template (today: SMPL and G1), a component without a
 //! same-math counterpart, or whose counterpart today's template does not
 //! hold (its context bindings are the template's, never made up), unless
@@ -40,7 +40,7 @@
 //! lacks their context bindings; today's functions compute v3.1's values on
 //! its recorded inputs, record_migrate.py g1-observations), and
 //! its density-weighted rewards, physical action rate and soft joint-limit
-//! reward have no same-math counterpart (see [`tables`]).
+//! reward have no same-math counterpart (see `tables`).
 
 mod components;
 mod error;
