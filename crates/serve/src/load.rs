@@ -1,5 +1,6 @@
 //! A load generator: N concurrent clients, each sending one request after
-//! the other over its own keep-alive connection for a fixed time, against
+//! the other over its own keep-alive connection (HTTP/1.1, a gRPC channel
+//! making unary calls, or one gRPC stream) for a fixed time, against
 //! a server started in process; throughput and latency percentiles per
 //! concurrency level, and the mean rows per forward the server reports.
 //! What `pmstate bench-serve` runs (a measurement, never a test).
@@ -41,6 +42,11 @@ pub struct LoadPlan {
     /// (the server must serve gRPC: [`ServeOptions::grpc`]), one channel
     /// (one HTTP/2 connection) per client, as `tritonclient.grpc` does.
     pub grpc: Option<crate::grpc::proto::ModelInferRequest>,
+    /// Send `grpc` on one `ModelStreamInfer` stream per client instead of
+    /// unary calls (Triton's streaming API, as a robot or simulator that
+    /// keeps one stream open and asks at its control rate would): the next
+    /// request goes out once the last one's answer has come back.
+    pub grpc_stream: bool,
 }
 
 /// One concurrency level's result.
@@ -78,6 +84,13 @@ pub struct LoadResult {
     /// (`pmstate-forward`) took: the forward under load, beside the
     /// in-process one. None off Linux.
     pub forward_cpu_seconds_per_row: Option<f64>,
+    /// The part of `cpu_seconds_per_row` the server's batching thread
+    /// (`pmstate-batcher`: forming batches, merging rows, splitting and
+    /// handing back answers) took. The rest, less the clients' and the
+    /// forward's, is the server's transport (its tokio threads, named
+    /// `pmstate-server` here: HTTP or gRPC, decoding, encoding). None off
+    /// Linux.
+    pub batcher_cpu_seconds_per_row: Option<f64>,
 }
 
 /// The prefix of the server's forward threads' names (see server.rs).
@@ -85,6 +98,12 @@ const FORWARD_THREAD: &str = "pmstate-forward";
 
 /// The name of the load generator's client threads.
 const CLIENT_THREAD: &str = "pmstate-client";
+
+/// The name of the server's batching thread (see batcher.rs).
+const BATCHER_THREAD: &str = "pmstate-batcher";
+
+/// The name of the in-process server's runtime threads (its transport).
+const SERVER_THREAD: &str = "pmstate-server";
 
 /// CPU seconds used so far by every thread of this process (Linux:
 /// /proc/self/task/*/schedstat); None elsewhere. On a shared machine the
@@ -171,11 +190,83 @@ async fn grpc_caller(
     (lat, errors)
 }
 
+/// One streaming gRPC client of a level: one `ModelStreamInfer` stream
+/// (on a channel of its own) carrying `req` in a closed loop, the next
+/// request sent once the last one's answer arrived (a new channel and
+/// stream after the stream fails); returns its latencies and failures
+/// while `measuring`.
+async fn grpc_stream_caller(
+    addr: crate::options::GrpcAddr,
+    req: crate::grpc::proto::ModelInferRequest,
+    measuring: Arc<AtomicBool>,
+    stop: Arc<AtomicBool>,
+) -> (Vec<f64>, u64) {
+    let (mut lat, mut errors) = (Vec::new(), 0u64);
+    // the stream's sending half and its answers
+    let mut open = None;
+    while !stop.load(Ordering::Relaxed) {
+        let t = Instant::now();
+        if open.is_none() {
+            open = open_stream(&addr).await;
+            if open.is_none() {
+                // refused: counted below, tried again without spinning
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+        let ok = match open.as_mut() {
+            Some((tx, answers)) => {
+                let answered = match tx.send(req.clone()).await {
+                    Ok(()) => answers.message().await,
+                    Err(_) => Err(tonic::Status::unavailable("the stream's sending half closed")),
+                };
+                match answered {
+                    // an error on the stream is one request refused; the stream goes on
+                    Ok(Some(m)) => m.error_message.is_empty() && m.infer_response.is_some(),
+                    // the stream ended or failed: a new one for the next request
+                    Ok(None) | Err(_) => {
+                        open = None;
+                        false
+                    }
+                }
+            }
+            None => false,
+        };
+        if measuring.load(Ordering::Relaxed) {
+            if ok {
+                lat.push(t.elapsed().as_secs_f64());
+            } else {
+                errors += 1;
+            }
+        }
+    }
+    // dropping the sending half (here) ends the stream cleanly
+    (lat, errors)
+}
+
+/// A channel to `addr` and one stream on it: the requests' sender (one
+/// in flight at a time, so room for one) and the answers.
+async fn open_stream(
+    addr: &crate::options::GrpcAddr,
+) -> Option<(
+    tokio::sync::mpsc::Sender<crate::grpc::proto::ModelInferRequest>,
+    tonic::Streaming<crate::grpc::proto::ModelStreamInferResponse>,
+)> {
+    use tokio_stream::wrappers::ReceiverStream;
+    let mut client = crate::grpc::connect(addr).await.ok()?;
+    let (tx, rx) = tokio::sync::mpsc::channel(1);
+    let answers = client.model_stream_infer(ReceiverStream::new(rx)).await.ok()?.into_inner();
+    Some((tx, answers))
+}
+
 /// Runs `plan` against a server started with `opts` (on a runtime of its
 /// own; the clients on another, so that their CPU time can be told apart),
 /// then shuts the server down.
 pub fn run_load(opts: ServeOptions, plan: &LoadPlan) -> Result<Vec<LoadResult>, StartError> {
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(StartError::Runtime)?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .thread_name(SERVER_THREAD)
+        .enable_all()
+        .build()
+        .map_err(StartError::Runtime)?;
     let clients = tokio::runtime::Builder::new_multi_thread()
         .thread_name(CLIENT_THREAD)
         .enable_all()
@@ -201,7 +292,11 @@ async fn level(server: &Server, clients: &tokio::runtime::Handle, plan: &LoadPla
     for _ in 0..n {
         if let (Some(req), Some(addr)) = (&plan.grpc, server.grpc_addr()) {
             let (req, addr, measuring, stop) = (req.clone(), addr.clone(), measuring.clone(), stop.clone());
-            tasks.push(clients.spawn(grpc_caller(addr, req, measuring, stop)));
+            if plan.grpc_stream {
+                tasks.push(clients.spawn(grpc_stream_caller(addr, req, measuring, stop)));
+            } else {
+                tasks.push(clients.spawn(grpc_caller(addr, req, measuring, stop)));
+            }
             continue;
         }
         // one connection per simulated caller
@@ -250,6 +345,7 @@ async fn level(server: &Server, clients: &tokio::runtime::Handle, plan: &LoadPla
     let cpu_before = process_cpu_seconds();
     let client_cpu_before = threads_cpu_seconds(|name| name == CLIENT_THREAD);
     let forward_cpu_before = threads_cpu_seconds(|name| name.starts_with(FORWARD_THREAD));
+    let batcher_cpu_before = threads_cpu_seconds(|name| name == BATCHER_THREAD);
     measuring.store(true, Ordering::Relaxed);
     let start = Instant::now();
     tokio::time::sleep(Duration::from_secs_f64(plan.seconds)).await;
@@ -259,6 +355,7 @@ async fn level(server: &Server, clients: &tokio::runtime::Handle, plan: &LoadPla
     let client_cpu = client_cpu_before.zip(threads_cpu_seconds(|name| name == CLIENT_THREAD)).map(|(a, b)| b - a);
     let forward_cpu =
         forward_cpu_before.zip(threads_cpu_seconds(|name| name.starts_with(FORWARD_THREAD))).map(|(a, b)| b - a);
+    let batcher_cpu = batcher_cpu_before.zip(threads_cpu_seconds(|name| name == BATCHER_THREAD)).map(|(a, b)| b - a);
     let text = server.handle().metrics_text();
     let (after, fwd_after) =
         (histogram(&text, "pmstate_batch_rows"), histogram(&text, "pmstate_forward_duration_seconds"));
@@ -285,6 +382,7 @@ async fn level(server: &Server, clients: &tokio::runtime::Handle, plan: &LoadPla
         cpu_seconds_per_row: cpu.map(|c| c / (lat.len() * plan.rows_per_request).max(1) as f64),
         client_cpu_seconds_per_row: client_cpu.map(|c| c / (lat.len() * plan.rows_per_request).max(1) as f64),
         forward_cpu_seconds_per_row: forward_cpu.map(|c| c / (lat.len() * plan.rows_per_request).max(1) as f64),
+        batcher_cpu_seconds_per_row: batcher_cpu.map(|c| c / (lat.len() * plan.rows_per_request).max(1) as f64),
     }
 }
 

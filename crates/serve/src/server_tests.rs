@@ -214,6 +214,7 @@ fn the_load_generator_counts_the_answers_of_every_client() {
         headers: vec![("content-type", "application/json".to_string())],
         rows_per_request: 1,
         grpc: None,
+        grpc_stream: false,
     };
     let results = crate::load::run_load(opts, &plan).expect("the load runs");
     assert_eq!(results.iter().map(|r| r.clients).collect::<Vec<_>>(), [1, 3]);
@@ -247,6 +248,7 @@ fn the_load_generator_drives_the_grpc_endpoint() {
         headers: vec![],
         rows_per_request: 1,
         grpc: Some(req),
+        grpc_stream: false,
     };
     let results = crate::load::run_load(opts, &plan).expect("the load runs");
     assert_eq!((results[0].clients, results[0].errors), (2, 0));
