@@ -114,20 +114,35 @@ fn v31_pipeline_matches_the_releases_observations_and_targets() {
         assert_eq!(got.len(), w.len(), "{}", o.key);
         assert_eq!(bits(&got), bits(&w), "{}: not v3.1's bits", o.key);
     }
-    let reference = p.policy().actor_reference(&obs).expect("reference");
-    let out = p.forward(&inputs).expect("forward");
-    let ours = flat(&out.actions);
-    assert!(pmstate_policy::bound::within(&ours, &reference, 1.0).is_none(), "our actions");
+    check_b16_actions("v3.1 g1", &p, &inputs, &obs, &want, &dir);
+}
+
+/// The sixteen rows' actions within the policy crate's bound of the
+/// float64 forward of their observations (ours of `obs`, torch's of the
+/// release's `want`), and the PD targets of torch's actions those the
+/// release computed, to the bit.
+fn check_b16_actions(
+    case: &str,
+    p: &Pipeline,
+    inputs: &HashMap<String, Tensor>,
+    obs: &HashMap<String, Tensor>,
+    want: &HashMap<String, Tensor>,
+    dir: &std::path::Path,
+) {
+    let reference = p.policy().actor_reference(obs).expect("reference");
+    let ours = flat(&p.forward(inputs).expect("forward").actions);
+    assert!(pmstate_policy::bound::within(&ours, &reference, 1.0).is_none(), "{case}: our actions");
     let torch = load(&dir.join("torch_b16.safetensors"));
     let theirs = flat(&torch["actions"]);
-    assert!(pmstate_policy::bound::within(&theirs, &reference, 1.0).is_none(), "torch's actions");
-    eprintln!("v3.1 g1 b16: actions vs torch: max |diff| {:e}", worst(&ours, &theirs));
+    let theirs_ref = p.policy().actor_reference(want).expect("reference");
+    assert!(pmstate_policy::bound::within(&theirs, &theirs_ref, 1.0).is_none(), "{case}: torch's actions");
+    eprintln!("{case} b16: actions vs torch: max |diff| {:e}", worst(&ours, &theirs));
     let nd = p.dims().num_dofs;
     let mut targets = vec![0f32; theirs.len()];
     for (a, t) in theirs.chunks(nd).zip(targets.chunks_mut(nd)) {
         p.action().targets(a, t);
     }
-    assert_eq!(bits(&targets), bits(&flat(&torch["joint_pos_targets"])), "targets of torch's actions");
+    assert_eq!(bits(&targets), bits(&flat(&torch["joint_pos_targets"])), "{case}: targets of torch's actions");
 }
 
 /// The deploy loop over the recorded sensors against v3.1's
@@ -348,21 +363,7 @@ fn v30_pipeline_matches_the_releases_observations_and_targets() {
             let e = v30_compare(&p, &o.key, &got, &w, &format!("{case} b16"));
             eprintln!("{case} b16 {}: {e:e}", o.key);
         }
-        let reference = p.policy().actor_reference(&obs).expect("reference");
-        let out = p.forward(&inputs).expect("forward");
-        let ours = flat(&out.actions);
-        assert!(pmstate_policy::bound::within(&ours, &reference, 1.0).is_none(), "{case}: our actions");
-        let torch = load(&dir.join("torch_b16.safetensors"));
-        let theirs = flat(&torch["actions"]);
-        let theirs_ref = p.policy().actor_reference(&want).expect("reference");
-        assert!(pmstate_policy::bound::within(&theirs, &theirs_ref, 1.0).is_none(), "{case}: torch's actions");
-        eprintln!("{case} b16: actions vs torch: max |diff| {:e}", worst(&ours, &theirs));
-        let nd = p.dims().num_dofs;
-        let mut targets = vec![0f32; theirs.len()];
-        for (a, t) in theirs.chunks(nd).zip(targets.chunks_mut(nd)) {
-            p.action().targets(a, t);
-        }
-        assert_eq!(bits(&targets), bits(&flat(&torch["joint_pos_targets"])), "{case}: targets of torch's actions");
+        check_b16_actions(case, &p, &inputs, &obs, &want, &dir);
     }
 }
 
