@@ -148,32 +148,48 @@ fn quantile(v: &[f64], q: f64) -> f64 {
     v[rank - 1]
 }
 
-/// One gRPC client of a level: `ModelInfer` with `req` in a loop on a
-/// channel of its own (a new one after a transport failure); returns its
-/// latencies and failures while `measuring`.
-async fn grpc_caller(
-    addr: crate::options::GrpcAddr,
-    req: crate::grpc::proto::ModelInferRequest,
+/// A boxed future a client's task can hold across awaits (the tasks run on
+/// a multi-threaded runtime: `Send`).
+type Pending<'a, T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send + 'a>>;
+
+/// What one request of a closed-loop client came to.
+enum Outcome {
+    /// Answered.
+    Answered,
+    /// Refused, the connection still usable.
+    Refused,
+    /// The connection (or stream) broke: a new one for the next request.
+    Broken,
+}
+
+/// One client of a level in a closed loop until `stop`: a connection made
+/// with `connect` (again after it breaks; a refused connection is retried
+/// without spinning), one request at a time with `call`, each request's
+/// latency (or its failure) kept while `measuring`. The three transports'
+/// clients differ only in `connect` and `call`.
+async fn closed_loop<C>(
     measuring: Arc<AtomicBool>,
     stop: Arc<AtomicBool>,
+    mut connect: impl FnMut() -> Pending<'static, Option<C>>,
+    mut call: impl for<'c> FnMut(&'c mut C) -> Pending<'c, Outcome>,
 ) -> (Vec<f64>, u64) {
     let (mut lat, mut errors) = (Vec::new(), 0u64);
-    let mut client = None;
+    let mut conn = None;
     while !stop.load(Ordering::Relaxed) {
         let t = Instant::now();
-        if client.is_none() {
-            client = crate::grpc::connect(&addr).await.ok();
-            if client.is_none() {
+        if conn.is_none() {
+            conn = connect().await;
+            if conn.is_none() {
+                // refused (the connection limit, say): counted below, tried again without spinning
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
         }
-        let ok = match client.as_mut() {
-            Some(c) => match c.model_infer(req.clone()).await {
-                Ok(_) => true,
-                Err(status) => {
-                    if status.code() == tonic::Code::Unavailable || status.code() == tonic::Code::Unknown {
-                        client = None;
-                    }
+        let ok = match conn.as_mut() {
+            Some(c) => match call(c).await {
+                Outcome::Answered => true,
+                Outcome::Refused => false,
+                Outcome::Broken => {
+                    conn = None;
                     false
                 }
             },
@@ -190,67 +206,80 @@ async fn grpc_caller(
     (lat, errors)
 }
 
+/// One gRPC client of a level: `ModelInfer` with `req` in a loop on a
+/// channel of its own (a new one after a transport failure).
+async fn grpc_caller(
+    addr: crate::options::GrpcAddr,
+    req: crate::grpc::proto::ModelInferRequest,
+    measuring: Arc<AtomicBool>,
+    stop: Arc<AtomicBool>,
+) -> (Vec<f64>, u64) {
+    let connect = || -> Pending<'static, Option<GrpcClient>> {
+        let addr = addr.clone();
+        Box::pin(async move { crate::grpc::connect(&addr).await.ok() })
+    };
+    closed_loop(measuring, stop, connect, |c: &mut GrpcClient| {
+        let req = req.clone();
+        Box::pin(async move {
+            match c.model_infer(req).await {
+                Ok(_) => Outcome::Answered,
+                Err(status) if matches!(status.code(), tonic::Code::Unavailable | tonic::Code::Unknown) => {
+                    Outcome::Broken
+                }
+                Err(_) => Outcome::Refused,
+            }
+        })
+    })
+    .await
+}
+
 /// One streaming gRPC client of a level: one `ModelStreamInfer` stream
 /// (on a channel of its own) carrying `req` in a closed loop, the next
 /// request sent once the last one's answer arrived (a new channel and
-/// stream after the stream fails); returns its latencies and failures
-/// while `measuring`.
+/// stream after the stream fails). Dropping the sending half at the end
+/// ends the stream cleanly.
 async fn grpc_stream_caller(
     addr: crate::options::GrpcAddr,
     req: crate::grpc::proto::ModelInferRequest,
     measuring: Arc<AtomicBool>,
     stop: Arc<AtomicBool>,
 ) -> (Vec<f64>, u64) {
-    let (mut lat, mut errors) = (Vec::new(), 0u64);
-    // the stream's sending half and its answers
-    let mut open = None;
-    while !stop.load(Ordering::Relaxed) {
-        let t = Instant::now();
-        if open.is_none() {
-            open = open_stream(&addr).await;
-            if open.is_none() {
-                // refused: counted below, tried again without spinning
-                tokio::time::sleep(Duration::from_millis(10)).await;
+    let connect = || -> Pending<'static, Option<OpenStream>> {
+        let addr = addr.clone();
+        Box::pin(async move { open_stream(&addr).await })
+    };
+    closed_loop(measuring, stop, connect, |(tx, answers): &mut OpenStream| {
+        let req = req.clone();
+        Box::pin(async move {
+            let answered = match tx.send(req).await {
+                Ok(()) => answers.message().await,
+                Err(_) => Err(tonic::Status::unavailable("the stream's sending half closed")),
+            };
+            match answered {
+                // an error on the stream is one request refused; the stream goes on
+                Ok(Some(m)) if m.error_message.is_empty() && m.infer_response.is_some() => Outcome::Answered,
+                Ok(Some(_)) => Outcome::Refused,
+                // the stream ended or failed: a new one for the next request
+                Ok(None) | Err(_) => Outcome::Broken,
             }
-        }
-        let ok = match open.as_mut() {
-            Some((tx, answers)) => {
-                let answered = match tx.send(req.clone()).await {
-                    Ok(()) => answers.message().await,
-                    Err(_) => Err(tonic::Status::unavailable("the stream's sending half closed")),
-                };
-                match answered {
-                    // an error on the stream is one request refused; the stream goes on
-                    Ok(Some(m)) => m.error_message.is_empty() && m.infer_response.is_some(),
-                    // the stream ended or failed: a new one for the next request
-                    Ok(None) | Err(_) => {
-                        open = None;
-                        false
-                    }
-                }
-            }
-            None => false,
-        };
-        if measuring.load(Ordering::Relaxed) {
-            if ok {
-                lat.push(t.elapsed().as_secs_f64());
-            } else {
-                errors += 1;
-            }
-        }
-    }
-    // dropping the sending half (here) ends the stream cleanly
-    (lat, errors)
+        })
+    })
+    .await
 }
+
+/// A client of the gRPC API on a channel of its own.
+type GrpcClient =
+    crate::grpc::proto::grpc_inference_service_client::GrpcInferenceServiceClient<tonic::transport::Channel>;
+
+/// A stream's sending half and its answers.
+type OpenStream = (
+    tokio::sync::mpsc::Sender<crate::grpc::proto::ModelInferRequest>,
+    tonic::Streaming<crate::grpc::proto::ModelStreamInferResponse>,
+);
 
 /// A channel to `addr` and one stream on it: the requests' sender (one
 /// in flight at a time, so room for one) and the answers.
-async fn open_stream(
-    addr: &crate::options::GrpcAddr,
-) -> Option<(
-    tokio::sync::mpsc::Sender<crate::grpc::proto::ModelInferRequest>,
-    tonic::Streaming<crate::grpc::proto::ModelStreamInferResponse>,
-)> {
+async fn open_stream(addr: &crate::options::GrpcAddr) -> Option<OpenStream> {
     use tokio_stream::wrappers::ReceiverStream;
     let mut client = crate::grpc::connect(addr).await.ok()?;
     let (tx, rx) = tokio::sync::mpsc::channel(1);
@@ -304,38 +333,22 @@ async fn level(server: &Server, clients: &tokio::runtime::Handle, plan: &LoadPla
         let (body, measuring, stop) = (plan.body.clone(), measuring.clone(), stop.clone());
         let headers = plan.headers.clone();
         tasks.push(clients.spawn(async move {
-            let (mut lat, mut errors) = (Vec::new(), 0u64);
-            let mut caller = None;
-            while !stop.load(Ordering::Relaxed) {
-                let t = Instant::now();
-                if caller.is_none() {
-                    caller = Caller::connect(addr, INFER_PATH, &headers).await.ok();
-                    if caller.is_none() {
-                        // refused (the connection limit, say): counted below,
-                        // tried again without spinning
-                        tokio::time::sleep(Duration::from_millis(10)).await;
+            let connect = || -> Pending<'static, Option<Caller>> {
+                let headers = headers.clone();
+                Box::pin(async move { Caller::connect(addr, INFER_PATH, &headers).await.ok() })
+            };
+            closed_loop(measuring, stop, connect, |c: &mut Caller| {
+                let body = body.clone();
+                Box::pin(async move {
+                    match c.post(body).await {
+                        Ok(200) => Outcome::Answered,
+                        Ok(_) => Outcome::Refused,
+                        // a new connection for the next request
+                        Err(_) => Outcome::Broken,
                     }
-                }
-                let ok = match caller.as_mut() {
-                    Some(c) => match c.post(body.clone()).await {
-                        Ok(status) => status == 200,
-                        Err(_) => {
-                            // a new connection for the next request
-                            caller = None;
-                            false
-                        }
-                    },
-                    None => false,
-                };
-                if measuring.load(Ordering::Relaxed) {
-                    if ok {
-                        lat.push(t.elapsed().as_secs_f64());
-                    } else {
-                        errors += 1;
-                    }
-                }
-            }
-            (lat, errors)
+                })
+            })
+            .await
         }));
     }
     tokio::time::sleep(Duration::from_secs_f64(plan.warmup)).await;
