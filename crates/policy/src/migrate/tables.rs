@@ -59,6 +59,20 @@ pub(crate) struct ComponentMap {
 const MSE_EXP: &str = "protomotions.envs.rewards.base.mean_squared_error_exp";
 const ROT_EXP: &str = "protomotions.envs.rewards.base.rotation_error_exp";
 
+/// The fields most entries leave at their defaults (no required literal,
+/// no note, either context), for `..NO_EXTRAS` in the tables below; its
+/// own kind and functions are never read.
+const NO_EXTRAS: ComponentMap = ComponentMap {
+    kind: Kind::Reward,
+    old_fn: "",
+    bindings: &[],
+    today_fn: "",
+    params: &[],
+    require: &[],
+    note: "",
+    today_noisy: None,
+};
+
 /// v3.1's components with a same-math counterpart today.
 pub(crate) const V31_COMPONENTS: &[ComponentMap] = &[
     ComponentMap {
@@ -67,9 +81,7 @@ pub(crate) const V31_COMPONENTS: &[ComponentMap] = &[
         bindings: &[("x", "current_state_rigid_body_pos"), ("ref_x", "ref_state_rigid_body_pos")],
         today_fn: "protomotions.envs.rewards.tracking.compute_gt_rew",
         params: &[("coefficient", "coefficient")],
-        require: &[],
-        note: "",
-        today_noisy: None,
+        ..NO_EXTRAS
     },
     ComponentMap {
         kind: Kind::Reward,
@@ -77,9 +89,7 @@ pub(crate) const V31_COMPONENTS: &[ComponentMap] = &[
         bindings: &[("q", "current_state_rigid_body_rot"), ("ref_q", "ref_state_rigid_body_rot")],
         today_fn: "protomotions.envs.rewards.tracking.compute_gr_rew",
         params: &[("coefficient", "coefficient")],
-        require: &[],
-        note: "",
-        today_noisy: None,
+        ..NO_EXTRAS
     },
     ComponentMap {
         kind: Kind::Reward,
@@ -87,9 +97,7 @@ pub(crate) const V31_COMPONENTS: &[ComponentMap] = &[
         bindings: &[("x", "current_state_rigid_body_vel"), ("ref_x", "ref_state_rigid_body_vel")],
         today_fn: "protomotions.envs.rewards.tracking.compute_gv_rew",
         params: &[("coefficient", "coefficient")],
-        require: &[],
-        note: "",
-        today_noisy: None,
+        ..NO_EXTRAS
     },
     ComponentMap {
         kind: Kind::Reward,
@@ -97,9 +105,7 @@ pub(crate) const V31_COMPONENTS: &[ComponentMap] = &[
         bindings: &[("x", "current_state_rigid_body_ang_vel"), ("ref_x", "ref_state_rigid_body_ang_vel")],
         today_fn: "protomotions.envs.rewards.tracking.compute_gav_rew",
         params: &[("coefficient", "coefficient")],
-        require: &[],
-        note: "",
-        today_noisy: None,
+        ..NO_EXTRAS
     },
     ComponentMap {
         kind: Kind::Reward,
@@ -107,9 +113,8 @@ pub(crate) const V31_COMPONENTS: &[ComponentMap] = &[
         bindings: &[("x", "current_state_root_height"), ("ref_x", "ref_state_root_height")],
         today_fn: "protomotions.envs.rewards.tracking.compute_rh_rew",
         params: &[("coefficient", "coefficient")],
-        require: &[],
         note: "today's takes the reference root height as the z of the reference's body 0 (the root)",
-        today_noisy: None,
+        ..NO_EXTRAS
     },
     ComponentMap {
         kind: Kind::Reward,
@@ -117,9 +122,7 @@ pub(crate) const V31_COMPONENTS: &[ComponentMap] = &[
         bindings: &[("dof_forces", "current_state_dof_forces"), ("dof_vel", "current_state_dof_vel")],
         today_fn: "protomotions.envs.rewards.regularization.compute_pow_rew",
         params: &[("use_torque_squared", "use_torque_squared")],
-        require: &[],
-        note: "",
-        today_noisy: None,
+        ..NO_EXTRAS
     },
     ComponentMap {
         kind: Kind::Reward,
@@ -127,9 +130,8 @@ pub(crate) const V31_COMPONENTS: &[ComponentMap] = &[
         bindings: &[("sim_contacts", "current_state_rigid_body_contacts"), ("ref_contacts", "ref_state_rigid_body_contacts")],
         today_fn: "protomotions.envs.rewards.regularization.compute_contact_match_rew",
         params: &[],
-        require: &[],
         note: "v3.1's indices_subset (body-name groups) must name exactly the robot's contact_bodies, which today's contact_body_ids index",
-        today_noisy: None,
+        ..NO_EXTRAS
     },
     ComponentMap {
         kind: Kind::Termination,
@@ -137,9 +139,7 @@ pub(crate) const V31_COMPONENTS: &[ComponentMap] = &[
         bindings: &[("current_rigid_body_pos", "current_state_rigid_body_pos"), ("ref_rigid_body_pos", "ref_state_rigid_body_pos")],
         today_fn: "protomotions.envs.terminations.tracking.compute_tracking_error",
         params: &[("threshold", "threshold")],
-        require: &[],
-        note: "",
-        today_noisy: None,
+        ..NO_EXTRAS
     },
     ComponentMap {
         kind: Kind::Observation,
@@ -159,9 +159,8 @@ pub(crate) const V31_COMPONENTS: &[ComponentMap] = &[
             ("observe_contacts", "observe_contacts"),
             ("w_last", "w_last"),
         ],
-        require: &[],
         note: "today's also binds the anchor body index (the robot's anchor_body_name; the root when unset, as v3.1 computes it)",
-        today_noisy: None,
+        ..NO_EXTRAS
     },
     ComponentMap {
         kind: Kind::Observation,
@@ -169,9 +168,8 @@ pub(crate) const V31_COMPONENTS: &[ComponentMap] = &[
         bindings: &[("tensor", "previous_actions")],
         today_fn: "protomotions.envs.obs.humanoid_historical.compute_historical_actions_from_state",
         params: &[],
-        require: &[],
         note: "today's reads the last action from the state history buffer (history_steps 1; env.num_state_history_steps kept at least 1)",
-        today_noisy: None,
+        ..NO_EXTRAS
     },
     ComponentMap {
         kind: Kind::Observation,
@@ -190,7 +188,7 @@ pub(crate) const V31_COMPONENTS: &[ComponentMap] = &[
         params: &[("with_velocities", "with_velocities"), ("with_relative", "with_relative"), ("w_last", "w_last")],
         require: &[("num_future_steps", "null")],
         note: "the number of future steps comes from env.control_components.mimic (future_steps), as in v3.1 when num_future_steps is unset",
-        today_noisy: None,
+        ..NO_EXTRAS
     },
     // --- the G1 tracker's BeyondMimic-style terms (v3.1 rewards/tracking.py
     // and terminations/tracking.py against today's). Today's functions take
@@ -204,9 +202,8 @@ pub(crate) const V31_COMPONENTS: &[ComponentMap] = &[
         bindings: &[("x", "current_state_anchor_pos"), ("ref_x", "ref_state_anchor_pos")],
         today_fn: "protomotions.envs.rewards.tracking.compute_global_anchor_pos_rew",
         params: &[("sigma", "sigma")],
-        require: &[],
         note: ANCHOR_NOTE,
-        today_noisy: None,
+        ..NO_EXTRAS
     },
     ComponentMap {
         kind: Kind::Reward,
@@ -214,9 +211,8 @@ pub(crate) const V31_COMPONENTS: &[ComponentMap] = &[
         bindings: &[("q", "current_state_anchor_rot"), ("ref_q", "ref_state_anchor_rot")],
         today_fn: "protomotions.envs.rewards.tracking.compute_global_anchor_ori_rew",
         params: &[("sigma", "sigma")],
-        require: &[],
         note: ANCHOR_NOTE,
-        today_noisy: None,
+        ..NO_EXTRAS
     },
     ComponentMap {
         kind: Kind::Reward,
@@ -231,9 +227,8 @@ pub(crate) const V31_COMPONENTS: &[ComponentMap] = &[
         ],
         today_fn: "protomotions.envs.rewards.tracking.compute_relative_body_pos_rew",
         params: &[("sigma", "sigma")],
-        require: &[],
         note: ANCHOR_NOTE,
-        today_noisy: None,
+        ..NO_EXTRAS
     },
     ComponentMap {
         kind: Kind::Reward,
@@ -246,9 +241,8 @@ pub(crate) const V31_COMPONENTS: &[ComponentMap] = &[
         ],
         today_fn: "protomotions.envs.rewards.tracking.compute_relative_body_ori_rew",
         params: &[("sigma", "sigma")],
-        require: &[],
         note: ANCHOR_NOTE,
-        today_noisy: None,
+        ..NO_EXTRAS
     },
     ComponentMap {
         kind: Kind::Reward,
@@ -256,9 +250,7 @@ pub(crate) const V31_COMPONENTS: &[ComponentMap] = &[
         bindings: &[("x", "current_state_rigid_body_vel"), ("ref_x", "ref_state_rigid_body_vel")],
         today_fn: "protomotions.envs.rewards.tracking.compute_global_body_lin_vel_rew",
         params: &[("sigma", "sigma")],
-        require: &[],
-        note: "",
-        today_noisy: None,
+        ..NO_EXTRAS
     },
     ComponentMap {
         kind: Kind::Reward,
@@ -266,9 +258,7 @@ pub(crate) const V31_COMPONENTS: &[ComponentMap] = &[
         bindings: &[("x", "current_state_rigid_body_ang_vel"), ("ref_x", "ref_state_rigid_body_ang_vel")],
         today_fn: "protomotions.envs.rewards.tracking.compute_global_body_ang_vel_rew",
         params: &[("sigma", "sigma")],
-        require: &[],
-        note: "",
-        today_noisy: None,
+        ..NO_EXTRAS
     },
     ComponentMap {
         kind: Kind::Termination,
@@ -276,9 +266,8 @@ pub(crate) const V31_COMPONENTS: &[ComponentMap] = &[
         bindings: &[("anchor_pos", "current_state_anchor_pos"), ("ref_anchor_pos", "ref_state_anchor_pos")],
         today_fn: "protomotions.envs.terminations.tracking.compute_anchor_pos_error_term",
         params: &[("threshold", "threshold")],
-        require: &[],
         note: ANCHOR_NOTE,
-        today_noisy: None,
+        ..NO_EXTRAS
     },
     ComponentMap {
         kind: Kind::Termination,
@@ -286,9 +275,8 @@ pub(crate) const V31_COMPONENTS: &[ComponentMap] = &[
         bindings: &[("anchor_rot", "current_state_anchor_rot"), ("ref_anchor_rot", "ref_state_anchor_rot")],
         today_fn: "protomotions.envs.terminations.tracking.compute_anchor_ori_error_term",
         params: &[("threshold", "threshold")],
-        require: &[],
         note: ANCHOR_NOTE,
-        today_noisy: None,
+        ..NO_EXTRAS
     },
     // --- the G1 tracker's reduced-coords actor observations: today's
     // function with today's G1 template's bindings computes v3.1's values
@@ -306,9 +294,9 @@ pub(crate) const V31_COMPONENTS: &[ComponentMap] = &[
         ],
         today_fn: REDUCED_COORDS,
         params: REDUCED_COORDS_PARAMS,
-        require: &[],
         note: "today's reads its noisy context (today's observation noise model, not v3.1's)",
         today_noisy: Some(true),
+        ..NO_EXTRAS
     },
     ComponentMap {
         kind: Kind::Observation,
@@ -321,9 +309,8 @@ pub(crate) const V31_COMPONENTS: &[ComponentMap] = &[
         ],
         today_fn: REDUCED_COORDS,
         params: REDUCED_COORDS_PARAMS,
-        require: &[],
-        note: "",
         today_noisy: Some(false),
+        ..NO_EXTRAS
     },
     ComponentMap {
         kind: Kind::Observation,
