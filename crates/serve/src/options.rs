@@ -64,11 +64,29 @@ pub struct Batching {
     pub max_wait: Duration,
     /// Most requests waiting; one more is refused with 503 and Retry-After.
     pub queue: usize,
+    /// How long the batching thread polls its queue after a batch before
+    /// it sleeps. A closed-loop client (a robot or simulator stepping at its
+    /// control rate) sends its next request a transport round trip after
+    /// its answer: polling meanwhile picks it up without a thread wake-up,
+    /// which on a virtual machine whose idle vCPU has halted costs tens of
+    /// microseconds (see docs/serve.md, Speed: gRPC). The cost is bounded:
+    /// at most this much CPU per batch, and none under load, when the
+    /// queue is never empty. Zero: sleep at once (onnxruntime's
+    /// `allow_spinning=0`).
+    pub spin: Duration,
+}
+
+impl Batching {
+    /// [`Batching::spin`]'s default: longer than one client's round trip
+    /// through the transport (about 80 µs on the machines of
+    /// docs/serve.md), short enough that an idle server's last poll costs
+    /// nothing worth counting.
+    pub const DEFAULT_SPIN: Duration = Duration::from_micros(150);
 }
 
 impl Default for Batching {
     fn default() -> Self {
-        Batching { max_batch: 256, max_wait: Duration::ZERO, queue: 1024 }
+        Batching { max_batch: 256, max_wait: Duration::ZERO, queue: 1024, spin: Batching::DEFAULT_SPIN }
     }
 }
 

@@ -207,7 +207,7 @@ pub struct IndexEntry {
 ///
 /// ```json
 /// {"checkpoint": "last.ckpt", "config": "resolved_configs.pt", "pipeline": false,
-///  "max_batch": 256, "max_wait_us": 0, "queue": 1024}
+///  "max_batch": 256, "max_wait_us": 0, "queue": 1024, "spin_us": 150}
 /// ```
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ModelConfig {
@@ -224,6 +224,8 @@ pub struct ModelConfig {
     pub max_wait_us: Option<u64>,
     /// `--queue`.
     pub queue: Option<usize>,
+    /// `--spin-us`.
+    pub spin_us: Option<u64>,
 }
 
 impl ModelConfig {
@@ -277,10 +279,17 @@ impl ModelConfig {
                         c.queue = Some(n);
                     }
                 }
-                "max_wait_us" => c.max_wait_us = Some(v.as_u64().ok_or_else(|| expected("an integer >= 0"))?),
+                "max_wait_us" | "spin_us" => {
+                    let us = v.as_u64().ok_or_else(|| expected("an integer >= 0"))?;
+                    if key == "max_wait_us" {
+                        c.max_wait_us = Some(us);
+                    } else {
+                        c.spin_us = Some(us);
+                    }
+                }
                 _ => {
                     return Err(format!(
-                        "unknown key `{key}` (expected checkpoint, config, pipeline, max_batch, max_wait_us, queue)"
+                        "unknown key `{key}` (expected checkpoint, config, pipeline, max_batch, max_wait_us, queue, spin_us)"
                     ))
                 }
             }
@@ -294,6 +303,7 @@ impl ModelConfig {
             max_batch: self.max_batch.unwrap_or(base.max_batch),
             max_wait: self.max_wait_us.map_or(base.max_wait, Duration::from_micros),
             queue: self.queue.unwrap_or(base.queue),
+            spin: self.spin_us.map_or(base.spin, Duration::from_micros),
         }
     }
 }
@@ -665,5 +675,11 @@ mod tests {
         let b = ModelConfig { max_wait_us: Some(5), ..Default::default() }.batching(Batching::default());
         assert_eq!(b.max_wait, Duration::from_micros(5));
         assert_eq!(b.max_batch, Batching::default().max_batch);
+        assert_eq!(b.spin, Batching::DEFAULT_SPIN);
+        let c = ModelConfig::parse(r#"{"spin_us": 0, "max_wait_us": 7}"#).unwrap();
+        let b = c.batching(Batching::default());
+        assert_eq!((b.spin, b.max_wait), (Duration::ZERO, Duration::from_micros(7)));
+        let e = ModelConfig::parse(r#"{"spin_us": -1}"#).unwrap_err();
+        assert!(e.contains("`spin_us`") && e.contains(">= 0"), "{e}");
     }
 }

@@ -42,6 +42,9 @@ pub struct Args {
     /// --max-wait-us of the batching mode.
     #[arg(long, default_value_t = 0)]
     max_wait_us: u64,
+    /// The server's --spin-us (both modes).
+    #[arg(long, default_value_t = super::serve::spin_us_default())]
+    spin_us: u64,
     /// How the clients encode tensors (repeatable; default json and binary,
     /// JSON first; grpc: the KServe V2 gRPC API, raw contents, unary calls;
     /// grpc-stream: the same on one ModelStreamInfer stream per client).
@@ -342,6 +345,7 @@ fn load_both_modes(
             max_batch,
             max_wait: Duration::from_micros(a.max_wait_us),
             queue: clients.iter().sum::<usize>().max(1024),
+            spin: Duration::from_micros(a.spin_us),
         };
         for result in run_load(opts, plan)? {
             records.push(Record::Load { encoding, batching, result });

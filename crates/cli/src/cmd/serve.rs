@@ -21,7 +21,7 @@ use crate::{output, CliError, Global};
 /// `pmstate serve [--pipeline] CHECKPOINT [--config P] [--name policy] [--addr 127.0.0.1:8080]`,
 /// or `pmstate serve --repository DIR [--model-control-mode none|explicit] [--load-model NAME]...`,
 /// both with `[--grpc-addr 127.0.0.1:8001|unix:/path] [--device cpu|cuda]
-/// [--max-batch N] [--max-wait-us N] [--queue N] [--watch] [--drain-timeout S] [--header-timeout S]
+/// [--max-batch N] [--max-wait-us N] [--queue N] [--spin-us N] [--watch] [--drain-timeout S] [--header-timeout S]
 /// [--body-timeout S] [--body-stall-timeout S] [--max-connections N]`
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -84,6 +84,12 @@ pub struct Args {
     /// Most requests waiting; more are refused with 503 and Retry-After.
     #[arg(long, default_value_t = 1024, value_parser = crate::args::positive)]
     queue: usize,
+    /// Microseconds the batching thread polls for the next request after a
+    /// batch before it sleeps: a lone closed-loop client's next request is
+    /// then taken without a thread wake-up (at most this much CPU per
+    /// batch; 0: sleep at once).
+    #[arg(long, default_value_t = spin_us_default())]
+    spin_us: u64,
     /// Follow CHECKPOINT: a new file written over it is loaded, checked
     /// (same in_keys, widths, action size) and swapped in between batches.
     /// SIGHUP reloads with or without it.
@@ -154,6 +160,11 @@ enum ControlMode {
 /// `IP:PORT`, `HOST:PORT` or `PORT` (on 127.0.0.1, as the default address).
 /// A host name takes its first IPv4 address (localhost: 127.0.0.1, what
 /// curl and most clients try first), else its first address.
+/// `--spin-us`'s default: the library's.
+pub(crate) const fn spin_us_default() -> u64 {
+    Batching::DEFAULT_SPIN.as_micros() as u64
+}
+
 fn listen_addr(s: &str) -> Result<SocketAddr, String> {
     if let Ok(addr) = s.parse::<SocketAddr>() {
         return Ok(addr);
@@ -237,7 +248,12 @@ pub fn run(a: Args, g: Global) -> Result<ExitCode, CliError> {
     opts.addr = a.addr;
     opts.grpc = a.grpc_addr;
     opts.device = device;
-    opts.batching = Batching { max_batch: a.max_batch, max_wait: Duration::from_micros(a.max_wait_us), queue: a.queue };
+    opts.batching = Batching {
+        max_batch: a.max_batch,
+        max_wait: Duration::from_micros(a.max_wait_us),
+        queue: a.queue,
+        spin: Duration::from_micros(a.spin_us),
+    };
     opts.watch = if a.watch { Watch::Poll { interval: Duration::from_secs_f64(a.watch_interval) } } else { Watch::Off };
     opts.widths = a.widths;
     opts.non_finite = if a.reject_non_finite { NonFinite::Reject } else { NonFinite::Pass };

@@ -77,7 +77,7 @@ async fn max_batch_bounds_the_rows_of_a_forward_and_max_wait_gathers_them() {
     let o = Arc::new(obs(v));
     let mut opts = options(testdata(v).join("last.ckpt"));
     // 4 rows at most; the oldest waits up to 50 ms for more (no pause here)
-    opts.batching = Batching { max_batch: 4, max_wait: Duration::from_millis(50), queue: 64 };
+    opts.batching = Batching { max_batch: 4, max_wait: Duration::from_millis(50), queue: 64, ..Batching::default() };
     let s = start(opts).await;
     let mut tasks = vec![];
     for i in 0..32usize {
@@ -126,4 +126,31 @@ async fn a_request_over_max_batch_is_refused_as_triton_refuses_it() {
     assert_eq!(metric(&text, "pmstate_batch_rows_count"), 1.0);
     s.server.handle().shutdown();
     s.server.wait().await.unwrap();
+}
+
+/// The batching thread polls its queue after a batch (`Batching::spin`)
+/// before it sleeps: requests and the stop message that come while it
+/// polls are taken as when it sleeps. With an hour's spin every request
+/// after the first and the shutdown arrive mid-poll; with none, each
+/// arrives while it sleeps. Closed loop: one forward per request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_and_the_stop_that_come_while_the_batcher_polls_are_taken() {
+    let v = "smpl_tracker";
+    let policy = Policy::load(testdata(v).join("last.ckpt"), None, &Device::Cpu).unwrap();
+    let o = obs(v);
+    for spin in [Duration::from_secs(3600), Duration::ZERO] {
+        let mut opts = options(testdata(v).join("last.ckpt"));
+        opts.batching = Batching { spin, ..Batching::default() };
+        let s = start(opts).await;
+        for i in 0..8usize {
+            let (body, r) = row_request(&o, &[i], json!({}));
+            let got = outputs(&infer(&s.client, body).await);
+            let alone = policy.forward(&tensors(&r)).unwrap();
+            assert_eq!(bits(&got["mean_action"].1), bits(&host(&alone.mean_action)), "spin {spin:?}, request {i}");
+        }
+        let text = s.server.handle().metrics_text();
+        assert_eq!(metric(&text, "pmstate_batch_rows_count"), 8.0, "spin {spin:?}");
+        s.server.handle().shutdown();
+        s.server.wait().await.unwrap();
+    }
 }

@@ -178,7 +178,7 @@ async fn a_gpc_prior_serves_int64_tokens_teacher_forced_in_json_and_binary() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn generation_is_seeded_and_the_same_whatever_a_request_is_batched_with() {
     let mut opts = options(testdata("gpc_prior").join(CKPT));
-    opts.batching = Batching { max_batch: 8, max_wait: Duration::from_secs(60), queue: 16 };
+    opts.batching = Batching { max_batch: 8, max_wait: Duration::from_secs(60), queue: 16, ..Batching::default() };
     let s = start(opts).await;
     let p = prior();
     let plan: [(usize, usize, Option<u64>); 3] = [(0, 3, Some(7)), (3, 5, Some(11)), (5, 8, None)];
