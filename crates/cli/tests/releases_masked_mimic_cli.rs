@@ -117,13 +117,22 @@ fn policy_run_and_describe_read_both_release_layouts() {
     }
 }
 
-/// A JSON infer request with every recorded input (vae_noise included), asking for mean_action.
-fn infer_body(obs: &HashMap<String, Tensor>) -> Vec<u8> {
+/// A JSON infer request with every recorded input (vae_noise included),
+/// asking for mean_action; the inputs named in `as_bool` sent as BOOL.
+fn infer_body(obs: &HashMap<String, Tensor>, as_bool: &[&str]) -> Vec<u8> {
     let mut keys: Vec<&String> = obs.keys().collect();
     keys.sort();
     let inputs: Vec<Value> = keys
         .iter()
-        .map(|k| json!({"name": k, "shape": obs[*k].dims(), "datatype": "FP32", "data": flat(&obs[*k])}))
+        .map(|k| {
+            let (shape, v) = (obs[*k].dims(), flat(&obs[*k]));
+            if as_bool.contains(&k.as_str()) {
+                let data: Vec<bool> = v.iter().map(|x| *x != 0.0).collect();
+                json!({"name": k, "shape": shape, "datatype": "BOOL", "data": data})
+            } else {
+                json!({"name": k, "shape": shape, "datatype": "FP32", "data": v})
+            }
+        })
         .collect();
     serde_json::to_vec(&json!({"inputs": inputs, "outputs": [{"name": "mean_action"}]})).unwrap()
 }
@@ -158,17 +167,29 @@ async fn serve_answers_both_release_layouts_like_the_library() {
         let noise = inputs.iter().find(|i| i["name"] == "vae_noise").unwrap();
         assert_eq!(noise["shape"], json!([-1, 8]), "{dir}: {m}");
 
-        let r = c.post("/v2/models/mm/infer", infer_body(&obs), &[]).await.unwrap();
-        assert_eq!(r.status, 200, "{dir}: {}", String::from_utf8_lossy(&r.body));
-        let reply = r.json();
-        assert_eq!(reply["outputs"][0]["name"], "mean_action", "{reply}");
-        let got: Vec<u32> = reply["outputs"][0]["data"]
-            .as_array()
-            .unwrap()
+        // FP32 masks, then the masks as BOOL (as the env makes them): the
+        // library's answer on bool (candle u8) masks, the same bits
+        let masks: Vec<&str> = obs.keys().map(String::as_str).filter(|k| k.ends_with("_masks")).collect();
+        assert!(!masks.is_empty(), "{dir}");
+        let as_u8: HashMap<String, Tensor> = obs
             .iter()
-            .map(|v| (v.as_f64().unwrap() as f32).to_bits())
+            .map(|(k, t)| (k.clone(), if masks.contains(&k.as_str()) { t.ne(0f64).unwrap() } else { t.clone() }))
             .collect();
-        assert_eq!(got, want, "{dir}");
+        let on_u8: Vec<u32> = flat(&lib.forward(&as_u8).unwrap().mean_action).iter().map(|v| v.to_bits()).collect();
+        assert_eq!(on_u8, want, "{dir}: 0/1 masks as bool or float");
+        for as_bool in [&[][..], &masks[..]] {
+            let r = c.post("/v2/models/mm/infer", infer_body(&obs, as_bool), &[]).await.unwrap();
+            assert_eq!(r.status, 200, "{dir}: {}", String::from_utf8_lossy(&r.body));
+            let reply = r.json();
+            assert_eq!(reply["outputs"][0]["name"], "mean_action", "{reply}");
+            let got: Vec<u32> = reply["outputs"][0]["data"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| (v.as_f64().unwrap() as f32).to_bits())
+                .collect();
+            assert_eq!(got, want, "{dir}: BOOL {as_bool:?}");
+        }
 
         assert!(Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap().success());
         let start = std::time::Instant::now();

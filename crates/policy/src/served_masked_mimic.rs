@@ -63,7 +63,8 @@ fn signature(m: &MaskedMimic) -> Signature {
         .into_iter()
         .map(|k| {
             let width = m.widths.known.get(&k).copied();
-            InputSpec::observation(k, width)
+            // an older release's model takes bool observations ([`MaskedMimic::forward`])
+            InputSpec { also_bool: m.release().is_some(), ..InputSpec::observation(k, width) }
         })
         .collect();
     let latent = m.config.latent_dim;

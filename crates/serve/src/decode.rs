@@ -22,7 +22,7 @@ use std::sync::Arc;
 use serde_json::value::RawValue;
 
 use crate::error::{Dims, InputError, RequestError};
-use crate::json_floats::{quote_non_finite, read_data, read_ints, DataError, IntDataError};
+use crate::json_floats::{quote_non_finite, read_bools, read_data, read_ints, BoolDataError, DataError, IntDataError};
 use crate::model::{Datatype, InputSpec, Interface, Source, MAX_LOGITS_PER_FORWARD};
 use crate::options::NonFinite;
 use crate::protocol::{InferRequest, ParamValue, Parameters, RequestInput, RequestOutput};
@@ -269,6 +269,8 @@ pub fn values_from_le(bytes: &[u8], datatype: Datatype) -> Values {
         Datatype::Fp32 => {
             Values::F32(bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect())
         }
+        // numpy's and torch's bool bytes are 0 and 1; any nonzero byte is true
+        Datatype::Bool => Values::F32(bytes.iter().map(|&b| if b != 0 { 1.0 } else { 0.0 }).collect()),
         Datatype::Int64 => Values::I64(
             bytes
                 .chunks_exact(8)
@@ -315,6 +317,13 @@ impl<'a> TensorSource for RestData<'a> {
                             InputError::IntData { input: input(), index, value, problem }
                         }
                         IntDataError::Json(e) => InputError::Data { input: input(), reason: e.to_string() },
+                    })?),
+                    Datatype::Bool => Values::F32(read_bools(raw, count).map_err(|e| match e {
+                        BoolDataError::TooMany => overflow(),
+                        BoolDataError::Element { index, value } => {
+                            InputError::BoolData { input: input(), index, value }
+                        }
+                        BoolDataError::Json(e) => InputError::Data { input: input(), reason: e.to_string() },
                     })?),
                 };
                 if data.len() != count {
@@ -387,10 +396,14 @@ pub fn decode_tensor<S: TensorSource>(
         let known = iface.inputs.iter().map(|i| i.name.clone()).collect();
         return Err(InputError::UnexpectedInput { input: name, known }.into());
     }
-    let datatype = spec.map_or(Datatype::Fp32, |s| s.datatype);
-    if t.datatype != datatype.name() {
-        return Err(InputError::Datatype { input: name, datatype: t.datatype, expected: datatype.name() }.into());
-    }
+    let own = spec.map_or(Datatype::Fp32, |s| s.datatype);
+    let datatype = if spec.is_some_and(|s| s.also_bool) && t.datatype == Datatype::Bool.name() {
+        Datatype::Bool
+    } else if t.datatype == own.name() {
+        own
+    } else {
+        return Err(InputError::Datatype { input: name, datatype: t.datatype, expected: own.name() }.into());
+    };
     let (r, d) = match spec.and_then(|s| s.row_shape.as_deref()) {
         Some(row) => shaped(&name, &t.shape, row, expect.max_rows)?,
         None => shape_of(&name, &t.shape, spec.and_then(|s| s.width), expect.max_rows)?,
@@ -728,5 +741,77 @@ mod tests {
         assert!(matches!(e, RequestError::HeaderPastBody { header: 9, body: 2 }), "{e}");
         let e = decode(b"{\"inputs\": [", None, &expect(&open, 256)).unwrap_err();
         assert!(matches!(e, RequestError::BadJson(_)), "{e}");
+    }
+
+    /// v3.1's MaskedMimic takes its masks as BOOL too (JSON true/false, or
+    /// one byte each with the binary extension), read as the FP32 0.0/1.0
+    /// they stand for; a BOOL element that is not true or false is refused
+    /// naming it, and a model without `also_bool` (today's tracker)
+    /// refuses BOOL as Triton refuses a datatype other than the input's.
+    #[test]
+    fn an_older_masked_mimic_takes_bool_masks_as_their_floats() {
+        let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/policy/v31_masked_mimic");
+        let obs = candle_core::safetensors::load(dir.join("obs.safetensors"), &candle_core::Device::Cpu).expect("obs");
+        let mm = variant("v31_masked_mimic", &[]);
+        let ex = Expect { iface: &mm.interface, non_finite: NonFinite::Pass, max_rows: 256 };
+        let mut keys: Vec<&String> = obs.keys().collect();
+        keys.sort();
+        let values = |k: &str| obs[k].flatten_all().and_then(|t| t.to_vec1::<f32>()).expect("f32");
+        let masks: Vec<&String> = keys.iter().copied().filter(|k| k.ends_with("_masks")).collect();
+        assert!(!masks.is_empty(), "{keys:?}");
+        assert!(masks.iter().all(|k| values(k).iter().all(|v| *v == 0.0 || *v == 1.0)));
+        // (JSON datatype and data of one input, binary bytes) as FP32, or BOOL where `as_bool`
+        let request = |as_bool: &dyn Fn(&str) -> bool, binary: bool| -> (Vec<u8>, usize) {
+            let mut tail = Vec::new();
+            let inputs: Vec<Value> = keys
+                .iter()
+                .map(|k| {
+                    let (v, b) = (values(k), as_bool(k));
+                    let mut i =
+                        json!({"name": k, "shape": obs[*k].dims(), "datatype": if b { "BOOL" } else { "FP32" }});
+                    if binary && b {
+                        tail.extend(v.iter().map(|x| u8::from(*x != 0.0)));
+                        i["parameters"] = json!({"binary_data_size": v.len()});
+                    } else if b {
+                        i["data"] = json!(v.iter().map(|x| *x != 0.0).collect::<Vec<_>>());
+                    } else {
+                        i["data"] = json!(v);
+                    }
+                    i
+                })
+                .collect();
+            let mut body = serde_json::to_vec(&json!({"inputs": inputs})).expect("JSON");
+            let header = body.len();
+            body.extend(tail);
+            (body, header)
+        };
+        let floats = decode(&request(&|_| false, false).0, None, &ex).expect("FP32 masks");
+        let is_mask = |k: &str| k.ends_with("_masks");
+        let json_bools = decode(&request(&is_mask, false).0, None, &ex).expect("BOOL masks as JSON");
+        let (body, header) = request(&is_mask, true);
+        let binary_bools = decode(&body, Some(header), &ex).expect("BOOL masks, binary");
+        assert_eq!(json_bools.inputs, floats.inputs);
+        assert_eq!(binary_bools.inputs, floats.inputs);
+
+        // an element that is not a bool, named by input and position
+        let mask = masks[0].as_str();
+        let (body, _) = request(&|k| k == mask, false);
+        let text = String::from_utf8(body).expect("UTF-8").replacen("false", "2", 1).replacen("true", "2", 1);
+        let e = decode(text.as_bytes(), None, &ex).unwrap_err();
+        assert!(
+            matches!(&e, RequestError::BadInput(InputError::BoolData { input, value, .. }) if input == mask && value == "2"),
+            "{e}"
+        );
+
+        // today's tracker: FP32 only
+        let t = tracker(&[]);
+        let bools: Vec<Value> = TRACKER
+            .iter()
+            .map(|(k, r, w)| json!({"name": k, "shape": [r, w], "datatype": "BOOL", "data": vec![false; r * w]}))
+            .collect();
+        let body = serde_json::to_vec(&json!({"inputs": bools})).expect("JSON");
+        let e = decode(&body, None, &Expect { iface: &t.interface, non_finite: NonFinite::Pass, max_rows: 256 })
+            .unwrap_err();
+        assert!(matches!(&e, RequestError::BadInput(InputError::Datatype { expected: "FP32", .. })), "{e}");
     }
 }

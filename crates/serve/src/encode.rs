@@ -36,6 +36,7 @@ pub fn answer_bound(iface: &Interface, rows: usize, outputs: &[Wanted]) -> usize
             (true, dt) => dt.size(),
             (false, Datatype::Fp32) => 16,
             (false, Datatype::Int64) => 21,
+            (false, Datatype::Bool) => 6,
         };
         acc.saturating_add(elements.saturating_mul(per_value)).saturating_add(OVERHEAD_BYTES)
     })

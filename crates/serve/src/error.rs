@@ -434,6 +434,16 @@ pub enum InputError {
         /// What is wrong with it.
         problem: crate::json_floats::IntProblem,
     },
+    /// An element of BOOL JSON data that is not `true` or `false`.
+    #[error("input {input}: element {index} ({}) is not true or false (BOOL data takes JSON true and false)", clip(.value))]
+    BoolData {
+        /// The input.
+        input: String,
+        /// Its row-major position.
+        index: usize,
+        /// What was sent (JSON text).
+        value: String,
+    },
     /// An INT64 value outside the range the input takes (a token outside the vocabulary).
     #[error("input {input}: row {row}, position {position}: {value} is outside [0, {below})")]
     IntRange {

@@ -174,6 +174,7 @@ impl TensorSource for GrpcData {
                 let expected = match datatype {
                     Datatype::Fp32 => "fp32_contents",
                     Datatype::Int64 => "int64_contents",
+                    Datatype::Bool => "bool_contents",
                 };
                 if let Some((field, _)) = filled_lists(&c).into_iter().find(|(f, n)| *n > 0 && *f != expected) {
                     return Err(InputError::ContentsField {
@@ -186,6 +187,9 @@ impl TensorSource for GrpcData {
                 let values = match datatype {
                     Datatype::Fp32 => Values::F32(c.fp32_contents),
                     Datatype::Int64 => Values::I64(c.int64_contents),
+                    Datatype::Bool => {
+                        Values::F32(c.bool_contents.into_iter().map(|b| if b { 1.0 } else { 0.0 }).collect())
+                    }
                 };
                 if values.len() != count {
                     return Err(InputError::DataLength {

@@ -453,6 +453,117 @@ impl<'de> Visitor<'de> for IntFlatten<'_> {
     }
 }
 
+/// Why [`read_bools`] refused a tensor's data.
+#[derive(Debug)]
+pub enum BoolDataError {
+    /// More than `cap` values.
+    TooMany,
+    /// Element `index` (row-major) is not `true` or `false`: its JSON text, clipped.
+    Element {
+        /// Its row-major position.
+        index: usize,
+        /// What was sent.
+        value: String,
+    },
+    /// Not an array (serde_json's error, with the column).
+    Json(serde_json::Error),
+}
+
+/// Reads BOOL tensor data (flat or nested arrays of JSON `true` and
+/// `false`, as Triton takes BOOL data), at most `cap` values, as float32
+/// 1.0 and 0.0; any other element is refused with its position.
+pub fn read_bools(raw: &serde_json::value::RawValue, cap: usize) -> Result<Vec<f32>, BoolDataError> {
+    let text = raw.get();
+    // every value takes at least five bytes of JSON (`true,`)
+    let mut out = Vec::with_capacity(cap.min(text.len() / 5 + 1));
+    let mut bad = None;
+    let mut de = serde_json::Deserializer::from_str(text);
+    let r = BoolFlatten { out: &mut out, bad: &mut bad, depth: 0, cap }.deserialize(&mut de).and_then(|()| de.end());
+    match (r, bad) {
+        (Ok(()), _) => Ok(out),
+        (Err(_), Some((index, value))) => Err(BoolDataError::Element { index, value }),
+        (Err(_), None) if out.len() == cap && cap < usize::MAX => Err(BoolDataError::TooMany),
+        (Err(e), None) => Err(BoolDataError::Json(e)),
+    }
+}
+
+/// Appends every bool of a (nested) array to `out` as 1.0 or 0.0; the
+/// first element that is not one is kept in `bad` (index, text).
+struct BoolFlatten<'a> {
+    out: &'a mut Vec<f32>,
+    bad: &'a mut Option<(usize, String)>,
+    depth: usize,
+    cap: usize,
+}
+
+impl BoolFlatten<'_> {
+    fn refuse<E: serde::de::Error>(self, value: String) -> Result<(), E> {
+        let index = self.out.len();
+        let e = E::custom(format_args!("element {index} ({value}) is not true or false"));
+        *self.bad = Some((index, value));
+        Err(e)
+    }
+}
+
+impl<'de> DeserializeSeed<'de> for BoolFlatten<'_> {
+    type Value = ();
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for BoolFlatten<'_> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("an array of true and false (flat or nested, row-major)")
+    }
+
+    fn visit_bool<E: serde::de::Error>(self, v: bool) -> Result<(), E> {
+        if self.out.len() == self.cap {
+            return Err(E::custom(format_args!("more than {} values", self.cap)));
+        }
+        self.out.push(if v { 1.0 } else { 0.0 });
+        Ok(())
+    }
+
+    fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<(), E> {
+        self.refuse(v.to_string())
+    }
+
+    fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<(), E> {
+        self.refuse(v.to_string())
+    }
+
+    fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<(), E> {
+        self.refuse(ryu::Buffer::new().format(v).to_owned())
+    }
+
+    fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<(), E> {
+        self.refuse(crate::error::clip_json(v))
+    }
+
+    fn visit_unit<E: serde::de::Error>(self) -> Result<(), E> {
+        self.refuse("null".into())
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        if self.depth >= MAX_DEPTH {
+            return Err(A::Error::custom(format!("data nested deeper than {MAX_DEPTH} levels")));
+        }
+        while seq
+            .next_element_seed(BoolFlatten {
+                out: &mut *self.out,
+                bad: &mut *self.bad,
+                depth: self.depth + 1,
+                cap: self.cap,
+            })?
+            .is_some()
+        {}
+        Ok(())
+    }
+}
+
 /// Appends `data` as a JSON array of integers.
 pub fn write_int_array(out: &mut Vec<u8>, data: &[i64]) {
     let mut buf = itoa::Buffer::new();

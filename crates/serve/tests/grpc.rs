@@ -205,6 +205,47 @@ async fn raw_and_typed_inference_match_the_http_endpoint_bit_for_bit() {
     stop(s).await;
 }
 
+/// v3.1's MaskedMimic takes its masks as BOOL (one byte each in
+/// `raw_input_contents`, or `bool_contents`), read as the 0.0/1.0 floats
+/// they stand for: the answers are bit for bit those of FP32 masks over HTTP.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_older_masked_mimic_takes_bool_masks_raw_and_typed() {
+    let v = "v31_masked_mimic";
+    let mut o = options(testdata(v).join("last.ckpt"));
+    o.grpc = Some(GrpcAddr::Tcp(SocketAddr::from(([127, 0, 0, 1], 0))));
+    let s = start(o).await;
+    let mut c = grpc_client(&s).await;
+    let r = rows(&obs(v), &(0..8).collect::<Vec<_>>());
+    let http = http_outputs(&s, &r, json!({"outputs": [{"name": "mean_action"}]})).await;
+    let is_mask = |k: &str| k.ends_with("_masks");
+    assert!(r.iter().filter(|(k, _, _)| is_mask(k)).all(|(_, _, v)| v.iter().all(|x| *x == 0.0 || *x == 1.0)));
+
+    let mut raw = raw_request(&r, "raw");
+    let mut typed = typed_request(&r, "typed");
+    for req in [&mut raw, &mut typed] {
+        req.outputs.push(InferRequestedOutputTensor { name: "mean_action".into(), ..Default::default() });
+    }
+    for (i, (k, _, v)) in r.iter().enumerate().filter(|(_, (k, _, _))| is_mask(k)) {
+        raw.inputs[i].datatype = "BOOL".into();
+        raw.raw_input_contents[i] = v.iter().map(|x| u8::from(*x != 0.0)).collect::<Vec<u8>>().into();
+        typed.inputs[i].datatype = "BOOL".into();
+        let bools = v.iter().map(|x| *x != 0.0).collect();
+        typed.inputs[i].contents = Some(InferTensorContents { bool_contents: bools, ..Default::default() });
+        assert!(is_mask(k));
+    }
+    same_bits(&grpc_outputs(&c.model_infer(raw).await.unwrap().into_inner()), &http);
+    same_bits(&grpc_outputs(&c.model_infer(typed).await.unwrap().into_inner()), &http);
+
+    // BOOL values in the FP32 list: named
+    let mut wrong = typed_request(&r, "");
+    let i = r.iter().position(|(k, _, _)| is_mask(k)).unwrap();
+    wrong.inputs[i].datatype = "BOOL".into();
+    let e = c.model_infer(wrong).await.unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument, "{e}");
+    assert!(e.message().contains("but BOOL values go in contents.bool_contents"), "{e}");
+    stop(s).await;
+}
+
 /// Sends `reqs` on one stream (closing it after), returns every message and the stream's end.
 async fn stream(
     c: &mut GrpcClient,

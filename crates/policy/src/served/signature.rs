@@ -46,6 +46,11 @@ pub struct InputSpec {
     /// For an INT64 input, the values it takes are `[0, int_below)` (a GPC
     /// prior's tokens: its vocabulary); others are refused naming the row and position.
     pub int_below: Option<usize>,
+    /// Whether a request may send this FP32 input as BOOL too, read as
+    /// 0.0 and 1.0: an older release's MaskedMimic, whose env makes its
+    /// masks bool and whose model takes bool observations as torch
+    /// promotes them (`pmstate policy run` reads BOOL tensors the same way).
+    pub also_bool: bool,
 }
 
 /// The element type of a tensor a client sends or gets.
@@ -56,6 +61,10 @@ pub enum Datatype {
     Fp32,
     /// int64: a GPC prior's tokens.
     Int64,
+    /// bool: what a request may send where an input allows it
+    /// ([`InputSpec::also_bool`]), read as float32 0.0 and 1.0; no input's
+    /// or output's own datatype.
+    Bool,
 }
 
 impl Datatype {
@@ -64,6 +73,7 @@ impl Datatype {
         match self {
             Datatype::Fp32 => "FP32",
             Datatype::Int64 => "INT64",
+            Datatype::Bool => "BOOL",
         }
     }
 
@@ -72,6 +82,7 @@ impl Datatype {
         match self {
             Datatype::Fp32 => "TYPE_FP32",
             Datatype::Int64 => "TYPE_INT64",
+            Datatype::Bool => "TYPE_BOOL",
         }
     }
 
@@ -80,6 +91,7 @@ impl Datatype {
         match self {
             Datatype::Fp32 => 4,
             Datatype::Int64 => 8,
+            Datatype::Bool => 1,
         }
     }
 }
@@ -98,6 +110,7 @@ impl InputSpec {
             optional: false,
             datatype: Datatype::Fp32,
             int_below: None,
+            also_bool: false,
         }
     }
 
