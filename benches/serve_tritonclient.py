@@ -92,10 +92,14 @@ def our_proto(path):
     .proto: a reader for its own plain layout, not a general parser."""
     text = re.sub(r"//[^\n]*", "", open(path).read())
     toks = re.findall(r"[A-Za-z_][\w.]*|\d+|[{}=;<>,()]", text)
+    # enums first (a field of an enum type is wire type 14)
+    enums = {toks[j + 1] for j, t in enumerate(toks) if t == "enum"}
     package, messages, methods, stack, i = "", {}, {}, [], 0
     while i < len(toks):
         t = toks[i]
-        if t == "package":
+        if t == "enum":  # enum Name { VALUE = N; ... }: values are not checked
+            i = toks.index("}", i) + 1
+        elif t == "package":
             package, i = toks[i + 1], i + 3
         elif t == "syntax":
             i = toks.index(";", i) + 1
@@ -127,7 +131,7 @@ def our_proto(path):
                 name, num, kind, repeated = toks[i + 6], int(toks[i + 8]), 11, True
                 i += 10
             else:
-                kind = SCALARS.get(toks[i], 11)
+                kind = 14 if toks[i] in enums else SCALARS.get(toks[i], 11)
                 name, num = toks[i + 1], int(toks[i + 3])
                 i += 5
             messages[msg][name] = (num, kind, repeated)
@@ -214,7 +218,7 @@ def grpc_inputs(obs, rows=None):
     return out
 
 
-def grpc_checks(url, obs, want, want_s, check, limits):
+def grpc_checks(url, obs, want, want_s, check, limits, rest_cfg):
     """Health, metadata, infer, refusals and the stream through tritonclient.grpc."""
     c = grpcclient.InferenceServerClient(url=url)
     check(f"gRPC {url}: server live", c.is_server_live())
@@ -227,6 +231,14 @@ def grpc_checks(url, obs, want, want_s, check, limits):
         "gRPC: model metadata inputs " + ", ".join(f"{i['name']}{[int(d) for d in i['shape']]}" for i in mm["inputs"]),
         sorted(i["name"] for i in mm["inputs"]) == sorted(obs),
     )
+    cfg = c.get_model_config("policy", as_json=True)["config"]
+    same_cfg = (cfg["name"] == rest_cfg["name"] and int(cfg["max_batch_size"]) == rest_cfg["max_batch_size"]
+                and [(i["name"], i["data_type"], [int(d) for d in i.get("dims", [])]) for i in cfg["input"]]
+                == [(i["name"], i["data_type"], i["dims"]) for i in rest_cfg["input"]]
+                and [(o["name"], o["data_type"], [int(d) for d in o.get("dims", [])]) for o in cfg["output"]]
+                == [(o["name"], o["data_type"], o["dims"]) for o in rest_cfg["output"]])
+    check(f"gRPC: model config max_batch_size {cfg['max_batch_size']}, {len(cfg['input'])} inputs, "
+          f"{len(cfg['output'])} outputs as GET .../config", same_cfg)
     names = ("mean_action", "value", "std")
     r = c.infer("policy", grpc_inputs(obs), outputs=[grpcclient.InferRequestedOutput(n) for n in names], request_id="g1")
     for n in names:
@@ -405,7 +417,7 @@ def main():
             print("gRPC: skipped, no --grpc-url given with --url")
         else:
             check_wire(check)
-            grpc_checks(grpc_url, obs, want, want_s, check, limits=server is not None)
+            grpc_checks(grpc_url, obs, want, want_s, check, limits=server is not None, rest_cfg=cfg)
             if server is not None:
                 with tempfile.TemporaryDirectory(prefix="pmstate-uds-") as d:
                     uds_check(pmstate, a.checkpoint, os.path.join(d, "pmstate.sock"), obs, want, check)

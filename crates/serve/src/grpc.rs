@@ -469,6 +469,48 @@ impl GrpcInferenceService for Service {
         }))
     }
 
+    async fn model_config(
+        &self,
+        req: Request<proto::ModelConfigRequest>,
+    ) -> Result<Response<proto::ModelConfigResponse>, Status> {
+        let req = req.into_inner();
+        let (served, m) = find(&self.st, &req.name, version(&req.version)).map_err(|e| status_of(&e))?;
+        let c = protocol::ModelConfigResponse::of(&served.name, &m, &served.batching, served.reloads.counts());
+        // every datatype a configuration names is in our enum (a wire
+        // datatype alone, such as BOOL, never is an input's own)
+        let data_type =
+            |name: &str| proto::DataType::from_str_name(name).unwrap_or(proto::DataType::TypeInvalid) as i32;
+        let config = proto::ModelConfig {
+            name: c.name,
+            platform: c.platform.to_owned(),
+            backend: c.backend.to_owned(),
+            max_batch_size: i32::try_from(c.max_batch_size).unwrap_or(i32::MAX),
+            input: c
+                .input
+                .into_iter()
+                .map(|t| proto::ModelInput {
+                    data_type: data_type(t.data_type),
+                    name: t.name,
+                    dims: t.dims,
+                    optional: t.optional,
+                })
+                .collect(),
+            output: c
+                .output
+                .into_iter()
+                .map(|t| proto::ModelOutput { data_type: data_type(t.data_type), name: t.name, dims: t.dims })
+                .collect(),
+            dynamic_batching: Some(proto::ModelDynamicBatching {
+                max_queue_delay_microseconds: c.dynamic_batching.max_queue_delay_microseconds,
+                default_queue_policy: Some(proto::ModelQueuePolicy {
+                    max_queue_size: u32::try_from(c.dynamic_batching.default_queue_policy.max_queue_size)
+                        .unwrap_or(u32::MAX),
+                }),
+            }),
+        };
+        Ok(Response::new(proto::ModelConfigResponse { config: Some(config) }))
+    }
+
     async fn model_infer(&self, req: Request<ModelInferRequest>) -> Result<Response<ModelInferResponse>, Status> {
         self.infer(req.into_inner()).await.map(Response::new).map_err(|e| status_of(&e))
     }

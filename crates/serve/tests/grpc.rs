@@ -155,6 +155,41 @@ async fn health_and_metadata_answer_as_the_rest_endpoints_do() {
             mine.iter().map(|t| json!({"name": t.name, "datatype": t.datatype, "shape": t.shape})).collect();
         assert_eq!(json!(mine), *theirs);
     }
+
+    // Triton's ModelConfig: the fields GET .../config gives, in model_config.proto's form
+    let cfg = c
+        .model_config(ModelConfigRequest { name: "policy".into(), version: String::new() })
+        .await
+        .unwrap()
+        .into_inner()
+        .config
+        .expect("a configuration");
+    let rest = s.client.get("/v2/models/policy/config").await.unwrap().json();
+    assert_eq!((cfg.name.as_str(), cfg.backend.as_str()), ("policy", "pmstate"));
+    assert_eq!((json!(cfg.platform), json!(cfg.backend)), (rest["platform"].clone(), rest["backend"].clone()));
+    assert_eq!(json!(cfg.max_batch_size), rest["max_batch_size"]);
+    let tensors = |list: Vec<(String, i32, Vec<i64>, bool)>| -> serde_json::Value {
+        list.into_iter()
+            .map(|(name, dt, dims, optional)| {
+                let dt = DataType::try_from(dt).expect("a DataType").as_str_name();
+                let mut t = json!({"name": name, "data_type": dt, "dims": dims});
+                if optional {
+                    t["optional"] = json!(true);
+                }
+                t
+            })
+            .collect()
+    };
+    let inputs = cfg.input.into_iter().map(|i| (i.name, i.data_type, i.dims, i.optional)).collect();
+    assert_eq!(tensors(inputs), rest["input"]);
+    let outputs = cfg.output.into_iter().map(|o| (o.name, o.data_type, o.dims, false)).collect();
+    assert_eq!(tensors(outputs), rest["output"]);
+    let db = cfg.dynamic_batching.expect("dynamic batching");
+    assert_eq!(json!(db.max_queue_delay_microseconds), rest["dynamic_batching"]["max_queue_delay_microseconds"]);
+    let queue = db.default_queue_policy.expect("a queue policy").max_queue_size;
+    assert_eq!(json!(queue), rest["dynamic_batching"]["default_queue_policy"]["max_queue_size"]);
+    let e = c.model_config(ModelConfigRequest { name: "other".into(), version: String::new() }).await.unwrap_err();
+    assert_eq!(e.code(), Code::NotFound, "{e}");
     stop(s).await;
 }
 
