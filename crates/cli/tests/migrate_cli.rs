@@ -93,6 +93,10 @@ fn refusals_exit_1_naming_what_and_why() {
     let e =
         refusal(&["migrate", "--json", s(&repo("testdata/policy/v30_tracker/last.ckpt")), o], "migrate.not_migratable");
     assert_eq!(e["key"], "env");
+    let v23 = repo("testdata/policy/v23_tracker/last.ckpt");
+    let e = refusal(&["migrate", "--json", s(&v23), o], "migrate.not_migratable");
+    assert_eq!(e["key"], "env._target_");
+    assert!(e["file"].as_str().is_some_and(|f| f.ends_with("config.yaml")), "{e}");
     let e = refusal(
         &["migrate", "--json", s(&repo("testdata/policy/v31_masked_mimic/last.ckpt")), o],
         "migrate.not_a_tracker",

@@ -98,6 +98,29 @@ fn v30_is_refused_naming_why() {
     assert!(e.to_string().contains("MimicEnvConfig"), "{e}");
 }
 
+/// A v2.3 run has no resolved configs: its Hydra config.yaml is found as
+/// v2.3's eval finds it, and the refusal names it and its env class.
+#[test]
+fn v23_is_refused_naming_its_config_yaml_and_env() {
+    for dir in ["v23_tracker", "v23_masked_mimic"] {
+        let e = plan(&repo(&format!("testdata/policy/{dir}/last.ckpt")), &DROP).err().unwrap();
+        match &e {
+            MigrateError::NotMigratable { release: "v2.3", key, class, file, why } => {
+                assert_eq!((key.as_str(), class.as_str()), ("env._target_", "protomotions.envs.mimic.env.Mimic"));
+                assert!(file.ends_with(&format!("{dir}/config.yaml")), "{file}");
+                assert!(why.contains("computes its observations in code"), "{why}");
+            }
+            other => panic!("{dir}: {other}"),
+        }
+    }
+    // no configs of either kind
+    let tmp = tempfile::tempdir().unwrap();
+    let ckpt = tmp.path().join("last.ckpt");
+    std::fs::copy(repo("testdata/policy/v23_tracker/last.ckpt"), &ckpt).unwrap();
+    let e = plan(&ckpt, &DROP).err().unwrap();
+    assert!(matches!(e, MigrateError::ConfigNotFound { .. }), "{e}");
+}
+
 #[test]
 fn non_trackers_todays_files_and_robots_without_a_template_are_refused() {
     let e = plan(&repo("testdata/policy/v31_masked_mimic/last.ckpt"), &DROP).err().unwrap();

@@ -6,7 +6,7 @@ use std::path::Path;
 
 use pmstate_ckpt::{Checkpoint, Node};
 
-use super::tables::{PPO_AGENT, PPO_MODEL, V30_WHY};
+use super::tables::{PPO_AGENT, PPO_MODEL, V23_WHY, V30_WHY};
 use super::MigrateError;
 
 /// A release `migrate` reads.
@@ -58,14 +58,25 @@ pub(crate) fn field<'a>(n: &'a Node, name: &str) -> Option<&'a Node> {
 }
 
 /// The configs file next to `old_ckpt`: resolved_configs.pt (all a run
-/// needs) before resolved_configs_inference.pt.
+/// needs) before resolved_configs_inference.pt. A v2.3 run (Hydra's
+/// `config.yaml` where v2.3's eval finds it) is refused, naming its env.
 pub(crate) fn find_configs(old_ckpt: &Path) -> Result<std::path::PathBuf, MigrateError> {
     let dir = old_ckpt.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    ["resolved_configs.pt", "resolved_configs_inference.pt"]
-        .iter()
-        .map(|n| dir.join(n))
-        .find(|p| p.is_file())
-        .ok_or_else(|| MigrateError::ConfigNotFound { checkpoint: old_ckpt.display().to_string() })
+    if let Some(found) =
+        ["resolved_configs.pt", "resolved_configs_inference.pt"].iter().map(|n| dir.join(n)).find(|p| p.is_file())
+    {
+        return Ok(found);
+    }
+    match crate::v23::find_config(old_ckpt) {
+        Some(yaml) => Err(MigrateError::NotMigratable {
+            release: "v2.3",
+            key: "env._target_".into(),
+            class: crate::v23::env_target(&yaml).unwrap_or_else(|e| format!("(not read: {e})")),
+            file: yaml.display().to_string(),
+            why: V23_WHY.into(),
+        }),
+        None => Err(MigrateError::ConfigNotFound { checkpoint: old_ckpt.display().to_string() }),
+    }
 }
 
 /// Reads the old configs and checks they are a v3.0/v3.1 PPO motion tracker.

@@ -463,6 +463,13 @@ pub(crate) const V30_WHY: &str = "v3.0 computes its observations in code from en
     (MimicEnvConfig); today's observation components compute other values under these keys, so a migrated env \
     would feed the model inputs it was not trained on";
 
+/// Why v2.3's trackers are refused: as v3.0's, its Mimic env computes the
+/// observations in code (`env.config.humanoid_obs`, the mimic target
+/// poses of `envs/mimic/components`), from Hydra's `config.yaml`.
+pub(crate) const V23_WHY: &str = "v2.3's Mimic env computes its observations in code from env.config \
+    (humanoid_obs, mimic target poses), configured by Hydra's config.yaml; today's observation components \
+    compute other values under these keys, so a migrated env would feed the model inputs it was not trained on";
+
 /// Today's `_target_`s of what is migrated (a PPO motion tracker).
 pub(crate) const PPO_AGENT: &str = "protomotions.agents.ppo.agent.PPO";
 /// Today's and the old releases' PPO model `_target_`.

@@ -66,6 +66,13 @@ pub fn is_hydra_config(config: &Path) -> bool {
 
 /// Reads and resolves the model subtree of a v2.3 `config.yaml`.
 pub fn read_spec(config: &Path) -> Result<V23Spec> {
+    let (file, text) = read_text(config)?;
+    let tree = pmstate_ckpt::hydra::resolve_yaml_at(&text, &file, MODEL_KEY).map_err(Box::new)?;
+    V23Spec::read(&tree)
+}
+
+/// `config`'s name and text; a file over [`MAX_CONFIG_BYTES`] is refused unread.
+fn read_text(config: &Path) -> Result<(String, String)> {
     let file = config.display().to_string();
     let io = |source: std::io::Error| PolicyError::ConfigRead { file: file.clone(), source };
     let meta = std::fs::metadata(config).map_err(io)?;
@@ -76,20 +83,26 @@ pub fn read_spec(config: &Path) -> Result<V23Spec> {
         });
     }
     let text = std::fs::read_to_string(config).map_err(io)?;
-    let tree = pmstate_ckpt::hydra::resolve_yaml_at(&text, &file, MODEL_KEY).map_err(Box::new)?;
-    V23Spec::read(&tree)
+    Ok((file, text))
 }
 
 /// The model class a v2.3 config names (`agent.config.model._target_`), for
 /// the registry.
 pub fn model_target(config: &Path) -> Result<String> {
-    let file = config.display().to_string();
-    let text =
-        std::fs::read_to_string(config).map_err(|source| PolicyError::ConfigRead { file: file.clone(), source })?;
-    let tree =
-        pmstate_ckpt::hydra::resolve_yaml_at(&text, &file, &format!("{MODEL_KEY}._target_")).map_err(Box::new)?;
+    target_at(config, MODEL_KEY)
+}
+
+/// The env's `_target_` of a v2.3 `config.yaml` (`protomotions.envs.mimic.env.Mimic`).
+pub fn env_target(config: &Path) -> Result<String> {
+    target_at(config, "env")
+}
+
+/// The `_target_` of the subtree at `key`, resolved.
+fn target_at(config: &Path, key: &str) -> Result<String> {
+    let (file, text) = read_text(config)?;
+    let tree = pmstate_ckpt::hydra::resolve_yaml_at(&text, &file, &format!("{key}._target_")).map_err(Box::new)?;
     tree.as_str().map(str::to_owned).ok_or_else(|| PolicyError::FieldType {
-        path: MODEL_KEY.into(),
+        path: key.into(),
         field: "_target_".into(),
         expected: "a string",
         found: tree.to_string(),
