@@ -326,12 +326,13 @@ impl Worker {
     /// was found, measured slower (docs/serve.md, Speed: gRPC).
     fn next_message(&self) -> Result<Msg, RecvError> {
         if !self.batching.spin.is_zero() {
-            let end = Instant::now() + self.batching.spin;
+            // a spin past what an Instant can hold polls until a message comes
+            let end = Instant::now().checked_add(self.batching.spin);
             loop {
                 match self.rx.try_recv() {
                     Ok(m) => return Ok(m),
                     Err(TryRecvError::Disconnected) => return Err(RecvError),
-                    Err(TryRecvError::Empty) if Instant::now() >= end => break,
+                    Err(TryRecvError::Empty) if end.is_some_and(|e| Instant::now() >= e) => break,
                     Err(TryRecvError::Empty) => std::hint::spin_loop(),
                 }
             }

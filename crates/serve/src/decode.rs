@@ -619,7 +619,8 @@ fn check_logits(iface: &Interface, rows: usize) -> Result<(), InputError> {
 /// which never outnumber what the checked shapes hold nor one per two
 /// bytes of JSON data or one per element size of binary data: float32
 /// values take at most twice the bytes they came in, int64 values (a GPC
-/// prior's tokens) four times: in all under 7 times the body's size.
+/// prior's tokens) and BOOL values (float32s from one byte each; from JSON
+/// at least five bytes each) four times: in all under 7 times the body's size.
 pub fn decode(body: &[u8], header_len: Option<usize>, expect: &Expect) -> Result<Decoded, RequestError> {
     let (json, binary) = split(body, header_len)?;
     match serde_json::from_slice::<InferRequest>(json) {

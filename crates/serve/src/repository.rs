@@ -203,6 +203,10 @@ pub struct IndexEntry {
     pub reason: String,
 }
 
+/// The longest `spin_us` a `config.json` sets: a second (a poll that
+/// long is a busy thread, not a wake-up saved).
+const MAX_SPIN_US: u64 = 1_000_000;
+
 /// A model's `config.json`: every key optional.
 ///
 /// ```json
@@ -279,13 +283,10 @@ impl ModelConfig {
                         c.queue = Some(n);
                     }
                 }
-                "max_wait_us" | "spin_us" => {
-                    let us = v.as_u64().ok_or_else(|| expected("an integer >= 0"))?;
-                    if key == "max_wait_us" {
-                        c.max_wait_us = Some(us);
-                    } else {
-                        c.spin_us = Some(us);
-                    }
+                "max_wait_us" => c.max_wait_us = Some(v.as_u64().ok_or_else(|| expected("an integer >= 0"))?),
+                "spin_us" => {
+                    let us = v.as_u64().filter(|us| *us <= MAX_SPIN_US);
+                    c.spin_us = Some(us.ok_or_else(|| expected("an integer from 0 to 1000000"))?);
                 }
                 _ => {
                     return Err(format!(
@@ -679,7 +680,9 @@ mod tests {
         let c = ModelConfig::parse(r#"{"spin_us": 0, "max_wait_us": 7}"#).unwrap();
         let b = c.batching(Batching::default());
         assert_eq!((b.spin, b.max_wait), (Duration::ZERO, Duration::from_micros(7)));
-        let e = ModelConfig::parse(r#"{"spin_us": -1}"#).unwrap_err();
-        assert!(e.contains("`spin_us`") && e.contains(">= 0"), "{e}");
+        for bad in ["-1", "1000001"] {
+            let e = ModelConfig::parse(&format!(r#"{{"spin_us": {bad}}}"#)).unwrap_err();
+            assert!(e.contains("`spin_us`") && e.contains("from 0 to 1000000"), "{e}");
+        }
     }
 }

@@ -43,7 +43,7 @@ pub struct Args {
     #[arg(long, default_value_t = 0)]
     max_wait_us: u64,
     /// The server's --spin-us (both modes).
-    #[arg(long, default_value_t = super::serve::spin_us_default())]
+    #[arg(long, default_value_t = super::serve::spin_us_default(), value_parser = clap::value_parser!(u64).range(0..=super::serve::MAX_SPIN_US))]
     spin_us: u64,
     /// How the clients encode tensors (repeatable; default json and binary,
     /// JSON first; grpc: the KServe V2 gRPC API, raw contents, unary calls;

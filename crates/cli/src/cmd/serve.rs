@@ -87,8 +87,8 @@ pub struct Args {
     /// Microseconds the batching thread polls for the next request after a
     /// batch before it sleeps: a lone closed-loop client's next request is
     /// then taken without a thread wake-up (at most this much CPU per
-    /// batch; 0: sleep at once).
-    #[arg(long, default_value_t = spin_us_default())]
+    /// batch; 0: sleep at once; at most 1000000).
+    #[arg(long, default_value_t = spin_us_default(), value_parser = clap::value_parser!(u64).range(0..=MAX_SPIN_US))]
     spin_us: u64,
     /// Follow CHECKPOINT: a new file written over it is loaded, checked
     /// (same in_keys, widths, action size) and swapped in between batches.
@@ -160,6 +160,9 @@ enum ControlMode {
 /// `IP:PORT`, `HOST:PORT` or `PORT` (on 127.0.0.1, as the default address).
 /// A host name takes its first IPv4 address (localhost: 127.0.0.1, what
 /// curl and most clients try first), else its first address.
+/// The longest `--spin-us` taken: a second (a poll that long is a busy thread, not a wake-up saved).
+pub(crate) const MAX_SPIN_US: u64 = 1_000_000;
+
 /// `--spin-us`'s default: the library's.
 pub(crate) const fn spin_us_default() -> u64 {
     Batching::DEFAULT_SPIN.as_micros() as u64

@@ -130,7 +130,8 @@ async fn a_request_over_max_batch_is_refused_as_triton_refuses_it() {
 
 /// The batching thread polls its queue after a batch (`Batching::spin`)
 /// before it sleeps: requests and the stop message that come while it
-/// polls are taken as when it sleeps. With an hour's spin every request
+/// polls are taken as when it sleeps. With an hour's spin (or one longer
+/// than an `Instant` can hold) every request
 /// after the first and the shutdown arrive mid-poll; with none, each
 /// arrives while it sleeps. Closed loop: one forward per request.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -138,7 +139,8 @@ async fn requests_and_the_stop_that_come_while_the_batcher_polls_are_taken() {
     let v = "smpl_tracker";
     let policy = Policy::load(testdata(v).join("last.ckpt"), None, &Device::Cpu).unwrap();
     let o = obs(v);
-    for spin in [Duration::from_secs(3600), Duration::ZERO] {
+    // Duration::MAX: past what an Instant holds, it polls until a message comes
+    for spin in [Duration::from_secs(3600), Duration::MAX, Duration::ZERO] {
         let mut opts = options(testdata(v).join("last.ckpt"));
         opts.batching = Batching { spin, ..Batching::default() };
         let s = start(opts).await;
