@@ -82,6 +82,9 @@ impl Batching {
     /// docs/serve.md), short enough that an idle server's last poll costs
     /// nothing worth counting.
     pub const DEFAULT_SPIN: Duration = Duration::from_micros(150);
+    /// The longest spin the CLI and a repository's `config.json` take: a
+    /// second (a poll that long is a busy thread, not a wake-up saved).
+    pub const MAX_SPIN: Duration = Duration::from_secs(1);
 }
 
 impl Default for Batching {

@@ -203,9 +203,8 @@ pub struct IndexEntry {
     pub reason: String,
 }
 
-/// The longest `spin_us` a `config.json` sets: a second (a poll that
-/// long is a busy thread, not a wake-up saved).
-const MAX_SPIN_US: u64 = 1_000_000;
+/// The longest `spin_us` a `config.json` sets ([`Batching::MAX_SPIN`]).
+const MAX_SPIN_US: u64 = Batching::MAX_SPIN.as_micros() as u64;
 
 /// A model's `config.json`: every key optional.
 ///

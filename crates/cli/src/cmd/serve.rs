@@ -157,17 +157,17 @@ enum ControlMode {
     Explicit,
 }
 
-/// `IP:PORT`, `HOST:PORT` or `PORT` (on 127.0.0.1, as the default address).
-/// A host name takes its first IPv4 address (localhost: 127.0.0.1, what
-/// curl and most clients try first), else its first address.
-/// The longest `--spin-us` taken: a second (a poll that long is a busy thread, not a wake-up saved).
-pub(crate) const MAX_SPIN_US: u64 = 1_000_000;
+/// The longest `--spin-us` taken: the library's bound.
+pub(crate) const MAX_SPIN_US: u64 = Batching::MAX_SPIN.as_micros() as u64;
 
 /// `--spin-us`'s default: the library's.
 pub(crate) const fn spin_us_default() -> u64 {
     Batching::DEFAULT_SPIN.as_micros() as u64
 }
 
+/// `IP:PORT`, `HOST:PORT` or `PORT` (on 127.0.0.1, as the default address).
+/// A host name takes its first IPv4 address (localhost: 127.0.0.1, what
+/// curl and most clients try first), else its first address.
 fn listen_addr(s: &str) -> Result<SocketAddr, String> {
     if let Ok(addr) = s.parse::<SocketAddr>() {
         return Ok(addr);
