@@ -402,7 +402,8 @@ pub fn decode_tensor<S: TensorSource>(
     } else if t.datatype == own.name() {
         own
     } else {
-        return Err(InputError::Datatype { input: name, datatype: t.datatype, expected: own.name() }.into());
+        let expected = if spec.is_some_and(|s| s.also_bool) { "FP32 or BOOL" } else { own.name() };
+        return Err(InputError::Datatype { input: name, datatype: t.datatype, expected }.into());
     };
     let (r, d) = match spec.and_then(|s| s.row_shape.as_deref()) {
         Some(row) => shaped(&name, &t.shape, row, expect.max_rows)?,
@@ -814,5 +815,10 @@ mod tests {
         let e = decode(&body, None, &Expect { iface: &t.interface, non_finite: NonFinite::Pass, max_rows: 256 })
             .unwrap_err();
         assert!(matches!(&e, RequestError::BadInput(InputError::Datatype { expected: "FP32", .. })), "{e}");
+        // the older MaskedMimic names both it takes
+        let (body, _) = request(&|k| k == mask, false);
+        let text = String::from_utf8(body).expect("UTF-8").replacen("\"BOOL\"", "\"INT64\"", 1);
+        let e = decode(text.as_bytes(), None, &ex).unwrap_err();
+        assert!(matches!(&e, RequestError::BadInput(InputError::Datatype { expected: "FP32 or BOOL", .. })), "{e}");
     }
 }

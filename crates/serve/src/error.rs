@@ -412,14 +412,15 @@ pub enum InputError {
         /// The input.
         input: String,
     },
-    /// A datatype other than the input's (FP32; INT64 for a GPC prior's tokens).
+    /// A datatype other than the input's (FP32; INT64 for a GPC prior's
+    /// tokens; FP32 or BOOL for an older MaskedMimic's inputs).
     #[error("input {input}: datatype {}, expected {expected}", clip(.datatype))]
     Datatype {
         /// The input.
         input: String,
         /// The datatype sent.
         datatype: String,
-        /// The input's.
+        /// What the input takes (`FP32`, `INT64`, `FP32 or BOOL`).
         expected: &'static str,
     },
     /// An element of INT64 JSON data that is not a JSON integer in the int64 range.
