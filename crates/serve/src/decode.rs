@@ -320,7 +320,7 @@ impl<'a> TensorSource for RestData<'a> {
                     })?),
                     Datatype::Bool => Values::F32(read_bools(raw, count).map_err(|e| match e {
                         BoolDataError::TooMany => overflow(),
-                        BoolDataError::Element { index, value } => {
+                        BoolDataError::Element { index, value, .. } => {
                             InputError::BoolData { input: input(), index, value }
                         }
                         BoolDataError::Json(e) => InputError::Data { input: input(), reason: e.to_string() },

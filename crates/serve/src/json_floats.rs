@@ -331,220 +331,205 @@ impl std::fmt::Display for IntProblem {
     }
 }
 
-/// Why [`read_ints`] refused a tensor's data.
+/// What is wrong with one element of BOOL JSON data: it is not `true` or `false`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NotBool;
+
+impl std::fmt::Display for NotBool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("is not true or false")
+    }
+}
+
+/// Why [`read_ints`] or [`read_bools`] refused a tensor's data.
 #[derive(Debug)]
-pub enum IntDataError {
+pub enum ElementsError<P> {
     /// More than `cap` values.
     TooMany,
-    /// Element `index` (row-major) is not an int64: its JSON text, clipped, and why.
+    /// Element `index` (row-major) is not one of the datatype's: its JSON text, clipped, and why.
     Element {
         /// Its row-major position.
         index: usize,
         /// What was sent.
         value: String,
         /// What is wrong with it.
-        problem: IntProblem,
+        problem: P,
     },
     /// Not an array (serde_json's error, with the column).
     Json(serde_json::Error),
 }
+
+/// [`read_ints`]' refusal.
+pub type IntDataError = ElementsError<IntProblem>;
+/// [`read_bools`]' refusal.
+pub type BoolDataError = ElementsError<NotBool>;
 
 /// Reads INT64 tensor data (flat or nested arrays of JSON integers), at
 /// most `cap` values, as [`read_data`] reads FP32 data: a value that is
 /// not a JSON integer in the int64 range is refused with its position.
 pub fn read_ints(raw: &serde_json::value::RawValue, cap: usize) -> Result<Vec<i64>, IntDataError> {
-    let text = raw.get();
-    let mut out = Vec::with_capacity(cap.min(text.len() / 2 + 1));
-    let mut bad = None;
-    let mut de = serde_json::Deserializer::from_str(text);
-    let r = IntFlatten { out: &mut out, bad: &mut bad, depth: 0, cap }.deserialize(&mut de).and_then(|()| de.end());
-    match (r, bad) {
-        (Ok(()), _) => Ok(out),
-        (Err(_), Some((index, value, problem))) => Err(IntDataError::Element { index, value, problem }),
-        (Err(_), None) if out.len() == cap && cap < usize::MAX => Err(IntDataError::TooMany),
-        (Err(e), None) => Err(IntDataError::Json(e)),
-    }
-}
-
-/// Appends every integer of a (nested) array to `out`; the first element
-/// that is not one is kept in `bad` (index, text, problem).
-struct IntFlatten<'a> {
-    out: &'a mut Vec<i64>,
-    bad: &'a mut Option<(usize, String, IntProblem)>,
-    depth: usize,
-    cap: usize,
-}
-
-impl IntFlatten<'_> {
-    fn push<E: serde::de::Error>(self, v: i64) -> Result<(), E> {
-        if self.out.len() == self.cap {
-            return Err(E::custom(format_args!("more than {} values", self.cap)));
-        }
-        self.out.push(v);
-        Ok(())
-    }
-
-    fn refuse<E: serde::de::Error>(self, value: String, problem: IntProblem) -> Result<(), E> {
-        let index = self.out.len();
-        let e = E::custom(format_args!("element {index} ({value}) {problem}"));
-        *self.bad = Some((index, value, problem));
-        Err(e)
-    }
-}
-
-impl<'de> DeserializeSeed<'de> for IntFlatten<'_> {
-    type Value = ();
-    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
-        d.deserialize_any(self)
-    }
-}
-
-impl<'de> Visitor<'de> for IntFlatten<'_> {
-    type Value = ();
-
-    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-        f.write_str("an array of integers (flat or nested, row-major)")
-    }
-
-    fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<(), E> {
-        self.push(v)
-    }
-
-    fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<(), E> {
-        match i64::try_from(v) {
-            Ok(v) => self.push(v),
-            Err(_) => self.refuse(v.to_string(), IntProblem::OutOfRange),
-        }
-    }
-
-    fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<(), E> {
-        // serde_json reads integers past the u64 / i64 range as floats
-        let problem =
-            if v.fract() == 0.0 && v.abs() >= 2f64.powi(63) { IntProblem::OutOfRange } else { IntProblem::NotInteger };
-        self.refuse(ryu::Buffer::new().format(v).to_owned(), problem)
-    }
-
-    fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<(), E> {
-        self.refuse(crate::error::clip_json(v), IntProblem::NotInteger)
-    }
-
-    fn visit_bool<E: serde::de::Error>(self, v: bool) -> Result<(), E> {
-        self.refuse(v.to_string(), IntProblem::NotInteger)
-    }
-
-    fn visit_unit<E: serde::de::Error>(self) -> Result<(), E> {
-        self.refuse("null".into(), IntProblem::NotInteger)
-    }
-
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
-        if self.depth >= MAX_DEPTH {
-            return Err(A::Error::custom(format!("data nested deeper than {MAX_DEPTH} levels")));
-        }
-        while seq
-            .next_element_seed(IntFlatten {
-                out: &mut *self.out,
-                bad: &mut *self.bad,
-                depth: self.depth + 1,
-                cap: self.cap,
-            })?
-            .is_some()
-        {}
-        Ok(())
-    }
-}
-
-/// Why [`read_bools`] refused a tensor's data.
-#[derive(Debug)]
-pub enum BoolDataError {
-    /// More than `cap` values.
-    TooMany,
-    /// Element `index` (row-major) is not `true` or `false`: its JSON text, clipped.
-    Element {
-        /// Its row-major position.
-        index: usize,
-        /// What was sent.
-        value: String,
-    },
-    /// Not an array (serde_json's error, with the column).
-    Json(serde_json::Error),
+    // every value takes at least two bytes of JSON (a digit and a separator)
+    read_typed::<Int64>(raw, cap, 2)
 }
 
 /// Reads BOOL tensor data (flat or nested arrays of JSON `true` and
 /// `false`, as Triton takes BOOL data), at most `cap` values, as float32
 /// 1.0 and 0.0; any other element is refused with its position.
 pub fn read_bools(raw: &serde_json::value::RawValue, cap: usize) -> Result<Vec<f32>, BoolDataError> {
-    let text = raw.get();
     // every value takes at least five bytes of JSON (`true,`)
-    let mut out = Vec::with_capacity(cap.min(text.len() / 5 + 1));
-    let mut bad = None;
-    let mut de = serde_json::Deserializer::from_str(text);
-    let r = BoolFlatten { out: &mut out, bad: &mut bad, depth: 0, cap }.deserialize(&mut de).and_then(|()| de.end());
-    match (r, bad) {
-        (Ok(()), _) => Ok(out),
-        (Err(_), Some((index, value))) => Err(BoolDataError::Element { index, value }),
-        (Err(_), None) if out.len() == cap && cap < usize::MAX => Err(BoolDataError::TooMany),
-        (Err(e), None) => Err(BoolDataError::Json(e)),
+    read_typed::<Bool>(raw, cap, 5)
+}
+
+/// One JSON scalar of tensor data, as serde hands it over.
+#[derive(Clone, Copy)]
+enum Scalar<'s> {
+    I64(i64),
+    U64(u64),
+    F64(f64),
+    Str(&'s str),
+    Bool(bool),
+    Null,
+}
+
+impl Scalar<'_> {
+    /// Its JSON text (clipped for a string), for a refusal.
+    fn text(self) -> String {
+        match self {
+            Scalar::I64(v) => v.to_string(),
+            Scalar::U64(v) => v.to_string(),
+            Scalar::F64(v) => ryu::Buffer::new().format(v).to_owned(),
+            Scalar::Str(v) => crate::error::clip_json(v),
+            Scalar::Bool(v) => v.to_string(),
+            Scalar::Null => "null".into(),
+        }
     }
 }
 
-/// Appends every bool of a (nested) array to `out` as 1.0 or 0.0; the
-/// first element that is not one is kept in `bad` (index, text).
-struct BoolFlatten<'a> {
-    out: &'a mut Vec<f32>,
-    bad: &'a mut Option<(usize, String)>,
+/// A datatype whose JSON data [`read_typed`] reads: what each scalar
+/// becomes, or why it is refused.
+trait Element {
+    /// The value stored.
+    type Out;
+    /// Why a scalar is refused.
+    type Problem: std::fmt::Display + Copy;
+    /// The value of one scalar, or why it is refused.
+    fn take(s: Scalar<'_>) -> Result<Self::Out, Self::Problem>;
+}
+
+/// INT64: JSON integers in range.
+struct Int64;
+
+impl Element for Int64 {
+    type Out = i64;
+    type Problem = IntProblem;
+    fn take(s: Scalar<'_>) -> Result<i64, IntProblem> {
+        match s {
+            Scalar::I64(v) => Ok(v),
+            Scalar::U64(v) => i64::try_from(v).map_err(|_| IntProblem::OutOfRange),
+            // serde_json reads integers past the u64 / i64 range as floats
+            Scalar::F64(v) if v.fract() == 0.0 && v.abs() >= 2f64.powi(63) => Err(IntProblem::OutOfRange),
+            _ => Err(IntProblem::NotInteger),
+        }
+    }
+}
+
+/// BOOL: JSON `true` and `false`, as float32 1.0 and 0.0.
+struct Bool;
+
+impl Element for Bool {
+    type Out = f32;
+    type Problem = NotBool;
+    fn take(s: Scalar<'_>) -> Result<f32, NotBool> {
+        match s {
+            Scalar::Bool(v) => Ok(if v { 1.0 } else { 0.0 }),
+            _ => Err(NotBool),
+        }
+    }
+}
+
+/// The elements of `raw` (flat or nested arrays), at most `cap`, each at
+/// least `min_bytes` of JSON (sizing the first allocation).
+fn read_typed<E: Element>(
+    raw: &serde_json::value::RawValue,
+    cap: usize,
+    min_bytes: usize,
+) -> Result<Vec<E::Out>, ElementsError<E::Problem>> {
+    let text = raw.get();
+    let mut out = Vec::with_capacity(cap.min(text.len() / min_bytes + 1));
+    let mut bad = None;
+    let mut de = serde_json::Deserializer::from_str(text);
+    let r = Elements::<E> { out: &mut out, bad: &mut bad, depth: 0, cap }.deserialize(&mut de).and_then(|()| de.end());
+    match (r, bad) {
+        (Ok(()), _) => Ok(out),
+        (Err(_), Some((index, value, problem))) => Err(ElementsError::Element { index, value, problem }),
+        (Err(_), None) if out.len() == cap && cap < usize::MAX => Err(ElementsError::TooMany),
+        (Err(e), None) => Err(ElementsError::Json(e)),
+    }
+}
+
+/// Appends every element of a (nested) array to `out`; the first scalar
+/// refused is kept in `bad` (index, text, problem).
+struct Elements<'a, E: Element> {
+    out: &'a mut Vec<E::Out>,
+    bad: &'a mut Option<(usize, String, E::Problem)>,
     depth: usize,
     cap: usize,
 }
 
-impl BoolFlatten<'_> {
-    fn refuse<E: serde::de::Error>(self, value: String) -> Result<(), E> {
-        let index = self.out.len();
-        let e = E::custom(format_args!("element {index} ({value}) is not true or false"));
-        *self.bad = Some((index, value));
-        Err(e)
+impl<E: Element> Elements<'_, E> {
+    fn scalar<Er: serde::de::Error>(self, s: Scalar<'_>) -> Result<(), Er> {
+        match E::take(s) {
+            Ok(_) if self.out.len() == self.cap => Err(Er::custom(format_args!("more than {} values", self.cap))),
+            Ok(v) => {
+                self.out.push(v);
+                Ok(())
+            }
+            Err(problem) => {
+                let (index, value) = (self.out.len(), s.text());
+                let e = Er::custom(format_args!("element {index} ({value}) {problem}"));
+                *self.bad = Some((index, value, problem));
+                Err(e)
+            }
+        }
     }
 }
 
-impl<'de> DeserializeSeed<'de> for BoolFlatten<'_> {
+impl<'de, E: Element> DeserializeSeed<'de> for Elements<'_, E> {
     type Value = ();
     fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
         d.deserialize_any(self)
     }
 }
 
-impl<'de> Visitor<'de> for BoolFlatten<'_> {
+impl<'de, E: Element> Visitor<'de> for Elements<'_, E> {
     type Value = ();
 
     fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-        f.write_str("an array of true and false (flat or nested, row-major)")
+        f.write_str("an array of the datatype's values (flat or nested, row-major)")
     }
 
-    fn visit_bool<E: serde::de::Error>(self, v: bool) -> Result<(), E> {
-        if self.out.len() == self.cap {
-            return Err(E::custom(format_args!("more than {} values", self.cap)));
-        }
-        self.out.push(if v { 1.0 } else { 0.0 });
-        Ok(())
+    fn visit_i64<Er: serde::de::Error>(self, v: i64) -> Result<(), Er> {
+        self.scalar(Scalar::I64(v))
     }
 
-    fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<(), E> {
-        self.refuse(v.to_string())
+    fn visit_u64<Er: serde::de::Error>(self, v: u64) -> Result<(), Er> {
+        self.scalar(Scalar::U64(v))
     }
 
-    fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<(), E> {
-        self.refuse(v.to_string())
+    fn visit_f64<Er: serde::de::Error>(self, v: f64) -> Result<(), Er> {
+        self.scalar(Scalar::F64(v))
     }
 
-    fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<(), E> {
-        self.refuse(ryu::Buffer::new().format(v).to_owned())
+    fn visit_str<Er: serde::de::Error>(self, v: &str) -> Result<(), Er> {
+        self.scalar(Scalar::Str(v))
     }
 
-    fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<(), E> {
-        self.refuse(crate::error::clip_json(v))
+    fn visit_bool<Er: serde::de::Error>(self, v: bool) -> Result<(), Er> {
+        self.scalar(Scalar::Bool(v))
     }
 
-    fn visit_unit<E: serde::de::Error>(self) -> Result<(), E> {
-        self.refuse("null".into())
+    fn visit_unit<Er: serde::de::Error>(self) -> Result<(), Er> {
+        self.scalar(Scalar::Null)
     }
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
@@ -552,7 +537,7 @@ impl<'de> Visitor<'de> for BoolFlatten<'_> {
             return Err(A::Error::custom(format!("data nested deeper than {MAX_DEPTH} levels")));
         }
         while seq
-            .next_element_seed(BoolFlatten {
+            .next_element_seed(Elements::<E> {
                 out: &mut *self.out,
                 bad: &mut *self.bad,
                 depth: self.depth + 1,
@@ -945,6 +930,24 @@ mod tests {
         let mut out = Vec::new();
         write_int_array(&mut out, &[0, -5, i64::MAX, i64::MIN]);
         assert_eq!(serde_json::from_slice::<Vec<i64>>(&out).unwrap(), [0, -5, i64::MAX, i64::MIN]);
+    }
+
+    #[test]
+    fn bool_data_takes_true_and_false_only_and_names_the_element() {
+        let read =
+            |s: &str, cap| read_bools(&serde_json::from_str::<Box<serde_json::value::RawValue>>(s).unwrap(), cap);
+        assert_eq!(read("[true, false, [true]]", 8).unwrap(), [1.0, 0.0, 1.0]);
+        let element = |s: &str| match read(s, 8) {
+            Err(BoolDataError::Element { index, value, problem: NotBool }) => (index, value),
+            other => panic!("{s}: {other:?}"),
+        };
+        assert_eq!(element("[true, 1]"), (1, "1".into()));
+        assert_eq!(element("[[false], [0.0]]"), (1, "0.0".into()));
+        assert_eq!(element("[\"true\"]"), (0, "\"true\"".into()));
+        assert_eq!(element("[null]"), (0, "null".into()));
+        assert!(matches!(read("[true, true, true]", 2), Err(BoolDataError::TooMany)));
+        assert!(matches!(read("true", 2), Ok(v) if v == [1.0]));
+        assert!(matches!(read("{}", 2), Err(BoolDataError::Json(_))));
     }
 
     #[test]
