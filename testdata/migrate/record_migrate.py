@@ -7,6 +7,10 @@ usage: python testdata/migrate/record_migrate.py templates --protomotions PATH
        python testdata/migrate/record_migrate.py kernels --protomotions PATH --v31 V31_PATH
        python testdata/migrate/record_migrate.py g1-kernels --protomotions PATH --v31 V31_PATH
        python testdata/migrate/record_migrate.py g1-observations --protomotions PATH
+       python testdata/migrate/record_migrate.py g1-actions --protomotions PATH --v31 V31_PATH
+
+Order: templates, verify (rewrites verified.json's cases), then kernels,
+g1-kernels, g1-observations, g1-actions (each adds its part).
 
 PATH is a checkout of github:NVlabs/ProtoMotions at commit
 607ca7a0bb92e261120bcab8d9f97f28b3130ffc; its `protomotions` package is
@@ -15,7 +19,10 @@ imported from PATH at run time, nothing of it is copied here.
 templates: today's configs of the experiments in TEMPLATES (the shipped
 smpl motion-tracker experiment,
 data/pretrained_models/motion_tracker/smpl/experiment_config.py, and
-today's PPO G1 tracker, examples/experiments/mimic/mlp_bm_l2c2.py), built
+today's PPO G1 tracker, examples/experiments/mimic/mlp_bm_l2c2.py, given
+by `g1_for_v31` what v3.1's G1 tracker reads from today's own factories:
+its history observations, root-frame critic observations, anchor terms and
+today's generic PD action config, without L2C2), built
 with today's `build_standard_configs` exactly as
 testdata/policy/record_policy.py builds them (its helpers are imported), and
 the inference configs after today's `apply_all_inference_overrides`; pickled
@@ -37,7 +44,9 @@ reward normalizer, both optimizers) for resuming and
 recording's obs.safetensors with torch.manual_seed(1234) first (as
 record_releases.py recorded) and compares mean_action, value, action and
 neglogp with the OLD release's expected.safetensors (bit for bit required);
-for resume also one optimizer step (the restored Adam state is used).
+for resume also one optimizer step (the restored Adam state is used);
+every context binding of the migrated components must be a FieldPath with
+its name and parent path (`unresolvable_bindings` empty).
 Writes verified.json (per case: the SHA-256 of every migrated file, the
 report, and the comparison) and the migrated torch files under
 <case>/ (not the report file, which names this run's paths); the CI tests
@@ -46,16 +55,18 @@ report, and the comparison) and the migrated torch files under
 change to migrate forces re-verification. --no-write only checks.
 
 kernels (after verify): the mapped components' math, today's against
-v3.1's. On the same seeded random states (64 envs, 24 bodies, 69 dofs;
-the reference root height is body 0's z), today's compute_func of each
+v3.1's, for each case. On the same seeded random states (64 envs, the
+robot's bodies and dofs, the env's history steps, the mimic control's
+future steps; the reference root height is body 0's z; the anchor values
+are the robot's anchor body's), today's compute_func of each
 component of the migrated resolved_configs.pt with its static_params and
 its dynamic_vars bound to those states, against v3.1's own function
 (V31_PATH's package, imported in a process of its own) bound by v3.1's
 configs (its variables and indices_subset); the env-level parameters
 (weight, min_value, ...) are not kernel arguments in either release.
-Components whose v3.1 inputs are not generated here (the target poses,
-the previous actions) are listed as not compared. Adds kernels_vs_v31 to
-verified.json.
+Components whose v3.1 inputs are not generated here (the noisy context,
+the reduced-coords target poses, the smpl tracker's previous actions) are
+listed as not compared. Adds kernels_vs_v31 to each case in verified.json.
 
 g1-kernels: the table entries for the v3.1 G1 tracker's BeyondMimic-style
 rewards and terminations (G1_ENTRIES), which no migrated case exercises yet
@@ -66,10 +77,21 @@ body at anchor_idx), each in a process of its own on the same seeded random
 states (64 envs, 30 bodies, anchor body 16), without density weights.
 Adds g1_table_kernels_vs_v31 to verified.json.
 
-g1-observations: the v3.1 G1 tracker's four actor observations, today's
-functions on v3.1's recorded context values
+g1-observations (after verify): the v3.1 G1 tracker's four actor
+observations, computed by the components of the MIGRATED configs
+(testdata/migrate/v31_g1_tracker, training and inference files) with their
+own bindings on v3.1's recorded context values
 (testdata/deploy/v31_g1_tracker/inputs_b16.safetensors) against v3.1's
-values (obs_b16.safetensors); adds g1_observations_vs_v31 to verified.json.
+values (obs_b16.safetensors); context paths v3.1's observations do not
+read are filled twice (zeros, random), both runs must match; adds
+g1_observations_vs_v31 to verified.json.
+
+g1-actions (after verify): the migrated action config's function and
+tensors (today's normalized_pd_fixed_gains_action) against v3.1's PD
+targets (its build_pd_action_offset_scale, clamp_actions clamp, offset +
+scale * action, in V31_PATH's package) on v3.1's recorded mean actions
+(whose recorded PD targets must be reproduced) and on actions past the
+clamp, and the gains against v3.1's control_info; adds g1_actions_vs_v31.
 """
 import argparse
 import hashlib
@@ -94,14 +116,69 @@ SMPL_REL = "data/pretrained_models/motion_tracker/smpl/experiment_config.py"
 TEMPLATES = [
     ("smpl_tracker", SMPL_REL, "smpl"),
     # today's PPO G1 tracker (BeyondMimic-style rewards, reduced-coords
-    # observations with history, L2C2): the G1 tracker's template
+    # observations), given by g1_for_v31 the components v3.1's G1 tracker
+    # reads, from today's own factories: the G1 tracker's template
     ("g1_tracker", "examples/experiments/mimic/mlp_bm_l2c2.py", "g1"),
 ]
+
+
+def g1_for_v31(cfgs):
+    """Today's G1 experiment given, from today's own factories and helpers,
+    what v3.1's G1 tracker (motion_tracker/g1-amass) reads and today's
+    experiment lacks; `pmstate migrate` takes every context binding from
+    here, never makes one up:
+    - actions: today's generic `make_pd_action_config` (offsets and scales
+      from the joint limits, the robot's fixed gains), v3.1's built-in PD
+      formula; migrate sets its transform to v3.1's clamp;
+    - history observations: `historical_reduced_coords_obs_factory` (noisy,
+      and clean for an inference-only file), `historical_max_coords_obs_factory`,
+      and `previous_actions_factory(processed=False)` (the policy's actions,
+      as v3.1's history holds them);
+    - the critic's max-coords observations (current, history, target poses)
+      in the root's frame, as v3.1 computes them: their `anchor_body_index`
+      binding removed, so today's functions take their default, body 0 (the
+      G1's anchor is the torso, body 16);
+    - v3.1's anchor-position reward and the two anchor terminations:
+      `global_anchor_pos_rew_factory`, `anchor_pos_error_term_factory`,
+      `anchor_ori_error_term_factory`;
+    - no L2C2 (v3.1 trained without it; its clean observation pairs are not
+      v3.1's inputs)."""
+    from protomotions.agents.ppo.config import L2C2Config
+    from protomotions.envs.action import make_pd_action_config
+    from protomotions.envs.component_factories import (anchor_ori_error_term_factory,
+                                                       anchor_pos_error_term_factory,
+                                                       global_anchor_pos_rew_factory,
+                                                       historical_max_coords_obs_factory,
+                                                       historical_reduced_coords_obs_factory,
+                                                       previous_actions_factory)
+    env = cfgs["env"]
+    obs = env.observation_components
+    obs["noisy_historical_reduced_coords_obs"] = historical_reduced_coords_obs_factory(use_noisy=True)
+    obs["clean_historical_reduced_coords_obs"] = historical_reduced_coords_obs_factory(use_noisy=False)
+    obs["historical_max_coords_obs"] = historical_max_coords_obs_factory(
+        use_noisy=False, local_obs=True, root_height_obs=True, observe_contacts=False)
+    obs["historical_previous_actions"] = previous_actions_factory(processed=False)
+    for name in ("max_coords_obs", "historical_max_coords_obs", "mimic_max_coords_target_poses"):
+        del obs[name].dynamic_vars["anchor_body_index"]
+    env.reward_components["global_anchor_pos"] = global_anchor_pos_rew_factory()
+    env.termination_components["bad_ref_pos"] = anchor_pos_error_term_factory()
+    env.termination_components["bad_ref_ori"] = anchor_ori_error_term_factory()
+    env.action_config = make_pd_action_config(cfgs["robot"])
+    cfgs["agent"].l2c2 = L2C2Config()
+    return cfgs
+
+
+# a template's adaptation to the old release's layout (template name -> function)
+ADAPT = {"g1_tracker": g1_for_v31}
 CASES = [
     # (name, old checkpoint relative to the repo, old expected outputs, migrate's flags)
     # v3.1's action_smoothness has no same-math counterpart today (see the
     # report): dropped explicitly, so resuming trains without it
     ("v31_tracker", "testdata/policy/v31_tracker/last.ckpt", "testdata/policy/v31_tracker",
+     ["--drop-unmatched-terms"]),
+    # the G1's density-weighted rewards, physical action rate, soft joint
+    # limits and relative-body termination have none either (see the report)
+    ("v31_g1_tracker", "testdata/policy/v31_g1_tracker/last.ckpt", "testdata/policy/v31_g1_tracker",
      ["--drop-unmatched-terms"]),
 ]
 
@@ -131,6 +208,8 @@ def templates(rp, root, only=None):
         if only and name not in only:
             continue
         cfgs, mod, args = rp.build_configs(root, rel, robot, name)
+        if name in ADAPT:
+            cfgs = ADAPT[name](cfgs)
         inf = rp.inference_configs(cfgs, mod, args)
         out = os.path.join(HERE, "templates", name)
         os.makedirs(out, exist_ok=True)
@@ -174,8 +253,13 @@ def verify(rp, root, pmstate, write):
                 got = td[k]
                 cmp[k] = {"bit_identical": bool(torch.equal(got, want)),
                           "max_abs_diff": float((got.double() - want.double()).abs().max())}
+            # every context binding resolvable: a FieldPath with its name and parent path
+            unresolved = [f"{t}.{n}.{a}" for t in ("observation_components", "reward_components",
+                                                   "termination_components")
+                          for n, c in getattr(cfgs["env"], t).items() for a, fp in c.dynamic_vars.items()
+                          if not (hasattr(fp, "_parent_path") and hasattr(fp, "name"))]
             check = {"configs": cfg_file, "classes": classes, "load_training_state": training_state,
-                     "outputs": cmp}
+                     "outputs": cmp, "unresolvable_bindings": unresolved}
             if training_state:
                 check["restored"] = {"epoch": agent.current_epoch, "step_count": agent.step_count,
                                      "reward_norm_count": int(agent.running_reward_norm.count),
@@ -220,7 +304,8 @@ def verify(rp, root, pmstate, write):
         results.append({"name": name, "resume_state_verified": resumed_ok, "old_checkpoint": old_ckpt, "flags": flags, "migrated_sha256": files,
                         "report": report, "checks": checks,
                         "verified": resumed_ok and all(c["bit_identical"] for ch in checks.values()
-                                                        for c in ch["outputs"].values())})
+                                                        for c in ch["outputs"].values())
+                        and not any(ch["unresolvable_bindings"] for ch in checks.values())})
     if not all(r["verified"] for r in results):
         raise SystemExit("some migrated case differs from the old release's outputs")
     if not write:
@@ -251,13 +336,28 @@ V31_KEYS = {
     ("mimic.ref_state", "rigid_body_contacts"): "ref_state_rigid_body_contacts",
     ("", "ground_heights"): "ground_heights_beneath_root",
     ("", "body_contacts"): "body_contacts",
+    # the G1's anchor and state history (v3.1's historical_* keys)
+    ("current", "anchor_pos"): "current_state_anchor_pos",
+    ("current", "anchor_rot"): "current_state_anchor_rot",
+    **{("mimic", f"future_{k}"): f"mimic_ref_{k}" for k in ("pos", "rot", "vel", "ang_vel")},
+    **{("historical", k): f"historical_{k}" for k in (
+        "rigid_body_pos", "rigid_body_rot", "rigid_body_vel", "rigid_body_ang_vel", "ground_heights",
+        "body_contacts", "actions", "dof_pos", "dof_vel", "root_local_ang_vel", "anchor_rot")},
 }
 # the parameters the env applies around a kernel (not kernel arguments)
 ENV_PARAMS = {"weight", "min_value", "max_value", "zero_during_grace_period"}
-N, B, D = 64, 24, 69
+N = 64
 
 
-def kernel_inputs(torch):
+def future_count(future_steps):
+    """How many future poses today's mimic control provides: `future_steps`
+    N (the next N steps) or a list of step offsets."""
+    return future_steps if isinstance(future_steps, int) else len(future_steps)
+
+
+def kernel_inputs(torch, B, D, H, F, anchor):
+    """Seeded states for B bodies, D dofs, H history steps, F future steps; the anchor
+    values are body `anchor`'s (as both releases' contexts take them)."""
     g = torch.Generator().manual_seed(77)
 
     def quat(*shape):
@@ -277,6 +377,21 @@ def kernel_inputs(torch):
     x["current_state_dof_vel"] = torch.randn(N, D, generator=g) * 3
     x["ground_heights_beneath_root"] = torch.rand(N, generator=g) * 0.1
     x["body_contacts"] = torch.rand(N, B, generator=g) > 0.5
+    for side in ("current_state", "ref_state"):
+        x[f"{side}_anchor_pos"] = x[f"{side}_rigid_body_pos"][:, anchor].clone()
+        x[f"{side}_anchor_rot"] = x[f"{side}_rigid_body_rot"][:, anchor].clone()
+    x["historical_rigid_body_pos"] = torch.randn(N, H, B, 3, generator=g) * 0.3 + torch.tensor([0.0, 0.0, 0.9])
+    x["historical_rigid_body_rot"] = quat(N, H, B)
+    x["historical_rigid_body_vel"] = torch.randn(N, H, B, 3, generator=g)
+    x["historical_rigid_body_ang_vel"] = torch.randn(N, H, B, 3, generator=g) * 2
+    x["historical_ground_heights"] = torch.rand(N, H, generator=g) * 0.1
+    x["historical_body_contacts"] = torch.rand(N, H, B, generator=g) > 0.5
+    x["historical_actions"] = torch.randn(N, H, D, generator=g)
+    # the mimic control's future reference poses (F steps)
+    x["mimic_ref_pos"] = torch.randn(N, F, B, 3, generator=g) * 0.3 + torch.tensor([0.0, 0.0, 0.9])
+    x["mimic_ref_rot"] = quat(N, F, B)
+    x["mimic_ref_vel"] = torch.randn(N, F, B, 3, generator=g)
+    x["mimic_ref_ang_vel"] = torch.randn(N, F, B, 3, generator=g) * 2
     return x
 
 
@@ -296,8 +411,8 @@ def old_kernels(v31_root, configs_path, inputs_path, out_path):
                 out[f"{table}.{name}"] = "not run: a context value not generated here"
                 continue
             kwargs = {k: (x[v] if isinstance(v, str) else v) for k, v in c.variables.items()}
-            if "num_future_steps" in kwargs:
-                continue  # target poses: shapes of the mimic control, not exercised here
+            if kwargs.get("num_future_steps") is not None:
+                continue  # a number of future steps of its own: not mapped by migrate
             if c.indices_subset is not None:
                 names = [b for grp in c.indices_subset for b in naming.get(grp, [grp])]
                 kwargs["indices"] = torch.tensor([body_names.index(b) for b in names])
@@ -312,7 +427,11 @@ def kernels(rp, root, v31_root, case_dir):
     """Today's kernels, bound by the migrated configs, against v3.1's own
     functions bound by the old configs, on the same random states."""
     torch = rp.torch
-    x = kernel_inputs(torch)
+    cfgs = torch.load(os.path.join(HERE, case_dir, "resolved_configs.pt"), weights_only=False)
+    anchor = cfgs["robot"].anchor_body_index or 0
+    x = kernel_inputs(torch, len(cfgs["robot"].kinematic_info.body_names), cfgs["robot"].kinematic_info.num_dofs,
+                      cfgs["env"].num_state_history_steps,
+                      future_count(cfgs["env"].control_components["mimic"].future_steps), anchor)
     scratch = tempfile.mkdtemp(prefix="migrate_kernels_")
     inputs = os.path.join(scratch, "inputs.pt")
     torch.save(x, inputs)
@@ -321,7 +440,6 @@ def kernels(rp, root, v31_root, case_dir):
     subprocess.check_call([sys.executable, os.path.abspath(__file__), "old-kernels", "--protomotions", v31_root,
                            "--args", old_cfg, inputs, old_out])
     old = torch.load(old_out)
-    cfgs = torch.load(os.path.join(HERE, case_dir, "resolved_configs.pt"), weights_only=False)
     body_names = list(cfgs["robot"].kinematic_info.body_names)
     contact_ids = torch.tensor([body_names.index(b) for b in cfgs["robot"].contact_bodies])
     results = {}
@@ -337,7 +455,7 @@ def kernels(rp, root, v31_root, case_dir):
                 if path == ("", "contact_body_ids"):
                     kwargs[arg] = contact_ids
                 elif fp.name == "anchor_idx":
-                    kwargs[arg] = 0  # the root, as v3.1's max coords are taken (SMPL has no anchor_body_name)
+                    kwargs[arg] = anchor  # the robot's anchor body (SMPL: the root)
                 else:
                     kwargs[arg] = x[V31_KEYS[path]]
             kwargs.update({k: v for k, v in comp.static_params.items() if k not in ENV_PARAMS})
@@ -462,15 +580,50 @@ def g1_kernels(torch, root, v31_root):
 
 
 # ------------------------------------------------------- g1-observations
-# The v3.1 G1 tracker's actor observations, today's functions against
-# v3.1's own values: testdata/deploy/v31_g1_tracker/inputs_b16.safetensors
-# (v3.1's context values, recorded by record_releases_deploy.py) and
-# obs_b16.safetensors (v3.1's observation components on them). The two
-# observations today's G1 template holds are computed with its component's
-# static_params; the two history observations it lacks with today's
-# function and v3.1's parameters (all history steps). Evidence for mapping
-# them; migrate does not map them yet.
+# The v3.1 G1 tracker's actor observations and actions, through the MIGRATED
+# configs (testdata/migrate/v31_g1_tracker) with today's code, against v3.1's
+# own values: testdata/deploy/v31_g1_tracker/inputs_b16.safetensors (v3.1's
+# context values, recorded by record_releases_deploy.py), obs_b16.safetensors
+# (v3.1's observation components on them) and torch_b16.safetensors (v3.1's
+# mean actions and its PD targets: offset + scale * clamp(action), offsets
+# and scales by v3.1's build_pd_action_offset_scale).
 G1_OBS_DIR = "testdata/deploy/v31_g1_tracker"
+G1_CASE = "v31_g1_tracker"
+# today's context paths -> v3.1's recorded context keys (v3.1's inference
+# file binds its clean keys; the training file's noisy components read
+# today's noisy views, fed here the same recorded values)
+G1_PATHS = {
+    "dof_pos": "current_state_dof_pos", "dof_vel": "current_state_dof_vel",
+    "anchor_rot": "current_state_anchor_rot", "root_local_ang_vel": "current_state_root_local_ang_vel",
+    "future_anchor_rot": "mimic_ref_anchor_rot", "future_dof_pos": "mimic_ref_dof_pos",
+    "future_dof_vel": "mimic_ref_dof_vel",
+}
+G1_HIST_PATHS = {"dof_pos": "historical_dof_pos", "dof_vel": "historical_dof_vel",
+                 "root_local_ang_vel": "historical_root_local_ang_vel", "anchor_rot": "historical_anchor_rot",
+                 "actions": "historical_actions"}
+
+
+def g1_resolve(torch, x, path, fill):
+    """A recorded value for today's context path; paths v3.1's observations do
+    not read (today's functions take them and, with these parameters, leave
+    them unused) get `fill`: each observation is computed with two fills and
+    both must give v3.1's values."""
+    parent, _, name = path.rpartition(".")
+    if parent in ("noisy", "current", "mimic") and name in G1_PATHS:
+        return x[G1_PATHS[name]]
+    if parent in ("noisy_historical", "historical") and name in G1_HIST_PATHS:
+        return x[G1_HIST_PATHS[name]]
+    n = x["current_state_dof_pos"].shape[0]
+    shapes = {"anchor_pos": (n, 3), "ref_anchor_pos": (n, 3), "future_anchor_pos": (n, 1, 3),
+              "future_anchor_vel": (n, 1, 3), "future_anchor_ang_vel": (n, 1, 3), "root_rot": (n, 3, 4)}
+    if name not in shapes:
+        raise SystemExit(f"g1-observations: no recorded value for today's context path {path}")
+    if fill == 0:
+        v = torch.zeros(shapes[name])
+        if name.endswith("rot"):
+            v[..., 3] = 1.0
+        return v
+    return torch.randn(shapes[name], generator=torch.Generator().manual_seed(5))
 
 
 def g1_observations(rp, root):
@@ -478,57 +631,87 @@ def g1_observations(rp, root):
     from safetensors.torch import load_file
     x = load_file(os.path.join(REPO, G1_OBS_DIR, "inputs_b16.safetensors"))
     want = load_file(os.path.join(REPO, G1_OBS_DIR, "obs_b16.safetensors"))
-    tpl = torch.load(os.path.join(HERE, "templates", "g1_tracker", "resolved_configs.pt"), weights_only=False)
-    comps = tpl["env"].observation_components
-    from protomotions.envs.obs.humanoid_historical import (compute_historical_actions_from_state,
-                                                           compute_historical_reduced_coords_from_state)
-
-    def params(name):
-        return {k: v for k, v in comps[name].static_params.items() if k not in ENV_PARAMS}
-
-    calls = {
-        "noisy_reduced_coords_obs": lambda: comps["noisy_reduced_coords_obs"].compute_func(
-            dof_pos=x["current_state_dof_pos"], dof_vel=x["current_state_dof_vel"],
-            anchor_rot=x["current_state_anchor_rot"], root_local_ang_vel=x["current_state_root_local_ang_vel"],
-            **params("noisy_reduced_coords_obs")),
-        "noisy_mimic_reduced_coords_target_poses": lambda: comps["noisy_mimic_reduced_coords_target_poses"]
-        .compute_func(current_state_anchor_rot=x["current_state_anchor_rot"],
-                      mimic_ref_anchor_rot=x["mimic_ref_anchor_rot"], mimic_ref_dof_vel=x["mimic_ref_dof_vel"],
-                      mimic_ref_dof_pos=x["mimic_ref_dof_pos"], **params("noisy_mimic_reduced_coords_target_poses")),
-        # today's reshapes a root rotation the recorded inputs lack (v3.1's
-        # output does not read it, nor today's with root_height_obs and
-        # root_vel_obs off): run with two different ones, both must match
-        "noisy_historical_reduced_coords_obs": lambda: [compute_historical_reduced_coords_from_state(
-            historical_dof_pos=x["historical_dof_pos"], historical_dof_vel=x["historical_dof_vel"],
-            historical_root_rot=rr, historical_root_local_ang_vel=x["historical_root_local_ang_vel"],
-            historical_anchor_rot=x["historical_anchor_rot"], w_last=True, history_steps=None)
-            for rr in (x["historical_anchor_rot"],
-                       torch.tensor([0.0, 0.0, 0.0, 1.0]).expand_as(x["historical_anchor_rot"]))],
-        "historical_previous_actions": lambda: compute_historical_actions_from_state(
-            historical_actions=x["historical_actions"], history_steps=None),
-    }
     res = {}
-    for name, call in calls.items():
-        try:
-            got = call()
-        except Exception as e:  # noqa: BLE001  (recorded: today's function cannot take v3.1's inputs)
-            res[name] = {"not_run": f"{type(e).__name__}: {e}"}
-            continue
-        w = want[name]
-        outs = got if isinstance(got, list) else [got]
-        same_shape = all(tuple(g.shape) == tuple(w.shape) for g in outs)
-        res[name] = {"shape": list(outs[0].shape), "runs": len(outs),
-                     "bit_identical": bool(same_shape and all(torch.equal(g, w) for g in outs)),
-                     "max_abs_diff": max(float((g.double() - w.double()).abs().max()) for g in outs)
-                     if same_shape else None}
+    for cfg_file in ("resolved_configs.pt", "resolved_configs_inference.pt"):
+        cfgs = torch.load(os.path.join(HERE, G1_CASE, cfg_file), weights_only=False)
+        comps = cfgs["env"].observation_components
+        for name, w in want.items():
+            comp = comps[name]
+            params = {k: v for k, v in comp.static_params.items() if k not in ENV_PARAMS}
+            outs = []
+            for fill in (0, 1):
+                kwargs = {arg: g1_resolve(torch, x, fp.path, fill) for arg, fp in comp.dynamic_vars.items()}
+                outs.append(comp.compute_func(**kwargs, **params))
+            same_shape = all(tuple(g.shape) == tuple(w.shape) for g in outs)
+            res[f"{cfg_file}:{name}"] = {
+                "today": f"{comp.compute_func.__module__}.{comp.compute_func.__name__}",
+                "bindings": {a: fp.path for a, fp in comp.dynamic_vars.items()},
+                "shape": list(outs[0].shape), "runs": len(outs),
+                "bit_identical": bool(same_shape and all(torch.equal(g, w) for g in outs)),
+                "max_abs_diff": max(float((g.double() - w.double()).abs().max()) for g in outs)
+                if same_shape else None}
+    return res
+
+
+def g1_v31_pd(v31_root, configs_path, actions_path, out_path):
+    """In a process of its own (v3.1's package): v3.1's PD targets for the
+    given actions, as its env and simulator compute them (process_actions'
+    clamp to robot.control.clamp_actions, then BaseSimulator's
+    offset + scale * action with build_pd_action_offset_scale's offsets and
+    scales), and the gains its simulator drives (control_info)."""
+    sys.path.insert(0, v31_root)
+    import torch
+    from protomotions.simulator.base_simulator.utils import build_pd_action_offset_scale
+    robot = torch.load(configs_path, weights_only=False)["robot"]
+    k = robot.kinematic_info
+    offset, scale = build_pd_action_offset_scale(k.hinge_axes_map, k.dof_limits_lower.clone(),
+                                                 k.dof_limits_upper.clone(), robot.control.action_scale,
+                                                 torch.device("cpu"))
+    c = robot.control.clamp_actions
+    out = {}
+    for key, a in torch.load(actions_path).items():
+        out[key] = offset + scale * torch.clamp(a, -c, c)
+    names = list(k.dof_names)
+    out["stiffness"] = torch.tensor([robot.control.control_info[j].stiffness for j in names], dtype=torch.float32)
+    out["damping"] = torch.tensor([robot.control.control_info[j].damping for j in names], dtype=torch.float32)
+    torch.save(out, out_path)
+
+
+def g1_actions(rp, root, v31_root):
+    """Today's action function with the migrated action config against
+    v3.1's PD targets: on v3.1's recorded mean actions (torch_b16, whose PD
+    targets the deploy recording holds), and on actions past the clamp."""
+    torch = rp.torch
+    from safetensors.torch import load_file
+    rec = load_file(os.path.join(REPO, G1_OBS_DIR, "torch_b16.safetensors"))
+    g = torch.Generator().manual_seed(91)
+    actions = {"mean_actions": rec["actions"], "past_the_clamp": torch.randn(16, 29, generator=g) * 3}
+    scratch = tempfile.mkdtemp(prefix="migrate_g1_actions_")
+    inputs, old_out = os.path.join(scratch, "actions.pt"), os.path.join(scratch, "old.pt")
+    torch.save(actions, inputs)
+    old_cfg = os.path.join(REPO, "testdata", "policy", G1_CASE, "resolved_configs.pt")
+    subprocess.check_call([sys.executable, os.path.abspath(__file__), "g1-v31-pd", "--protomotions", v31_root,
+                           "--args", old_cfg, inputs, old_out])
+    old = torch.load(old_out)
+    res = {"v31_recorded_pd_targets_reproduced": bool(torch.equal(old["mean_actions"], rec["joint_pos_targets"]))}
+    for cfg_file in ("resolved_configs.pt", "resolved_configs_inference.pt"):
+        ac = torch.load(os.path.join(HERE, G1_CASE, cfg_file), weights_only=False)["env"].action_config
+        fn = ac["fn"]
+        params = {k: v for k, v in ac.items() if k != "fn"}
+        for key, a in actions.items():
+            got = fn(a.clone(), **params)
+            pd = got["processed_action"] if isinstance(got, dict) else got
+            res[f"{cfg_file}:{key}"] = {"bit_identical": bool(torch.equal(pd, old[key])),
+                                        "max_abs_diff": float((pd.double() - old[key].double()).abs().max())}
+        for gain in ("stiffness", "damping"):
+            res[f"{cfg_file}:{gain}"] = {"bit_identical": bool(torch.equal(params[gain], old[gain]))}
     return res
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("step", choices=["templates", "verify", "kernels", "g1-kernels", "g1-observations", "old-kernels",
-                                     "g1-call-old",
-                                     "g1-call-today"])
+    ap.add_argument("step", choices=["templates", "verify", "kernels", "g1-kernels", "g1-observations", "g1-actions",
+                                     "old-kernels", "g1-call-old", "g1-call-today", "g1-v31-pd"])
     ap.add_argument("--v31", help="kernels: a checkout of ProtoMotions v3.1 (494e54d3)")
     ap.add_argument("--args", nargs=3, help=argparse.SUPPRESS)
     ap.add_argument("--only", nargs="*", help="templates: record only these templates (names of TEMPLATES)")
@@ -540,6 +723,9 @@ def main():
     root = os.path.abspath(args.protomotions)
     if args.step == "old-kernels":
         old_kernels(root, *args.args)
+        return
+    if args.step == "g1-v31-pd":
+        g1_v31_pd(root, *args.args)
         return
     if args.step in ("g1-call-old", "g1-call-today"):
         g1_call(root, args.args[0], args.args[1], args.step == "g1-call-old")
@@ -563,25 +749,29 @@ def main():
     logging.disable(logging.WARNING)
     if args.step == "templates":
         templates(rp, root, args.only)
-    elif args.step == "g1-observations":
-        res = g1_observations(rp, root)
+    elif args.step in ("g1-observations", "g1-actions"):
+        if args.step == "g1-observations":
+            res, rec_key = g1_observations(rp, root), "g1_observations_vs_v31"
+        else:
+            res, rec_key = g1_actions(rp, root, os.path.abspath(args.v31)), "g1_actions_vs_v31"
         for k, v in res.items():
             print(k, v)
         path = os.path.join(HERE, "verified.json")
         with open(path) as f:
             rec = json.load(f)
-        rec["g1_observations_vs_v31"] = res
+        rec[rec_key] = res
         with open(path, "w") as f:
             json.dump(rec, f, indent=1, sort_keys=True)
             f.write("\n")
     elif args.step == "kernels":
-        res = kernels(rp, root, os.path.abspath(args.v31), "v31_tracker")
-        for k, v in res.items():
-            print(k, v)
         path = os.path.join(HERE, "verified.json")
         with open(path) as f:
             rec = json.load(f)
-        rec["cases"][0]["kernels_vs_v31"] = res
+        for case in rec["cases"]:
+            res = kernels(rp, root, os.path.abspath(args.v31), case["name"])
+            for k, v in res.items():
+                print(case["name"], k, v)
+            case["kernels_vs_v31"] = res
         with open(path, "w") as f:
             json.dump(rec, f, indent=1, sort_keys=True)
             f.write("\n")

@@ -50,12 +50,18 @@ The trackers (v30_tracker, v31_tracker) the same way from the release's
 published data/pretrained_models/motion_tracker/smpl/resolved_configs.pt
 (hidden units 1024 -> 16; its PPO agent; both optimizers stepped on a
 synthetic loss of mean_action and value): `mean_action`, `value`, and the
-`action` drawn after torch.manual_seed(EVAL_SEED) with its `neglogp`.
+`action` drawn after torch.manual_seed(EVAL_SEED) with its `neglogp`. And
+v3.1's G1 motion tracker (v31_g1_tracker) likewise from its published
+data/pretrained_models/motion_tracker/g1-amass/resolved_configs.pt (hidden
+units 1024 -> 16; 29 actions; actor and critic read different keys): the
+actor's reduced-coords observations at the G1's real widths (64 per step,
+3 history steps, 3 x 29 previous actions), the critic's max-coords ones
+shrunk (24, 40, 3 x 24; G1_TRACKER_WIDTHS).
 
 Written under DIR (default: this directory)/v30_masked_mimic and
 v31_masked_mimic: last.ckpt, resolved_configs.pt, obs.safetensors (the
 inference inputs: float32, masks as 0/1, and vae_noise), expected.safetensors
-(likewise v30_tracker, v31_tracker);
+(likewise v30_tracker, v31_tracker, v31_g1_tracker);
 and the `release_variants` entries of DIR/manifest.json (the other keys of
 that file, written by record_policy.py, are kept). Deterministic: one CPU
 thread, fixed seeds, PYTHONHASHSEED=0.
@@ -108,6 +114,18 @@ WIDTHS = {
 TRACKER_WIDTHS = {
     "v3.1": {"max_coords_obs": 24, "mimic_target_poses": 40, "previous_actions": 69},
     "v3.0": {"max_coords_obs": 24, "mimic_target_poses": 40, "historical_previous_actions": 2 * 10},
+}
+# the v3.1 G1 motion tracker (data/pretrained_models/motion_tracker/g1-amass):
+# its actor's inputs at the G1's real widths (29 dofs; 29 actions): reduced
+# coords 29 + 29 + 3 + 3 = 64, one future target pose 6 + 29 + 29 = 64, 3
+# history steps (num_state_history_steps) of each and of the actions; the
+# critic's max-coords inputs chosen here (the 33 bodies' real widths, 493,
+# 792 and 3 x 493, would make the checkpoint megabytes), 3 history steps of
+# max_coords_obs
+G1_TRACKER_WIDTHS = {
+    "noisy_reduced_coords_obs": 29 + 29 + 3 + 3, "noisy_mimic_reduced_coords_target_poses": 6 + 29 + 29,
+    "noisy_historical_reduced_coords_obs": 3 * (29 + 29 + 3 + 3), "historical_previous_actions": 3 * 29,
+    "max_coords_obs": 24, "mimic_max_coords_target_poses": 40, "historical_max_coords_obs": 3 * 24,
 }
 TRACKER_UNITS = {1024: 16}
 MASK_KEYS = ["masked_mimic_target_masks", "masked_mimic_target_poses_masks", "masked_mimic_target_bodies_masks"]
@@ -437,14 +455,16 @@ def record_masked_mimic(release, root, out_dir, R):
     }
 
 
-def record_tracker(release, root, out_dir, R):
+def record_tracker(release, root, out_dir, R, robot="smpl", name=None, widths=None, seed=None):
     """The release's PPO motion tracker from its published
-    motion_tracker/smpl resolved configs, hidden units 1024 -> 16."""
+    motion_tracker/<robot> resolved configs, hidden units 1024 -> 16
+    (default: the smpl one, `<tag>_tracker`, TRACKER_WIDTHS)."""
     fabric, TensorDict, get_class = R.fabric, R.TensorDict, R.get_class
     tag = release.replace(".", "")
-    name = f"{tag}_tracker"
+    name = name or f"{tag}_tracker"
     vdir = os.path.join(out_dir, name)
-    published = os.path.join(root, "data", "pretrained_models", "motion_tracker", "smpl", "resolved_configs.pt")
+    source_path = f"data/pretrained_models/motion_tracker/{robot}/resolved_configs.pt"
+    published = os.path.join(root, *source_path.split("/"))
     cfgs = torch.load(published, weights_only=False)
     agent_cfg = cfgs["agent"]
     m = agent_cfg.model
@@ -452,11 +472,11 @@ def record_tracker(release, root, out_dir, R):
         for layer in mlp.layers:
             layer.units = layer.units if PUBLISHED else TRACKER_UNITS.get(layer.units, layer.units)
     cfgs["simulator"].num_envs = BATCH
-    widths = TRACKER_WIDTHS[release]
+    widths = widths or TRACKER_WIDTHS[release]
     if sorted(widths) != sorted(m.in_keys):
         raise SystemExit(f"{name}: the model reads {m.in_keys}, not {sorted(widths)}")
-    source = Source(widths, seed=51 if release == "v3.1" else 53)
-    scratch = tempfile.mkdtemp(prefix=f"record_{tag}_tracker_")
+    source = Source(widths, seed=seed or (51 if release == "v3.1" else 53))
+    scratch = tempfile.mkdtemp(prefix=f"record_{name}_")
     torch.manual_seed(8)
     env = StandInEnv(cfgs, source, num_envs=BATCH)
     agent = get_class(agent_cfg._target_)(fabric, env, agent_cfg, root_dir=Path(scratch))
@@ -506,7 +526,7 @@ def record_tracker(release, root, out_dir, R):
         "release": release,
         "reference": {"repository": "github:NVlabs/ProtoMotions", "tag": release, "commit": None},
         "model_target": m._target_,
-        "source": "data/pretrained_models/motion_tracker/smpl/resolved_configs.pt",
+        "source": source_path,
         "shrunk": "hidden units 1024 -> 16",
         "action_size": m.actor.num_out,
         "obs_widths": {k: widths[k] for k in sorted(widths)},
@@ -525,7 +545,11 @@ def record_tracker(release, root, out_dir, R):
 
 def record_one(release, root, out_dir):
     R = import_release(root)
-    return [record_masked_mimic(release, root, out_dir, R), record_tracker(release, root, out_dir, R)]
+    recorded = [record_masked_mimic(release, root, out_dir, R), record_tracker(release, root, out_dir, R)]
+    if release == "v3.1":
+        recorded.append(record_tracker(release, root, out_dir, R, robot="g1-amass", name="v31_g1_tracker",
+                                       widths=G1_TRACKER_WIDTHS, seed=55))
+    return recorded
 
 
 # ------------------------------------------------------------------ main

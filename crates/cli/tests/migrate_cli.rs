@@ -102,10 +102,10 @@ fn refusals_exit_1_naming_what_and_why() {
         "migrate.not_a_tracker",
     );
     assert_eq!(e["key"], "agent._target_");
-    // the v3.1 G1 tracker: a template is recorded, its history observations are not mapped
-    let g1 = repo("testdata/deploy/v31_g1_tracker/last.ckpt");
-    let e = refusal(&["migrate", "--json", "--drop-unmatched-terms", s(&g1), o], "migrate.no_counterpart");
-    assert_eq!(e["key"], "env.observation_components.noisy_historical_reduced_coords_obs");
+    // the v3.1 G1 tracker without dropping: its density-weighted rewards have no counterpart
+    let g1 = repo("testdata/policy/v31_g1_tracker/last.ckpt");
+    let e = refusal(&["migrate", "--json", s(&g1), o], "migrate.no_counterpart");
+    assert_eq!(e["key"], "env.reward_components.relative_body_pos");
     refusal(&["migrate", "--json", s(&repo("testdata/policy/smpl_tracker/last.ckpt")), o], "migrate.already_current");
     assert!(!Path::new(o).exists(), "a refused migration creates nothing");
     // an existing OUT_DIR with a file of its own

@@ -1,8 +1,9 @@
-//! `pmstate_policy::migrate` on the recorded v3.1 smpl tracker
-//! (testdata/policy/v31_tracker): the migrated files must be byte for byte
-//! the ones testdata/migrate/record_migrate.py verified with today's
-//! ProtoMotions (testdata/migrate/v31_tracker, verified.json: same model
-//! outputs as v3.1 for evaluation and after a resume's load), and the report
+//! `pmstate_policy::migrate` on the recorded v3.1 smpl and G1 trackers
+//! (testdata/policy/v31_tracker, v31_g1_tracker): the migrated files must be
+//! byte for byte the ones testdata/migrate/record_migrate.py verified with
+//! today's ProtoMotions (testdata/migrate/<case>, verified.json: same model
+//! outputs as v3.1 for evaluation and after a resume's load, the mapped
+//! components' math, the G1's observations and PD targets), and the report
 //! the one recorded there; so any change to migrate forces re-verification.
 //! Then the refusals, each naming what it refuses.
 
@@ -22,20 +23,31 @@ fn verified() -> serde_json::Value {
     serde_json::from_str(&text).unwrap()
 }
 
-#[test]
-fn v31_tracker_migrates_to_the_verified_files() {
+/// Migrates the recorded case `name` (testdata/policy/NAME) and requires
+/// the files and report record_migrate.py verified, and that every mapped
+/// component it checked computed v3.1's values.
+fn migrates_to_the_verified_files(name: &str) -> pmstate_policy::migrate::Report {
     let v = verified();
-    let case = &v["cases"][0];
-    assert_eq!(case["name"], "v31_tracker");
+    let case = v["cases"].as_array().unwrap().iter().find(|c| c["name"] == name).expect("the case in verified.json");
     assert_eq!(case["verified"], true, "the recording says today's ProtoMotions did not reproduce v3.1");
     assert_eq!(case["resume_state_verified"], true);
+    for check in case["checks"].as_object().unwrap().values() {
+        assert_eq!(check["unresolvable_bindings"], serde_json::json!([]), "{name}: {check}");
+    }
+    // the mapped components' math, where v3.1's inputs were generated
+    let kernels = case["kernels_vs_v31"].as_object().expect("kernels_vs_v31");
+    let compared: Vec<_> = kernels.iter().filter(|(_, r)| r.is_object()).collect();
+    assert!(compared.len() >= 7, "{name}: {} components compared", compared.len());
+    for (k, r) in compared {
+        assert_eq!(r["bit_identical"], true, "{name}: {k}: {r}");
+    }
     let out = tempfile::tempdir().unwrap();
     let dir = out.path().join("migrated");
-    let report = migrate(&repo("testdata/policy/v31_tracker/last.ckpt"), &dir, &DROP).unwrap();
+    let report = migrate(&repo(&format!("testdata/policy/{name}/last.ckpt")), &dir, &DROP).unwrap();
     for f in &OUTPUT_FILES[..3] {
         let got = std::fs::read(dir.join(f)).unwrap();
-        let want = std::fs::read(repo("testdata/migrate/v31_tracker").join(f)).unwrap();
-        assert!(got == want, "{f} differs from the verified recording: rerun record_migrate.py verify");
+        let want = std::fs::read(repo("testdata/migrate").join(name).join(f)).unwrap();
+        assert!(got == want, "{name}: {f} differs from the verified recording: rerun record_migrate.py verify");
     }
     // the report, as recorded by the verified run (its paths aside)
     let mut got = serde_json::to_value(&report).unwrap();
@@ -45,14 +57,78 @@ fn v31_tracker_migrates_to_the_verified_files() {
             r.as_object_mut().unwrap().remove(k);
         }
     }
-    assert_eq!(got, want, "the report differs from the verified recording");
+    assert_eq!(got, want, "{name}: the report differs from the verified recording");
+    assert!(dir.join("migrate_report.json").is_file());
+    report
+}
+
+#[test]
+fn v31_tracker_migrates_to_the_verified_files() {
+    let report = migrates_to_the_verified_files("v31_tracker");
     assert_eq!(report.release, "v3.1");
     assert!(report
         .entries
         .iter()
         .any(|e| e.action == Action::Dropped && e.key == "env.reward_components.action_smoothness"));
     assert!(report.caveats.iter().any(|c| c.contains("WITHOUT env.reward_components.action_smoothness")));
-    assert!(dir.join("migrate_report.json").is_file());
+}
+
+/// The v3.1 G1 tracker: its history and root-frame critic observations
+/// mapped onto the G1 template's components (today's factories), its
+/// actions through today's generic PD action function with v3.1's clamp;
+/// the density-weighted rewards, physical action rate, soft joint-limit
+/// reward and relative-body termination dropped.
+#[test]
+fn v31_g1_tracker_migrates_to_the_verified_files() {
+    let report = migrates_to_the_verified_files("v31_g1_tracker");
+    assert_eq!((report.release, report.template), ("v3.1", "g1_tracker"));
+    let action = |key: &str| report.entries.iter().find(|e| e.key == key).map(|e| e.action);
+    for obs in [
+        "noisy_reduced_coords_obs",
+        "noisy_historical_reduced_coords_obs",
+        "noisy_mimic_reduced_coords_target_poses",
+        "max_coords_obs",
+        "historical_max_coords_obs",
+        "mimic_max_coords_target_poses",
+        "historical_previous_actions",
+    ] {
+        assert_eq!(action(&format!("env.observation_components.{obs}")), Some(Action::Mapped), "{obs}");
+    }
+    for term in [
+        "reward_components.relative_body_pos",
+        "reward_components.relative_body_ori",
+        "reward_components.body_lin_vel",
+        "reward_components.body_ang_vel",
+        "reward_components.action_rate",
+        "reward_components.limits_dof_pos",
+        "termination_components.bad_motion_body_pos",
+    ] {
+        assert_eq!(action(&format!("env.{term}")), Some(Action::Dropped), "{term}");
+    }
+    for term in ["reward_components.global_anchor_pos", "termination_components.bad_ref_pos"] {
+        assert_eq!(action(&format!("env.{term}")), Some(Action::Mapped), "{term}");
+    }
+    let m = plan(&repo("testdata/policy/v31_g1_tracker/last.ckpt"), &DROP).unwrap();
+    let t = &m.training;
+    let ac = "env.action_config";
+    let global = |k: &str| match t.get(k) {
+        Some(Node::Global { name, .. }) => name.clone(),
+        other => panic!("{k}: {other:?}"),
+    };
+    assert_eq!(global(&format!("{ac}.fn")), "normalized_pd_fixed_gains_action");
+    assert_eq!(t.get(&format!("{ac}.action_transform")).and_then(Node::as_str), Some("clamp"));
+    assert_eq!(t.get("agent.model.actor.learnable_std"), Some(&Node::Bool(false)));
+    assert_eq!(t.get("agent.l2c2.enabled"), Some(&Node::Bool(false)));
+    // the critic's max coords in the root's frame: no anchor binding
+    for obs in ["max_coords_obs", "historical_max_coords_obs", "mimic_max_coords_target_poses"] {
+        let key = format!("env.observation_components.{obs}.dynamic_vars");
+        let vars = t.get(&key).and_then(Node::as_dict).unwrap_or_else(|| panic!("{key}"));
+        assert!(vars.get("anchor_body_index").is_none(), "{obs} binds the anchor");
+    }
+    // the policy's own actions in the history, every step of it
+    let hist = "env.observation_components.historical_previous_actions";
+    assert_eq!(t.get(&format!("{hist}.static_params.history_steps")), Some(&Node::None));
+    assert_eq!(t.get("env.num_state_history_steps"), Some(&Node::Int(3)));
 }
 
 #[test]
@@ -138,16 +214,10 @@ fn non_trackers_todays_files_and_robots_without_a_template_are_refused() {
 
 /// A copy of the v3.1 tracker whose robot config is of another class.
 fn with_robot_class(dir: &Path, module: &str, name: &str) -> PathBuf {
-    let src = Checkpoint::open(repo("testdata/policy/v31_tracker/resolved_configs.pt")).unwrap();
-    let (root, storages) = src.into_parts();
-    let Node::Dict(mut d) = root else { panic!("root") };
-    let Some(Node::Object(robot)) = d.get_mut("robot") else { panic!("robot") };
-    robot.callable = Node::Global { module: module.into(), name: name.into() };
-    let ckpt = Checkpoint::from_parts(Node::Dict(d), storages).unwrap();
-    let opts = WriteOptions { unsafe_globals: UnsafeGlobals::Allow, ..WriteOptions::default() };
-    save_torch(&ckpt, dir.join("resolved_configs.pt"), &opts).unwrap();
-    std::fs::copy(repo("testdata/policy/v31_tracker/last.ckpt"), dir.join("last.ckpt")).unwrap();
-    dir.join("last.ckpt")
+    edited(dir, "v31_tracker", |d| {
+        let Some(Node::Object(robot)) = d.get_mut("robot") else { panic!("robot") };
+        robot.callable = Node::Global { module: module.into(), name: name.into() };
+    })
 }
 
 /// The G1 tracker's BeyondMimic-style table entries, which no migrated case
@@ -171,44 +241,140 @@ fn the_g1_table_entries_were_checked_against_v31() {
     }
 }
 
-/// The G1 tracker's actor observations, today's functions on v3.1's recorded
-/// inputs against v3.1's values (`record_migrate.py g1-observations`).
+/// The G1 tracker's actor observations through the migrated configs'
+/// components (both files) on v3.1's recorded inputs against v3.1's values
+/// (`record_migrate.py g1-observations`).
 #[test]
-fn todays_observation_functions_computed_v31s_g1_values() {
+fn the_migrated_g1_observations_computed_v31s_values() {
     let v = verified();
     let k = v["g1_observations_vs_v31"].as_object().expect("g1_observations_vs_v31 in verified.json");
-    for name in [
-        "noisy_reduced_coords_obs",
-        "noisy_mimic_reduced_coords_target_poses",
-        "noisy_historical_reduced_coords_obs",
-        "historical_previous_actions",
-    ] {
-        assert_eq!(k[name]["bit_identical"], true, "{name}: {}", k[name]);
+    for file in ["resolved_configs.pt", "resolved_configs_inference.pt"] {
+        for name in [
+            "noisy_reduced_coords_obs",
+            "noisy_mimic_reduced_coords_target_poses",
+            "noisy_historical_reduced_coords_obs",
+            "historical_previous_actions",
+        ] {
+            let r = &k[&format!("{file}:{name}")];
+            assert_eq!(r["bit_identical"], true, "{file}:{name}: {r}");
+            assert_eq!(r["runs"], 2, "{file}:{name}: {r}");
+        }
     }
 }
 
-/// The v3.1 G1 tracker: today's G1 template is recorded, but what today's
-/// code cannot compute the same way is refused, each naming why.
+/// The migrated G1 action config gives v3.1's PD targets and gains
+/// (`record_migrate.py g1-actions`), within and past the clamp.
 #[test]
-fn v31_g1_tracker_is_refused_naming_each_blocker() {
-    let g1 = repo("testdata/deploy/v31_g1_tracker/last.ckpt");
-    // by default: the first term without a counterpart in today's template
-    let e = plan(&g1, &MigrateOptions::default()).err().unwrap();
+fn the_migrated_g1_action_config_gives_v31s_pd_targets() {
+    let v = verified();
+    let k = v["g1_actions_vs_v31"].as_object().expect("g1_actions_vs_v31 in verified.json");
+    assert_eq!(k["v31_recorded_pd_targets_reproduced"], true);
+    for file in ["resolved_configs.pt", "resolved_configs_inference.pt"] {
+        for what in ["mean_actions", "past_the_clamp", "stiffness", "damping"] {
+            let r = &k[&format!("{file}:{what}")];
+            assert_eq!(r["bit_identical"], true, "{file}:{what}: {r}");
+        }
+    }
+}
+
+/// Without --drop-unmatched-terms the G1 tracker is refused at its first
+/// reward without a same-math counterpart (v3.1's density weights).
+#[test]
+fn v31_g1_tracker_without_dropping_is_refused_naming_the_density_weights() {
+    let e = plan(&repo("testdata/policy/v31_g1_tracker/last.ckpt"), &MigrateOptions::default()).err().unwrap();
     match &e {
         MigrateError::NoCounterpart { key, function, why, .. } => {
-            assert_eq!(key, "env.reward_components.global_anchor_pos");
-            assert_eq!(function, "protomotions.envs.rewards.tracking.global_position_error_exp");
-            assert!(why.contains("compute_global_anchor_pos_rew") && why.contains("does not synthesize"), "{why}");
+            assert_eq!(key, "env.reward_components.relative_body_pos");
+            assert_eq!(function, "protomotions.envs.rewards.tracking.relative_body_position_error_exp");
+            assert!(why.contains("use_density_weights"), "{why}");
         }
         other => panic!("{other}"),
     }
-    // dropping terms: observations are never dropped, the first is refused
-    let e = plan(&g1, &DROP).err().unwrap();
+}
+
+/// A copy of a recorded case's configs with `edit` applied to its root.
+fn edited(dir: &Path, case: &str, edit: impl FnOnce(&mut pmstate_ckpt::Dict)) -> PathBuf {
+    let src = Checkpoint::open(repo(&format!("testdata/policy/{case}/resolved_configs.pt"))).unwrap();
+    let (root, storages) = src.into_parts();
+    let Node::Dict(mut d) = root else { panic!("root") };
+    edit(&mut d);
+    let ckpt = Checkpoint::from_parts(Node::Dict(d), storages).unwrap();
+    let opts = WriteOptions { unsafe_globals: UnsafeGlobals::Allow, ..WriteOptions::default() };
+    save_torch(&ckpt, dir.join("resolved_configs.pt"), &opts).unwrap();
+    std::fs::copy(repo(&format!("testdata/policy/{case}/last.ckpt")), dir.join("last.ckpt")).unwrap();
+    dir.join("last.ckpt")
+}
+
+/// The fields of the object at `path` (dotted) under `d`, mutably.
+fn fields_at<'a>(d: &'a mut pmstate_ckpt::Dict, path: &str) -> &'a mut pmstate_ckpt::Dict {
+    let mut parts = path.split('.');
+    let mut node = d.get_mut(parts.next().unwrap()).unwrap();
+    for p in parts {
+        node = match node {
+            Node::Object(o) => o.state.as_mut().and_then(Node::as_dict_mut).unwrap().get_mut(p).unwrap(),
+            Node::Dict(d) => d.get_mut(p).unwrap(),
+            other => panic!("{p}: {other:?}"),
+        };
+    }
+    match node {
+        Node::Object(o) => o.state.as_mut().and_then(Node::as_dict_mut).unwrap(),
+        Node::Dict(d) => d,
+        other => panic!("{path}: {other:?}"),
+    }
+}
+
+/// Today's action config was computed from the template robot: an old robot
+/// with another action scale or other gains would get other PD targets.
+#[test]
+fn a_robot_whose_action_source_differs_from_the_template_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let scaled = edited(tmp.path(), "v31_g1_tracker", |d| {
+        fields_at(d, "robot.control").insert("action_scale", Node::Float(0.5));
+    });
+    let e = plan(&scaled, &DROP).err().unwrap();
+    assert!(
+        matches!(&e, MigrateError::RobotDiffers { key, template: "g1_tracker", .. } if key == "robot.control.action_scale"),
+        "{e}"
+    );
+    assert_eq!(e.kind(), "robot_differs");
+    let tmp = tempfile::tempdir().unwrap();
+    let stiffer = edited(tmp.path(), "v31_g1_tracker", |d| {
+        fields_at(d, "robot.control.control_info.waist_yaw_joint").insert("stiffness", Node::Float(41.0));
+    });
+    let e = plan(&stiffer, &DROP).err().unwrap();
+    assert!(
+        matches!(&e, MigrateError::RobotDiffers { key, .. } if key == "robot.control.control_info.waist_yaw_joint.stiffness"),
+        "{e}"
+    );
+    assert!(e.to_string().contains("other PD targets"), "{e}");
+    // other joint limits: the lower limits replaced by the upper ones
+    let tmp = tempfile::tempdir().unwrap();
+    let narrowed = edited(tmp.path(), "v31_g1_tracker", |d| {
+        let k = fields_at(d, "robot.kinematic_info");
+        let upper = k.get("dof_limits_upper").unwrap().clone();
+        k.insert("dof_limits_lower", upper);
+    });
+    let e = plan(&narrowed, &DROP).err().unwrap();
+    assert!(
+        matches!(&e, MigrateError::RobotDiffers { key, .. } if key == "robot.kinematic_info.dof_limits_lower"),
+        "{e}"
+    );
+}
+
+/// v3.1 takes max coords in the root's frame; a template component bound
+/// to the robot's anchor computes them in another body's unless the anchor
+/// is the root: refused naming the anchor.
+#[test]
+fn a_root_frame_observation_bound_to_another_anchor_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let moved = edited(tmp.path(), "v31_tracker", |d| {
+        fields_at(d, "robot").insert("anchor_body_index", Node::Int(3));
+    });
+    let e = plan(&moved, &DROP).err().unwrap();
     match &e {
         MigrateError::NoCounterpart { key, why, .. } => {
-            // the reduced-coords observation and target poses are mapped; the history is not
-            assert_eq!(key, "env.observation_components.noisy_historical_reduced_coords_obs");
-            assert!(why.contains("does not synthesize bindings"), "{why}");
+            assert_eq!(key, "env.observation_components.max_coords_obs");
+            assert!(why.contains("root's frame") && why.contains("anchor_body_index 3"), "{why}");
         }
         other => panic!("{other}"),
     }

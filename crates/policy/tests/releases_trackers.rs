@@ -1,9 +1,9 @@
 //! The PPO motion trackers of ProtoMotions v3.0 and v3.1
-//! (testdata/policy/v30_tracker, v31_tracker, recorded by
-//! record_releases.py from each release's own `PPOModel`, built from that
-//! release's published motion_tracker/smpl resolved configs at shrunk
-//! widths, trained 60 steps by its agent's optimizers, saved by its
-//! `agent.save`): their classes are today's, so `Policy` reads them as
+//! (testdata/policy/v30_tracker, v31_tracker, and v3.1's G1 one,
+//! v31_g1_tracker, recorded by record_releases.py from each release's own
+//! `PPOModel`, built from that release's published motion_tracker/smpl
+//! (g1-amass) resolved configs at shrunk widths, trained 60 steps by its
+//! agent's optimizers, saved by its `agent.save`): their classes are today's, so `Policy` reads them as
 //! they are; the mean action and value within the derived float32 bound of
 //! the float64 reference (torch's within twice it, as tests/parity.rs
 //! checks today's), the neglogp of torch's own action as torch computes it.
@@ -41,16 +41,28 @@ fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
 
 #[test]
 fn release_trackers_match_torch_within_the_derived_bound() {
-    for (v, keys) in [
-        ("v30_tracker", ["historical_previous_actions", "max_coords_obs", "mimic_target_poses"]),
-        ("v31_tracker", ["max_coords_obs", "mimic_target_poses", "previous_actions"]),
-    ] {
+    let cases: [(&str, &[&str], usize); 3] = [
+        ("v30_tracker", &["historical_previous_actions", "max_coords_obs", "mimic_target_poses"], 69),
+        ("v31_tracker", &["max_coords_obs", "mimic_target_poses", "previous_actions"], 69),
+        // the G1's actor reads its own keys, not the critic's
+        (
+            "v31_g1_tracker",
+            &[
+                "historical_previous_actions",
+                "noisy_historical_reduced_coords_obs",
+                "noisy_mimic_reduced_coords_target_poses",
+                "noisy_reduced_coords_obs",
+            ],
+            29,
+        ),
+    ];
+    for (v, keys, action_size) in cases {
         let d = dir(v);
         let policy = Policy::load(d.join("last.ckpt"), None, &Device::Cpu).unwrap_or_else(|e| panic!("{v}: {e}"));
         let mut got_keys = policy.actor_keys();
         got_keys.sort();
         assert_eq!(got_keys, keys, "{v}");
-        assert_eq!(policy.action_size(), 69, "{v}");
+        assert_eq!(policy.action_size(), action_size, "{v}");
         let obs = load(&d.join("obs.safetensors"));
         let exp = load(&d.join("expected.safetensors"));
         let out = policy.forward(&obs).unwrap_or_else(|e| panic!("{v}: {e}"));

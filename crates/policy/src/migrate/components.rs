@@ -11,7 +11,9 @@ use pmstate_ckpt::{Dict, DictKind, Node};
 use super::objects::{import_old, join, key_text, rebuild};
 use super::read::field;
 use super::report::{Action, Report};
-use super::tables::{ComponentMap, Kind, DENSITY_WHY, NOT_IN_TEMPLATE_WHY, V31_COMPONENTS, V31_NO_COUNTERPART};
+use super::tables::{
+    ComponentMap, Kind, ANCHOR_FRAME_WHY, DENSITY_WHY, NOT_IN_TEMPLATE_WHY, V31_COMPONENTS, V31_NO_COUNTERPART,
+};
 use super::MigrateError;
 
 /// `module.name` of a global node.
@@ -30,6 +32,8 @@ pub(crate) struct Ctx<'a> {
     pub old_robot: Option<&'a Node>,
     /// Drop rewards/terminations without a counterpart instead of refusing.
     pub drop_unmatched: bool,
+    /// The old robot's `anchor_body_index` (0, the root, when unset).
+    pub old_anchor: i64,
 }
 
 /// Today's component table for `kind`, from v3.1's and the template's.
@@ -66,6 +70,7 @@ pub(crate) fn migrate_table(
             let fits = |c: &&Node| {
                 global_name(field(c, "compute_func")).as_deref() == Some(map.today_fn)
                     && map.today_noisy.is_none_or(|noisy| reads_noisy(c) == noisy)
+                    && map.today_binds.iter().all(|(arg, path)| binding_path(c, arg).as_deref() == Some(*path))
             };
             today
                 .get(&name)
@@ -73,8 +78,16 @@ pub(crate) fn migrate_table(
                 .or_else(|| today.entries().iter().map(|(_, v)| v).find(fits))
                 .map(|tc| (map, tc))
         });
-        let Some((map, tc)) = template_comp else {
+        // v3.1 takes it in the root's frame; today's, bound to the anchor,
+        // in the anchor body's: only the same where the anchor is the root
+        let anchor_bound = template_comp.is_some_and(|(map, tc)| {
+            map.root_frame && ctx.old_anchor != 0 && binding_path(tc, "anchor_body_index").is_some()
+        });
+        let Some((map, tc)) = template_comp.filter(|_| !anchor_bound) else {
             let why = match found {
+                Some(map) if anchor_bound => {
+                    format!("{}: {ANCHOR_FRAME_WHY} (robot.anchor_body_index {})", map.today_fn, ctx.old_anchor)
+                }
                 Some(map) => format!("{}: {NOT_IN_TEMPLATE_WHY}", map.today_fn),
                 None if density => DENSITY_WHY.to_owned(),
                 None => no_counterpart_why(&old_fn, &vars),
@@ -116,16 +129,42 @@ pub(crate) fn migrate_table(
     Ok(Node::Dict(rebuild(today, out, &key)?))
 }
 
+/// The context path (`parent.name`, or `name` at the top) today's component
+/// binds `arg` to: its `dynamic_vars` entry, a pickled `FieldPath` whose
+/// state holds `name` and `_parent_path`.
+fn binding_path(c: &Node, arg: &str) -> Option<String> {
+    fn slots(n: &Node) -> Option<&Dict> {
+        match n {
+            Node::Dict(d) if d.get("name").is_some() => Some(d),
+            Node::Tuple(v) | Node::List(v) => v.iter().find_map(slots),
+            Node::Object(o) => o.state.as_ref().and_then(slots),
+            _ => None,
+        }
+    }
+    let fp = field(c, "dynamic_vars").and_then(Node::as_dict)?.get(arg)?;
+    let d = slots(fp)?;
+    let name = d.get("name")?.as_str()?;
+    match d.get("_parent_path").and_then(Node::as_str) {
+        Some(parent) if !parent.is_empty() => Some(format!("{parent}.{name}")),
+        _ => Some(name.to_owned()),
+    }
+}
+
+/// Whether a context path is one of today's noisy views (`noisy`,
+/// `noisy_historical`) or under one.
+fn is_noisy_view(p: &str) -> bool {
+    ["noisy", "noisy_historical"].iter().any(|v| p == *v || p.strip_prefix(v).is_some_and(|r| r.starts_with('.')))
+}
+
 /// Whether a template component binds today's noisy context (a
-/// `dynamic_vars` field path under `noisy`).
+/// `dynamic_vars` field path under `noisy` or `noisy_historical`).
 fn reads_noisy(c: &Node) -> bool {
     fn walk(n: &Node) -> bool {
         match n {
-            Node::Dict(d) => d.entries().iter().any(|(k, v)| {
-                (k.as_str() == Some("_parent_path")
-                    && v.as_str().is_some_and(|p| p == "noisy" || p.starts_with("noisy.")))
-                    || walk(v)
-            }),
+            Node::Dict(d) => d
+                .entries()
+                .iter()
+                .any(|(k, v)| (k.as_str() == Some("_parent_path") && v.as_str().is_some_and(is_noisy_view)) || walk(v)),
             Node::List(v) | Node::Tuple(v) => v.iter().any(walk),
             Node::Object(o) => o.state.as_ref().is_some_and(walk),
             _ => false,

@@ -79,6 +79,21 @@ pub enum MigrateError {
         /// What differs.
         why: String,
     },
+    /// The old robot differs from the template's robot in what today's
+    /// action config was computed from (joint limits, gains, action scale).
+    #[error(
+        "{file}: {key} differs from today's template robot ({template}): today's action config \
+         (PD offsets, scales and gains) was computed from the template robot's, so the old policy's \
+         actions would drive other PD targets"
+    )]
+    RobotDiffers {
+        /// The old configs file.
+        file: String,
+        /// The robot key that differs (`robot.kinematic_info.dof_limits_lower`).
+        key: String,
+        /// The template it was compared with (`g1_tracker`).
+        template: &'static str,
+    },
     /// A config value is not what the release writes there.
     #[error("{file}: {key}: expected {expected}, found {found}")]
     Malformed {
@@ -135,6 +150,7 @@ impl MigrateError {
             | E::NotMigratable { file, .. }
             | E::NoCounterpart { file, .. }
             | E::Malformed { file, .. }
+            | E::RobotDiffers { file, .. }
             | E::StateDict { file, .. } => Some(file),
             E::OutDirNotEmpty { dir, .. } => Some(dir),
             E::Io { path, .. } => Some(path),
@@ -150,6 +166,7 @@ impl MigrateError {
             | E::NotMigratable { key, .. }
             | E::NoCounterpart { key, .. }
             | E::Malformed { key, .. }
+            | E::RobotDiffers { key, .. }
             | E::StateDict { key, .. } => Some(key),
             _ => None,
         }
@@ -168,6 +185,7 @@ impl MigrateError {
             E::NotMigratable { .. } => "not_migratable",
             E::NoCounterpart { .. } => "no_counterpart",
             E::Malformed { .. } => "malformed",
+            E::RobotDiffers { .. } => "robot_differs",
             E::StateDict { .. } => "state_dict",
             E::OutDirNotEmpty { .. } => "out_dir_not_empty",
             E::Io { .. } => "io",

@@ -17,21 +17,33 @@ pub(crate) fn apply(migrated: Node, train: &Node, inference: &Node, key: &str, c
     }
     match (migrated, train, inference) {
         (Node::Object(mut m), Node::Object(t), Node::Object(i)) if t.class_name() == i.class_name() => {
-            if let (Some(Node::Dict(md)), Some(td), Some(id)) = (m.state.take(), t.fields(), i.fields()) {
-                m.state = Some(Node::Dict(apply_dict(md, td, id, key, changed)));
+            match (m.state.take(), t.fields(), i.fields()) {
+                (Some(Node::Dict(md)), Some(td), Some(id)) => {
+                    m.state = Some(Node::Dict(apply_dict(md, td, id, key, changed)));
+                    Node::Object(m)
+                }
+                // a state that is not a dict of fields (a `__slots__`
+                // object's tuple, e.g. a FieldPath an override rebinds):
+                // the inference value, whole
+                (state, _, _) => {
+                    m.state = state;
+                    replace(Node::Object(m), inference, key, changed)
+                }
             }
-            Node::Object(m)
         }
         (Node::Dict(md), Node::Dict(td), Node::Dict(id)) => Node::Dict(apply_dict(md, td, id, key, changed)),
-        (m, _, i) => {
-            if has_tensor(i) {
-                // a tensor of today's inference file would need its storage: keep the migrated value
-                m
-            } else {
-                changed.push(key.to_owned());
-                i.clone()
-            }
-        }
+        (m, _, i) => replace(m, i, key, changed),
+    }
+}
+
+/// The inference template's value in place of the migrated one.
+fn replace(migrated: Node, inference: &Node, key: &str, changed: &mut Vec<String>) -> Node {
+    if has_tensor(inference) {
+        // a tensor of today's inference file would need its storage: keep the migrated value
+        migrated
+    } else {
+        changed.push(key.to_owned());
+        inference.clone()
     }
 }
 

@@ -24,7 +24,12 @@
 //!   template applies tanh in the action function, which would apply it twice,
 //!   so `action_transform` becomes `clamp` with v3.1's bound;
 //! - `env.num_state_history_steps`: at least today's template value (today's
-//!   `previous_actions` observation reads the state history buffer).
+//!   `previous_actions` observation reads the state history buffer);
+//! - `agent.model` actor: `learnable_std` False (v3.1's log std is fixed).
+//!
+//! The template's action config holds tensors computed from the template
+//! robot; the old robot must have the same joint limits, gains and action
+//! scale (`action_source`).
 //!
 //! Refused, as typed [`MigrateError`]s: v3.0 (its observations are computed
 //! in code, see `tables`), anything but a PPO motion tracker, a robot
@@ -33,15 +38,17 @@
 //! hold (its context bindings are the template's, never made up), unless
 //! `drop_unmatched_terms`, rewards and terminations only: then it is
 //! dropped and the report says training runs without it; a template whose
-//! action function is not today's transform + clamp.
+//! action function is not today's transform + clamp; a robot whose action
+//! source differs from the template's.
 //!
-//! The G1 tracker (template `g1_tracker`, today's mlp_bm_l2c2 experiment)
-//! is refused today: its history observations are not mapped (the template
-//! lacks their context bindings; today's functions compute v3.1's values on
-//! its recorded inputs, record_migrate.py g1-observations), and
-//! its density-weighted rewards, physical action rate and soft joint-limit
-//! reward have no same-math counterpart (see `tables`).
+//! The G1 tracker (template `g1_tracker`: today's mlp_bm_l2c2 experiment
+//! given v3.1's history and root-frame observations, anchor terms and the
+//! generic PD action config from today's factories, by record_migrate.py)
+//! migrates with its density-weighted rewards, physical action rate, soft
+//! joint-limit reward and relative-body termination dropped (no same-math
+//! counterpart, see `tables`).
 
+mod action_source;
 mod components;
 mod error;
 mod inference;
@@ -118,6 +125,7 @@ pub fn plan(old_ckpt: &Path, opts: &MigrateOptions) -> Result<Migrated, MigrateE
     let today = template.open(false)?;
     let today_inference = template.open(true)?;
     let root = migrate_configs(&old, &today, &mut report, opts)?;
+    action_source::check(&old, &today, template.name)?;
     // the inference file: the migrated training configs with today's
     // inference overrides (what apply_all_inference_overrides changed in
     // the template: no termination, endless episodes, ...)
@@ -196,7 +204,12 @@ fn apply_rules(
 ) -> Result<(), MigrateError> {
     let old_env = old.configs.get("env").cloned().unwrap_or(Node::None);
     let today_env = template.get("env").cloned().unwrap_or(Node::None);
-    let ctx = Ctx { file: &old.file, old_robot: old.configs.get("robot"), drop_unmatched: opts.drop_unmatched_terms };
+    let ctx = Ctx {
+        file: &old.file,
+        old_robot: old.configs.get("robot"),
+        drop_unmatched: opts.drop_unmatched_terms,
+        old_anchor: old.configs.get("robot.anchor_body_index").and_then(Node::as_i64_opt).unwrap_or(0),
+    };
     let mut tables = Vec::new();
     for kind in [Kind::Reward, Kind::Termination, Kind::Observation] {
         tables.push((kind.field(), components::migrate_table(kind, &today_env, &old_env, &ctx, report)?));
@@ -252,7 +265,9 @@ fn apply_rules(
     // normalizers: Welford, as v3.1 trained them
     let agent = object_fields_mut(root, "agent", &old.file)?;
     if let Some(model) = agent.get_mut("model") {
-        set_everywhere(model, "norm_ema_decay", &Node::None, "agent.model", report);
+        set_everywhere(model, "norm_ema_decay", &Node::None, "agent.model", WELFORD_NOTE, report);
+        // the actor's log std: a constant in v3.1
+        set_everywhere(model, "learnable_std", &Node::Bool(false), "agent.model", FIXED_STD_NOTE, report);
     }
     Ok(())
 }
@@ -287,18 +302,22 @@ fn object_fields_mut<'a>(
     }
 }
 
-/// Sets `field` to `value` in every object of a subtree that has it with another value.
-fn set_everywhere(n: &mut Node, name: &str, value: &Node, key: &str, report: &mut Report) {
+/// Why the normalizers' `norm_ema_decay` is set to None.
+const WELFORD_NOTE: &str = "v3.1's normalizers keep Welford running statistics; today's EMA default would \
+    update the loaded moments differently";
+/// Why the actor's `learnable_std` is set to False.
+const FIXED_STD_NOTE: &str = "v3.1's actor keeps its log std fixed (a parameter without gradient); today's \
+    template learns it (and adds an entropy bonus, agent.entropy_coef, only then)";
+
+/// Sets `field` to `value` in every object of a subtree that has it with
+/// another value, reporting each with `note`.
+fn set_everywhere(n: &mut Node, name: &str, value: &Node, key: &str, note: &'static str, report: &mut Report) {
     match n {
         Node::Object(o) => {
             if let Some(Node::Dict(f)) = o.state.as_mut() {
                 if let Some(v) = f.get_mut(name) {
                     if v != value {
-                        report
-                            .push(format!("{key}.{name}"), Action::Set)
-                            .from(short(v))
-                            .to(short(value))
-                            .note("v3.1's normalizers keep Welford running statistics; today's EMA default would update the loaded moments differently");
+                        report.push(format!("{key}.{name}"), Action::Set).from(short(v)).to(short(value)).note(note);
                         *v = value.clone();
                     }
                 }
@@ -306,14 +325,14 @@ fn set_everywhere(n: &mut Node, name: &str, value: &Node, key: &str, report: &mu
                     f.entries().iter().filter_map(|(k, _)| k.as_str().map(str::to_owned)).collect();
                 for k in names {
                     if let Some(child) = f.get_mut(&k) {
-                        set_everywhere(child, name, value, &format!("{key}.{k}"), report);
+                        set_everywhere(child, name, value, &format!("{key}.{k}"), note, report);
                     }
                 }
             }
         }
         Node::List(v) => {
             for (i, c) in v.iter_mut().enumerate() {
-                set_everywhere(c, name, value, &format!("{key}.{i}"), report);
+                set_everywhere(c, name, value, &format!("{key}.{i}"), note, report);
             }
         }
         _ => {}

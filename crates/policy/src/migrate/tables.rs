@@ -54,6 +54,15 @@ pub(crate) struct ComponentMap {
     /// noisy and clean bindings of one function are today's components of
     /// that function bound to `noisy` or to `current`.
     pub today_noisy: Option<bool>,
+    /// Context bindings today's template component must have, as
+    /// (argument, `parent.name` context path): where one function reads
+    /// other values through other bindings (the policy's actions or the
+    /// processed ones), the one v3.1 read.
+    pub today_binds: &'static [(&'static str, &'static str)],
+    /// v3.1 computes it in the root's frame (body 0): today's template
+    /// component must not bind `anchor_body_index` (its function's default
+    /// is body 0) unless the robot's anchor is the root.
+    pub root_frame: bool,
 }
 
 const MSE_EXP: &str = "protomotions.envs.rewards.base.mean_squared_error_exp";
@@ -71,6 +80,8 @@ const NO_EXTRAS: ComponentMap = ComponentMap {
     require: &[],
     note: "",
     today_noisy: None,
+    today_binds: &[],
+    root_frame: false,
 };
 
 /// v3.1's components with a same-math counterpart today.
@@ -159,7 +170,8 @@ pub(crate) const V31_COMPONENTS: &[ComponentMap] = &[
             ("observe_contacts", "observe_contacts"),
             ("w_last", "w_last"),
         ],
-        note: "today's also binds the anchor body index (the robot's anchor_body_name; the root when unset, as v3.1 computes it)",
+        note: ROOT_FRAME_NOTE,
+        root_frame: true,
         ..NO_EXTRAS
     },
     ComponentMap {
@@ -187,7 +199,9 @@ pub(crate) const V31_COMPONENTS: &[ComponentMap] = &[
         today_fn: "protomotions.envs.obs.target_poses.build_max_coords_target_poses",
         params: &[("with_velocities", "with_velocities"), ("with_relative", "with_relative"), ("w_last", "w_last")],
         require: &[("num_future_steps", "null")],
-        note: "the number of future steps comes from env.control_components.mimic (future_steps), as in v3.1 when num_future_steps is unset",
+        note: "the number of future steps comes from env.control_components.mimic (future_steps), as in v3.1 when \
+               num_future_steps is unset; in the root's frame, as v3.1 computes it",
+        root_frame: true,
         ..NO_EXTRAS
     },
     // --- the G1 tracker's BeyondMimic-style terms (v3.1 rewards/tracking.py
@@ -326,6 +340,7 @@ pub(crate) const V31_COMPONENTS: &[ComponentMap] = &[
         require: &[("num_future_steps", "null")],
         note: REDUCED_TARGETS_NOTE,
         today_noisy: Some(true),
+        ..NO_EXTRAS
     },
     ComponentMap {
         kind: Kind::Observation,
@@ -341,8 +356,93 @@ pub(crate) const V31_COMPONENTS: &[ComponentMap] = &[
         require: &[("num_future_steps", "null")],
         note: REDUCED_TARGETS_NOTE,
         today_noisy: Some(false),
+        ..NO_EXTRAS
+    },
+    // --- the G1 tracker's history observations (v3.1's
+    // obs/humanoid_obs_functions.py against today's obs/humanoid_historical.py):
+    // today's functions compute v3.1's values on v3.1's recorded context
+    // (record_migrate.py g1-observations); the G1 template holds today's
+    // factories' components binding today's state history
+    // (record_migrate.py g1_for_v31). `num_steps` None (every step of
+    // env.num_state_history_steps) is today's `history_steps` None.
+    ComponentMap {
+        kind: Kind::Observation,
+        old_fn: V31_HIST_REDUCED,
+        bindings: &[
+            ("historical_dof_pos", "noisy_historical_dof_pos"),
+            ("historical_dof_vel", "noisy_historical_dof_vel"),
+            ("historical_root_rot", "noisy_historical_root_rot"),
+            ("historical_root_local_ang_vel", "noisy_historical_root_local_ang_vel"),
+            ("historical_anchor_rot", "noisy_historical_anchor_rot"),
+        ],
+        today_fn: HIST_REDUCED,
+        params: HIST_REDUCED_PARAMS,
+        note: "today's reads its noisy state history (today's observation noise model, not v3.1's)",
+        today_noisy: Some(true),
+        ..NO_EXTRAS
+    },
+    ComponentMap {
+        kind: Kind::Observation,
+        old_fn: V31_HIST_REDUCED,
+        bindings: &[
+            ("historical_dof_pos", "historical_dof_pos"),
+            ("historical_dof_vel", "historical_dof_vel"),
+            ("historical_root_rot", "historical_root_rot"),
+            ("historical_root_local_ang_vel", "historical_root_local_ang_vel"),
+            ("historical_anchor_rot", "historical_anchor_rot"),
+        ],
+        today_fn: HIST_REDUCED,
+        params: HIST_REDUCED_PARAMS,
+        today_noisy: Some(false),
+        ..NO_EXTRAS
+    },
+    ComponentMap {
+        kind: Kind::Observation,
+        old_fn: "protomotions.envs.obs.humanoid_obs_functions.compute_historical_max_coords_from_state",
+        bindings: &[
+            ("historical_rigid_body_pos", "historical_rigid_body_pos"),
+            ("historical_rigid_body_rot", "historical_rigid_body_rot"),
+            ("historical_rigid_body_vel", "historical_rigid_body_vel"),
+            ("historical_rigid_body_ang_vel", "historical_rigid_body_ang_vel"),
+            ("historical_ground_heights", "historical_ground_heights"),
+            ("historical_body_contacts", "historical_body_contacts"),
+        ],
+        today_fn: "protomotions.envs.obs.humanoid_historical.compute_historical_max_coords_from_state",
+        params: &[
+            ("local_obs", "local_obs"),
+            ("root_height_obs", "root_height_obs"),
+            ("observe_contacts", "observe_contacts"),
+            ("w_last", "w_last"),
+            ("num_steps", "history_steps"),
+        ],
+        note: ROOT_FRAME_NOTE,
+        today_noisy: Some(false),
+        root_frame: true,
+        ..NO_EXTRAS
+    },
+    ComponentMap {
+        kind: Kind::Observation,
+        old_fn: "protomotions.envs.obs.humanoid_obs_functions.compute_historical_actions_from_state",
+        bindings: &[("historical_actions", "historical_actions")],
+        today_fn: "protomotions.envs.obs.humanoid_historical.compute_historical_actions_from_state",
+        params: &[("num_steps", "history_steps")],
+        note: "today's history holds the policy's actions as sampled, v3.1's as its env clamped them \
+               (clamp_actions): the same for evaluation (the mean action of a tanh actor is within the \
+               clamp), different for sampled actions beyond the clamp while training",
+        today_binds: &[("historical_actions", "historical.actions")],
+        ..NO_EXTRAS
     },
 ];
+
+const V31_HIST_REDUCED: &str =
+    "protomotions.envs.obs.humanoid_obs_functions.compute_historical_reduced_coords_from_state";
+const HIST_REDUCED: &str = "protomotions.envs.obs.humanoid_historical.compute_historical_reduced_coords_from_state";
+const HIST_REDUCED_PARAMS: &[(&str, &str)] = &[("w_last", "w_last"), ("num_steps", "history_steps")];
+
+/// The note of the max-coords observations v3.1 takes in the root's frame.
+const ROOT_FRAME_NOTE: &str = "in the root's frame, as v3.1 computes it: today's binds the anchor body index \
+    only where the robot's anchor is the root; the ground height is today's, sampled under the anchor \
+    (v3.1's under the root: the same on flat terrain)";
 
 const REDUCED_COORDS: &str = "protomotions.envs.obs.humanoid.compute_humanoid_reduced_coords_observations";
 const REDUCED_COORDS_PARAMS: &[(&str, &str)] =
@@ -369,6 +469,11 @@ pub(crate) const DENSITY_WHY: &str = "use_density_weights = True: v3.1 averages 
 pub(crate) const NOT_IN_TEMPLATE_WHY: &str = "today's template has no component computing it to take its \
     context bindings (dynamic_vars) from; migrate does not synthesize bindings";
 
+/// Why a root-frame observation is refused where today's template binds
+/// the anchor body and the robot's anchor is not the root.
+pub(crate) const ANCHOR_FRAME_WHY: &str = "v3.1 computes it in the root's frame (body 0); today's template \
+    component binds the robot's anchor body as its frame, another body";
+
 /// A v3.1 component known to have no same-math counterpart today.
 pub(crate) struct NoCounterpart {
     /// v3.1's function, `module.name`.
@@ -393,9 +498,9 @@ pub(crate) const V31_NO_COUNTERPART: &[NoCounterpart] = &[
         bindings: &[("action_delta", "current_actions - previous_actions"), ("pd_action_scale", "pd_action_scale")],
         why: "v3.1 takes the norm of (simulator's current action - state history's previous action) times the \
               simulator's pd_action_scale; today's compute_action_smoothness takes the norm of the change of the \
-              env's processed actions, scaled by today's G1 action function (bm_pd_action) with its own per-joint \
-              action_scale, not shown equal to v3.1's pd_action_scale (neither release's action inputs are \
-              generated by the kernels check)",
+              env's processed actions (PD targets), offset + scale * action for each: a difference of two \
+              products, not the product of the difference, so not bit for bit v3.1's, and not checked \
+              (neither release's action inputs are generated by the kernels check)",
     },
     NoCounterpart {
         old_fn: "protomotions.envs.rewards.regularization.soft_pos_limit_reward",
@@ -411,33 +516,9 @@ pub(crate) const V31_NO_COUNTERPART: &[NoCounterpart] = &[
     NoCounterpart {
         old_fn: "protomotions.envs.terminations.tracking.relative_body_pos_error",
         bindings: &[],
-        why: "today's compute_relative_body_pos_error_term has not been matched to v3.1's math, and today's G1 \
-              template has no component computing it to take its context bindings from",
-    },
-    NoCounterpart {
-        old_fn: "protomotions.envs.obs.humanoid_obs_functions.compute_historical_reduced_coords_from_state",
-        bindings: &[],
-        why: OBS_HISTORY,
-    },
-    NoCounterpart {
-        old_fn: "protomotions.envs.obs.humanoid_obs_functions.compute_historical_max_coords_from_state",
-        bindings: &[],
-        why: OBS_HISTORY,
-    },
-    NoCounterpart {
-        old_fn: "protomotions.envs.obs.humanoid_obs_functions.compute_historical_actions_from_state",
-        bindings: &[],
-        why: "v3.1 binds the history of the policy's actions (as its env clamped them); today's function \
-              computes v3.1's values on them (record_migrate.py g1-observations), but today's G1 template's \
-              history observation binds processed actions (PD targets), other values, and migrate does not \
-              synthesize the binding to today's historical.actions",
+        why: "today's compute_relative_body_pos_error_term has not been matched to v3.1's math",
     },
 ];
-
-/// Why v3.1's G1 history observations are not mapped (yet).
-const OBS_HISTORY: &str = "today's G1 template has no history observation of this kind to take context bindings \
-    (historical / noisy_historical) from, and migrate does not synthesize bindings (today's function computes \
-    v3.1's values for the reduced-coords history: record_migrate.py g1-observations)";
 
 /// Fields of today's classes that hold a v3.1 field under another name:
 /// (today's class, today's field, v3.1's field).

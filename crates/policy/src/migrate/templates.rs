@@ -31,8 +31,10 @@ pub(crate) const TEMPLATES: &[Template] = &[
         training: include_bytes!("../../../../testdata/migrate/templates/smpl_tracker/resolved_configs.pt"),
         inference: include_bytes!("../../../../testdata/migrate/templates/smpl_tracker/resolved_configs_inference.pt"),
     },
-    // today's PPO G1 tracker, examples/experiments/mimic/mlp_bm_l2c2.py
-    // (the v3.1 G1 tracker's rewards and reduced-coords observations)
+    // today's PPO G1 tracker, examples/experiments/mimic/mlp_bm_l2c2.py,
+    // given by record_migrate.py's g1_for_v31 (today's factories) the
+    // history and root-frame observations, anchor terms and generic PD
+    // action config v3.1's G1 tracker reads
     Template {
         name: "g1_tracker",
         robot_class: "protomotions.robot_configs.g1.G1RobotConfig",
