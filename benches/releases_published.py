@@ -19,6 +19,13 @@ folder with `--published-widths` (hidden widths as published; v3.0/v3.1's
 observation widths are the recorder's own, as in the committed cases);
 nothing is written into the repository. v3.0/v3.1's MaskedMimic recordings
 have no float64 forward (its cells are "-").
+
+With --protomotions PATH (today's ProtoMotions, commit 607ca7a0, and a
+python with its dependencies), the v3.1 trackers are also migrated
+(`pmstate migrate --drop-unmatched-terms`) and checked with today's code
+(testdata/migrate/record_migrate.py verify --case: today's agent.load of the
+migrated files, with and without the training state, gives the recorded
+outputs bit for bit).
 """
 import argparse
 import json
@@ -42,13 +49,17 @@ RECORDERS = {
     "testdata/policy/record_releases.py": {
         "releases": {"v3.0": "--v30", "v3.1": "--v31"},
         "cases": {
-            f"{tag}_{kind}": pairs
-            for tag in ("v30", "v31")
-            for kind, pairs in (
-                ("tracker", [("mean_action", "mean_action"), ("value", "value")]),
-                # with the recorded vae_noise (in obs.safetensors)
-                ("masked_mimic", [("mean_action", "action"), ("latent_mu", "latent_mu"), ("latent_logvar", "latent_logvar")]),
-            )
+            **{
+                f"{tag}_{kind}": pairs
+                for tag in ("v30", "v31")
+                for kind, pairs in (
+                    ("tracker", [("mean_action", "mean_action"), ("value", "value")]),
+                    # with the recorded vae_noise (in obs.safetensors)
+                    ("masked_mimic", [("mean_action", "action"), ("latent_mu", "latent_mu"), ("latent_logvar", "latent_logvar")]),
+                )
+            },
+            # v3.1's G1 tracker (motion_tracker/g1-amass)
+            "v31_g1_tracker": [("mean_action", "mean_action"), ("value", "value")],
         },
     },
 }
@@ -60,7 +71,20 @@ def max_abs_diff(a, b):
     return float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64)))) if a.size else 0.0
 
 
-def check_recorder(recorder, spec, trees, pmstate, tmp):
+# the cases `pmstate migrate` handles (v3.1's trackers)
+MIGRATED = ("v31_tracker", "v31_g1_tracker")
+
+
+def check_migrated(d, case, pmstate, protomotions):
+    """record_migrate.py verify on this published-width case: 'bit identical' or why not."""
+    run = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "testdata/migrate/record_migrate.py"), "verify", "--protomotions",
+         protomotions, "--pmstate", pmstate, "--case", case, os.path.join(d, "last.ckpt"), d],
+        capture_output=True, text=True)
+    return "bit identical" if run.returncode == 0 else (run.stdout + run.stderr).strip().splitlines()[-1]
+
+
+def check_recorder(recorder, spec, trees, pmstate, tmp, protomotions=None):
     from safetensors.numpy import load_file
 
     given = {r: trees[r] for r in spec["releases"] if trees.get(r)}
@@ -92,8 +116,10 @@ def check_recorder(recorder, spec, trees, pmstate, tmp):
         f64 = os.path.join(d, "expected_f64.safetensors")
         ref = load_file(f64) if os.path.exists(f64) else {}
         ckpt_mb = os.path.getsize(os.path.join(d, "last.ckpt")) / 2**20
+        migrated = check_migrated(d, case, pmstate, protomotions) if protomotions and case in MIGRATED else None
         rows.append(
             {
+                "migrated_with_todays_protomotions": migrated,
                 "release": release,
                 "case": case,
                 "checkpoint_mib": round(ckpt_mb, 1),
@@ -112,12 +138,13 @@ def main():
     ap.add_argument("--v31", help="a tree of ProtoMotions at tag v3.1")
     ap.add_argument("--pmstate", default=os.path.join(ROOT, "target/release/pmstate"))
     ap.add_argument("--json", help="write the rows as JSON here too")
+    ap.add_argument("--protomotions", help="today's ProtoMotions checkout: also migrate and verify v3.1's trackers")
     args = ap.parse_args()
     trees = {"v2.3": args.v23, "v3.0": args.v30, "v3.1": args.v31}
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for recorder, spec in RECORDERS.items():
-            rows += check_recorder(recorder, spec, trees, args.pmstate, tmp)
+            rows += check_recorder(recorder, spec, trees, args.pmstate, tmp, args.protomotions)
     print("| release | case | checkpoint | output | pmstate vs torch | pmstate vs float64 | torch vs float64 |")
     print("|---|---|---|---|---|---|---|")
     for r in rows:
@@ -128,10 +155,13 @@ def main():
             vals = [r[c].get(k) for c in ("pmstate_vs_torch", "pmstate_vs_f64", "torch_vs_f64")]
             cells = " | ".join("-" if v is None else f"{v:.1e}" for v in vals)
             print(f"| {r['release']} | {r['case']} | {r['checkpoint_mib']} MiB | {k} | {cells} |")
+    for r in rows:
+        if r.get("migrated_with_todays_protomotions"):
+            print(f"{r['case']}: migrated, today's ProtoMotions: {r['migrated_with_todays_protomotions']}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
-    if any("error" in r for r in rows):
+    if any("error" in r or r.get("migrated_with_todays_protomotions") not in (None, "bit identical") for r in rows):
         sys.exit(1)
 
 

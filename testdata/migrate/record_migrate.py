@@ -33,7 +33,8 @@ These pickles are data (today's dataclass instances, every field today's
 classes have, with today's defaults); `pmstate migrate` embeds them and
 overlays the old release's values onto them.
 
-verify: for each recorded old-release case (CASES), runs `pmstate migrate
+verify: for each recorded old-release case (CASES; or each `--case NAME
+OLD_CKPT OLD_DIR`, nothing written), runs `pmstate migrate
 OLD OUT --json`, then with TODAY's code: torch.load(weights_only=False) of
 the migrated resolved_configs.pt and resolved_configs_inference.pt (today's
 classes must resolve), builds the agent from each with a stand-in env
@@ -218,14 +219,15 @@ def templates(rp, root, only=None):
         print(f"wrote {out}")
 
 
-def verify(rp, root, pmstate, write):
+def verify(rp, root, pmstate, write, cases=None):
+    cases = CASES if cases is None else cases
     torch = rp.torch
     from tensordict import TensorDict  # noqa: F401  (today's agent builds TensorDicts)
     fabric = rp.PM.Fabric(**rp.PM.FabricConfig(accelerator="cpu", devices=1, num_nodes=1, loggers=[],
                                                callbacks=[]).as_kwargs())
     fabric.launch()
     results = []
-    for name, old_ckpt, old_dir, flags in CASES:
+    for name, old_ckpt, old_dir, flags in cases:
         out = tempfile.mkdtemp(prefix=f"migrate_{name}_")
         os.rmdir(out)
         proc = subprocess.run([pmstate, "migrate", *flags, os.path.join(REPO, old_ckpt), out, "--json"],
@@ -718,6 +720,9 @@ def main():
     ap.add_argument("--protomotions", required=True)
     ap.add_argument("--pmstate", default=os.path.join(REPO, "target", "debug", "pmstate"))
     ap.add_argument("--no-write", action="store_true", help="verify only: write neither verified.json nor the migrated files")
+    ap.add_argument("--case", nargs=3, action="append", metavar=("NAME", "OLD_CKPT", "OLD_DIR"),
+                    help="verify: this recorded case instead of CASES (with --drop-unmatched-terms; implies "
+                         "--no-write), e.g. a published-width recording of record_releases.py --published-widths")
     args = ap.parse_args()
     reexec_deterministic()
     root = os.path.abspath(args.protomotions)
@@ -776,7 +781,8 @@ def main():
             json.dump(rec, f, indent=1, sort_keys=True)
             f.write("\n")
     else:
-        verify(rp, root, os.path.abspath(args.pmstate), not args.no_write)
+        cases = [(n, os.path.abspath(c), os.path.abspath(d), ["--drop-unmatched-terms"]) for n, c, d in args.case or []]
+        verify(rp, root, os.path.abspath(args.pmstate), not args.no_write and not cases, cases or None)
 
 
 if __name__ == "__main__":
