@@ -277,6 +277,22 @@ fn the_migrated_g1_action_config_gives_v31s_pd_targets() {
     }
 }
 
+/// Only an inference file next to the checkpoint (as the deploy recording
+/// has): migrated, and the caveats say resuming would train with the old
+/// release's inference overrides.
+#[test]
+fn an_inference_only_run_migrates_with_a_caveat_for_training() {
+    let m = plan(&repo("testdata/deploy/v31_g1_tracker/last.ckpt"), &DROP).unwrap();
+    assert!(m.report.old_configs.ends_with("resolved_configs_inference.pt"), "{}", m.report.old_configs);
+    assert!(
+        m.report.caveats.iter().any(|c| c.contains("no resolved_configs.pt") && c.contains("inference overrides")),
+        "{:?}",
+        m.report.caveats
+    );
+    let full = plan(&repo("testdata/policy/v31_g1_tracker/last.ckpt"), &DROP).unwrap();
+    assert!(!full.report.caveats.iter().any(|c| c.contains("no resolved_configs.pt")), "{:?}", full.report.caveats);
+}
+
 /// Without --drop-unmatched-terms the G1 tracker is refused at its first
 /// reward without a same-math counterpart (v3.1's density weights).
 #[test]

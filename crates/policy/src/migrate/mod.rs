@@ -349,6 +349,14 @@ fn caveats(report: &Report) -> Vec<String> {
          (simulator, PD targets from today's action_config offsets/scales) was not run"
             .to_owned(),
     ];
+    if std::path::Path::new(&report.old_configs).file_name().is_some_and(|n| n == "resolved_configs_inference.pt") {
+        c.push(
+            "training configs: no resolved_configs.pt next to the old checkpoint, so both migrated files come from the \
+             old resolved_configs_inference.pt and carry the old release's inference overrides (e.g. no terminations, \
+             endless episodes): resuming training from them trains with those"
+                .to_owned(),
+        );
+    }
     let dropped: Vec<&str> = report
         .entries
         .iter()
