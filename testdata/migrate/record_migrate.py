@@ -8,9 +8,10 @@ usage: python testdata/migrate/record_migrate.py templates --protomotions PATH
        python testdata/migrate/record_migrate.py g1-kernels --protomotions PATH --v31 V31_PATH
        python testdata/migrate/record_migrate.py g1-observations --protomotions PATH
        python testdata/migrate/record_migrate.py g1-actions --protomotions PATH --v31 V31_PATH
+       python testdata/migrate/record_migrate.py terrain --protomotions PATH --v31 V31_PATH
 
 Order: templates, verify (rewrites verified.json's cases), then kernels,
-g1-kernels, g1-observations, g1-actions (each adds its part).
+g1-kernels, g1-observations, g1-actions, terrain (each adds its part).
 
 PATH is a checkout of github:NVlabs/ProtoMotions at commit
 607ca7a0bb92e261120bcab8d9f97f28b3130ffc; its `protomotions` package is
@@ -93,6 +94,14 @@ targets (its build_pd_action_offset_scale, clamp_actions clamp, offset +
 scale * action, in V31_PATH's package) on v3.1's recorded mean actions
 (whose recorded PD targets must be reproduced) and on actions past the
 clamp, and the gains against v3.1's control_info; adds g1_actions_vs_v31.
+
+terrain (after verify): for each case on a ComplexTerrainConfig (v3.1's
+smpl-terrains tracker, whose model reads the `terrain` height map that both
+releases compute in code), each release builds its Terrain from its own
+file's terrain config (v3.1's from the old configs, today's from each
+migrated file) after the same seeds, and samples height maps at the same
+seeded root states: height samples and maps must be bit-identical; adds
+terrain_vs_v31 to the case.
 """
 import argparse
 import hashlib
@@ -120,6 +129,9 @@ TEMPLATES = [
     # observations), given by g1_for_v31 the components v3.1's G1 tracker
     # reads, from today's own factories: the G1 tracker's template
     ("g1_tracker", "examples/experiments/mimic/mlp_bm_l2c2.py", "g1"),
+    # today's smpl tracker on complex terrain (the terrain height map as an
+    # input): the template of v3.1's smpl-terrains tracker
+    ("smpl_terrains_tracker", "examples/experiments/mimic/mlp_complex_terrain.py", "smpl"),
 ]
 
 
@@ -180,6 +192,10 @@ CASES = [
     # the G1's density-weighted rewards, physical action rate, soft joint
     # limits and relative-body termination have none either (see the report)
     ("v31_g1_tracker", "testdata/policy/v31_g1_tracker/last.ckpt", "testdata/policy/v31_g1_tracker",
+     ["--drop-unmatched-terms"]),
+    # on complex terrain; its robot names no contact bodies, so its contact
+    # reward has none either
+    ("v31_terrains_tracker", "testdata/policy/v31_terrains_tracker/last.ckpt", "testdata/policy/v31_terrains_tracker",
      ["--drop-unmatched-terms"]),
 ]
 
@@ -443,7 +459,8 @@ def kernels(rp, root, v31_root, case_dir):
                            "--args", old_cfg, inputs, old_out])
     old = torch.load(old_out)
     body_names = list(cfgs["robot"].kinematic_info.body_names)
-    contact_ids = torch.tensor([body_names.index(b) for b in cfgs["robot"].contact_bodies])
+    # today's contact_body_ids (build_body_ids_tensor: none when contact_bodies is None)
+    contact_ids = torch.tensor([body_names.index(b) for b in cfgs["robot"].contact_bodies or []], dtype=torch.long)
     results = {}
     for table in ("reward_components", "termination_components", "observation_components"):
         for name, comp in getattr(cfgs["env"], table).items():
@@ -710,10 +727,71 @@ def g1_actions(rp, root, v31_root):
     return res
 
 
+# ---------------------------------------------------------------- terrain
+# The `terrain` input of v3.1's smpl-terrains tracker is computed in code by
+# both releases (TerrainObs over Terrain.get_height_maps) from the terrain
+# config migrate carries over: each release builds its Terrain from its own
+# file's config (v3.1's from the old configs, today's from the migrated
+# ones), after the same seeds, and samples height maps at the same root
+# states; the height samples and the maps must be bit-identical.
+TERRAIN_ENVS = 4
+
+
+def terrain_build(root, configs_path, out_path):
+    """In a process of its own (root's package): the height samples and the
+    height maps at seeded root states of the Terrain that configs' terrain builds."""
+    sys.path.insert(0, root)
+    import random
+    from types import SimpleNamespace
+
+    import numpy as np
+    import torch
+    from protomotions.components.terrains.terrain import Terrain
+    tc = torch.load(configs_path, weights_only=False)["terrain"]
+    np.random.seed(0)
+    random.seed(0)
+    torch.manual_seed(0)
+    t = Terrain(tc, TERRAIN_ENVS, "cpu")
+    g = torch.Generator().manual_seed(3)
+    pos = torch.zeros(TERRAIN_ENVS, 3)
+    pos[:, :2] = torch.rand(TERRAIN_ENVS, 2, generator=g) * 20 + 5
+    rot = torch.nn.functional.normalize(torch.randn(TERRAIN_ENVS, 4, generator=g), dim=-1)
+    maps = t.get_height_maps(SimpleNamespace(root_pos=pos, root_rot=rot))
+    torch.save({"class": type(tc).__name__, "height_samples": torch.as_tensor(np.asarray(t.height_samples)),
+                "height_maps": maps}, out_path)
+
+
+def terrain(root, v31_root):
+    """terrain_vs_v31 of each case whose migrated terrain is a ComplexTerrainConfig."""
+    import torch
+    scratch = tempfile.mkdtemp(prefix="migrate_terrain_")
+    res = {}
+    for name, _, old_dir, _ in CASES:
+        migrated = {f: os.path.join(HERE, name, f) for f in ("resolved_configs.pt", "resolved_configs_inference.pt")}
+        old_out = os.path.join(scratch, f"{name}_old.pt")
+        subprocess.check_call([sys.executable, os.path.abspath(__file__), "terrain-build", "--protomotions", v31_root,
+                               "--args", os.path.join(REPO, old_dir, "resolved_configs.pt"), old_out, "-"])
+        old = torch.load(old_out)
+        if old["class"] != "ComplexTerrainConfig":
+            continue
+        res[name] = {}
+        for f, path in migrated.items():
+            new_out = os.path.join(scratch, f"{name}_{f}.pt")
+            subprocess.check_call([sys.executable, os.path.abspath(__file__), "terrain-build", "--protomotions", root,
+                                   "--args", path, new_out, "-"])
+            new = torch.load(new_out)
+            res[name][f] = {"class": new["class"], "height_samples_bit_identical":
+                            bool(torch.equal(new["height_samples"], old["height_samples"])),
+                            "height_maps_bit_identical": bool(torch.equal(new["height_maps"], old["height_maps"])),
+                            "height_points": int(new["height_maps"].shape[1])}
+    return res
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("step", choices=["templates", "verify", "kernels", "g1-kernels", "g1-observations", "g1-actions",
-                                     "old-kernels", "g1-call-old", "g1-call-today", "g1-v31-pd"])
+                                     "terrain", "old-kernels", "g1-call-old", "g1-call-today", "g1-v31-pd",
+                                     "terrain-build"])
     ap.add_argument("--v31", help="kernels: a checkout of ProtoMotions v3.1 (494e54d3)")
     ap.add_argument("--args", nargs=3, help=argparse.SUPPRESS)
     ap.add_argument("--only", nargs="*", help="templates: record only these templates (names of TEMPLATES)")
@@ -731,6 +809,23 @@ def main():
         return
     if args.step == "g1-v31-pd":
         g1_v31_pd(root, *args.args)
+        return
+    if args.step == "terrain-build":
+        terrain_build(root, args.args[0], args.args[1])
+        return
+    if args.step == "terrain":
+        res = terrain(root, os.path.abspath(args.v31))
+        for k, v in res.items():
+            print(k, v)
+        path = os.path.join(HERE, "verified.json")
+        with open(path) as f:
+            rec = json.load(f)
+        for case in rec["cases"]:
+            if case["name"] in res:
+                case["terrain_vs_v31"] = res[case["name"]]
+        with open(path, "w") as f:
+            json.dump(rec, f, indent=1, sort_keys=True)
+            f.write("\n")
         return
     if args.step in ("g1-call-old", "g1-call-today"):
         g1_call(root, args.args[0], args.args[1], args.step == "g1-call-old")

@@ -56,7 +56,10 @@ data/pretrained_models/motion_tracker/g1-amass/resolved_configs.pt (hidden
 units 1024 -> 16; 29 actions; actor and critic read different keys): the
 actor's reduced-coords observations at the G1's real widths (64 per step,
 3 history steps, 3 x 29 previous actions), the critic's max-coords ones
-shrunk (24, 40, 3 x 24; G1_TRACKER_WIDTHS).
+shrunk (24, 40, 3 x 24; G1_TRACKER_WIDTHS). And v3.1's smpl tracker
+trained on complex terrain (v31_terrains_tracker) from its published
+motion_tracker/smpl-terrains/resolved_configs.pt, as the smpl one, with the
+terrain height map (`terrain`, its 256 points) as a fourth input.
 
 Written under DIR (default: this directory)/v30_masked_mimic and
 v31_masked_mimic: last.ckpt, resolved_configs.pt, obs.safetensors (the
@@ -549,6 +552,10 @@ def record_one(release, root, out_dir):
     if release == "v3.1":
         recorded.append(record_tracker(release, root, out_dir, R, robot="g1-amass", name="v31_g1_tracker",
                                        widths=G1_TRACKER_WIDTHS, seed=55))
+        # the smpl tracker trained on complex terrain: the smpl one's
+        # observations and the terrain height map (its 256 points)
+        recorded.append(record_tracker(release, root, out_dir, R, robot="smpl-terrains", name="v31_terrains_tracker",
+                                       widths={**TRACKER_WIDTHS["v3.1"], "terrain": 256}, seed=57))
     return recorded
 
 

@@ -293,6 +293,61 @@ fn an_inference_only_run_migrates_with_a_caveat_for_training() {
     assert!(!full.report.caveats.iter().any(|c| c.contains("no resolved_configs.pt")), "{:?}", full.report.caveats);
 }
 
+/// v3.1's smpl-terrains tracker: onto today's complex-terrain template, its
+/// terrain config carried over and its `terrain` input computed by both
+/// releases' same code (height samples and maps bit for bit, recorded by
+/// record_migrate.py terrain); its contact reward dropped (its robot names
+/// no contact bodies).
+#[test]
+fn v31_terrains_tracker_migrates_to_the_verified_files() {
+    let report = migrates_to_the_verified_files("v31_terrains_tracker");
+    assert_eq!(report.template, "smpl_terrains_tracker");
+    let entry = |key: &str| report.entries.iter().find(|e| e.key == key).map(|e| e.action);
+    assert_eq!(entry("agent.model.in_keys.terrain"), Some(Action::Mapped));
+    assert_eq!(entry("env.reward_components.contact_match_rew"), Some(Action::Dropped));
+    let v = verified();
+    let case = v["cases"].as_array().unwrap().iter().find(|c| c["name"] == "v31_terrains_tracker").unwrap();
+    for file in ["resolved_configs.pt", "resolved_configs_inference.pt"] {
+        let t = &case["terrain_vs_v31"][file];
+        assert_eq!(t["class"], "ComplexTerrainConfig", "{file}: {t}");
+        assert_eq!(t["height_samples_bit_identical"], true, "{file}: {t}");
+        assert_eq!(t["height_maps_bit_identical"], true, "{file}: {t}");
+    }
+    let m = plan(&repo("testdata/policy/v31_terrains_tracker/last.ckpt"), &DROP).unwrap();
+    match m.training.get("terrain") {
+        Some(Node::Object(o)) => {
+            assert_eq!(o.class_name().as_deref(), Some("protomotions.components.terrains.config.ComplexTerrainConfig"));
+        }
+        other => panic!("terrain: {other:?}"),
+    }
+    // v3.1's terrain values, not the template's (7 levels; today's experiment 10)
+    assert_eq!(m.training.get("terrain.num_levels"), Some(&Node::Int(7)));
+}
+
+/// A robot on a terrain no template of it holds is refused naming both.
+#[test]
+fn a_robot_on_a_terrain_without_a_template_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let g1_on_terrain = edited(tmp.path(), "v31_g1_tracker", |d| {
+        let Some(Node::Object(t)) = d.get_mut("terrain") else { panic!("terrain") };
+        t.callable = Node::Global {
+            module: "protomotions.components.terrains.config".into(),
+            name: "ComplexTerrainConfig".into(),
+        };
+    });
+    let e = plan(&g1_on_terrain, &DROP).err().unwrap();
+    match &e {
+        MigrateError::NoTemplate { class, known, .. } => {
+            assert!(
+                class.ends_with("G1RobotConfig on protomotions.components.terrains.config.ComplexTerrainConfig"),
+                "{class}"
+            );
+            assert!(known.contains("SmplRobotConfig on ComplexTerrainConfig"), "{known}");
+        }
+        other => panic!("{other}"),
+    }
+}
+
 /// Without --drop-unmatched-terms the G1 tracker is refused at its first
 /// reward without a same-math counterpart (v3.1's density weights).
 #[test]
@@ -375,6 +430,51 @@ fn a_robot_whose_action_source_differs_from_the_template_is_refused() {
         matches!(&e, MigrateError::RobotDiffers { key, .. } if key == "robot.kinematic_info.dof_limits_lower"),
         "{e}"
     );
+}
+
+/// A model input no observation component computes is refused naming it,
+/// unless today's env computes it in the same code from a config carried
+/// over: the `terrain` height map on a complex terrain (v3.1's
+/// smpl-terrains, below), not on the smpl tracker's flat one.
+#[test]
+fn an_input_computed_in_code_is_refused_naming_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let terrains = edited(tmp.path(), "v31_tracker", |d| {
+        let Node::List(keys) = fields_at(d, "agent.model").get_mut("in_keys").unwrap() else { panic!("in_keys") };
+        keys.insert(1, Node::Str("terrain".into()));
+    });
+    let e = plan(&terrains, &DROP).err().unwrap();
+    match &e {
+        MigrateError::NotMigratable { key, class, why, .. } => {
+            assert_eq!((key.as_str(), class.as_str()), ("agent.model.in_keys", "terrain"));
+            assert!(why.contains("no observation component"), "{why}");
+        }
+        other => panic!("{other}"),
+    }
+}
+
+/// A reward whose function is matched but whose parameters are not (here
+/// contact matching on a robot that names no contact bodies, as v3.1's
+/// smpl-terrains does) is refused, or dropped on request like any term
+/// without a counterpart.
+#[test]
+fn a_term_whose_parameters_do_not_map_is_refused_or_dropped() {
+    let tmp = tempfile::tempdir().unwrap();
+    let no_contacts = edited(tmp.path(), "v31_tracker", |d| {
+        fields_at(d, "robot").insert("contact_bodies", Node::None);
+    });
+    let strict = MigrateOptions::default();
+    let e = plan(&no_contacts, &strict).err().unwrap();
+    assert!(
+        matches!(&e, MigrateError::NoCounterpart { key, .. } if key == "env.reward_components.action_smoothness"),
+        "{e}"
+    );
+    // the first term dropped, the contact reward is the next refusal without --drop-unmatched-terms
+    let m = plan(&no_contacts, &DROP).unwrap();
+    let contact = m.report.entries.iter().find(|e| e.key == "env.reward_components.contact_match_rew").unwrap();
+    assert_eq!(contact.action, Action::Dropped);
+    let note = serde_json::to_value(contact).unwrap()["note"].as_str().unwrap_or_default().to_owned();
+    assert!(note.contains("names no contact_bodies"), "{note}");
 }
 
 /// v3.1 takes max coords in the root's frame; a template component bound

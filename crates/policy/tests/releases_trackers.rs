@@ -1,8 +1,9 @@
 //! The PPO motion trackers of ProtoMotions v3.0 and v3.1
-//! (testdata/policy/v30_tracker, v31_tracker, and v3.1's G1 one,
-//! v31_g1_tracker, recorded by record_releases.py from each release's own
-//! `PPOModel`, built from that release's published motion_tracker/smpl
-//! (g1-amass) resolved configs at shrunk widths, trained 60 steps by its
+//! (testdata/policy/v30_tracker, v31_tracker, and v3.1's G1 and
+//! complex-terrain ones, v31_g1_tracker and v31_terrains_tracker, recorded
+//! by record_releases.py from each release's own `PPOModel`, built from that
+//! release's published motion_tracker/smpl (g1-amass, smpl-terrains)
+//! resolved configs at shrunk widths, trained 60 steps by its
 //! agent's optimizers, saved by its `agent.save`): their classes are today's, so `Policy` reads them as
 //! they are; the mean action and value within the derived float32 bound of
 //! the float64 reference (torch's within twice it, as tests/parity.rs
@@ -41,9 +42,11 @@ fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
 
 #[test]
 fn release_trackers_match_torch_within_the_derived_bound() {
-    let cases: [(&str, &[&str], usize); 3] = [
+    let cases: [(&str, &[&str], usize); 4] = [
         ("v30_tracker", &["historical_previous_actions", "max_coords_obs", "mimic_target_poses"], 69),
         ("v31_tracker", &["max_coords_obs", "mimic_target_poses", "previous_actions"], 69),
+        // on complex terrain: the terrain height map as a fourth input
+        ("v31_terrains_tracker", &["max_coords_obs", "mimic_target_poses", "previous_actions", "terrain"], 69),
         // the G1's actor reads its own keys, not the critic's
         (
             "v31_g1_tracker",

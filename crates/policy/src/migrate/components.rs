@@ -101,7 +101,19 @@ pub(crate) fn migrate_table(
             }
             return Err(MigrateError::NoCounterpart { file: ctx.file.to_owned(), key: ckey, function: old_fn, why });
         };
-        let params = static_params(kind, map, oc, &vars, tc, ctx, &ckey)?;
+        let params = match static_params(kind, map, oc, &vars, tc, ctx, &ckey) {
+            Ok(p) => p,
+            // its function is matched but not these parameters: the same
+            // choice as a term without a counterpart
+            Err(MigrateError::NoCounterpart { why, .. }) if ctx.drop_unmatched && kind != Kind::Observation => {
+                report
+                    .push(ckey, Action::Dropped)
+                    .from(old_fn)
+                    .note(format!("no same-math counterpart today ({why}); training runs without this term"));
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
         let mut comp = match tc {
             Node::Object(o) => (**o).clone(),
             _ => unreachable_component(ctx.file, &ckey)?,
@@ -311,10 +323,14 @@ fn check_indices(map: &ComponentMap, oc: &Node, ctx: &Ctx<'_>) -> Result<(), Str
     bodies.dedup();
     contact.sort();
     if bodies != contact {
-        return Err(format!(
-            "indices_subset names bodies {} but today's contact_body_ids are the robot's contact_bodies {}",
-            bodies.join(", "),
+        let today = if contact.is_empty() {
+            "(none: the robot names no contact_bodies)".to_owned()
+        } else {
             contact.join(", ")
+        };
+        return Err(format!(
+            "indices_subset names bodies {} but today's contact_body_ids are the robot's contact_bodies {today}",
+            bodies.join(", "),
         ));
     }
     Ok(())

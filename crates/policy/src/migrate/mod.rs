@@ -32,8 +32,10 @@
 //! scale (`action_source`).
 //!
 //! Refused, as typed [`MigrateError`]s: v3.0 (its observations are computed
-//! in code, see `tables`), anything but a PPO motion tracker, a robot
-//! without a recorded template (today: SMPL and G1), a component without a
+//! in code, see `tables`), anything but a PPO motion tracker, a robot and
+//! terrain without a recorded template (today: SMPL on flat and complex
+//! terrain, G1 on flat), a model input no component computes (but the
+//! terrain height map on complex terrain, `tables::CODE_INPUTS`), a component without a
 //! same-math counterpart, or whose counterpart today's template does not
 //! hold (its context bindings are the template's, never made up), unless
 //! `drop_unmatched_terms`, rewards and terminations only: then it is
@@ -109,7 +111,8 @@ pub struct Migrated {
 pub fn plan(old_ckpt: &Path, opts: &MigrateOptions) -> Result<Migrated, MigrateError> {
     let configs_path = read::find_configs(old_ckpt)?;
     let old = read::read(&configs_path)?;
-    let template = templates::for_robot(&old.robot_class, &old.file)?;
+    let terrain = old.configs.get("terrain").and_then(read::class_of);
+    let template = templates::for_configs(&old.robot_class, terrain.as_deref(), &old.file)?;
     let mut report = Report {
         release: old.release.name(),
         family: "ppo_tracker",
@@ -121,6 +124,7 @@ pub fn plan(old_ckpt: &Path, opts: &MigrateOptions) -> Result<Migrated, MigrateE
         entries: Vec::new(),
         caveats: Vec::new(),
     };
+    check_inputs(&old, template, &mut report)?;
     let checkpoint = state_dict::read(old_ckpt, &mut report)?;
     let today = template.open(false)?;
     let today_inference = template.open(true)?;
@@ -268,6 +272,38 @@ fn apply_rules(
         set_everywhere(model, "norm_ema_decay", &Node::None, "agent.model", WELFORD_NOTE, report);
         // the actor's log std: a constant in v3.1
         set_everywhere(model, "learnable_std", &Node::Bool(false), "agent.model", FIXED_STD_NOTE, report);
+    }
+    Ok(())
+}
+
+/// Every input the old model reads must be an observation component
+/// (migrate maps components only) or one both releases' envs compute in
+/// the same code from a config carried over ([`tables::CODE_INPUTS`]: the
+/// `terrain` height map on a complex terrain); any other is refused naming it.
+fn check_inputs(old: &read::Old, template: &templates::Template, report: &mut Report) -> Result<(), MigrateError> {
+    let Some(Node::List(keys)) = old.configs.get("agent.model.in_keys") else { return Ok(()) };
+    let components = old.configs.get("env.observation_components").and_then(Node::as_dict);
+    for key in keys.iter().filter_map(Node::as_str) {
+        if components.is_some_and(|c| c.get(key).is_some()) {
+            continue;
+        }
+        if let Some(code) =
+            tables::CODE_INPUTS.iter().find(|c| c.key == key && c.terrain_class == template.terrain_class)
+        {
+            report.push(format!("agent.model.in_keys.{key}"), Action::Mapped).to(code.computed_by).note(code.note);
+            continue;
+        }
+        return Err(MigrateError::NotMigratable {
+            file: old.file.clone(),
+            release: old.release.name(),
+            key: "agent.model.in_keys".into(),
+            class: key.to_owned(),
+            why: format!(
+                "the model reads `{key}`, which no observation component computes: the old release's env computes \
+                 it in code, and migrate maps such an input only where today's env computes it the same way from a \
+                 config carried over (the `terrain` height map, on a complex terrain)"
+            ),
+        });
     }
     Ok(())
 }

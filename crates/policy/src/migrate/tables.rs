@@ -520,6 +520,32 @@ pub(crate) const V31_NO_COUNTERPART: &[NoCounterpart] = &[
     },
 ];
 
+/// A model input both releases' envs compute in code, not as an
+/// observation component.
+pub(crate) struct CodeInput {
+    /// The observation key the model reads.
+    pub key: &'static str,
+    /// The terrain class (old and template) it is computed the same on.
+    pub terrain_class: &'static str,
+    /// What computes it in both releases.
+    pub computed_by: &'static str,
+    /// How that was established.
+    pub note: &'static str,
+}
+
+/// Inputs computed in code that today's env computes as v3.1's from the
+/// carried config: the `terrain` height map (`TerrainObs`: the same code in
+/// both releases; `Terrain` built from v3.1's `ComplexTerrainConfig` values
+/// gives v3.1's height samples and height maps bit for bit,
+/// record_migrate.py terrain --v31).
+pub(crate) const CODE_INPUTS: &[CodeInput] = &[CodeInput {
+    key: "terrain",
+    terrain_class: super::templates::COMPLEX,
+    computed_by: "protomotions.envs.obs.terrain_obs.TerrainObs",
+    note: "computed in code by both releases' env (TerrainObs over Terrain.get_height_maps) from the terrain \
+           config, carried over: v3.1's height samples and maps reproduced bit for bit (record_migrate.py terrain)",
+}];
+
 /// Fields of today's classes that hold a v3.1 field under another name:
 /// (today's class, today's field, v3.1's field).
 pub(crate) const V31_FIELD_RENAMES: &[(&str, &str, &str)] =
