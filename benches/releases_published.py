@@ -21,7 +21,7 @@ nothing is written into the repository. v3.0/v3.1's MaskedMimic recordings
 have no float64 forward (its cells are "-").
 
 With --protomotions PATH (today's ProtoMotions, commit 607ca7a0, and a
-python with its dependencies), the v3.1 trackers are also migrated
+python with its dependencies), the three v3.1 trackers are also migrated
 (`pmstate migrate --drop-unmatched-terms`) and checked with today's code
 (testdata/migrate/record_migrate.py verify --case: today's agent.load of the
 migrated files, with and without the training state, gives the recorded
@@ -58,8 +58,9 @@ RECORDERS = {
                     ("masked_mimic", [("mean_action", "action"), ("latent_mu", "latent_mu"), ("latent_logvar", "latent_logvar")]),
                 )
             },
-            # v3.1's G1 tracker (motion_tracker/g1-amass)
+            # v3.1's G1 tracker (motion_tracker/g1-amass) and smpl on complex terrain
             "v31_g1_tracker": [("mean_action", "mean_action"), ("value", "value")],
+            "v31_terrains_tracker": [("mean_action", "mean_action"), ("value", "value")],
         },
     },
 }
@@ -72,7 +73,7 @@ def max_abs_diff(a, b):
 
 
 # the cases `pmstate migrate` handles (v3.1's trackers)
-MIGRATED = ("v31_tracker", "v31_g1_tracker")
+MIGRATED = ("v31_tracker", "v31_g1_tracker", "v31_terrains_tracker")
 
 
 def check_migrated(d, case, pmstate, protomotions):
