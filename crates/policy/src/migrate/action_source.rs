@@ -33,8 +33,7 @@ pub(crate) fn check(old: &Old, template: &Checkpoint, name: &'static str) -> Res
             return Err(differs(key));
         }
     }
-    let joints = |c: &Checkpoint| c.get("robot.control.control_info").and_then(Node::as_dict).cloned();
-    let (Some(old_info), Some(today_info)) = (joints(&old.configs), joints(template)) else {
+    let (Some(old_info), Some(today_info)) = (control_info(&old.configs), control_info(template)) else {
         return Err(differs("robot.control.control_info"));
     };
     if old_info.len() != today_info.len() {
@@ -50,6 +49,11 @@ pub(crate) fn check(old: &Old, template: &Checkpoint, name: &'static str) -> Res
         }
     }
     Ok(())
+}
+
+/// `robot.control.control_info`: each joint's gains, by name.
+fn control_info(c: &Checkpoint) -> Option<&pmstate_ckpt::Dict> {
+    c.get("robot.control.control_info").and_then(Node::as_dict)
 }
 
 /// A gain as a float (pickled as an int where the config wrote one).
