@@ -99,6 +99,36 @@ fn a_unix_socket_address_exists_while_serving_and_is_removed_at_exit() {
     assert!(!sock.exists(), "the socket file is removed at exit");
 }
 
+/// Threads of process `pid` named `name` (Linux: /proc).
+fn threads_named(pid: u32, name: &str) -> usize {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).unwrap();
+    tasks
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .filter(|comm| comm.trim_end() == name)
+        .count()
+}
+
+#[test]
+fn the_transport_runs_on_as_many_threads_as_asked() {
+    if !std::path::Path::new("/proc/self/task").exists() {
+        eprintln!("skipped: no /proc to count threads in");
+        return;
+    }
+    let c = ckpt();
+    // tokio names its blocking threads (the checkpoint's load ran on one) as
+    // its workers: the same load in both runs, so the counts differ by the workers
+    let named = [1, 3].map(|n: usize| {
+        let threads = n.to_string();
+        let args = ["serve", c.to_str().unwrap(), "--addr", "127.0.0.1:0", "--transport-threads", &threads];
+        let (child, rx) = serve(&args);
+        next(&rx);
+        let count = threads_named(child.id(), "pmstate-http");
+        stop(child);
+        count
+    });
+    assert!(named[0] >= 1 && named[1] == named[0] + 2, "threads named pmstate-http with 1 and 3 workers: {named:?}");
+}
+
 #[test]
 fn a_bad_grpc_address_is_refused_naming_what_is_expected() {
     let c = ckpt();

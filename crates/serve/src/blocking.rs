@@ -21,20 +21,16 @@ pub struct Stopped {
 }
 
 /// Starts a server with `opts` and serves until SIGINT or SIGTERM has
-/// drained it. `tokio_threads` sizes the runtime that answers HTTP (the
-/// forward runs on its own pool, [`ServeOptions::threads`]); None: tokio's
-/// default, one per core.
+/// drained it. `transport_threads` sizes the runtime that answers HTTP and
+/// gRPC (the forward runs on its own pool, [`ServeOptions::threads`]);
+/// None: [`default_transport_threads`].
 pub fn serve_until_signalled(
     opts: ServeOptions,
     events: EventSink,
-    tokio_threads: Option<usize>,
+    transport_threads: Option<usize>,
 ) -> Result<Stopped, StartError> {
-    let mut b = tokio::runtime::Builder::new_multi_thread();
-    b.enable_all().thread_name("pmstate-http");
-    if let Some(n) = tokio_threads {
-        b.worker_threads(n.max(1));
-    }
-    let rt = b.build().map_err(StartError::Runtime)?;
+    let workers = transport_threads.unwrap_or_else(default_transport_threads);
+    let rt = transport_runtime("pmstate-http", workers).map_err(StartError::Runtime)?;
     let result = rt.block_on(async move {
         let mut signals = Signals::install().map_err(StartError::Runtime)?;
         // a signal during start-up stops at once: the load is left behind
@@ -55,6 +51,46 @@ pub fn serve_until_signalled(
     result
 }
 
+/// The transport's default worker threads on this machine:
+/// [`transport_threads_for`] its cores.
+pub fn default_transport_threads() -> usize {
+    transport_threads_for(std::thread::available_parallelism().map_or(1, |n| n.get()))
+}
+
+/// The transport's default worker threads on a machine of `cores` cores:
+/// one per three cores, at least one. Under load the transport spends about
+/// a third of what the forward does per row (25 against 57 µs of CPU at 256
+/// streaming clients on 2 cores, docs/serve.md), and the forward's pool has
+/// every core. Fewer workers also mean fewer wake-ups between them: on 2
+/// cores one worker instead of two took a lone stream's transport from 56
+/// to 34 µs of CPU per request and served 16 and 256 clients at the same
+/// rows/s or more (docs/serve.md, Speed: gRPC).
+pub fn transport_threads_for(cores: usize) -> usize {
+    (cores / 3).max(1)
+}
+
+/// A multi-threaded tokio runtime of `workers` worker threads (at least
+/// one) named `name`, with its I/O and time drivers: the server's
+/// transport, or `pmstate bench-serve`'s clients.
+pub(crate) fn transport_runtime(name: &str, workers: usize) -> std::io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread().worker_threads(workers.max(1)).thread_name(name).enable_all().build()
+}
+
 /// How long the runtime's blocking threads get to finish once the server
 /// has stopped (only an abandoned start-up load can still be running).
 const SHUTDOWN_WAIT: std::time::Duration = std::time::Duration::from_millis(500);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_transport_has_one_worker_per_three_cores_and_at_least_one() {
+        let by_cores: Vec<usize> = [1, 2, 3, 4, 6, 16, 64].map(transport_threads_for).to_vec();
+        assert_eq!(by_cores, [1, 1, 1, 1, 2, 5, 21]);
+        for (asked, got) in [(0, 1), (1, 1), (3, 3)] {
+            let rt = transport_runtime("pmstate-test", asked).expect("a runtime");
+            assert_eq!(rt.metrics().num_workers(), got, "{asked} asked");
+        }
+    }
+}

@@ -27,7 +27,7 @@ pub mod signals;
 pub mod slot;
 mod state;
 
-pub use blocking::{serve_until_signalled, Stopped};
+pub use blocking::{default_transport_threads, serve_until_signalled, transport_threads_for, Stopped};
 pub use error::{
     Abandon, Difference, Dims, InputError, LoadError, OptionsError, PinProblem, RepositoryError, RequestError,
     StartError, QUOTE_BYTES,

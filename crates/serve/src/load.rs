@@ -47,6 +47,11 @@ pub struct LoadPlan {
     /// keeps one stream open and asks at its control rate would): the next
     /// request goes out once the last one's answer has come back.
     pub grpc_stream: bool,
+    /// Worker threads of the server's transport runtime (HTTP and gRPC),
+    /// as `pmstate serve --transport-threads`.
+    pub transport_threads: usize,
+    /// Worker threads of the clients' runtime.
+    pub client_threads: usize,
 }
 
 /// One concurrency level's result.
@@ -91,6 +96,10 @@ pub struct LoadResult {
     /// `pmstate-server` here: HTTP or gRPC, decoding, encoding). None off
     /// Linux.
     pub batcher_cpu_seconds_per_row: Option<f64>,
+    /// Worker threads of the server's transport runtime ([`LoadPlan::transport_threads`]).
+    pub transport_threads: usize,
+    /// Worker threads of the clients' runtime ([`LoadPlan::client_threads`]).
+    pub client_threads: usize,
 }
 
 /// The prefix of the server's forward threads' names (see server.rs).
@@ -291,16 +300,9 @@ async fn open_stream(addr: &crate::options::GrpcAddr) -> Option<OpenStream> {
 /// own; the clients on another, so that their CPU time can be told apart),
 /// then shuts the server down.
 pub fn run_load(opts: ServeOptions, plan: &LoadPlan) -> Result<Vec<LoadResult>, StartError> {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .thread_name(SERVER_THREAD)
-        .enable_all()
-        .build()
-        .map_err(StartError::Runtime)?;
-    let clients = tokio::runtime::Builder::new_multi_thread()
-        .thread_name(CLIENT_THREAD)
-        .enable_all()
-        .build()
-        .map_err(StartError::Runtime)?;
+    let rt = crate::blocking::transport_runtime(SERVER_THREAD, plan.transport_threads).map_err(StartError::Runtime)?;
+    let clients =
+        crate::blocking::transport_runtime(CLIENT_THREAD, plan.client_threads).map_err(StartError::Runtime)?;
     rt.block_on(async {
         let server = Server::start(opts, ignore_events()).await?;
         let handle = server.handle();
@@ -396,6 +398,8 @@ async fn level(server: &Server, clients: &tokio::runtime::Handle, plan: &LoadPla
         client_cpu_seconds_per_row: client_cpu.map(|c| c / (lat.len() * plan.rows_per_request).max(1) as f64),
         forward_cpu_seconds_per_row: forward_cpu.map(|c| c / (lat.len() * plan.rows_per_request).max(1) as f64),
         batcher_cpu_seconds_per_row: batcher_cpu.map(|c| c / (lat.len() * plan.rows_per_request).max(1) as f64),
+        transport_threads: plan.transport_threads.max(1),
+        client_threads: plan.client_threads.max(1),
     }
 }
 

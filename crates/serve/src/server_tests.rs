@@ -215,6 +215,8 @@ fn the_load_generator_counts_the_answers_of_every_client() {
         rows_per_request: 1,
         grpc: None,
         grpc_stream: false,
+        transport_threads: 2,
+        client_threads: 2,
     };
     let results = crate::load::run_load(opts, &plan).expect("the load runs");
     assert_eq!(results.iter().map(|r| r.clients).collect::<Vec<_>>(), [1, 3]);
@@ -249,6 +251,8 @@ fn the_load_generator_drives_the_grpc_endpoint() {
         rows_per_request: 1,
         grpc: Some(req),
         grpc_stream: false,
+        transport_threads: 2,
+        client_threads: 2,
     };
     let results = crate::load::run_load(opts, &plan).expect("the load runs");
     assert_eq!((results[0].clients, results[0].errors), (2, 0));

@@ -51,6 +51,8 @@ fn plan(clients: Vec<usize>, req: ModelInferRequest, rows_per_request: usize) ->
         rows_per_request,
         grpc: Some(req),
         grpc_stream: true,
+        transport_threads: 1,
+        client_threads: 1,
     }
 }
 

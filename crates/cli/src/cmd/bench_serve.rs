@@ -36,6 +36,13 @@ pub struct Args {
     /// Threads of the server's forward (default: all cores).
     #[arg(long, value_parser = crate::args::positive)]
     threads: Option<usize>,
+    /// The server's --transport-threads (default: as `pmstate serve`'s).
+    #[arg(long, value_parser = crate::args::positive)]
+    transport_threads: Option<usize>,
+    /// Threads of the load generator's clients (default: as many as the
+    /// server's transport).
+    #[arg(long, value_parser = crate::args::positive)]
+    client_threads: Option<usize>,
     /// --max-batch of the batching mode.
     #[arg(long, default_value_t = 256, value_parser = crate::args::positive)]
     max_batch: usize,
@@ -239,6 +246,7 @@ fn median(mut f: impl FnMut() -> Result<(), CliError>) -> Result<(f64, Option<f6
 /// Runs the benchmark: a table and the goals, or (`--json`) one record per line.
 pub fn run(a: Args, g: Global) -> Result<ExitCode, CliError> {
     let threads = a.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let transport_threads = a.transport_threads.unwrap_or_else(pmstate_serve::default_transport_threads);
     let clients = if a.clients.is_empty() { vec![1, 16, 256] } else { a.clients.clone() };
     let mut records = vec![];
 
@@ -302,6 +310,8 @@ pub fn run(a: Args, g: Global) -> Result<ExitCode, CliError> {
             rows_per_request: 1,
             grpc,
             grpc_stream: encoding == Encoding::GrpcStream,
+            transport_threads,
+            client_threads: a.client_threads.unwrap_or(transport_threads),
         };
         load_both_modes(&a, threads, &clients, &plan, encoding, &mut records)?;
         goals(&mut records, encoding, &clients, a.max_batch);
@@ -316,7 +326,12 @@ pub fn run(a: Args, g: Global) -> Result<ExitCode, CliError> {
             value: fb / f1,
         });
     }
-    print(&records, g, threads, a.ask)?;
+    let used = Threads {
+        forward: threads,
+        transport: transport_threads,
+        clients: a.client_threads.unwrap_or(transport_threads),
+    };
+    print(&records, g, &used, a.ask)?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -460,7 +475,14 @@ fn transport_cpu(l: &LoadResult) -> Option<f64> {
     )
 }
 
-fn print(records: &[Record], g: Global, threads: usize, ask: Ask) -> Result<(), CliError> {
+/// The threads a run used (for its header line).
+struct Threads {
+    forward: usize,
+    transport: usize,
+    clients: usize,
+}
+
+fn print(records: &[Record], g: Global, threads: &Threads, ask: Ask) -> Result<(), CliError> {
     if g.json {
         for r in records {
             output::json_line(r)?;
@@ -468,7 +490,10 @@ fn print(records: &[Record], g: Global, threads: usize, ask: Ask) -> Result<(), 
         return Ok(());
     }
     output::line(format!(
-        "full-size smpl tracker, {threads} forward threads, clients on the same machine asking for {}",
+        "full-size smpl tracker, {} forward threads, {} transport threads, {} client threads (same machine), clients asking for {}",
+        threads.forward,
+        threads.transport,
+        threads.clients,
         ask.outputs().join(" and ")
     ));
     for r in records {

@@ -136,6 +136,11 @@ pub struct Args {
     /// Threads of the forward (default: all cores).
     #[arg(long, value_parser = crate::args::positive)]
     threads: Option<usize>,
+    /// Threads answering HTTP and gRPC: connections, decoding, encoding
+    /// (default: one per three cores, at least one; fewer threads wake one
+    /// another less often, see docs/serve.md).
+    #[arg(long, value_parser = crate::args::positive)]
+    transport_threads: Option<usize>,
     /// Longest graceful shutdown on SIGINT/SIGTERM, in seconds: requests
     /// still running after it are dropped (their connections closed).
     #[arg(long, default_value_t = 30.0, value_parser = crate::args::positive_seconds)]
@@ -294,7 +299,7 @@ pub fn run(a: Args, g: Global) -> Result<ExitCode, CliError> {
     });
     // a drain on SIGINT/SIGTERM is the normal way to stop a server: exit 0;
     // a second signal during the drain drops what was in flight: 128 + its number, as a shell reports a kill
-    let stopped = pmstate_serve::serve_until_signalled(opts, events, None)?;
+    let stopped = pmstate_serve::serve_until_signalled(opts, events, a.transport_threads)?;
     match stopped.forced_by {
         Some(sig) => Ok(ExitCode::from(u8::try_from(128 + sig).unwrap_or(1))),
         None => Ok(ExitCode::SUCCESS),
