@@ -555,6 +555,8 @@ mod tests {
             client_cpu_seconds_per_row: Some(20e-6),
             forward_cpu_seconds_per_row: Some(150e-6),
             batcher_cpu_seconds_per_row: Some(5e-6),
+            transport_threads: 1,
+            client_threads: 1,
         }
     }
 
