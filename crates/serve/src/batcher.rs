@@ -69,6 +69,28 @@ enum Msg {
     Stop,
 }
 
+/// Where a batcher's loop runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Placement {
+    /// On a thread of its own (`pmstate-batcher`), each forward handed to
+    /// the pool: for models that share one pool (a repository), where a
+    /// loop holding a pool thread would take it from the others.
+    OwnThread,
+    /// On a thread of the forward pool, which it then holds: each forward
+    /// starts on the thread that found its requests, and no thread is woken
+    /// to take it or to hand it back. For a pool that serves one model. On
+    /// 2 vCPUs this took a lone stream client's served forward from about
+    /// 190 to 150 µs (docs/serve.md, Speed: gRPC).
+    ForwardPool,
+}
+
+/// The running loop, to wait for when stopping.
+enum Running {
+    Thread(JoinHandle<()>),
+    /// Sends (or drops its sender) once the loop has returned.
+    Pool(std::sync::mpsc::Receiver<()>),
+}
+
 /// Requests queued and not yet running: what `--queue` bounds. Counted
 /// apart from the channel, so that a request the worker has taken into a
 /// batch still forming (waiting for `max_wait`, or for a pause to end)
@@ -151,18 +173,19 @@ pub struct Batcher {
     queue: usize,
     waiting: Arc<Waiting>,
     pause: Arc<PauseFlag>,
-    thread: std::sync::Mutex<Option<JoinHandle<()>>>,
+    running: std::sync::Mutex<Option<Running>>,
     #[cfg(test)]
     fault: FaultSlot,
 }
 
 impl Batcher {
-    /// Starts the worker; forwards run on `pool`.
+    /// Starts the worker where `placement` says; forwards run on `pool`.
     pub fn start(
         slot: Arc<ModelSlot>,
         batching: Batching,
         pool: Arc<rayon::ThreadPool>,
         metrics: Arc<Metrics>,
+        placement: Placement,
     ) -> std::io::Result<Batcher> {
         // room for every waiting job and the stop message: sends never block
         let (tx, rx) = sync_channel(batching.queue.saturating_add(1));
@@ -181,13 +204,28 @@ impl Batcher {
             #[cfg(test)]
             fault: fault.clone(),
         };
-        let thread = std::thread::Builder::new().name("pmstate-batcher".into()).spawn(move || w.run())?;
+        let running = match placement {
+            Placement::OwnThread => {
+                Running::Thread(std::thread::Builder::new().name("pmstate-batcher".into()).spawn(move || w.run())?)
+            }
+            Placement::ForwardPool => {
+                let (done, finished) = std::sync::mpsc::channel();
+                let pool = w.pool.clone();
+                pool.spawn(move || {
+                    // a panic escaping a rayon job aborts the process: the
+                    // loop ends instead, as a thread of its own would
+                    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| w.run()));
+                    let _ = done.send(());
+                });
+                Running::Pool(finished)
+            }
+        };
         Ok(Batcher {
             tx,
             queue: batching.queue,
             waiting,
             pause,
-            thread: std::sync::Mutex::new(Some(thread)),
+            running: std::sync::Mutex::new(Some(running)),
             #[cfg(test)]
             fault,
         })
@@ -229,9 +267,16 @@ impl Batcher {
     /// Runs what is queued, then stops the worker.
     pub fn stop(&self) {
         let _ = self.tx.send(Msg::Stop);
-        let t = self.thread.lock().map(|mut g| g.take()).unwrap_or(None);
-        if let Some(t) = t {
-            let _ = t.join();
+        let running = self.running.lock().map(|mut g| g.take()).unwrap_or(None);
+        match running {
+            Some(Running::Thread(t)) => {
+                let _ = t.join();
+            }
+            // Err: the loop is gone (its sender dropped), as Ok says
+            Some(Running::Pool(finished)) => {
+                let _ = finished.recv();
+            }
+            None => {}
         }
     }
 }
@@ -321,9 +366,9 @@ impl Worker {
     /// [`Batching::spin`], then slept for. A closed-loop client's next
     /// request comes one transport round trip after its answer: polling
     /// meanwhile takes it without this thread being woken (tens of
-    /// microseconds where an idle vCPU halts). Polling on a thread of the
-    /// forward pool instead, so that the forward starts where the request
-    /// was found, measured slower (docs/serve.md, Speed: gRPC).
+    /// microseconds where an idle vCPU halts). Under
+    /// [`Placement::ForwardPool`] the polling thread is a forward thread,
+    /// and the forward starts where the request was found.
     fn next_message(&self) -> Result<Msg, RecvError> {
         if !self.batching.spin.is_zero() {
             // a spin past what an Instant can hold polls until a message comes

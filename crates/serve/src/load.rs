@@ -91,8 +91,11 @@ pub struct LoadResult {
     pub forward_cpu_seconds_per_row: Option<f64>,
     /// The part of `cpu_seconds_per_row` the server's batching thread
     /// (`pmstate-batcher`: forming batches, merging rows, splitting and
-    /// handing back answers) took. The rest, less the clients' and the
-    /// forward's, is the server's transport (its tokio threads, named
+    /// handing back answers) took, where it has a thread of its own (a
+    /// repository's models); a single model's batching loop runs on a
+    /// forward thread ([`crate::batcher::Placement::ForwardPool`]) and its
+    /// time is the forward's, this zero. The rest, less the clients' and
+    /// the forward's, is the server's transport (its tokio threads, named
     /// `pmstate-server` here: HTTP or gRPC, decoding, encoding). None off
     /// Linux.
     pub batcher_cpu_seconds_per_row: Option<f64>,

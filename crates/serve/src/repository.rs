@@ -31,7 +31,7 @@ use std::time::Duration;
 use candle_core::Device;
 use serde::Serialize;
 
-use crate::batcher::Batcher;
+use crate::batcher::{Batcher, Placement};
 use crate::error::{RepositoryError, RequestError};
 use crate::events::{Event, EventSink};
 use crate::metrics::Metrics;
@@ -352,20 +352,21 @@ fn list(dir: &Path) -> Result<Vec<(String, bool)>, RepositoryError> {
     Ok(out)
 }
 
-/// Starts serving `model`: its slot, batcher, and (when it has a file)
-/// its reload thread.
+/// Starts serving `model`: its slot, batcher (its loop where `placement`
+/// says), and (when it has a file) its reload thread.
 pub(crate) fn start_served(
     name: String,
     model: LoadedModel,
     reload: Option<(ReloadConfig, Option<FileStamp>)>,
     batching: Batching,
     pool: Arc<rayon::ThreadPool>,
+    placement: Placement,
     events: &EventSink,
 ) -> std::io::Result<Served> {
     let metrics = Arc::new(Metrics::new());
     metrics.model_version.set(model.version as i64);
     let slot = Arc::new(ModelSlot::new(model));
-    let batcher = Batcher::start(slot.clone(), batching, pool, metrics.clone())?;
+    let batcher = Batcher::start(slot.clone(), batching, pool, metrics.clone(), placement)?;
     let reloads = Arc::new(ReloadStats::default());
     let reloader = match reload {
         Some((cfg, stamp)) => {
@@ -533,6 +534,8 @@ impl Repository {
                 Some((v.reload, v.stamp)),
                 batching,
                 self.base.pool.clone(),
+                // the repository's models share one pool
+                Placement::OwnThread,
                 &self.base.events,
             );
             match s {

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinHandle;
 
+use crate::batcher::Placement;
 use crate::error::{LoadError, OptionsError, StartError};
 use crate::events::{Event, EventSink};
 use crate::metrics::Metrics;
@@ -277,7 +278,9 @@ impl Server {
             sha256: model.provenance.sha256.clone(),
         };
         let reload = reload_cfg.map(|c| (c, stamp));
-        let served = start_served(name, model, reload, batching, pool, &events).map_err(StartError::Runtime)?;
+        // the pool is this model's alone: its batching loop runs on it
+        let served = start_served(name, model, reload, batching, pool, Placement::ForwardPool, &events)
+            .map_err(StartError::Runtime)?;
         // one model: its metrics are the server's (one unlabelled set)
         let metrics = served.metrics.clone();
         let state = state_of(Models::single(served), None, metrics, limits, non_finite);
