@@ -247,6 +247,7 @@ fn median(mut f: impl FnMut() -> Result<(), CliError>) -> Result<(f64, Option<f6
 pub fn run(a: Args, g: Global) -> Result<ExitCode, CliError> {
     let threads = a.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     let transport_threads = a.transport_threads.unwrap_or_else(pmstate_serve::default_transport_threads);
+    let client_threads = a.client_threads.unwrap_or(transport_threads);
     let clients = if a.clients.is_empty() { vec![1, 16, 256] } else { a.clients.clone() };
     let mut records = vec![];
 
@@ -311,7 +312,7 @@ pub fn run(a: Args, g: Global) -> Result<ExitCode, CliError> {
             grpc,
             grpc_stream: encoding == Encoding::GrpcStream,
             transport_threads,
-            client_threads: a.client_threads.unwrap_or(transport_threads),
+            client_threads,
         };
         load_both_modes(&a, threads, &clients, &plan, encoding, &mut records)?;
         goals(&mut records, encoding, &clients, a.max_batch);
@@ -326,11 +327,7 @@ pub fn run(a: Args, g: Global) -> Result<ExitCode, CliError> {
             value: fb / f1,
         });
     }
-    let used = Threads {
-        forward: threads,
-        transport: transport_threads,
-        clients: a.client_threads.unwrap_or(transport_threads),
-    };
+    let used = Threads { forward: threads, transport: transport_threads, clients: client_threads };
     print(&records, g, &used, a.ask)?;
     Ok(ExitCode::SUCCESS)
 }
