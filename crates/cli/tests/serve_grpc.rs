@@ -36,8 +36,13 @@ fn lines(child: &mut Child) -> Receiver<String> {
 }
 
 fn serve(args: &[&str]) -> (Child, Receiver<String>) {
+    serve_with_env(args, &[])
+}
+
+fn serve_with_env(args: &[&str], env: &[(&str, &str)]) -> (Child, Receiver<String>) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_pmstate"))
         .args(args)
+        .envs(env.iter().copied())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -117,16 +122,24 @@ fn the_transport_runs_on_as_many_threads_as_asked() {
     let c = ckpt();
     // tokio names its blocking threads (the checkpoint's load ran on one) as
     // its workers: the same load in both runs, so the counts differ by the workers
-    let named = [1, 3].map(|n: usize| {
-        let threads = n.to_string();
-        let args = ["serve", c.to_str().unwrap(), "--addr", "127.0.0.1:0", "--transport-threads", &threads];
-        let (child, rx) = serve(&args);
+    let count = |extra: &[&str], env: &[(&str, &str)]| {
+        let mut args = vec!["serve", c.to_str().unwrap(), "--addr", "127.0.0.1:0"];
+        args.extend_from_slice(extra);
+        let (child, rx) = serve_with_env(&args, env);
         next(&rx);
-        let count = threads_named(child.id(), "pmstate-http");
+        let n = threads_named(child.id(), "pmstate-http");
         stop(child);
-        count
-    });
+        n
+    };
+    let named = [count(&["--transport-threads", "1"], &[]), count(&["--transport-threads", "3"], &[])];
     assert!(named[0] >= 1 && named[1] == named[0] + 2, "threads named pmstate-http with 1 and 3 workers: {named:?}");
+    // tokio's own variable still sizes the runtime where the flag is not given; the flag wins over it
+    assert_eq!(count(&[], &[("TOKIO_WORKER_THREADS", "3")]), named[1], "TOKIO_WORKER_THREADS=3");
+    assert_eq!(
+        count(&["--transport-threads", "1"], &[("TOKIO_WORKER_THREADS", "3")]),
+        named[0],
+        "the flag over the variable"
+    );
 }
 
 #[test]

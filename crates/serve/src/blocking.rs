@@ -23,13 +23,16 @@ pub struct Stopped {
 /// Starts a server with `opts` and serves until SIGINT or SIGTERM has
 /// drained it. `transport_threads` sizes the runtime that answers HTTP and
 /// gRPC (the forward runs on its own pool, [`ServeOptions::threads`]);
-/// None: [`default_transport_threads`].
+/// None: tokio's own `TOKIO_WORKER_THREADS` where it is set to a positive
+/// number (as before the default changed), else
+/// [`default_transport_threads`].
 pub fn serve_until_signalled(
     opts: ServeOptions,
     events: EventSink,
     transport_threads: Option<usize>,
 ) -> Result<Stopped, StartError> {
-    let workers = transport_threads.unwrap_or_else(default_transport_threads);
+    let from_env = || std::env::var("TOKIO_WORKER_THREADS").ok()?.trim().parse::<usize>().ok().filter(|&n| n > 0);
+    let workers = transport_threads.or_else(from_env).unwrap_or_else(default_transport_threads);
     let rt = transport_runtime("pmstate-http", workers).map_err(StartError::Runtime)?;
     let result = rt.block_on(async move {
         let mut signals = Signals::install().map_err(StartError::Runtime)?;

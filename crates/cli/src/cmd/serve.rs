@@ -137,8 +137,9 @@ pub struct Args {
     #[arg(long, value_parser = crate::args::positive)]
     threads: Option<usize>,
     /// Threads answering HTTP and gRPC: connections, decoding, encoding
-    /// (default: one per three cores, at least one; fewer threads wake one
-    /// another less often, see docs/serve.md).
+    /// (default: TOKIO_WORKER_THREADS where set, else one per three cores,
+    /// at least one; fewer threads wake one another less often, see
+    /// docs/serve.md).
     #[arg(long, value_parser = crate::args::positive)]
     transport_threads: Option<usize>,
     /// Longest graceful shutdown on SIGINT/SIGTERM, in seconds: requests
